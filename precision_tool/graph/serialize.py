@@ -1,0 +1,105 @@
+"""Graph <-> JSON. The format round-trips exactly: save(load(text)) == text."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Callable, Optional
+
+from ..errors import GraphError, GraphFormatError
+from .ir import Graph, Node, TensorSpec
+
+FORMAT = "precision_tool.graph"
+VERSION = 1
+
+
+def graph_to_dict(graph: Graph) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": graph.name,
+        "seed": graph.seed,
+        "nodes": [
+            {
+                "name": n.name,
+                "type": n.type,
+                "inputs": list(n.inputs),
+                "attrs": n.attrs,
+                "outputs": [{"shape": list(o.shape), "dtype": o.dtype} for o in n.outputs],
+            }
+            for n in graph.nodes
+        ],
+        "collections": {k: list(v) for k, v in graph.collections.items()},
+    }
+
+
+def graph_to_json(graph: Graph) -> str:
+    return json.dumps(graph_to_dict(graph), indent=1, sort_keys=False)
+
+
+def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> Graph:
+    """Build a Graph from its dict form; `validate(node)` may reject a node (unknown type...)."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise GraphFormatError(f"not a precision_tool graph (expected format {FORMAT!r})")
+    if data.get("version") != VERSION:
+        raise GraphFormatError(f"unsupported graph format version {data.get('version')!r}")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise GraphFormatError("graph JSON has no 'nodes' list")
+    try:
+        graph = Graph(data.get("name", "graph"), int(data.get("seed", 0)))
+    except (GraphError, TypeError, ValueError) as e:
+        raise GraphFormatError(f"bad graph header: {e}") from None
+    for i, entry in enumerate(nodes):
+        try:
+            name, type_ = entry["name"], entry["type"]
+            if not isinstance(name, str) or not isinstance(type_, str) or not name:
+                raise TypeError("name and type must be non-empty strings")
+            inputs = entry.get("inputs", [])
+            if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+                raise TypeError("inputs must be a list of tensor names")
+            attrs = entry.get("attrs", {})
+            if not isinstance(attrs, dict):
+                raise TypeError("attrs must be an object")
+            outputs = [TensorSpec.make(o["shape"], o["dtype"]) for o in entry.get("outputs", [])]
+            node = Node(graph, name, type_, inputs, attrs, outputs)
+        except (KeyError, TypeError, GraphError) as e:
+            raise GraphFormatError(f"node #{i} of graph JSON is malformed: {e}") from None
+        graph._insert(node)
+    collections = data.get("collections", {})
+    if not isinstance(collections, dict) or not all(
+            isinstance(v, list) and all(isinstance(n, str) and n in graph for n in v)
+            for v in collections.values()):
+        raise GraphFormatError("graph JSON 'collections' must map names to lists of op names")
+    graph.collections = {str(k): list(v) for k, v in collections.items()}
+    graph.topological_order()  # rejects dangling inputs and cycles now, not at run time
+    if validate is not None:
+        for node in graph.nodes:
+            validate(node)
+    return graph
+
+
+def graph_from_json(text: str, validate=None) -> Graph:
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GraphFormatError(f"graph JSON does not parse: {e}") from None
+    return graph_from_dict(data, validate)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: the file appears whole or not at all."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,154 @@
+"""The op registry: one small declarative entry per op type.
+
+An entry gives the op's shape/dtype rule, its reference kernel (computes in the dtype of its
+inputs, so the same kernel serves the fp32 and the fp64 golden run), its gradient rule (builds
+gradient ops into the graph) and the compute unit that runs it on an NPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import GraphError, GraphFormatError
+from ..graph import Tensor, TensorSpec, get_default_graph
+from ..graph.ir import Node
+
+CUBE, VECTOR, AICPU = "cube", "vector", "aicpu"
+
+
+@dataclass(frozen=True)
+class OpDef:
+    type: str
+    infer: Callable[[List[TensorSpec], Dict[str, Any], str], List[TensorSpec]]
+    kernel: Optional[Callable]          # kernel(inputs, attrs, ctx) -> array | list of arrays
+    grad: Optional[Callable] = None     # grad(GradContext) -> list of input grads (Tensor | None)
+    unit: str = VECTOR
+    updates: Sequence[int] = ()         # output i overwrites the variable at input updates[i]
+    min_inputs: int = 0
+    max_inputs: Optional[int] = None    # None: same as min_inputs; -1: unbounded
+    doc: str = ""
+    constant: bool = False              # pure function of attrs: executors may cache it
+    attrs: Dict[str, Any] = field(default_factory=dict)  # defaults, filled in at build time
+
+
+REGISTRY: Dict[str, OpDef] = {}
+
+
+def register(type: str, **kw) -> OpDef:
+    if type in REGISTRY:
+        raise RuntimeError(f"op type {type} registered twice")
+    op = OpDef(type=type, **kw)
+    REGISTRY[type] = op
+    return op
+
+
+def get(type: str) -> OpDef:
+    try:
+        return REGISTRY[type]
+    except KeyError:
+        raise GraphError(f"unknown op type {type!r}") from None
+
+
+def _check_arity(op: OpDef, n: int, where: str):
+    hi = op.min_inputs if op.max_inputs is None else op.max_inputs
+    if n < op.min_inputs or (hi != -1 and n > hi):
+        want = str(op.min_inputs) if hi == op.min_inputs else (
+            f"at least {op.min_inputs}" if hi == -1 else f"{op.min_inputs} to {hi}")
+        raise GraphError(f"{op.type} {where}: takes {want} inputs, got {n}")
+
+
+def make(type: str, inputs: Sequence, attrs: Optional[Dict[str, Any]] = None,
+         name: Optional[str] = None, graph=None) -> Node:
+    """Add a node of `type` to the default graph after checking it with the op's rule."""
+    op = get(type)
+    graph = graph or _graph_of(inputs)
+    tensors = [_as_tensor(x, graph) for x in inputs]
+    full_attrs = dict(op.attrs)
+    full_attrs.update({k: v for k, v in (attrs or {}).items() if v is not None})
+    where = repr(f"{graph.current_scope}/{name or type}".lstrip("/"))
+    _check_arity(op, len(tensors), where)
+    outputs = op.infer([t.spec for t in tensors], full_attrs, where)
+    return graph.add_node(type, tensors, full_attrs, outputs, name=name)
+
+
+def _graph_of(inputs):
+    for x in inputs:
+        if isinstance(x, Tensor):
+            return x.graph
+        if isinstance(x, Node):
+            return x.graph
+    return get_default_graph()
+
+
+def _as_tensor(x, graph) -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, Node):
+        if not x.outputs:
+            raise GraphError(f"op {x.name!r} has no outputs to use as an input")
+        return x.output(0)
+    raise GraphError(f"expected a tensor, got {type(x).__name__}: {x!r}")
+
+
+def validate_node(node: Node) -> None:
+    """Check a loaded node against the registry: known type, arity, and the stored output specs."""
+    try:
+        op = get(node.type)
+    except GraphError:
+        raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}") from None
+    where = repr(node.name)
+    try:
+        _check_arity(op, len(node.inputs), where)
+        specs = [node.graph.tensor(i).spec for i in node.inputs]
+        full_attrs = dict(op.attrs)
+        full_attrs.update(node.attrs)
+        inferred = op.infer(specs, full_attrs, where)
+    except GraphError as e:
+        raise GraphFormatError(f"op {node.name!r} is inconsistent: {e}") from None
+    if [tuple(s.shape) for s in inferred] != [tuple(s.shape) for s in node.outputs] or \
+            [s.dtype for s in inferred] != [s.dtype for s in node.outputs]:
+        raise GraphFormatError(
+            f"op {node.name!r} ({node.type}) declares outputs "
+            f"{[str(s) for s in node.outputs]} but its inputs give {[str(s) for s in inferred]}")
+
+
+class KernelContext:
+    """What a kernel may ask of the executor besides its inputs and attributes."""
+
+    def __init__(self, float_dtype=np.float32, step: int = 0, graph_seed: int = 0):
+        self.float_dtype = np.dtype(float_dtype)
+        self.step = step
+        self.graph_seed = graph_seed
+
+    def rng(self, seed: int) -> np.random.Generator:
+        """A generator fixed by (graph seed, op seed, step): reproducible, new every step."""
+        return np.random.Generator(np.random.PCG64([self.graph_seed, int(seed), self.step]))
+
+    def resolve_dtype(self, name: str) -> np.dtype:
+        """The numpy dtype an IR dtype runs as: float types run as the golden float dtype."""
+        from ..graph import dtypes
+        return self.float_dtype if dtypes.is_float(name) else dtypes.to_numpy(name)
+
+
+@dataclass
+class GradContext:
+    node: Node
+    dys: List[Optional[Tensor]]   # gradient of each output, None where nothing flows back
+
+    @property
+    def dy(self) -> Optional[Tensor]:
+        return self.dys[0]
+
+    @property
+    def x(self) -> List[Tensor]:
+        return self.node.input_tensors
+
+    @property
+    def y(self) -> List[Tensor]:
+        return [self.node.output(i) for i in range(len(self.node.outputs))]
+
+    @property
+    def attrs(self) -> Dict[str, Any]:
+        return self.node.attrs

@@ -1,0 +1,89 @@
+"""The CPU golden executor: runs every op's reference kernel in the golden float dtype."""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from ..errors import ExecutionError, FeedError
+from ..graph import format_shape
+from ..ops import registry
+from ..ops.state_ops import initial_value
+from .plan import ExecutionPlan
+
+
+class CpuExecutor:
+    target = "cpu"
+
+    def __init__(self, graph, config):
+        self.graph = graph
+        self.float_dtype = np.dtype(config.golden_dtype)
+        self._constants: Dict[str, np.ndarray] = {}
+
+    def initial_variables(self) -> Dict[str, np.ndarray]:
+        """Variables start from their float32 (declared-dtype) values, whatever the golden dtype,
+        so that fp32 and fp64 golden runs start from the same numbers."""
+        out = {}
+        for n in self.graph.nodes:
+            if n.type == "Variable":
+                out[n.name] = self.cast_in(initial_value(n, self.graph.seed), n.outputs[0].dtype)
+        return out
+
+    def run_dtype(self, dtype: str) -> np.dtype:
+        """The numpy dtype a tensor of IR dtype `dtype` has on this executor."""
+        return registry.KernelContext(self.float_dtype).resolve_dtype(dtype)
+
+    def cast_in(self, value: np.ndarray, dtype: str) -> np.ndarray:
+        return np.asarray(value).astype(self.run_dtype(dtype), copy=False)
+
+    def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
+            variables: Dict[str, np.ndarray], step: int) -> Dict[str, np.ndarray]:
+        ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
+        for node, release in zip(plan.nodes, plan.release):
+            outputs = self._execute(node, values, variables, ctx)
+            for k, out in enumerate(outputs):
+                values[f"{node.name}:{k}"] = out
+            op = registry.get(node.type)
+            for k, pos in enumerate(op.updates):
+                target = node.inputs[pos].rpartition(":")[0]
+                variables[target] = outputs[k]
+            for name in release:
+                values.pop(name, None)
+        return values
+
+    def _execute(self, node, values, variables, ctx):
+        if node.type == "Placeholder":
+            name = f"{node.name}:0"
+            if name not in values:
+                raise FeedError(f"placeholder {node.name!r} must be fed a value of "
+                                f"{node.outputs[0]}")
+            return [values[name]]
+        if node.type == "Variable":
+            return [variables[node.name]]
+        op = registry.get(node.type)
+        if op.constant and node.name in self._constants:
+            return [self._constants[node.name]]
+        inputs = [values[i] for i in node.inputs]
+        try:
+            result = op.kernel(inputs, node.attrs, ctx)
+        except Exception as e:  # a kernel failure is reported against the op that failed
+            raise ExecutionError(f"op {node.name!r} ({node.type}) failed: {e}") from e
+        outputs = [np.asarray(r) for r in (result if isinstance(result, (list, tuple)) else [result])]
+        self._check(node, outputs, ctx)
+        if op.constant:
+            self._constants[node.name] = outputs[0]
+        return outputs
+
+    @staticmethod
+    def _check(node, outputs, ctx):
+        """Kernels must honour their op's static rule; a mismatch is a bug, caught at its op."""
+        if len(outputs) != len(node.outputs):
+            raise ExecutionError(f"op {node.name!r} ({node.type}) produced {len(outputs)} outputs, "
+                                 f"its rule declares {len(node.outputs)}")
+        for k, (out, spec) in enumerate(zip(outputs, node.outputs)):
+            want = ctx.resolve_dtype(spec.dtype)
+            if not isinstance(out, np.ndarray) or out.dtype != want or out.ndim != len(spec.shape) \
+                    or any(d is not None and d != s for d, s in zip(spec.shape, out.shape)):
+                got = f"{getattr(out, 'dtype', type(out).__name__)}{list(np.shape(out))}"
+                raise ExecutionError(f"op {node.name!r} ({node.type}) output {k} is {got}, "
+                                     f"expected {want}{format_shape(spec.shape)}")

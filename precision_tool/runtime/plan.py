@@ -1,0 +1,41 @@
+"""Execution plans: the ops a set of fetches needs, in order, and when each value dies."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Tuple
+
+from ..graph import Graph, split_tensor_name
+from ..graph.ir import Node
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    nodes: Tuple[Node, ...]                 # to run, in topological order
+    release: Tuple[Tuple[str, ...], ...]    # tensor names no longer needed after nodes[i]
+    fed: FrozenSet[str]
+
+
+def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
+               fed: FrozenSet[str]) -> ExecutionPlan:
+    needed = set()
+    stack = list(fetch_nodes) + [split_tensor_name(t)[0] for t in fetch_tensors]
+    while stack:
+        name = stack.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        node = graph.node(name)
+        for inp in node.inputs:
+            if inp not in fed:
+                stack.append(split_tensor_name(inp)[0])
+    order = [n for n in graph.topological_order() if n.name in needed]
+    keep = set(fetch_tensors)
+    last_use: Dict[str, int] = {}
+    for i, n in enumerate(order):
+        for inp in n.inputs:
+            last_use[inp] = i
+    release: List[List[str]] = [[] for _ in order]
+    for name, i in last_use.items():
+        if name not in keep:
+            release[i].append(name)
+    return ExecutionPlan(tuple(order), tuple(tuple(r) for r in release), fed)

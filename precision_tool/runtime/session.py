@@ -1,0 +1,149 @@
+"""Session: runs a graph on a target, keeping variable state across steps."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ..errors import FeedError, FetchError, PrecisionToolError
+from ..graph import Graph, Tensor, format_shape
+from ..graph.ir import Node
+from .config import SessionConfig
+from .cpu import CpuExecutor
+from .plan import build_plan
+
+_EXECUTORS = {"cpu": CpuExecutor}
+
+
+class Session:
+    """`Session(graph, target="cpu", config=SessionConfig())`; `run(fetches, feed_dict)`.
+
+    Fetches may be a Tensor, an op (Node), a name ("op:0" is a tensor; a bare op name is the
+    op's first output, or the op itself when it has none), or a list/tuple/dict of these; the
+    result has the same structure, with None for ops. Runs are deterministic: the same graph,
+    seed and sequence of runs give bit-identical results.
+    """
+
+    def __init__(self, graph: Graph, target: str = "cpu", config: Optional[SessionConfig] = None):
+        if not isinstance(graph, Graph):
+            raise PrecisionToolError(f"Session needs a Graph, got {type(graph).__name__}")
+        if target not in _EXECUTORS:
+            raise PrecisionToolError(f"unknown target {target!r}; available: {', '.join(_EXECUTORS)}")
+        self.graph = graph
+        self.target = target
+        self.config = config or SessionConfig()
+        self._executor = _EXECUTORS[target](graph, self.config)
+        self._variables = self._executor.initial_variables()
+        self._plans: Dict[Any, Any] = {}
+        self.step = 0           # number of completed run() calls
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, fetches, feed_dict=None):
+        flat = []
+        structure = self._flatten(fetches, flat)
+        feeds = self._feeds(feed_dict or {})
+        fetch_tensors = sorted({f.name for f in flat if isinstance(f, Tensor)})
+        fetch_nodes = sorted({f.name for f in flat if isinstance(f, Node)})
+        key = (tuple(fetch_tensors), tuple(fetch_nodes), frozenset(feeds))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = build_plan(self.graph, fetch_nodes, fetch_tensors,
+                                                 frozenset(feeds))
+        values = self._executor.run(plan, dict(feeds), self._variables, self.step)
+        self.step += 1
+        # copies: a fetched array must never alias session state or a feed
+        results = [None if isinstance(f, Node) else values[f.name].copy() for f in flat]
+        return _unflatten(structure, iter(results))
+
+    def _resolve(self, item):
+        if isinstance(item, (Tensor, Node)):
+            if item.graph is not self.graph:
+                raise FetchError(f"{item.name!r} belongs to graph {item.graph.name!r}, "
+                                 f"not to this session's graph {self.graph.name!r}")
+            return item
+        if isinstance(item, str):
+            node_name, sep, index = item.rpartition(":")
+            try:
+                if sep and index.isdigit():
+                    return self.graph.node(node_name).output(int(index))
+                node = self.graph.node(item)
+            except PrecisionToolError:
+                raise FetchError(f"graph {self.graph.name!r} has no tensor or op named {item!r}") from None
+            return node.output(0) if node.outputs else node
+        raise FetchError(f"cannot fetch {item!r}: expected a tensor, an op or a name")
+
+    def _flatten(self, fetches, flat):
+        if isinstance(fetches, (list, tuple)):
+            return type(fetches), [self._flatten(f, flat) for f in fetches]
+        if isinstance(fetches, dict):
+            return dict, {k: self._flatten(v, flat) for k, v in fetches.items()}
+        flat.append(self._resolve(fetches))
+        return None
+
+    def _feeds(self, feed_dict) -> Dict[str, np.ndarray]:
+        out = {}
+        for key, value in feed_dict.items():
+            try:
+                tensor = self._resolve(key)
+            except FetchError as e:
+                raise FeedError(f"cannot feed {key!r}: {e}") from None
+            if isinstance(tensor, Node) or tensor.node.type != "Placeholder":
+                raise FeedError(f"cannot feed {getattr(tensor, 'name', key)!r}: only placeholders are fed")
+            out[tensor.name] = self._check_feed(tensor, value)
+        return out
+
+    def _check_feed(self, tensor: Tensor, value) -> np.ndarray:
+        spec = tensor.spec
+        name = tensor.node.name
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # ragged lists and the like
+            raise FeedError(f"placeholder {name!r}: value is not an array: {e}") from None
+        want = self._executor.run_dtype(spec.dtype)
+        kinds = {"f": "float", "i": "int", "u": "int", "b": "bool"}
+        if kinds.get(arr.dtype.kind) != kinds.get(np.dtype(want).kind):
+            raise FeedError(f"placeholder {name!r} expects {spec.dtype}, was fed {arr.dtype}")
+        if arr.ndim != len(spec.shape) or any(d is not None and d != s
+                                              for d, s in zip(spec.shape, arr.shape)):
+            raise FeedError(f"placeholder {name!r} expects shape {format_shape(spec.shape)}, "
+                            f"was fed shape {list(arr.shape)}")
+        if arr.dtype.kind in "iu" and arr.size and np.dtype(want) != arr.dtype:
+            info = np.iinfo(want)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise FeedError(f"placeholder {name!r} expects {spec.dtype}; fed values do not fit")
+        return np.ascontiguousarray(arr, dtype=want)
+
+    # -- state --------------------------------------------------------------------------------
+    def variables(self) -> Dict[str, np.ndarray]:
+        """A copy of every variable's current value, by variable name."""
+        return {k: v.copy() for k, v in self._variables.items()}
+
+    def load_variables(self, values: Dict[str, np.ndarray]) -> None:
+        """Overwrite variables by name; shapes must match, values are cast to the run dtype."""
+        staged = {}
+        for name, value in values.items():
+            if name not in self._variables:
+                raise FeedError(f"graph {self.graph.name!r} has no variable named {name!r}")
+            current = self._variables[name]
+            arr = np.asarray(value)
+            if arr.shape != current.shape:
+                raise FeedError(f"variable {name!r} has shape {list(current.shape)}, "
+                                f"was given {list(arr.shape)}")
+            staged[name] = arr.astype(current.dtype)
+        self._variables.update(staged)
+
+
+def _unflatten(structure, it):
+    if structure is None:
+        return next(it)
+    kind, children = structure
+    if kind is dict:
+        return {k: _unflatten(v, it) for k, v in children.items()}
+    items = [_unflatten(c, it) for c in children]
+    return kind(items) if kind in (list, tuple) else kind(*items)

@@ -1,0 +1,8 @@
+"""The training layer: autodiff with TF-style gradient names and optimizers as graph ops."""
+from .autodiff import gradients
+from .optimizers import SGD, Adam, Momentum, Optimizer, trainable_variables
+
+GradientDescent = SGD
+
+__all__ = ["gradients", "SGD", "GradientDescent", "Momentum", "Adam", "Optimizer",
+           "trainable_variables"]
