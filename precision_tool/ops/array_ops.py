@@ -149,7 +149,7 @@ def _inverse_perm(c):
 
 
 register("Transpose", infer=_transpose_infer,
-         kernel=lambda i, a, c: np.ascontiguousarray(np.transpose(i[0], _perm(a, i[0]))),
+         kernel=lambda i, a, c: np.transpose(i[0], _perm(a, i[0])).copy(),
          grad=lambda c: [transpose(c.dy, _inverse_perm(c))],
          min_inputs=1, attrs={"perm": None}, doc="permute axes (reverse them by default)")
 

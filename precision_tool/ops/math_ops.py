@@ -336,7 +336,7 @@ def _broadcast_like_kernel(i, a, c):
     if a["mean"]:
         count = int(np.prod([like.shape[k] for k in axes])) if axes else 1
         out = out / g.dtype.type(count) if count else out
-    return np.ascontiguousarray(out, dtype=g.dtype)
+    return np.array(out, dtype=g.dtype)   # a copy; ascontiguousarray would make 0-d 1-d
 
 
 register("SumToLike", infer=rules.like_second, kernel=_sum_to_like_kernel, min_inputs=2,

@@ -69,6 +69,10 @@ def make(type: str, inputs: Sequence, attrs: Optional[Dict[str, Any]] = None,
     full_attrs.update({k: v for k, v in (attrs or {}).items() if v is not None})
     where = repr(f"{graph.current_scope}/{name or type}".lstrip("/"))
     _check_arity(op, len(tensors), where)
+    for pos in op.updates:
+        if tensors[pos].node.type != "Variable":
+            raise GraphError(f"{type} {where}: input {pos} must be a variable (it is updated in "
+                             f"place), got {tensors[pos].node.type} {tensors[pos].name!r}")
     outputs = op.infer([t.spec for t in tensors], full_attrs, where)
     return graph.add_node(type, tensors, full_attrs, outputs, name=name)
 

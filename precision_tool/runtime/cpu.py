@@ -6,7 +6,7 @@ from typing import Dict
 import numpy as np
 
 from ..errors import ExecutionError, FeedError
-from ..graph import format_shape
+from ..graph import dtypes, format_shape
 from ..ops import registry
 from ..ops.state_ops import initial_value
 from .plan import ExecutionPlan
@@ -34,7 +34,12 @@ class CpuExecutor:
         return registry.KernelContext(self.float_dtype).resolve_dtype(dtype)
 
     def cast_in(self, value: np.ndarray, dtype: str) -> np.ndarray:
-        return np.asarray(value).astype(self.run_dtype(dtype), copy=False)
+        """A value entering the graph as IR dtype `dtype`: rounded to that dtype first (an
+        fp16 input holds fp16 numbers even in an fp32 golden run), then held as the run dtype."""
+        value = np.asarray(value)
+        if dtypes.is_float(dtype):
+            value = value.astype(dtypes.to_numpy(dtype), copy=False)
+        return value.astype(self.run_dtype(dtype), copy=False)
 
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
             variables: Dict[str, np.ndarray], step: int) -> Dict[str, np.ndarray]:

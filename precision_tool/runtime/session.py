@@ -117,7 +117,7 @@ class Session:
             info = np.iinfo(want)
             if arr.min() < info.min or arr.max() > info.max:
                 raise FeedError(f"placeholder {name!r} expects {spec.dtype}; fed values do not fit")
-        return np.ascontiguousarray(arr, dtype=want)
+        return np.ascontiguousarray(self._executor.cast_in(arr, spec.dtype))
 
     # -- state --------------------------------------------------------------------------------
     def variables(self) -> Dict[str, np.ndarray]:
@@ -125,7 +125,8 @@ class Session:
         return {k: v.copy() for k, v in self._variables.items()}
 
     def load_variables(self, values: Dict[str, np.ndarray]) -> None:
-        """Overwrite variables by name; shapes must match, values are cast to the run dtype."""
+        """Overwrite variables by name; shapes must match; values are rounded to the variable's
+        declared dtype, then held as the run dtype."""
         staged = {}
         for name, value in values.items():
             if name not in self._variables:
@@ -135,7 +136,7 @@ class Session:
             if arr.shape != current.shape:
                 raise FeedError(f"variable {name!r} has shape {list(current.shape)}, "
                                 f"was given {list(arr.shape)}")
-            staged[name] = arr.astype(current.dtype)
+            staged[name] = self._executor.cast_in(arr, self.graph.node(name).outputs[0].dtype)
         self._variables.update(staged)
 
 
