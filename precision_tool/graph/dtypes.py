@@ -48,3 +48,12 @@ def to_numpy(dtype) -> np.dtype:
 
 def is_float(dtype) -> bool:
     return canonical(dtype) in FLOAT_DTYPES
+
+
+def category(dtype) -> str:
+    """'float', 'int', 'bool', or 'other' (bfloat16 is a float although numpy's kind is 'V')."""
+    try:
+        name = canonical(dtype)
+    except GraphError:
+        return "other"
+    return "float" if name in FLOAT_DTYPES else "int" if name in INT_DTYPES else "bool"

@@ -60,8 +60,10 @@ def _cast_infer(specs, attrs, where):
 
 
 def _cast_kernel(i, a, c):
+    # Rounds to the target dtype, then holds the result in the run dtype: an explicit cast to
+    # fp16 in a model rounds even in an fp32 golden run.
     with np.errstate(over="ignore", invalid="ignore"):
-        return i[0].astype(c.resolve_dtype(a["dtype"]))
+        return i[0].astype(dtypes.to_numpy(a["dtype"])).astype(c.resolve_dtype(a["dtype"]))
 
 
 def _grad_cast(c):
@@ -72,7 +74,8 @@ def _grad_cast(c):
 
 
 register("Cast", infer=_cast_infer, kernel=_cast_kernel, grad=_grad_cast, min_inputs=1,
-         doc="convert to attrs.dtype (IEEE rounding; out-of-range floats become inf)")
+         doc="convert to attrs.dtype (round to nearest even; out-of-range floats become inf; "
+             "float to int truncates toward zero)")
 register("Identity", infer=rules.same_as_first, kernel=lambda i, a, c: i[0].copy(),
          grad=lambda c: [c.dy], min_inputs=1, doc="y = x")
 register("ZerosLike", infer=rules.same_as_first, kernel=lambda i, a, c: np.zeros_like(i[0]),

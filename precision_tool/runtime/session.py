@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..errors import FeedError, FetchError, PrecisionToolError
-from ..graph import Graph, Tensor, format_shape
+from ..graph import Graph, Tensor, dtypes, format_shape
 from ..graph.ir import Node
 from .config import SessionConfig
 from .cpu import CpuExecutor
@@ -106,8 +106,7 @@ class Session:
         except Exception as e:  # ragged lists and the like
             raise FeedError(f"placeholder {name!r}: value is not an array: {e}") from None
         want = self._executor.run_dtype(spec.dtype)
-        kinds = {"f": "float", "i": "int", "u": "int", "b": "bool"}
-        if kinds.get(arr.dtype.kind) != kinds.get(np.dtype(want).kind):
+        if dtypes.category(arr.dtype) != dtypes.category(spec.dtype):
             raise FeedError(f"placeholder {name!r} expects {spec.dtype}, was fed {arr.dtype}")
         if arr.ndim != len(spec.shape) or any(d is not None and d != s
                                               for d, s in zip(spec.shape, arr.shape)):
