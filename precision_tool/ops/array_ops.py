@@ -122,7 +122,7 @@ def _reshape_kernel(i, a, c):
 def _grad_reshape(c):
     x = c.x[0]
     if sum(1 for d in x.shape if d is None) > 1:
-        rules.fail(repr(c.node.name), "gradient needs at most one unknown dimension in the input")
+        rules.fail(rules.where_of(c.node), "gradient needs at most one unknown dimension in the input")
     return [reshape(c.dy, [-1 if d is None else d for d in x.shape])]
 
 
@@ -184,7 +184,7 @@ def _grad_concat(c):
     axis = c.attrs["axis"] % c.x[0].ndim
     sizes = [x.shape[axis] for x in c.x]
     if None in sizes:
-        rules.fail(repr(c.node.name), "gradient needs static sizes along the concat axis")
+        rules.fail(rules.where_of(c.node), "gradient needs static sizes along the concat axis")
     grads, start = [], 0
     for x, size in zip(c.x, sizes):
         begin = [0] * x.ndim

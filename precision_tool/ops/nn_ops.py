@@ -80,7 +80,7 @@ def _sce_kernel(i, a, c):
 
 def _grad_sce(c):
     if c.dys[1] is not None:
-        rules.fail(repr(c.node.name), "the backprop output is not differentiable")
+        rules.fail(rules.where_of(c.node), "the backprop output is not differentiable")
     return [mul(reshape(c.dy, [-1, 1]), c.y[1]), None]
 
 
@@ -350,7 +350,7 @@ def _bn_grad_kernel(i, a, c):
 
 def _grad_bn(c):
     if c.dys[1] is not None or c.dys[2] is not None:
-        rules.fail(repr(c.node.name), "the batch mean and variance outputs are not differentiable")
+        rules.fail(rules.where_of(c.node), "the batch mean and variance outputs are not differentiable")
     x, scale, offset, mean, var = c.x
     stats = (c.y[1], c.y[2]) if c.attrs["is_training"] else (mean, var)
     node = make("BatchNormGrad", [c.dy, x, scale, stats[0], stats[1]],
@@ -408,7 +408,7 @@ def conv2d(x, filters, strides=1, padding="SAME", name=None):
     try:
         pads = resolve_pads(padding, x.shape[2:], filters.shape[2:], strides)
     except ValueError as e:
-        rules.fail(repr(name or "Conv2D"), str(e))
+        rules.fail(f"Conv2D {name or 'Conv2D'}", str(e))
     return _t(make("Conv2D", [x, filters], {"strides": strides, "pads": pads}, name=name))
 
 
@@ -417,7 +417,7 @@ def _pool(type_, x, ksize, strides, padding, name, count_include_pad=False):
     try:
         pads = resolve_pads(padding, x.shape[2:], ksize, strides)
     except ValueError as e:
-        rules.fail(repr(name or type_), str(e))
+        rules.fail(f"{type_} {name or type_}", str(e))
     attrs = {"ksize": ksize, "strides": strides, "pads": pads, "count_include_pad": count_include_pad}
     return _t(make(type_, [x], attrs, name=name))
 

@@ -56,7 +56,7 @@ def _check_arity(op: OpDef, n: int, where: str):
     if n < op.min_inputs or (hi != -1 and n > hi):
         want = str(op.min_inputs) if hi == op.min_inputs else (
             f"at least {op.min_inputs}" if hi == -1 else f"{op.min_inputs} to {hi}")
-        raise GraphError(f"{op.type} {where}: takes {want} inputs, got {n}")
+        raise GraphError(f"{where}: takes {want} inputs, got {n}")
 
 
 def make(type: str, inputs: Sequence, attrs: Optional[Dict[str, Any]] = None,
@@ -67,11 +67,11 @@ def make(type: str, inputs: Sequence, attrs: Optional[Dict[str, Any]] = None,
     tensors = [_as_tensor(x, graph) for x in inputs]
     full_attrs = dict(op.attrs)
     full_attrs.update({k: v for k, v in (attrs or {}).items() if v is not None})
-    where = repr(f"{graph.current_scope}/{name or type}".lstrip("/"))
+    where = f"{type} {graph.current_scope + '/' if graph.current_scope else ''}{name or type}"
     _check_arity(op, len(tensors), where)
     for pos in op.updates:
         if tensors[pos].node.type != "Variable":
-            raise GraphError(f"{type} {where}: input {pos} must be a variable (it is updated in "
+            raise GraphError(f"{where}: input {pos} must be a variable (it is updated in "
                              f"place), got {tensors[pos].node.type} {tensors[pos].name!r}")
     outputs = op.infer([t.spec for t in tensors], full_attrs, where)
     return graph.add_node(type, tensors, full_attrs, outputs, name=name)
@@ -102,7 +102,7 @@ def validate_node(node: Node) -> None:
         op = get(node.type)
     except GraphError:
         raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}") from None
-    where = repr(node.name)
+    where = f"{node.type} {node.name}"
     try:
         _check_arity(op, len(node.inputs), where)
         specs = [node.graph.tensor(i).spec for i in node.inputs]

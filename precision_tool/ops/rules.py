@@ -11,6 +11,11 @@ def fail(where: str, msg: str):
     raise GraphError(f"{where}: {msg}")
 
 
+def where_of(node) -> str:
+    """How errors name an op: its type and full name."""
+    return f"{node.type} {node.name}"
+
+
 def broadcast_shapes(a, b, where: str, names=("x", "y")):
     ra, rb = list(a), list(b)
     n = max(len(ra), len(rb))
