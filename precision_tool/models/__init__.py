@@ -33,17 +33,19 @@ class Model:
         return self.x, self.y
 
 
-def _build(name: str, forward: Callable, optimizer: Optional[Optimizer], seed: int,
-           batch_size: Optional[int]) -> Model:
+def _build(name: str, forward: Callable, optimizer: Optimizer, seed: int,
+           batch_size: Optional[int], inference_branch: bool = False) -> Model:
+    """forward(x, training, reuse) -> logits. Models whose inference differs from training
+    (BatchNorm) get a second forward path over the same variables; the others share one."""
     g = Graph(name, seed=seed)
     with g.as_default():
         x = ops.placeholder("x", [batch_size, 64])
         y = ops.placeholder("y", [batch_size], "int32")
         logits = forward(x, training=True, reuse=False)
-        eval_logits = forward(x, training=False, reuse=True)
+        eval_logits = forward(x, training=False, reuse=True) if inference_branch else logits
         with g.name_scope("loss"):
             loss = ops.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(logits, y))
-        train_op = (optimizer or Adam(0.01)).minimize(loss)
+        train_op = optimizer.minimize(loss)
     return Model(name, g, x, y, loss, logits, eval_logits, train_op)
 
 
@@ -55,7 +57,7 @@ def mlp(hidden: Sequence[int] = (64,), optimizer: Optional[Optimizer] = None, se
         for k, units in enumerate(hidden):
             h = nn.dense(h, units, activation=ops.relu, name=f"fc{k + 1}", reuse=reuse)
         return nn.dense(h, 10, name="logits", reuse=reuse)
-    return _build("mlp", forward, optimizer, seed, batch_size)
+    return _build("mlp", forward, optimizer or Adam(0.01), seed, batch_size)
 
 
 def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = None, seed: int = 0,
@@ -72,7 +74,7 @@ def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = Non
         h = ops.relu(nn.batch_norm(h, training=training, name="bn2", reuse=reuse))
         h = ops.avg_pool(h, 2)
         return nn.dense(ops.reshape(h, [-1, c2 * 4]), 10, name="logits", reuse=reuse)
-    return _build("cnn", forward, optimizer, seed, batch_size)
+    return _build("cnn", forward, optimizer or Adam(0.01), seed, batch_size, inference_branch=True)
 
 
 def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layers: int = 1,
@@ -100,7 +102,7 @@ def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layer
                                   name="output_norm", reuse=reuse)
         pooled = ops.reduce_mean(h, 1)
         return nn.dense(pooled, 10, name="classifier", reuse=reuse)
-    return _build("transformer", forward, optimizer, seed, batch_size)
+    return _build("transformer", forward, optimizer or Adam(0.003), seed, batch_size)
 
 
 def fit(sess, model: Model, data, epochs: int = 1, batch_size: int = 64, seed: int = 0,
