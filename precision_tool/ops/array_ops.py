@@ -6,7 +6,7 @@ import numpy as np
 
 from ..graph import Tensor, TensorSpec, dtypes
 from . import rules
-from .registry import AICPU, VECTOR, make, register
+from .registry import AICPU, make, register
 
 
 def _t(node):

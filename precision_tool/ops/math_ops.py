@@ -7,7 +7,7 @@ import numpy as np
 
 from ..graph import TensorSpec, Tensor
 from . import rules
-from .registry import AICPU, CUBE, VECTOR, make, register
+from .registry import CUBE, make, register
 from .special import erf
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..graph import Tensor, TensorSpec, dtypes
+from ..graph import TensorSpec, dtypes
 from . import rules
 from .array_ops import reshape
 from .math_ops import exp, mul, reduce_sum, sub
-from .registry import AICPU, CUBE, VECTOR, make, register
+from .registry import CUBE, make, register
 
 
 def _t(node):

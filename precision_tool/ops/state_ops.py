@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import GraphError
 from ..graph import TensorSpec, dtypes, get_default_graph
 from . import rules
-from .registry import VECTOR, make, register
+from .registry import make, register
 
 
 def _t(node):
