@@ -41,16 +41,31 @@ def format_shape(shape: Shape) -> str:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Static type of a tensor: shape (None = unknown dimension) and canonical dtype name."""
+    """Static type of a tensor: shape (None = unknown dimension) and canonical dtype name.
+
+    On a compiled NPU graph a tensor may live in a device format: `format` names it
+    (e.g. "NC1HWC0"), `shape` is then the device shape and `original_shape` the logical one.
+    """
     shape: Shape
     dtype: str
+    format: str = "ND"
+    original_shape: Optional[Shape] = None
 
     @staticmethod
-    def make(shape, dtype) -> "TensorSpec":
-        return TensorSpec(_normalize_shape(shape), dtypes.canonical(dtype))
+    def make(shape, dtype, format="ND", original_shape=None) -> "TensorSpec":
+        return TensorSpec(_normalize_shape(shape), dtypes.canonical(dtype), str(format),
+                          None if original_shape is None else _normalize_shape(original_shape))
+
+    @property
+    def logical_shape(self) -> Shape:
+        return self.original_shape if self.original_shape is not None else self.shape
+
+    def with_dtype(self, dtype: str) -> "TensorSpec":
+        return TensorSpec(self.shape, dtype, self.format, self.original_shape)
 
     def __str__(self):
-        return f"{self.dtype}{format_shape(self.shape)}"
+        fmt = "" if self.format == "ND" else f" {self.format}"
+        return f"{self.dtype}{format_shape(self.shape)}{fmt}"
 
 
 def _plain(value):
@@ -221,6 +236,32 @@ class Graph:
                     outputs)
         self._insert(node)
         return node
+
+    def insert_node(self, name: str, type: str, inputs: Sequence[str], attrs: Dict[str, Any],
+                    outputs: Sequence[TensorSpec]) -> Node:
+        """Add a node under an exact name reading tensors by name (graph rewriting)."""
+        for t in inputs:
+            src, index = split_tensor_name(t)
+            if src not in self._nodes or index >= len(self._nodes[src].outputs):
+                raise GraphError(f"new op {name!r} reads {t!r}, which no op produces")
+        node = Node(self, name, type, inputs, attrs, outputs)
+        self._insert(node)
+        return node
+
+    def remove_nodes(self, names, replaced_by: Optional[str] = None) -> None:
+        """Drop nodes nothing else reads (e.g. gradient ops no result depends on). A rewrite
+        that puts a new node under one of the names passes it as `replaced_by`: readers of
+        that name then read the new node."""
+        names = set(names)
+        for n in self._nodes.values():
+            if n.name not in names and any(split_tensor_name(i)[0] in names - {replaced_by}
+                                           for i in n.inputs):
+                raise GraphError(f"cannot remove inputs of op {n.name!r}")
+        for name in names:
+            del self._nodes[name]
+        for members in self.collections.values():
+            members[:] = [m for m in members if m not in names]
+        self._topo_cache = None
 
     def _insert(self, node: Node):
         if node.name in self._nodes:

@@ -25,12 +25,25 @@ def graph_to_dict(graph: Graph) -> dict:
                 "type": n.type,
                 "inputs": list(n.inputs),
                 "attrs": n.attrs,
-                "outputs": [{"shape": list(o.shape), "dtype": o.dtype} for o in n.outputs],
+                "outputs": [_spec_to_dict(o) for o in n.outputs],
             }
             for n in graph.nodes
         ],
         "collections": {k: list(v) for k, v in graph.collections.items()},
     }
+
+
+def _spec_to_dict(spec: TensorSpec) -> dict:
+    out = {"shape": list(spec.shape), "dtype": spec.dtype}
+    if spec.format != "ND":
+        out["format"] = spec.format
+    if spec.original_shape is not None:
+        out["original_shape"] = list(spec.original_shape)
+    return out
+
+
+def _spec_from_dict(d: dict) -> TensorSpec:
+    return TensorSpec.make(d["shape"], d["dtype"], d.get("format", "ND"), d.get("original_shape"))
 
 
 def graph_to_json(graph: Graph) -> str:
@@ -61,7 +74,7 @@ def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> 
             attrs = entry.get("attrs", {})
             if not isinstance(attrs, dict):
                 raise TypeError("attrs must be an object")
-            outputs = [TensorSpec.make(o["shape"], o["dtype"]) for o in entry.get("outputs", [])]
+            outputs = [_spec_from_dict(o) for o in entry.get("outputs", [])]
             node = Node(graph, name, type_, inputs, attrs, outputs)
         except (KeyError, TypeError, GraphError) as e:
             raise GraphFormatError(f"node #{i} of graph JSON is malformed: {e}") from None

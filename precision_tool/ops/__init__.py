@@ -1,7 +1,7 @@
 """The ops layer: one registry of op types, and snake_case builders that add ops to the
 default graph (`pt.ops.matmul`, `pt.ops.relu`, ...)."""
 from ..graph import Tensor, get_default_graph
-from . import array_ops, math_ops, nn_ops, state_ops
+from . import array_ops, fused_ops, math_ops, nn_ops, state_ops
 from .array_ops import (cast, concat, constant, gather, identity, one_hot, reshape, slice_,
                         transpose)
 from .math_ops import (add, add_n, batch_matmul, bias_add, div, divide, equal, exp, gelu,

@@ -274,7 +274,7 @@ def _gather_grad_kernel(i, a, c):
 register("Gather", infer=_gather_infer, kernel=_gather_kernel, grad=_grad_gather, min_inputs=2,
          attrs={"axis": 0}, doc="take slices of params along axis at integer indices (embedding)")
 register("GatherGrad", infer=_gather_grad_infer, kernel=_gather_grad_kernel, unit=AICPU,
-         min_inputs=3, attrs={"axis": 0},
+         min_inputs=3, attrs={"axis": 0}, shape_inputs=(2,),
          doc="(dy, indices, params): scatter-add dy into zeros shaped like params")
 
 

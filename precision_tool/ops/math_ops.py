@@ -16,10 +16,21 @@ def _t(node):
 
 
 # -- helpers shared by gradient rules --------------------------------------------------------
-def unbroadcast(g: Tensor, x: Tensor) -> Tensor:
-    """Sum a broadcast gradient back to the shape of `x` (no-op when shapes already agree)."""
-    if g.shape == x.shape and None not in x.shape:
-        return g
+def unbroadcast(g: Tensor, x: Tensor, other: Tensor = None) -> Tensor:
+    """Sum a broadcast gradient back to the shape of `x`: a no-op unless x was broadcast. An
+    unknown dimension of x counts as not broadcast where `other` (the other operand) has no
+    dimension or size 1 there."""
+    if len(g.shape) == len(x.shape):
+        lead = len(g.shape) - len(other.shape) if other is not None else None
+        ok = True
+        for i, (gd, xd) in enumerate(zip(g.shape, x.shape)):
+            if xd is None:
+                od = None if lead is None or i < lead else other.shape[i - lead]
+                ok = ok and gd is None and lead is not None and (i < lead or od == 1)
+            else:
+                ok = ok and gd == xd
+        if ok:
+            return g
     return _t(make("SumToLike", [g, x], name="SumToLike"))
 
 
@@ -60,17 +71,17 @@ def _unary_builder(type_):
 # -- binary arithmetic -----------------------------------------------------------------------
 def _grad_add(c):
     x, y = c.x
-    return [unbroadcast(c.dy, x), unbroadcast(c.dy, y)]
+    return [unbroadcast(c.dy, x, y), unbroadcast(c.dy, y, x)]
 
 
 def _grad_sub(c):
     x, y = c.x
-    return [unbroadcast(c.dy, x), unbroadcast(neg(c.dy), y)]
+    return [unbroadcast(c.dy, x, y), unbroadcast(neg(c.dy), y, x)]
 
 
 def _grad_mul(c):
     x, y = c.x
-    return [unbroadcast(mul(c.dy, y), x), unbroadcast(mul(c.dy, x), y)]
+    return [unbroadcast(mul(c.dy, y), x, y), unbroadcast(mul(c.dy, x), y, x)]
 
 
 def _grad_div(c):
@@ -78,7 +89,7 @@ def _grad_div(c):
     out = c.y[0]
     gx = div(c.dy, y)
     gy = neg(mul(gx, out))          # d(x/y)/dy = -(x/y)/y
-    return [unbroadcast(gx, x), unbroadcast(gy, y)]
+    return [unbroadcast(gx, x, y), unbroadcast(gy, y, x)]
 
 
 def _grad_pow(c):
@@ -89,7 +100,7 @@ def _grad_pow(c):
     zero = zeros_like(x)
     safe_log = select(greater(x, zero), log(select(greater(x, zero), x, ones_like(x))), zero)
     gp = mul(c.dy, mul(out, safe_log))
-    return [unbroadcast(gx, x), unbroadcast(gp, p)]
+    return [unbroadcast(gx, x, p), unbroadcast(gp, p, x)]
 
 
 def _grad_minmax(pick_x_when):
@@ -97,7 +108,8 @@ def _grad_minmax(pick_x_when):
         x, y = c.x
         mask = make(pick_x_when, [x, y]).output(0)
         zero = zeros_like(c.dy)
-        return [unbroadcast(select(mask, c.dy, zero), x), unbroadcast(select(mask, zero, c.dy), y)]
+        return [unbroadcast(select(mask, c.dy, zero), x, y),
+                unbroadcast(select(mask, zero, c.dy), y, x)]
     return grad
 
 
@@ -340,8 +352,10 @@ def _broadcast_like_kernel(i, a, c):
 
 
 register("SumToLike", infer=rules.like_second, kernel=_sum_to_like_kernel, min_inputs=2,
+         shape_inputs=(1,),
          doc="(g, x): sum a broadcast gradient g down to x's shape (TF's Sum+Reshape pair)")
 register("BroadcastLike", infer=rules.like_second, kernel=_broadcast_like_kernel, min_inputs=2,
+         shape_inputs=(1,),
          attrs={"axes": None, "keep_dims": False, "mean": False},
          doc="(g, x): broadcast a reduction's gradient back to x's shape, divided by the "
              "reduced count when mean is set")

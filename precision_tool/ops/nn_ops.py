@@ -219,12 +219,14 @@ def _grad_conv(c):
 
 
 register("Conv2D", infer=_conv_infer, kernel=_conv_kernel, grad=_grad_conv, unit=CUBE,
-         min_inputs=2, attrs=_CONV_ATTRS, doc="2-D convolution, NCHW input, OIHW filter")
+         min_inputs=2, attrs=_CONV_ATTRS, five_hd=((0,), (0,)), doc="2-D convolution, NCHW input, OIHW filter")
 register("Conv2DBackpropInput", infer=lambda s, a, w: [TensorSpec(s[0].shape, s[2].dtype)],
          kernel=_conv_input_grad_kernel, unit=CUBE, min_inputs=3, attrs=_CONV_ATTRS,
+         shape_inputs=(0,), five_hd=((2,), (0,)),
          doc="(input, filter, dy) -> d input; input is read for its shape only")
 register("Conv2DBackpropFilter", infer=lambda s, a, w: [TensorSpec(s[1].shape, s[2].dtype)],
          kernel=_conv_filter_grad_kernel, unit=CUBE, min_inputs=3, attrs=_CONV_ATTRS,
+         shape_inputs=(1,), five_hd=((0, 2), ()),
          doc="(input, filter, dy) -> d filter; filter is read for its shape only")
 
 
@@ -285,16 +287,19 @@ def _pool_keep(c):
 
 
 register("MaxPool", infer=_pool_infer, kernel=_max_pool_kernel, min_inputs=1, attrs=_POOL_ATTRS,
+         five_hd=((0,), (0,)),
          grad=lambda c: [_t(make("MaxPoolGrad", [c.x[0], c.y[0], c.dy], _pool_keep(c)))],
          doc="max over ksize windows (padding never wins)")
 register("MaxPoolGrad", infer=lambda s, a, w: [s[0]], kernel=_max_pool_grad_kernel,
-         min_inputs=3, attrs=_POOL_ATTRS,
+         min_inputs=3, attrs=_POOL_ATTRS, five_hd=((0, 1, 2), (0,)),
          doc="(x, y, dy) -> dx: each window's dy goes to its first maximum")
 register("AvgPool", infer=_pool_infer, kernel=_avg_pool_kernel, min_inputs=1, attrs=_POOL_ATTRS,
+         five_hd=((0,), (0,)),
          grad=lambda c: [_t(make("AvgPoolGrad", [c.x[0], c.dy], _pool_keep(c)))],
          doc="mean over ksize windows; padding counted only with count_include_pad")
 register("AvgPoolGrad", infer=lambda s, a, w: [TensorSpec(s[0].shape, s[1].dtype)],
-         kernel=_avg_pool_grad_kernel, min_inputs=2, attrs=_POOL_ATTRS,
+         kernel=_avg_pool_grad_kernel, min_inputs=2, attrs=_POOL_ATTRS, shape_inputs=(0,),
+         five_hd=((1,), (0,)),
          doc="(x, dy) -> dx: dy shared equally over each window; x is read for its shape only")
 
 
@@ -359,11 +364,12 @@ def _grad_bn(c):
 
 
 register("BatchNorm", infer=_bn_infer, kernel=_bn_kernel, grad=_grad_bn, min_inputs=5,
+         five_hd=((0,), (0,)),
          attrs={"epsilon": 1e-5, "is_training": True},
          doc="(x, scale, offset, mean, variance) -> (y, batch_mean, batch_variance); training "
              "normalises with the batch's biased statistics, inference with the given ones")
 register("BatchNormGrad", infer=lambda s, a, w: [s[1], s[2], s[2]], kernel=_bn_grad_kernel,
-         min_inputs=5, attrs={"epsilon": 1e-5, "is_training": True},
+         min_inputs=5, five_hd=((0, 1), (0,)), attrs={"epsilon": 1e-5, "is_training": True},
          doc="(dy, x, scale, mean, variance) -> (dx, d scale, d offset)")
 
 

@@ -7,7 +7,7 @@ gradient ops into the graph) and the compute unit that runs it on an NPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class OpDef:
     doc: str = ""
     constant: bool = False              # pure function of attrs: executors may cache it
     attrs: Dict[str, Any] = field(default_factory=dict)  # defaults, filled in at build time
+    shape_inputs: Sequence[int] = ()    # inputs read for their shape only (never cast)
+    five_hd: Tuple[Sequence[int], Sequence[int]] = ((), ())  # (inputs, outputs) in NC1HWC0 on an NPU
+    gated: bool = False                 # an update op: an optional last bool input skips it
 
 
 REGISTRY: Dict[str, OpDef] = {}
@@ -119,12 +122,22 @@ def validate_node(node: Node) -> None:
 
 
 class KernelContext:
-    """What a kernel may ask of the executor besides its inputs and attributes."""
+    """What a kernel may ask of the executor besides its inputs and attributes.
 
-    def __init__(self, float_dtype=np.float32, step: int = 0, graph_seed: int = 0):
+    The CPU golden executor computes every float op in its golden dtype; the simulated NPU
+    sets `compute_dtype` per op and collects overflow status. Fused kernels round their inner
+    steps with `round`, which is exact (a no-op) when the compute dtype is the run dtype.
+    """
+
+    def __init__(self, float_dtype=np.float32, step: int = 0, graph_seed: int = 0,
+                 saturation: bool = False):
         self.float_dtype = np.dtype(float_dtype)
         self.step = step
         self.graph_seed = graph_seed
+        self.compute_dtype = self.float_dtype
+        self.saturation = saturation
+        self.float_status = 0       # OR of the status words of the kernels run so far this step
+        self.status = 0             # the current kernel's own status word
 
     def rng(self, seed: int) -> np.random.Generator:
         """A generator fixed by (graph seed, op seed, step): reproducible, new every step."""
@@ -134,6 +147,20 @@ class KernelContext:
         """The numpy dtype an IR dtype runs as: float types run as the golden float dtype."""
         from ..graph import dtypes
         return self.float_dtype if dtypes.is_float(name) else dtypes.to_numpy(name)
+
+    def round(self, x: np.ndarray) -> np.ndarray:
+        """An inner step of a fused kernel: round to the compute dtype (recording overflow and
+        saturating as the hardware does), and continue in the run dtype."""
+        if self.compute_dtype == self.float_dtype:
+            return x
+        from .. import numerics
+        low = numerics.round_to(x, self.compute_dtype)
+        if not np.isfinite(low).all():
+            if np.isfinite(x).all():
+                self.status |= numerics.STATUS_FLOAT_OVERFLOW
+            if self.saturation:
+                low = numerics.saturate(low)
+        return low.astype(self.float_dtype)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 update ops, AssignMovingAverage and NoOp.
 
 Update ops name the variables they overwrite through `updates`: output i is the new value of
-the Variable at input position updates[i]. Executors apply it after the op runs.
+the Variable at input position updates[i]. Executors apply it after the op runs. A gated
+update op takes an optional last input, a bool scalar: when it is false the op changes
+nothing (a loss-scaled step that overflowed skips its update this way).
 """
 from __future__ import annotations
 
@@ -146,6 +148,10 @@ def variable(name, shape, init="glorot_uniform", seed=None, dtype="float32", tra
 # -- update ops ------------------------------------------------------------------------------
 def _update_infer(n_state):
     def infer(specs, attrs, where):
+        if specs[-1].dtype == "bool":          # the optional gate: update only when true
+            if specs[-1].shape != ():
+                rules.fail(where, f"the gate must be a bool scalar, got {specs[-1]}")
+            specs = specs[:-1]
         var = specs[0]
         rules.require_float(var, where, "variable")
         for k, s in enumerate(specs[1:], 1):
@@ -189,16 +195,16 @@ def _moving_average_kernel(i, a, c):
 
 
 register("ApplyGradientDescent", infer=_update_infer(1), kernel=_sgd_kernel, updates=(0,),
-         min_inputs=2, attrs={"lr": 0.01}, doc="(var, grad): var -= lr * grad")
+         min_inputs=2, max_inputs=3, gated=True, attrs={"lr": 0.01}, doc="(var, grad): var -= lr * grad")
 register("ApplyMomentum", infer=_update_infer(2), kernel=_momentum_kernel, updates=(0, 1),
-         min_inputs=3, attrs={"lr": 0.01, "momentum": 0.9, "use_nesterov": False},
+         min_inputs=3, max_inputs=4, gated=True, attrs={"lr": 0.01, "momentum": 0.9, "use_nesterov": False},
          doc="(var, accum, grad): accum = momentum*accum + grad; var -= lr*accum (TF semantics)")
 register("ApplyAdam", infer=_update_infer(5), kernel=_adam_kernel, updates=(0, 1, 2, 3, 4),
-         min_inputs=6, attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+         min_inputs=6, max_inputs=7, gated=True, attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
          doc="(var, m, v, beta1_power, beta2_power, grad): TF's Adam; unlike TF the op also "
              "advances its own beta powers, so each variable carries its step count")
 register("AssignMovingAverage", infer=_update_infer(1), kernel=_moving_average_kernel,
-         updates=(0,), min_inputs=2, attrs={"decay": 0.9},
+         updates=(0,), min_inputs=2, max_inputs=3, gated=True, attrs={"decay": 0.9},
          doc="(var, value): var = decay*var + (1-decay)*value (BatchNorm moving statistics)")
 
 

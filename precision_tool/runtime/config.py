@@ -2,22 +2,62 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from ..errors import PrecisionToolError
 
 GOLDEN_DTYPES = ("float32", "float64")
+OVERFLOW_MODES = ("saturation", "inf_nan")
+MODES = ("graph", "pynative")
+
+
+class ConfigError(PrecisionToolError, ValueError):
+    """A SessionConfig that cannot be used as given."""
 
 
 @dataclass(frozen=True)
 class SessionConfig:
     """How a Session runs its graph.
 
-    golden_dtype: the float dtype the CPU golden executor computes in ("float32", or
-    "float64" for a reference run); every float tensor of the graph runs as this dtype.
+    CPU golden executor:
+      golden_dtype: "float32", or "float64" for a reference run; every float tensor runs as it.
+    Simulated NPU (target="npu"):
+      precision_mode: force_fp32, allow_fp32_to_fp16 (default), force_fp16,
+        must_keep_origin_dtype, allow_mix_precision, allow_mix_precision_bf16.
+      amp_level: MindSpore's O0-O3, instead of precision_mode.
+      modify_mixlist: a dict or JSON path editing the white/black/gray lists.
+      overflow_mode: "saturation" (Ascend 910's default) or "inf_nan".
+      fusion_switch_file: a fusion_switch.cfg path; or fusion_switch: "on", "off" or its dict.
+      mode: "graph" (compile: fusion, 5HD formats) or "pynative" (op by op as written).
+      device_memory: bytes of simulated device memory (default 32 GiB).
     """
     golden_dtype: str = "float32"
+    precision_mode: str = "allow_fp32_to_fp16"
+    amp_level: Optional[str] = None
+    modify_mixlist: Any = None
+    overflow_mode: str = "saturation"
+    fusion_switch_file: Optional[str] = None
+    fusion_switch: Any = None
+    mode: str = "graph"
+    device_memory: int = 32 * 2 ** 30
 
     def __post_init__(self):
         if self.golden_dtype not in GOLDEN_DTYPES:
-            raise PrecisionToolError(f"golden_dtype must be one of {GOLDEN_DTYPES}, "
-                                     f"got {self.golden_dtype!r}")
+            raise ConfigError(f"golden_dtype must be one of {GOLDEN_DTYPES}, got {self.golden_dtype!r}")
+        if self.overflow_mode not in OVERFLOW_MODES:
+            raise ConfigError(f"overflow_mode must be one of {OVERFLOW_MODES}, got {self.overflow_mode!r}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.fusion_switch_file is not None and self.fusion_switch is not None:
+            raise ConfigError("give fusion_switch_file or fusion_switch, not both")
+        if self.mode == "pynative" and (self.fusion_switch_file is not None
+                                        or self.fusion_switch not in (None, "off")):
+            raise ConfigError("fusion switches only mean something in graph mode (pynative runs "
+                              "op by op, never fused): drop the switch or use mode='graph'")
+        if not isinstance(self.device_memory, int) or self.device_memory <= 0:
+            raise ConfigError(f"device_memory must be a positive number of bytes, "
+                              f"got {self.device_memory!r}")
+
+    @property
+    def fusion_switch_spec(self):
+        return self.fusion_switch_file if self.fusion_switch_file is not None else self.fusion_switch

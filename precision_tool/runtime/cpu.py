@@ -9,7 +9,7 @@ from ..errors import ExecutionError, FeedError
 from ..graph import dtypes, format_shape
 from ..ops import registry
 from ..ops.state_ops import initial_value
-from .plan import ExecutionPlan
+from .plan import ExecutionPlan, build_plan
 
 
 class CpuExecutor:
@@ -28,6 +28,12 @@ class CpuExecutor:
             if n.type == "Variable":
                 out[n.name] = self.cast_in(initial_value(n, self.graph.seed), n.outputs[0].dtype)
         return out
+
+    def plan(self, fetch_tensors, fetch_nodes, fed) -> ExecutionPlan:
+        return build_plan(self.graph, fetch_nodes, fetch_tensors, fed)
+
+    def fetch(self, values, name: str) -> np.ndarray:
+        return values[name]
 
     def run_dtype(self, dtype: str) -> np.dtype:
         """The numpy dtype a tensor of IR dtype `dtype` has on this executor."""
@@ -69,6 +75,10 @@ class CpuExecutor:
         if op.constant and node.name in self._constants:
             return [self._constants[node.name]]
         inputs = [values[i] for i in node.inputs]
+        if op.gated and len(inputs) > op.min_inputs:
+            if not inputs[-1]:                  # gate closed: the variables keep their values
+                return [inputs[pos] for pos in op.updates]
+            inputs = inputs[:-1]
         try:
             result = op.kernel(inputs, node.attrs, ctx)
         except Exception as e:  # a kernel failure is reported against the op that failed

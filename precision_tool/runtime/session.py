@@ -10,9 +10,9 @@ from ..graph import Graph, Tensor, dtypes, format_shape
 from ..graph.ir import Node
 from .config import SessionConfig
 from .cpu import CpuExecutor
-from .plan import build_plan
+from .npu.executor import NpuExecutor
 
-_EXECUTORS = {"cpu": CpuExecutor}
+_EXECUTORS = {"cpu": CpuExecutor, "npu": NpuExecutor}
 
 
 class Session:
@@ -53,12 +53,13 @@ class Session:
         key = (tuple(fetch_tensors), tuple(fetch_nodes), frozenset(feeds))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = build_plan(self.graph, fetch_nodes, fetch_tensors,
-                                                 frozenset(feeds))
+            plan = self._plans[key] = self._executor.plan(fetch_tensors, fetch_nodes,
+                                                          frozenset(feeds))
         values = self._executor.run(plan, dict(feeds), self._variables, self.step)
         self.step += 1
         # copies: a fetched array must never alias session state or a feed
-        results = [None if isinstance(f, Node) else values[f.name].copy() for f in flat]
+        results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
+                   for f in flat]
         return _unflatten(structure, iter(results))
 
     def _resolve(self, item):
@@ -117,6 +118,37 @@ class Session:
             if arr.min() < info.min or arr.max() > info.max:
                 raise FeedError(f"placeholder {name!r} expects {spec.dtype}; fed values do not fit")
         return np.ascontiguousarray(self._executor.cast_in(arr, spec.dtype))
+
+    # -- the NPU's view -------------------------------------------------------------------
+    def tasks(self):
+        """The kernels the last run executed, in order (simulated NPU; empty on the CPU)."""
+        return list(getattr(self._executor, "tasks", []))
+
+    def float_status(self) -> int:
+        """The OR of the AI Core status words of the last run (0 on the CPU)."""
+        status = 0
+        for t in self.tasks():
+            status |= t.status
+        return status
+
+    @property
+    def compiled(self):
+        """The compiled NPU graph and its compile records (None on the CPU)."""
+        return getattr(self._executor, "compiled", None)
+
+    def fusion_result(self) -> dict:
+        """Per fusion pass that ran, its match and effect counts and the fused nodes, in the
+        shape of Ascend's fusion_result.json."""
+        compiled = self.compiled
+        if compiled is None:
+            return {}
+        from .npu.fusion import PASSES
+        out = {"graph_fusion": {}, "ub_fusion": {}}
+        for name, c in compiled.fusion.items():
+            kind = "graph_fusion" if PASSES[name].kind == "GraphFusion" else "ub_fusion"
+            out[kind][name] = {"match_times": c.match_times, "effect_times": c.effect_times,
+                               "fused_nodes": list(c.fused_nodes)}
+        return {self.graph.name: out}
 
     # -- state --------------------------------------------------------------------------------
     def variables(self) -> Dict[str, np.ndarray]:

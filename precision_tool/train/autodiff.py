@@ -39,6 +39,7 @@ def gradients(ys, xs, grad_ys=None) -> List[Optional[Tensor]]:
         if not dtypes.is_float(y.dtype):
             raise GraphError(f"cannot differentiate {y.name} of dtype {y.dtype}")
     pending: Dict[str, List[Tensor]] = {}
+    existing = {n.name for n in graph.nodes}
     with graph.as_default():
         with graph.name_scope("gradients/"):
             seeds = grad_ys if grad_ys is not None else [ones_like(y, name="Fill") for y in ys]
@@ -65,7 +66,23 @@ def gradients(ys, xs, grad_ys=None) -> List[Optional[Tensor]]:
             for name, g in zip(node.inputs, grads):
                 if g is not None:
                     pending.setdefault(name, []).append(g)
-        return [_total(pending.get(x.name), graph) for x in xs]
+        result = [_total(pending.get(x.name), graph) for x in xs]
+    _prune(graph, existing, [g for g in result if g is not None])
+    return result
+
+
+def _prune(graph, existing, keep: List[Tensor]) -> None:
+    """Remove the gradient ops this call built that no returned gradient depends on (e.g.
+    the gradient of a constant operand): they would only clutter dumps and block fusion."""
+    needed = set()
+    stack = [t.node.name for t in keep]
+    while stack:
+        name = stack.pop()
+        if name in needed or name in existing:
+            continue
+        needed.add(name)
+        stack.extend(i.rpartition(":")[0] for i in graph.node(name).inputs)
+    graph.remove_nodes([n.name for n in graph.nodes if n.name not in existing and n.name not in needed])
 
 
 def _total(grads: Optional[List[Tensor]], graph) -> Optional[Tensor]:

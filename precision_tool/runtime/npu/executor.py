@@ -1,0 +1,288 @@
+"""The simulated NPU executor: runs a compiled graph with NPU numerics.
+
+Every kernel reads its float inputs widened to fp32 (exact), computes with the op's
+reference kernel in fp32 — for cube ops that is fp32 BLAS on fp16/bf16-valued operands,
+i.e. fp32 accumulation of exact products — and rounds each output to its compiled dtype.
+Overflow follows `overflow_mode`: "saturation" (+-inf -> +-max, nan -> 0; only the status
+word shows it) or "inf_nan" (IEEE). Each kernel is a task with an id, a stream, a timestamp
+and an AI Core status word:
+  0x20  a result overflowed its dtype (or became inf/nan from finite inputs)
+  0x100 an fp32 -> fp16/bf16 Cast overflowed
+  0x400 the cube unit's fp32 accumulator overflowed
+  0x80  a float -> integer Cast was out of range
+(0x8 and 0x10, the integer overflow and divide-by-zero bits, are defined in numerics; no op
+of our set raises them.)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ... import numerics
+from ...errors import ExecutionError, FeedError, FetchError, PrecisionToolError
+from ...graph import dtypes, format_shape
+from ...ops import registry
+from ...ops.state_ops import initial_value
+from ..plan import ExecutionPlan, build_plan
+from .compiler import FORMAT_TRANSPARENT, CompiledGraph, compile_graph
+from .fusion import enabled_passes
+from .policy import make_policy
+
+F32 = np.dtype(np.float32)
+
+
+class DeviceMemoryError(PrecisionToolError, MemoryError):
+    """The step's tensors do not fit the simulated device memory."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One executed kernel, as the NPU's profiling and dump records name it."""
+    name: str
+    type: str
+    task_id: int
+    stream_id: int
+    timestamp: int          # microseconds since the epoch, at launch
+    status: int             # AI Core status word
+
+    @property
+    def overflow(self) -> bool:
+        return self.status != 0
+
+
+@dataclass
+class _Step:
+    """Everything about one compiled node that does not change between runs."""
+    node: object
+    op: registry.OpDef
+    inputs: List[str]
+    widen: List[int]              # float inputs stored below fp32
+    from_5hd: List[int]           # inputs to convert NC1HWC0 -> NCHW before the kernel
+    out_dtypes: List[np.dtype]
+    to_5hd: List[int]             # outputs to convert NCHW -> NC1HWC0 after the kernel
+    compute: np.dtype
+    task_id: int
+    cast_to: Optional[np.dtype]   # Cast nodes: the executor converts itself
+    is_cube: bool
+    gated: bool
+
+
+def _np(dtype: str) -> np.dtype:
+    return dtypes.to_numpy(dtype)
+
+
+class NpuExecutor:
+    target = "npu"
+
+    def __init__(self, graph, config):
+        self.source = graph
+        self.config = config
+        graph_mode = config.mode == "graph"
+        policy = make_policy(config.precision_mode, config.amp_level, config.modify_mixlist)
+        passes = enabled_passes(config.fusion_switch_spec) if graph_mode else []
+        self.compiled: CompiledGraph = compile_graph(graph, policy, passes, graph_mode)
+        self.graph = self.compiled.graph
+        self.saturation = config.overflow_mode == "saturation"
+        self._steps: Dict[str, _Step] = {}
+        self._constants: Dict[str, np.ndarray] = {}
+        self.tasks: List[Task] = []
+
+    # -- the Session's side ---------------------------------------------------------------
+    def initial_variables(self) -> Dict[str, np.ndarray]:
+        return {n.name: self.cast_in(initial_value(n, self.graph.seed), n.outputs[0].dtype)
+                for n in self.graph.nodes if n.type == "Variable"}
+
+    def run_dtype(self, dtype: str) -> np.dtype:
+        return _np(dtype)
+
+    def cast_in(self, value, dtype: str) -> np.ndarray:
+        return np.asarray(value).astype(_np(dtype), copy=False)
+
+    def plan(self, fetch_tensors, fetch_nodes, fed) -> ExecutionPlan:
+        tensors = [self._compiled_tensor(t) for t in fetch_tensors]
+        nodes = []
+        for name in fetch_nodes:
+            if name not in self.graph:
+                raise FetchError(self._fused_message(name))
+            nodes.append(name)
+        return build_plan(self.graph, nodes, tensors, fed)
+
+    def fetch(self, values, name: str) -> np.ndarray:
+        """A fetched tensor as the user's graph declares it: logical format, declared dtype."""
+        compiled = self._compiled_tensor(name)
+        value = values[compiled]
+        spec = self.graph.tensor(compiled).spec
+        if spec.format == "NC1HWC0":
+            value = numerics.five_hd_to_nchw(value, (value.shape[0],) + tuple(spec.original_shape[1:]))
+        declared = self.source.tensor(name).dtype
+        return value.astype(_np(declared))
+
+    def _compiled_tensor(self, name: str) -> str:
+        try:
+            return self.compiled.tensor_map[name]
+        except KeyError:
+            raise FetchError(self._fused_message(name.rpartition(":")[0], name)) from None
+
+    def _fused_message(self, op_name: str, what: Optional[str] = None) -> str:
+        fused = self.compiled.fused_away.get(op_name)
+        if fused is None:
+            return f"{what or op_name!r} does not exist on the compiled NPU graph"
+        node = self.graph.node(fused)
+        return (f"{what or op_name!r} was fused into {fused!r} by {node.attrs['pass_name']} and "
+                f"is not an output of it; switch the pass off to fetch it")
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, plan: ExecutionPlan, values, variables, step: int):
+        self._check_memory(plan, values, variables)
+        ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
+        tasks: List[Task] = []
+        for node, release in zip(plan.nodes, plan.release):
+            outputs = self._execute(node, values, variables, ctx, tasks)
+            for k, out in enumerate(outputs):
+                values[f"{node.name}:{k}"] = out
+            for k, pos in enumerate(registry.get(node.type).updates):
+                variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
+            for name in release:
+                values.pop(name, None)
+        self.tasks = tasks
+        return values
+
+    def _execute(self, node, values, variables, ctx, tasks):
+        t = node.type
+        if t == "Placeholder":
+            name = f"{node.name}:0"
+            if name not in values:
+                raise FeedError(f"placeholder {node.name!r} must be fed a value of {node.outputs[0]}")
+            return [values[name]]
+        if t == "Variable":
+            return [variables[node.name]]
+        if t == "Const":
+            if node.name not in self._constants:
+                c = registry.get("Const").kernel([], node.attrs, ctx)
+                self._constants[node.name] = c.astype(_np(node.outputs[0].dtype))
+            return [self._constants[node.name]]
+        step = self._steps.get(node.name) or self._prepare(node)
+        inputs = [values[i] for i in step.inputs]
+        launched = int(time.time() * 1e6)
+        if step.gated and len(inputs) > step.op.min_inputs:
+            if not inputs[-1]:
+                if step.task_id:
+                    tasks.append(Task(node.name, t, step.task_id, 0, launched, 0))
+                return [inputs[pos] for pos in step.op.updates]
+            inputs = inputs[:-1]
+        ctx.status = 0
+        if step.cast_to is not None:
+            outputs = [self._cast(inputs[0], step.cast_to, ctx)]
+        else:
+            outputs = self._compute(step, inputs, ctx)
+        if step.task_id:
+            tasks.append(Task(node.name, t, step.task_id, 0, launched, ctx.status))
+            ctx.float_status |= ctx.status
+        return outputs
+
+    def _prepare(self, node) -> _Step:
+        op = registry.get(node.type)
+        specs = [self.graph.tensor(i).spec for i in node.inputs]
+        ins5, outs5 = op.five_hd
+        # these read and write whatever format they are given (TransData converts itself)
+        transparent = node.type in FORMAT_TRANSPARENT or node.type == "TransData"
+        compute = node.attrs.get("compute_dtype")
+        step = _Step(
+            node=node, op=op, inputs=list(node.inputs),
+            widen=[k for k, s in enumerate(specs)
+                   if dtypes.is_float(s.dtype) and _np(s.dtype).itemsize < 4],
+            from_5hd=[k for k, s in enumerate(specs) if s.format == "NC1HWC0" and not transparent],
+            out_dtypes=[_np(s.dtype) for s in node.outputs],
+            to_5hd=[k for k, s in enumerate(node.outputs) if s.format == "NC1HWC0" and not transparent],
+            compute=_np(compute) if compute else F32,
+            task_id=self.compiled.task_ids.get(node.name, 0),
+            cast_to=_np(node.attrs["dtype"]) if node.type == "Cast" else None,
+            is_cube=op.unit == registry.CUBE,
+            gated=op.gated)
+        self._steps[node.name] = step
+        return step
+
+    def _compute(self, step: _Step, inputs, ctx):
+        for k in step.widen:
+            inputs[k] = inputs[k].astype(F32)
+        for k in step.from_5hd:
+            x = inputs[k]
+            spec = self.graph.tensor(step.inputs[k]).spec
+            inputs[k] = numerics.five_hd_to_nchw(x, (x.shape[0],) + tuple(spec.original_shape[1:]))
+        ctx.compute_dtype = step.compute if step.compute.itemsize < 4 else F32
+        node = step.node
+        try:
+            with np.errstate(all="ignore"):
+                result = step.op.kernel(inputs, node.attrs, ctx)
+        except Exception as e:  # a kernel failure is reported against the op that failed
+            raise ExecutionError(f"op {node.name!r} ({node.type}) failed: {e}") from e
+        raw = [np.asarray(r) for r in (result if isinstance(result, (list, tuple)) else [result])]
+        if len(raw) != len(step.out_dtypes):
+            raise ExecutionError(f"op {node.name!r} ({node.type}) produced {len(raw)} outputs, "
+                                 f"its compiled node declares {len(step.out_dtypes)}")
+        outputs = []
+        for k, (r, dt) in enumerate(zip(raw, step.out_dtypes)):
+            out = self._round(r, dt, inputs, ctx, step.is_cube)
+            if k in step.to_5hd:
+                out = numerics.nchw_to_5hd(out)
+            outputs.append(out)
+        return outputs
+
+    def _round(self, r, dtype, inputs, ctx, is_cube):
+        """Round a kernel result to its output dtype; status and saturation as the hardware."""
+        if dtype.kind not in "fV":
+            return r.astype(dtype, copy=False)
+        out = r if r.dtype == dtype else numerics.round_to(r, dtype)
+        if out.size and not np.isfinite(out).all():
+            if _all_finite(inputs):
+                raw_bad = not np.isfinite(r).all()
+                ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
+                               else numerics.STATUS_FLOAT_OVERFLOW)
+            if self.saturation:
+                out = numerics.saturate(out)
+        return out
+
+    def _cast(self, x, dtype, ctx):
+        if dtype.kind in "iu" and x.dtype.kind in "fV":
+            xf = x.astype(np.float64)
+            info = np.iinfo(dtype)
+            if x.size and (not np.isfinite(xf).all() or xf.min() < info.min or xf.max() > info.max):
+                ctx.status |= numerics.STATUS_FLOAT_TO_INT
+            with np.errstate(all="ignore"):
+                return xf.astype(dtype)
+        out = numerics.round_to(x, dtype)
+        if dtype.kind in "fV" and out.size and not np.isfinite(out).all():
+            if np.isfinite(x).all():
+                ctx.status |= numerics.STATUS_CAST_OVERFLOW
+            if self.saturation:
+                out = numerics.saturate(out)
+        return out
+
+    def _check_memory(self, plan: ExecutionPlan, values, variables):
+        """Like a real device, refuse a step whose tensors (all of them, no reuse: an upper
+        bound) exceed device memory, before running anything."""
+        limit = self.config.device_memory
+        batch = max([v.shape[0] for v in values.values() if getattr(v, "ndim", 0)] or [1])
+        activations = 0
+        for node in plan.nodes:
+            if node.type == "Variable":
+                continue
+            for s in node.outputs:
+                n = 1
+                for d in s.shape:
+                    n *= batch if d is None else d
+                activations += n * _np(s.dtype).itemsize
+        weights = sum(v.nbytes for v in variables.values())
+        if activations + weights > limit:
+            gib = 2 ** 30
+            raise DeviceMemoryError(
+                f"out of device memory: the step needs {(activations + weights) / gib:.2f} GiB "
+                f"({activations / gib:.2f} GiB of tensors, {weights / gib:.2f} GiB of variables), "
+                f"the device has {limit / gib:.2f} GiB")
+
+
+def _all_finite(inputs) -> bool:
+    return all(not (x.dtype.kind in "fV" and x.size) or np.isfinite(x).all() for x in inputs)
