@@ -222,6 +222,59 @@ CASES = [
        attrs={"decay": 0.8}),
 ]
 
+LN_ROLES = ["y", "mean", "centered", "square", "variance", "var_eps", "inv", "normalized", "scaled"]
+LN_X = normal(3, 8) * 2 + 0.5
+ELTWISE_STEPS = [{"type": "Mul", "inputs": ["in:0", "in:1"], "attrs": {}},
+                 {"type": "Add", "inputs": ["step:0", "in:2"], "attrs": {}},
+                 {"type": "Relu", "inputs": ["step:1"], "attrs": {}}]
+
+# Op types of compiled NPU graphs (fused kernels, formats, status, loss scale). Their fp16
+# behaviour is tested in test_npu.py; here their fp32/fp64 numerics.
+CASES += [
+    _c("LayerNorm", [LN_X, positive(8), normal(8)],
+       lambda x, g, b: [refs.layer_norm_roles(x, g, b, 1e-3)[r] for r in LN_ROLES],
+       attrs={"epsilon": 1e-3, "roles": LN_ROLES}),
+    _c("SoftmaxV2", [normal(2, 3, 5)], lambda x: refs.softmax(x, 2), attrs={"axis": -1}),
+    _c("FastGelu", [normal(3, 4) * 2],
+       lambda x: [x / 2 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))]),
+    _c("MatMulV2", [normal(3, 4), normal(5, 4), normal(5)],
+       lambda a, b, c: [a @ b.T + c, a @ b.T],
+       attrs={"transpose_b": True, "roles": ["y", "matmul"]}),
+    _c("BatchMatMulV2", [normal(2, 3, 4), normal(2, 5, 4)],
+       lambda a, b: [np.einsum("bik,bjk->bij", a, b) * 0.25, np.einsum("bik,bjk->bij", a, b)],
+       attrs={"adj_y": True, "alpha": 0.25, "roles": ["y", "batch_matmul"]}),
+    _c("Conv2DBatchNorm", [CONV_X, CONV_F, positive(4), normal(4), normal(4), positive(4)],
+       lambda x, f, s, o, m, v: [refs.batch_norm(refs.conv2d(x, f, [2, 1], [1, 0, 1, 1]), s, o, m, v,
+                                                 1e-3, False)[0], refs.conv2d(x, f, [2, 1], [1, 0, 1, 1]), m, v],
+       attrs={**CONV_ATTRS, "epsilon": 1e-3, "roles": ["y", "conv", "batch_mean", "batch_variance"]}),
+    _c("FusedEltwise", [normal(3, 4), normal(3, 4), normal(4)],
+       lambda a, b, c: [np.maximum(a * b + c, 0), a * b],
+       attrs={"steps": ELTWISE_STEPS, "role_steps": {"y": "step:2", "product": "step:0"},
+              "roles": ["y", "product"]}),
+    _c("TransData", [normal(2, 20, 3, 2)], refs.to_5hd,
+       attrs={"src_format": "ND", "dst_format": "NC1HWC0", "original_shape": [2, 20, 3, 2]}),
+    _c("TransData", [refs.to_5hd(normal(2, 20, 3, 2))], lambda x: np.concatenate(
+        [x[:, 0].transpose(0, 3, 1, 2), x[:, 1].transpose(0, 3, 1, 2)[:, :4]], axis=1),
+       attrs={"src_format": "NC1HWC0", "dst_format": "ND", "original_shape": [2, 20, 3, 2]},
+       id="to-nchw"),
+    _c("NPUGetFloatStatus", [normal(3), normal(2, 2)], lambda a, b: np.array(0.0)),
+    _c("NPUGetFloatStatus", [normal(3), np.array([1.0, np.inf])], lambda a, b: np.array(32.0),
+       id="inf-input"),
+    _c("NPUClearFloatStatus", [], lambda: np.array(0.0)),
+    _c("UpdateLossScale", [np.array(1024.0), np.array(1999.0), np.array(0.0), np.array(1.0),
+                           np.array(True)],
+       lambda s, g, b, l, f: [np.array(2048.0), np.array(0.0), np.array(0.0), np.array(1.0)],
+       attrs={"incr_every_n_steps": 2000}),
+    _c("UpdateLossScale", [np.array(1024.0), np.array(5.0), np.array(0.0), np.array(1.0),
+                           np.array(False)],
+       lambda s, g, b, l, f: [np.array(512.0), np.array(0.0), np.array(0.0), np.array(0.0)],
+       id="overflow"),
+    _c("UpdateLossScale", [np.array(1024.0), np.array(5.0), np.array(0.0), np.array(1.0),
+                           np.array(False)],
+       lambda s, g, b, l, f: [np.array(1024.0), np.array(0.0), np.array(1.0), np.array(0.0)],
+       attrs={"dynamic": False}, id="fixed"),
+]
+
 # Ops whose behaviour is not a function of inputs, tested where it lives instead.
 STRUCTURAL = {
     "Placeholder": "test_runtime.py (feeds)",

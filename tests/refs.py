@@ -194,3 +194,21 @@ def batch_norm_grad(dy, x, scale, mean, var, eps):
     dx = dxhat / np.sqrt(v + eps) + dvar * 2.0 * (x - mu) / m + dmu / m
     xhat = (x - mu) / np.sqrt(v + eps)
     return [dx, np.sum(dy * xhat, axis=axes), np.sum(dy, axis=axes)]
+
+
+def layer_norm_roles(x, gamma, beta, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    inv = 1 / np.sqrt(var + eps)
+    norm = (x - mean) * inv
+    return {"y": norm * gamma + beta, "mean": mean, "centered": x - mean,
+            "square": (x - mean) ** 2, "variance": var, "var_eps": var + eps, "inv": inv,
+            "normalized": norm, "scaled": norm * gamma}
+
+
+def to_5hd(x, c0=16):
+    n, c, h, w = x.shape
+    out = np.zeros((n, -(-c // c0), h, w, c0))
+    for i, j, k, m in itertools.product(range(n), range(c), range(h), range(w)):
+        out[i, j // c0, k, m, j % c0] = x[i, j, k, m]
+    return out

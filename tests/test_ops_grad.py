@@ -26,6 +26,12 @@ NOT_DIFFERENTIABLE = {
     "Conv2DBackpropInput": "gradient kernel", "Conv2DBackpropFilter": "gradient kernel",
     "MaxPoolGrad": "gradient kernel", "AvgPoolGrad": "gradient kernel",
     "BatchNormGrad": "gradient kernel",
+    # compiled NPU graphs are run, never differentiated
+    "LayerNorm": "NPU fused kernel", "SoftmaxV2": "NPU fused kernel", "FastGelu": "NPU fused kernel",
+    "MatMulV2": "NPU fused kernel", "BatchMatMulV2": "NPU fused kernel",
+    "Conv2DBatchNorm": "NPU fused kernel", "FusedEltwise": "NPU fused kernel",
+    "TransData": "NPU format conversion", "NPUGetFloatStatus": "status op",
+    "NPUClearFloatStatus": "status op", "UpdateLossScale": "update op",
 }
 
 EXTRA = [Case("Dropout", [normal(4, 5)], None, attrs={"rate": 0.4, "seed": 5})]

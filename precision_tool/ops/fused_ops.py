@@ -221,7 +221,7 @@ def _trans_data_kernel(i, a, c):
     x = i[0]
     if a["dst_format"] == "NC1HWC0":
         return numerics.nchw_to_5hd(x)
-    return numerics.five_hd_to_nchw(x, a["original_shape"])
+    return numerics.five_hd_to_nchw(x, (x.shape[0],) + tuple(a["original_shape"][1:]))
 
 
 def _trans_data_infer(specs, attrs, where):
@@ -232,7 +232,10 @@ def _trans_data_infer(specs, attrs, where):
             rules.fail(where, f"NC1HWC0 needs static C, H and W, got {x}")
         device = (x.shape[0],) + numerics.five_hd_shape((1,) + x.shape[1:])[1:]
         return [TensorSpec(device, x.dtype, "NC1HWC0", x.shape)]
-    return [TensorSpec(x.logical_shape, x.dtype)]
+    original = attrs["original_shape"]
+    if original is None or len(original) != 4:
+        rules.fail(where, "NC1HWC0 -> NCHW needs the original NCHW shape")
+    return [TensorSpec((x.shape[0],) + tuple(original[1:]), x.dtype)]
 
 
 register("TransData", kernel=_trans_data_kernel, infer=_trans_data_infer, min_inputs=1,
@@ -247,12 +250,12 @@ def _get_status_kernel(i, a, c):
     status = c.float_status
     if any(x.dtype.kind == "f" and not np.isfinite(x).all() for x in i):
         status |= numerics.STATUS_FLOAT_OVERFLOW
-    return np.asarray(float(status), dtype=np.float32)
+    return np.asarray(float(status), dtype=c.float_dtype)
 
 
 def _clear_status_kernel(i, a, c):
     c.float_status = 0
-    return np.asarray(0.0, dtype=np.float32)
+    return np.asarray(0.0, dtype=c.float_dtype)
 
 
 register("NPUGetFloatStatus", kernel=_get_status_kernel, min_inputs=0, max_inputs=-1,
