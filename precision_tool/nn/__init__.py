@@ -1,7 +1,7 @@
 """Layers that build common patterns out of registry ops, with TF-style names.
 
 Each layer opens a name scope (`dense`, `dense_1`, ... unless named) and creates its
-variables there (`dense/kernel`, `dense/bias`). Pass `reuse=True` with the same name to build
+variables there (`dense/kernel`, `dense/bias`), in the dtype of its input. Pass `reuse=True` with the same name to build
 a second path over the same variables (e.g. an inference branch).
 """
 from __future__ import annotations
@@ -50,10 +50,11 @@ def dense(x, units, activation=None, use_bias=True, kernel_init="glorot_uniform"
     """y = activation(x @ kernel + bias) on a 2-D input."""
     g = get_default_graph()
     with g.name_scope(_scope_name(g, name, reuse)):
-        kernel = _variable(g, "kernel", [_static_dim(x, -1, "dense"), units], kernel_init, reuse)
+        kernel = _variable(g, "kernel", [_static_dim(x, -1, "dense"), units], kernel_init, reuse,
+                           dtype=x.dtype)
         y = ops.matmul(x, kernel)
         if use_bias:
-            y = ops.bias_add(y, _variable(g, "bias", [units], "zeros", reuse))
+            y = ops.bias_add(y, _variable(g, "bias", [units], "zeros", reuse, dtype=x.dtype))
         return activation(y) if activation else y
 
 
@@ -64,10 +65,11 @@ def conv2d(x, filters, kernel_size, strides=1, padding="SAME", activation=None, 
     kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
     with g.name_scope(_scope_name(g, name, reuse)):
         kernel = _variable(g, "kernel", [filters, _static_dim(x, 1, "conv2d"), kh, kw],
-                           "he_normal", reuse)
+                           "he_normal", reuse, dtype=x.dtype)
         y = ops.conv2d(x, kernel, strides=strides, padding=padding)
         if use_bias:
-            y = ops.bias_add(y, _variable(g, "bias", [filters], "zeros", reuse), data_format="NCHW")
+            y = ops.bias_add(y, _variable(g, "bias", [filters], "zeros", reuse, dtype=x.dtype),
+                             data_format="NCHW")
         return activation(y) if activation else y
 
 
@@ -79,10 +81,10 @@ def batch_norm(x, training=True, momentum=0.9, epsilon=1e-5, name="batch_normali
     g = get_default_graph()
     c = _static_dim(x, 1, "batch_norm")
     with g.name_scope(_scope_name(g, name, reuse)):
-        gamma = _variable(g, "gamma", [c], "ones", reuse)
-        beta = _variable(g, "beta", [c], "zeros", reuse)
-        mean = _variable(g, "moving_mean", [c], "zeros", reuse, trainable=False)
-        var = _variable(g, "moving_variance", [c], "ones", reuse, trainable=False)
+        gamma = _variable(g, "gamma", [c], "ones", reuse, dtype=x.dtype)
+        beta = _variable(g, "beta", [c], "zeros", reuse, dtype=x.dtype)
+        mean = _variable(g, "moving_mean", [c], "zeros", reuse, trainable=False, dtype=x.dtype)
+        var = _variable(g, "moving_variance", [c], "ones", reuse, trainable=False, dtype=x.dtype)
         node = ops.batch_norm(x, gamma, beta, mean, var, epsilon=epsilon, is_training=training)
         if training:
             for v, stat, label in ((mean, node.output(1), "AssignMovingAvg"),
@@ -98,8 +100,8 @@ def layer_norm(x, epsilon=1e-5, name="LayerNorm", reuse=False):
     g = get_default_graph()
     d = _static_dim(x, -1, "layer_norm")
     with g.name_scope(_scope_name(g, name, reuse)):
-        gamma = _variable(g, "gamma", [d], "ones", reuse)
-        beta = _variable(g, "beta", [d], "zeros", reuse)
+        gamma = _variable(g, "gamma", [d], "ones", reuse, dtype=x.dtype)
+        beta = _variable(g, "beta", [d], "zeros", reuse, dtype=x.dtype)
         mean = ops.reduce_mean(x, -1, keep_dims=True, name="moments/mean")
         centered = ops.sub(x, mean)
         variance = ops.reduce_mean(ops.square(centered), -1, keep_dims=True,

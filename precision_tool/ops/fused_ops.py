@@ -275,7 +275,7 @@ def _update_scale_infer(specs, attrs, where):
 def _update_scale_kernel(i, a, c):
     """(scale, good_steps, bad_steps, last_finite, finite): skip-and-shrink on overflow,
     grow after a clean window, as TF's ExponentialUpdateLossScaleManager."""
-    scale, good, bad, _, finite = i
+    scale, good, bad, _, finite = i[:5]
     t = scale.dtype.type
     scale, good, bad = float(scale), float(good), float(bad)
     if bool(finite):
@@ -293,8 +293,9 @@ def _update_scale_kernel(i, a, c):
 
 
 register("UpdateLossScale", kernel=_update_scale_kernel, infer=_update_scale_infer,
-         updates=(0, 1, 2, 3), min_inputs=5,
+         updates=(0, 1, 2, 3), min_inputs=5, max_inputs=-1,
          attrs={"dynamic": True, "incr_every_n_steps": 2000, "decr_every_n_nan_or_inf": 1,
                 "incr_ratio": 2.0, "decr_ratio": 0.5, "min_scale": 1.0, "max_scale": 2.0 ** 64},
-         doc="(scale, good_steps, bad_steps, last_finite, finite): the loss-scale manager's "
-             "state update after a step")
+         doc="(scale, good_steps, bad_steps, last_finite, finite, *after): the loss-scale "
+             "manager's state update after a step; it runs after the `after` tensors (the "
+             "unscaled gradients, which read the old scale)")

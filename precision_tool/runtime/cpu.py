@@ -80,7 +80,8 @@ class CpuExecutor:
                 return [inputs[pos] for pos in op.updates]
             inputs = inputs[:-1]
         try:
-            result = op.kernel(inputs, node.attrs, ctx)
+            with np.errstate(all="ignore"):      # inf/nan are data here, reported by analysis
+                result = op.kernel(inputs, node.attrs, ctx)
         except Exception as e:  # a kernel failure is reported against the op that failed
             raise ExecutionError(f"op {node.name!r} ({node.type}) failed: {e}") from e
         outputs = [np.asarray(r) for r in (result if isinstance(result, (list, tuple)) else [result])]

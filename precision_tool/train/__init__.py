@@ -1,8 +1,11 @@
 """The training layer: autodiff with TF-style gradient names and optimizers as graph ops."""
 from .autodiff import gradients
+from .loss_scale import (DynamicLossScaleManager, ExponentialUpdateLossScaleManager,
+                         FixedLossScaleManager, LossScaleOptimizer)
 from .optimizers import SGD, Adam, Momentum, Optimizer, trainable_variables
 
 GradientDescent = SGD
 
 __all__ = ["gradients", "SGD", "GradientDescent", "Momentum", "Adam", "Optimizer",
-           "trainable_variables"]
+           "trainable_variables", "LossScaleOptimizer", "FixedLossScaleManager",
+           "DynamicLossScaleManager", "ExponentialUpdateLossScaleManager"]

@@ -32,9 +32,12 @@ class Optimizer(abc.ABC):
             raise GraphError(f"{self.name}: the graph has no trainable variables")
         return list(zip(gradients(loss, variables), variables))
 
-    def apply_gradients(self, grads_and_vars, name: Optional[str] = None):
+    def apply_gradients(self, grads_and_vars, name: Optional[str] = None,
+                        gate: Optional[Tensor] = None, extra: Sequence = ()):
         """One update op per variable with a gradient, plus the graph's "update_ops", grouped
-        under a NoOp that is the training step's fetch."""
+        under a NoOp that is the training step's fetch. With a bool scalar `gate`, the
+        variable updates happen only when it is true (loss scaling skips overflowed steps);
+        `extra` ops join the group."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
             raise GraphError(f"{self.name}: no variable receives a gradient from the loss")
@@ -43,8 +46,10 @@ class Optimizer(abc.ABC):
         with graph.as_default():
             for g, v in pairs:
                 with graph.name_scope(f"{self.name}/update_{v.node.name}/"):
-                    updates.append(self._apply(g, v))
-            updates += graph.get_collection("update_ops")
+                    op_type, inputs, attrs = self._update(g, v)
+                    gate_input = [gate] if gate is not None else []
+                    updates.append(make(op_type, inputs + gate_input, attrs))
+            updates += graph.get_collection("update_ops") + list(extra)
             return no_op(updates, name=name or self.name)
 
     def minimize(self, loss: Tensor, var_list: Optional[Sequence[Tensor]] = None,
@@ -58,15 +63,15 @@ class Optimizer(abc.ABC):
                             trainable=False)
 
     @abc.abstractmethod
-    def _apply(self, g: Tensor, v: Tensor):
-        """Add the update op of variable v for gradient g; return its node."""
+    def _update(self, g: Tensor, v: Tensor):
+        """(op type, inputs, attrs) of the update op of variable v for gradient g."""
 
 
 class SGD(Optimizer):
     name = "GradientDescent"
 
-    def _apply(self, g, v):
-        return make("ApplyGradientDescent", [v, g], {"lr": self.lr})
+    def _update(self, g, v):
+        return "ApplyGradientDescent", [v, g], {"lr": self.lr}
 
 
 class Momentum(Optimizer):
@@ -77,10 +82,10 @@ class Momentum(Optimizer):
         self.momentum = float(momentum)
         self.use_nesterov = bool(use_nesterov)
 
-    def _apply(self, g, v):
+    def _update(self, g, v):
         accum = self._slot(v, "Momentum")
-        return make("ApplyMomentum", [v, accum, g], {"lr": self.lr, "momentum": self.momentum,
-                                                     "use_nesterov": self.use_nesterov})
+        return "ApplyMomentum", [v, accum, g], {"lr": self.lr, "momentum": self.momentum,
+                                                "use_nesterov": self.use_nesterov}
 
 
 class Adam(Optimizer):
@@ -91,10 +96,9 @@ class Adam(Optimizer):
         super().__init__(lr)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
 
-    def _apply(self, g, v):
+    def _update(self, g, v):
         m, s = self._slot(v, "Adam"), self._slot(v, "Adam_1")
         b1p = self._slot(v, "Adam_beta1_power", init="ones", shape=[])
         b2p = self._slot(v, "Adam_beta2_power", init="ones", shape=[])
-        return make("ApplyAdam", [v, m, s, b1p, b2p, g],
-                    {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2,
-                     "epsilon": self.epsilon})
+        return "ApplyAdam", [v, m, s, b1p, b2p, g], {"lr": self.lr, "beta1": self.beta1,
+                                                    "beta2": self.beta2, "epsilon": self.epsilon}

@@ -66,8 +66,8 @@ def _assign_dtypes(g: Graph, policy: Policy):
         if not float_outs and not inputs:
             continue
         declared = (float_outs or [g.tensor(t).spec for _, t in inputs])[0].dtype
-        votes = [g.tensor(t).dtype for _, t in inputs
-                 if g.node(t.rpartition(":")[0]).type not in ("Variable", "Const", "Placeholder")]
+        votes = [g.tensor(t).dtype for _, t in inputs           # parameters do not vote
+                 if g.node(t.rpartition(":")[0]).type not in ("Variable", "Const")]
         is_update = bool(op.updates)
         d = policy.decide(node.type, declared, votes, op.unit == registry.CUBE, is_update)
         node.attrs["compute_dtype"] = d["compute"]

@@ -8,8 +8,8 @@
   ops keep fp32.
 - force_fp16 (O3): every float op in fp16.
 - allow_mix_precision / allow_mix_precision_bf16: white-list ops in fp16 (bf16), black-list
-  ops in fp32, gray-list ops follow their inputs: low precision when every computed float
-  input is low precision (variables and constants do not vote), fp32 otherwise.
+  ops in fp32, gray-list ops follow their inputs: low precision when every float input that
+  is data (not a variable or constant) is low precision, fp32 otherwise.
 - O1: white-list ops in fp16, every other op in fp32.
 - O2: every float op in fp16 except the BatchNorm/LayerNorm family.
 
