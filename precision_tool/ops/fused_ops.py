@@ -78,10 +78,7 @@ def _softmax_v2_kernel(i, a, c):
     logit exceeds ln 65504 = 11.09. In fp32 it subtracts the max as the unfused op does."""
     x = i[0]
     axis = a["axis"]
-    if c.compute_dtype == c.float_dtype:
-        z = x - x.max(axis=axis, keepdims=True)
-    else:
-        z = x
+    z = x - x.max(axis=axis, keepdims=True) if c.low is None else x
     e = c.round(np.exp(z))
     with np.errstate(invalid="ignore", divide="ignore"):
         return [c.round(e / e.sum(axis=axis, keepdims=True))]

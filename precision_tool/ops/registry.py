@@ -125,8 +125,8 @@ class KernelContext:
     """What a kernel may ask of the executor besides its inputs and attributes.
 
     The CPU golden executor computes every float op in its golden dtype; the simulated NPU
-    sets `compute_dtype` per op and collects overflow status. Fused kernels round their inner
-    steps with `round`, which is exact (a no-op) when the compute dtype is the run dtype.
+    computes in fp32, sets `low` for an op that computes in fp16/bf16 and collects overflow
+    status. Fused kernels round their inner steps with `round`, a no-op unless `low` is set.
     """
 
     def __init__(self, float_dtype=np.float32, step: int = 0, graph_seed: int = 0,
@@ -134,7 +134,7 @@ class KernelContext:
         self.float_dtype = np.dtype(float_dtype)
         self.step = step
         self.graph_seed = graph_seed
-        self.compute_dtype = self.float_dtype
+        self.low: Optional[str] = None   # "float16"/"bfloat16" when the op computes below fp32
         self.saturation = saturation
         self.float_status = 0       # OR of the status words of the kernels run so far this step
         self.status = 0             # the current kernel's own status word
@@ -151,16 +151,16 @@ class KernelContext:
     def round(self, x: np.ndarray) -> np.ndarray:
         """An inner step of a fused kernel: round to the compute dtype (recording overflow and
         saturating as the hardware does), and continue in the run dtype."""
-        if self.compute_dtype == self.float_dtype:
+        if self.low is None:
             return x
         from .. import numerics
-        low = numerics.round_to(x, self.compute_dtype)
+        low = numerics.quantize(x, self.low)
         if not np.isfinite(low).all():
             if np.isfinite(x).all():
                 self.status |= numerics.STATUS_FLOAT_OVERFLOW
             if self.saturation:
-                low = numerics.saturate(low)
-        return low.astype(self.float_dtype)
+                low = numerics.saturate(low, self.low)
+        return low
 
 
 @dataclass

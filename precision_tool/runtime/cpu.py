@@ -50,16 +50,15 @@ class CpuExecutor:
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
             variables: Dict[str, np.ndarray], step: int) -> Dict[str, np.ndarray]:
         ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
-        for node, release in zip(plan.nodes, plan.release):
-            outputs = self._execute(node, values, variables, ctx)
-            for k, out in enumerate(outputs):
-                values[f"{node.name}:{k}"] = out
-            op = registry.get(node.type)
-            for k, pos in enumerate(op.updates):
-                target = node.inputs[pos].rpartition(":")[0]
-                variables[target] = outputs[k]
-            for name in release:
-                values.pop(name, None)
+        with np.errstate(all="ignore"):       # inf/nan are data here, reported by analysis
+            for node, release in zip(plan.nodes, plan.release):
+                outputs = self._execute(node, values, variables, ctx)
+                for k, out in enumerate(outputs):
+                    values[f"{node.name}:{k}"] = out
+                for k, pos in enumerate(registry.get(node.type).updates):
+                    variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
+                for name in release:
+                    values.pop(name, None)
         return values
 
     def _execute(self, node, values, variables, ctx):
@@ -80,8 +79,7 @@ class CpuExecutor:
                 return [inputs[pos] for pos in op.updates]
             inputs = inputs[:-1]
         try:
-            with np.errstate(all="ignore"):      # inf/nan are data here, reported by analysis
-                result = op.kernel(inputs, node.attrs, ctx)
+            result = op.kernel(inputs, node.attrs, ctx)
         except Exception as e:  # a kernel failure is reported against the op that failed
             raise ExecutionError(f"op {node.name!r} ({node.type}) failed: {e}") from e
         outputs = [np.asarray(r) for r in (result if isinstance(result, (list, tuple)) else [result])]

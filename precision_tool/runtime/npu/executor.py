@@ -1,8 +1,10 @@
 """The simulated NPU executor: runs a compiled graph with NPU numerics.
 
-Every kernel reads its float inputs widened to fp32 (exact), computes with the op's
-reference kernel in fp32 — for cube ops that is fp32 BLAS on fp16/bf16-valued operands,
-i.e. fp32 accumulation of exact products — and rounds each output to its compiled dtype.
+Low-precision (fp16/bf16) tensors are held as float32 arrays whose values lie on the fp16/bf16
+grid (numerics.quantize, bit-identical to a round trip through the real dtype); fetches and
+dumps give them in their real dtype. Every kernel computes with the op's reference kernel in
+fp32 — for cube ops that is fp32 BLAS on fp16/bf16-valued operands, i.e. fp32 accumulation of
+exact products — and each output is rounded to its compiled dtype.
 Overflow follows `overflow_mode`: "saturation" (+-inf -> +-max, nan -> 0; only the status
 word shows it) or "inf_nan" (IEEE). Each kernel is a task with an id, a stream, a timestamp
 and an AI Core status word:
@@ -59,19 +61,26 @@ class _Step:
     node: object
     op: registry.OpDef
     inputs: List[str]
-    widen: List[int]              # float inputs stored below fp32
     from_5hd: List[int]           # inputs to convert NC1HWC0 -> NCHW before the kernel
-    out_dtypes: List[np.dtype]
+    out_dtypes: List[str]         # IR dtypes of the outputs
     to_5hd: List[int]             # outputs to convert NCHW -> NC1HWC0 after the kernel
-    compute: np.dtype
+    low: Optional[str]            # "float16"/"bfloat16" when the op computes below fp32
     task_id: int
-    cast_to: Optional[np.dtype]   # Cast nodes: the executor converts itself
+    cast_to: Optional[str]        # Cast nodes: the executor converts itself
     is_cube: bool
     gated: bool
 
 
+LOW = ("float16", "bfloat16")
+
+
 def _np(dtype: str) -> np.dtype:
     return dtypes.to_numpy(dtype)
+
+
+def _storage(dtype: str) -> np.dtype:
+    """How the executor holds a tensor of IR dtype `dtype`: fp16/bf16 as float32."""
+    return F32 if dtype in LOW else dtypes.to_numpy(dtype)
 
 
 class NpuExecutor:
@@ -88,6 +97,7 @@ class NpuExecutor:
         self.saturation = config.overflow_mode == "saturation"
         self._steps: Dict[str, _Step] = {}
         self._constants: Dict[str, np.ndarray] = {}
+        self._memory_checked = set()     # (plan, batch size) pairs that fit
         self.tasks: List[Task] = []
 
     # -- the Session's side ---------------------------------------------------------------
@@ -96,10 +106,11 @@ class NpuExecutor:
                 for n in self.graph.nodes if n.type == "Variable"}
 
     def run_dtype(self, dtype: str) -> np.dtype:
-        return _np(dtype)
+        return _storage(dtype)
 
     def cast_in(self, value, dtype: str) -> np.ndarray:
-        return np.asarray(value).astype(_np(dtype), copy=False)
+        """Round to the declared dtype (once, from whatever precision it comes in), hold as stored."""
+        return np.asarray(value).astype(_np(dtype), copy=False).astype(_storage(dtype), copy=False)
 
     def plan(self, fetch_tensors, fetch_nodes, fed) -> ExecutionPlan:
         tensors = [self._compiled_tensor(t) for t in fetch_tensors]
@@ -139,14 +150,15 @@ class NpuExecutor:
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
         tasks: List[Task] = []
-        for node, release in zip(plan.nodes, plan.release):
-            outputs = self._execute(node, values, variables, ctx, tasks)
-            for k, out in enumerate(outputs):
-                values[f"{node.name}:{k}"] = out
-            for k, pos in enumerate(registry.get(node.type).updates):
-                variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
-            for name in release:
-                values.pop(name, None)
+        with np.errstate(all="ignore"):       # overflow is recorded in the status words
+            for node, release in zip(plan.nodes, plan.release):
+                outputs = self._execute(node, values, variables, ctx, tasks)
+                for k, out in enumerate(outputs):
+                    values[f"{node.name}:{k}"] = out
+                for k, pos in enumerate(registry.get(node.type).updates):
+                    variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
+                for name in release:
+                    values.pop(name, None)
         self.tasks = tasks
         return values
 
@@ -162,7 +174,7 @@ class NpuExecutor:
         if t == "Const":
             if node.name not in self._constants:
                 c = registry.get("Const").kernel([], node.attrs, ctx)
-                self._constants[node.name] = c.astype(_np(node.outputs[0].dtype))
+                self._constants[node.name] = self.cast_in(c, node.outputs[0].dtype)
             return [self._constants[node.name]]
         step = self._steps.get(node.name) or self._prepare(node)
         inputs = [values[i] for i in step.inputs]
@@ -192,31 +204,26 @@ class NpuExecutor:
         compute = node.attrs.get("compute_dtype")
         step = _Step(
             node=node, op=op, inputs=list(node.inputs),
-            widen=[k for k, s in enumerate(specs)
-                   if dtypes.is_float(s.dtype) and _np(s.dtype).itemsize < 4],
             from_5hd=[k for k, s in enumerate(specs) if s.format == "NC1HWC0" and not transparent],
-            out_dtypes=[_np(s.dtype) for s in node.outputs],
+            out_dtypes=[s.dtype for s in node.outputs],
             to_5hd=[k for k, s in enumerate(node.outputs) if s.format == "NC1HWC0" and not transparent],
-            compute=_np(compute) if compute else F32,
+            low=compute if compute in LOW else None,
             task_id=self.compiled.task_ids.get(node.name, 0),
-            cast_to=_np(node.attrs["dtype"]) if node.type == "Cast" else None,
+            cast_to=node.attrs["dtype"] if node.type == "Cast" else None,
             is_cube=op.unit == registry.CUBE,
             gated=op.gated)
         self._steps[node.name] = step
         return step
 
     def _compute(self, step: _Step, inputs, ctx):
-        for k in step.widen:
-            inputs[k] = inputs[k].astype(F32)
         for k in step.from_5hd:
             x = inputs[k]
             spec = self.graph.tensor(step.inputs[k]).spec
             inputs[k] = numerics.five_hd_to_nchw(x, (x.shape[0],) + tuple(spec.original_shape[1:]))
-        ctx.compute_dtype = step.compute if step.compute.itemsize < 4 else F32
+        ctx.low = step.low
         node = step.node
         try:
-            with np.errstate(all="ignore"):
-                result = step.op.kernel(inputs, node.attrs, ctx)
+            result = step.op.kernel(inputs, node.attrs, ctx)
         except Exception as e:  # a kernel failure is reported against the op that failed
             raise ExecutionError(f"op {node.name!r} ({node.type}) failed: {e}") from e
         raw = [np.asarray(r) for r in (result if isinstance(result, (list, tuple)) else [result])]
@@ -231,34 +238,37 @@ class NpuExecutor:
             outputs.append(out)
         return outputs
 
-    def _round(self, r, dtype, inputs, ctx, is_cube):
+    def _round(self, r, dtype: str, inputs, ctx, is_cube):
         """Round a kernel result to its output dtype; status and saturation as the hardware."""
-        if dtype.kind not in "fV":
-            return r.astype(dtype, copy=False)
-        out = r if r.dtype == dtype else numerics.round_to(r, dtype)
+        if dtype not in dtypes.FLOAT_DTYPES:
+            return r.astype(_np(dtype), copy=False)
+        r = r.astype(F32, copy=False)
+        out = numerics.quantize(r, dtype) if dtype in LOW else r
         if out.size and not np.isfinite(out).all():
             if _all_finite(inputs):
                 raw_bad = not np.isfinite(r).all()
                 ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
                                else numerics.STATUS_FLOAT_OVERFLOW)
             if self.saturation:
-                out = numerics.saturate(out)
+                out = numerics.saturate(out, dtype)
         return out
 
-    def _cast(self, x, dtype, ctx):
-        if dtype.kind in "iu" and x.dtype.kind in "fV":
-            xf = x.astype(np.float64)
-            info = np.iinfo(dtype)
-            if x.size and (not np.isfinite(xf).all() or xf.min() < info.min or xf.max() > info.max):
-                ctx.status |= numerics.STATUS_FLOAT_TO_INT
-            with np.errstate(all="ignore"):
-                return xf.astype(dtype)
-        out = numerics.round_to(x, dtype)
-        if dtype.kind in "fV" and out.size and not np.isfinite(out).all():
+    def _cast(self, x, dtype: str, ctx):
+        if dtype not in dtypes.FLOAT_DTYPES:
+            target = _np(dtype)
+            if target.kind in "iu" and x.dtype.kind == "f":
+                info = np.iinfo(target)
+                if x.size and (not np.isfinite(x).all() or x.min() < info.min or x.max() > info.max):
+                    ctx.status |= numerics.STATUS_FLOAT_TO_INT
+                return x.astype(np.float64).astype(target)
+            return x.astype(target)
+        x = x.astype(F32, copy=False)
+        out = numerics.quantize(x, dtype) if dtype in LOW else x.copy()
+        if out.size and not np.isfinite(out).all():
             if np.isfinite(x).all():
                 ctx.status |= numerics.STATUS_CAST_OVERFLOW
             if self.saturation:
-                out = numerics.saturate(out)
+                out = numerics.saturate(out, dtype)
         return out
 
     def _check_memory(self, plan: ExecutionPlan, values, variables):
@@ -266,6 +276,8 @@ class NpuExecutor:
         bound) exceed device memory, before running anything."""
         limit = self.config.device_memory
         batch = max([v.shape[0] for v in values.values() if getattr(v, "ndim", 0)] or [1])
+        if (id(plan), batch) in self._memory_checked:
+            return
         activations = 0
         for node in plan.nodes:
             if node.type == "Variable":
@@ -274,7 +286,7 @@ class NpuExecutor:
                 n = 1
                 for d in s.shape:
                     n *= batch if d is None else d
-                activations += n * _np(s.dtype).itemsize
+                activations += n * _np(s.dtype).itemsize     # the device holds the real dtype
         weights = sum(v.nbytes for v in variables.values())
         if activations + weights > limit:
             gib = 2 ** 30
@@ -282,6 +294,7 @@ class NpuExecutor:
                 f"out of device memory: the step needs {(activations + weights) / gib:.2f} GiB "
                 f"({activations / gib:.2f} GiB of tensors, {weights / gib:.2f} GiB of variables), "
                 f"the device has {limit / gib:.2f} GiB")
+        self._memory_checked.add((id(plan), batch))
 
 
 def _all_finite(inputs) -> bool:
