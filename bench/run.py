@@ -3,8 +3,11 @@ and noisy; absolute times are only indicative).
 
     python bench/run.py
 
-Rows today: the CPU golden executor's training-step time per model, in fp32 and fp64, and
-their ratio. Later rows (NPU simulation, dumps, compare) join this same script.
+Rows:
+- the CPU golden executor's training-step time per model, fp64 against fp32;
+- the simulated NPU's training-step time against the fp32 golden run, per model, for the
+  default policy (allow_fp32_to_fp16) and for allow_mix_precision, fusion on
+  (target: NPU / golden <= 1.5 on the Transformer).
 """
 import statistics
 import sys
@@ -12,9 +15,10 @@ import time
 
 import precision_tool as pt
 
+REPEATS, STEPS = 5, 8
 
-def step_times(model, sess, digits, steps, batch_size=32):
-    batches = digits.batches(batch_size, seed=0, epoch=0)
+
+def step_time(model, sess, batches, steps):
     times = []
     for _ in range(steps):
         xb, yb = next(batches)
@@ -24,21 +28,35 @@ def step_times(model, sess, digits, steps, batch_size=32):
     return times
 
 
+def measure(model, sessions, digits):
+    """Median step time per session, the sessions interleaved so all see the same load."""
+    batches = {k: iter(list(digits.batches(32, seed=0, epoch=0)) * 100) for k in sessions}
+    for k, sess in sessions.items():          # warm up: plans, caches
+        step_time(model, sess, batches[k], 2)
+    samples = {k: [] for k in sessions}
+    for _ in range(REPEATS):
+        for k, sess in sessions.items():
+            samples[k] += step_time(model, sess, batches[k], STEPS)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main():
     digits = pt.data.digits()
-    print(f"{'model':12} {'fp32 step ms':>12} {'fp64 step ms':>12} {'fp64/fp32':>10}")
+    cfg = pt.SessionConfig
+    print(f"{'model':12} {'golden fp32 ms':>14} {'fp64/fp32':>10} {'npu default/golden':>19} "
+          f"{'npu mixed/golden':>17}")
     for build in (pt.models.mlp, pt.models.cnn, pt.models.transformer):
         m = build()
-        sessions = {dt: pt.Session(m.graph, config=pt.SessionConfig(golden_dtype=dt))
-                    for dt in ("float32", "float64")}
-        for sess in sessions.values():          # warm up: plans, caches
-            step_times(m, sess, digits, 2)
-        samples = {dt: [] for dt in sessions}
-        for _ in range(5):                      # interleaved, so both see the same machine load
-            for dt, sess in sessions.items():
-                samples[dt] += step_times(m, sess, digits, 8)
-        t32, t64 = (statistics.median(samples[dt]) for dt in ("float32", "float64"))
-        print(f"{m.name:12} {t32 * 1e3:12.2f} {t64 * 1e3:12.2f} {t64 / t32:10.2f}")
+        sessions = {
+            "fp32": pt.Session(m.graph),
+            "fp64": pt.Session(m.graph, config=cfg(golden_dtype="float64")),
+            "npu": pt.Session(m.graph, target="npu"),
+            "npu_mixed": pt.Session(m.graph, target="npu",
+                                    config=cfg(precision_mode="allow_mix_precision")),
+        }
+        t = measure(m, sessions, digits)
+        print(f"{m.name:12} {t['fp32'] * 1e3:14.2f} {t['fp64'] / t['fp32']:10.2f} "
+              f"{t['npu'] / t['fp32']:19.2f} {t['npu_mixed'] / t['fp32']:17.2f}")
     return 0
 
 
