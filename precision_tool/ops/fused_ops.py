@@ -15,7 +15,8 @@ import numpy as np
 from .. import numerics
 from ..graph import TensorSpec
 from . import rules
-from .nn_ops import _conv_kernel
+from .math_ops import _bmm_infer, _bmm_kernel, _matmul_infer, _matmul_kernel
+from .nn_ops import _conv_infer, _conv_kernel
 from .registry import CUBE, get, register
 
 
@@ -105,50 +106,34 @@ register("FastGelu", kernel=_fast_gelu_kernel, min_inputs=1,
          doc="GELU by the tanh approximation; GeluFusionPass")
 
 
-# -- MatMulBiasAddFusionPass -----------------------------------------------------------------
-def _matmul_v2_kernel(i, a, c):
-    """The bias is added to the fp32 accumulator: one rounding instead of two."""
-    x, w, bias = i
-    acc = np.matmul(x.T if a["transpose_a"] else x, w.T if a["transpose_b"] else w)
-    values = {"y": acc + bias}
-    if "matmul" in a["roles"]:
-        values["matmul"] = c.round(acc)
-    return _pick(values, a)
+# -- MatMulBiasAddFusionPass and BatchMatMulFusionPass ---------------------------------------
+def _accumulator_op(type_, n_inputs, base_kernel, base_infer, epilogue, raw_role, attrs, doc):
+    """A cube op whose epilogue (bias, scale) works on the fp32 accumulator before the one
+    rounding of the output; the product before the epilogue is the `raw_role` output."""
+    def kernel(i, a, c):
+        acc = base_kernel(i[:2], a, c)
+        values = {"y": epilogue(acc, i, a)}
+        if raw_role in a["roles"]:
+            values[raw_role] = c.round(acc)
+        return _pick(values, a)
+
+    def spec(specs, a):
+        return base_infer(specs[:2], a, type_)[0]
+
+    register(type_, kernel=kernel, min_inputs=n_inputs, unit=CUBE, infer=_roles_infer({"y": spec, raw_role: spec}),
+             attrs={**attrs, "roles": ["y"]}, doc=doc)
 
 
-def _matmul_v2_spec(specs, attrs):
-    from .math_ops import _matmul_infer
-    return _matmul_infer(specs[:2], attrs, "MatMulV2")[0]
-
-
-register("MatMulV2", kernel=_matmul_v2_kernel, min_inputs=3, unit=CUBE,
-         infer=_roles_infer({"y": _matmul_v2_spec, "matmul": _matmul_v2_spec}),
-         attrs={"transpose_a": False, "transpose_b": False, "roles": ["y"]},
-         doc="MatMul with the bias added in the accumulator; MatMulBiasAddFusionPass")
-
-
-# -- BatchMatMulFusionPass -------------------------------------------------------------------
-def _bmm_v2_kernel(i, a, c):
-    """The scalar scale (alpha) is applied to the fp32 accumulator before the one rounding."""
-    x, y = i
-    acc = np.matmul(np.swapaxes(x, -1, -2) if a["adj_x"] else x,
-                    np.swapaxes(y, -1, -2) if a["adj_y"] else y)
-    values = {"y": acc * x.dtype.type(a["alpha"])}
-    if "batch_matmul" in a["roles"]:
-        values["batch_matmul"] = c.round(acc)
-    return _pick(values, a)
-
-
-def _bmm_v2_spec(specs, attrs):
-    from .math_ops import _bmm_infer
-    return _bmm_infer(specs[:2], attrs, "BatchMatMulV2")[0]
-
-
-register("BatchMatMulV2", kernel=_bmm_v2_kernel, min_inputs=2, unit=CUBE,
-         infer=_roles_infer({"y": _bmm_v2_spec, "batch_matmul": _bmm_v2_spec}),
-         attrs={"adj_x": False, "adj_y": False, "alpha": 1.0, "roles": ["y"]},
-         doc="BatchMatMul followed by a scalar Mul, scaled in the accumulator; "
-             "BatchMatMulFusionPass")
+_accumulator_op("MatMulV2", 3, _matmul_kernel, _matmul_infer,
+                lambda acc, i, a: acc + i[2], "matmul",
+                {"transpose_a": False, "transpose_b": False},
+                "(a, b, bias): MatMul with the bias added in the fp32 accumulator, one rounding "
+                "instead of two; MatMulBiasAddFusionPass")
+_accumulator_op("BatchMatMulV2", 2, _bmm_kernel, _bmm_infer,
+                lambda acc, i, a: acc * acc.dtype.type(a["alpha"]), "batch_matmul",
+                {"adj_x": False, "adj_y": False, "alpha": 1.0},
+                "(x, y): BatchMatMul followed by a scalar Mul, scaled in the fp32 accumulator "
+                "before the one rounding; BatchMatMulFusionPass")
 
 
 # -- ConvBatchNormFusionPass (inference) -----------------------------------------------------
@@ -168,7 +153,6 @@ def _conv_bn_kernel(i, a, c):
 
 
 def _conv_bn_spec(specs, attrs):
-    from .nn_ops import _conv_infer
     return _conv_infer(specs[:2], attrs, "Conv2DBatchNorm")[0]
 
 

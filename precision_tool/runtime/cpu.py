@@ -9,7 +9,7 @@ from ..errors import ExecutionError, FeedError
 from ..graph import dtypes, format_shape
 from ..ops import registry
 from ..ops.state_ops import initial_value
-from .plan import ExecutionPlan, build_plan
+from .plan import ExecutionPlan, build_plan, run_plan
 
 
 class CpuExecutor:
@@ -50,16 +50,8 @@ class CpuExecutor:
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
             variables: Dict[str, np.ndarray], step: int) -> Dict[str, np.ndarray]:
         ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
-        with np.errstate(all="ignore"):       # inf/nan are data here, reported by analysis
-            for node, release in zip(plan.nodes, plan.release):
-                outputs = self._execute(node, values, variables, ctx)
-                for k, out in enumerate(outputs):
-                    values[f"{node.name}:{k}"] = out
-                for k, pos in enumerate(registry.get(node.type).updates):
-                    variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
-                for name in release:
-                    values.pop(name, None)
-        return values
+        return run_plan(plan, values, variables,
+                        lambda node: self._execute(node, values, variables, ctx))
 
     def _execute(self, node, values, variables, ctx):
         if node.type == "Placeholder":

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Tuple
 
+import numpy as np
+
 from ..graph import Graph, split_tensor_name
 from ..graph.ir import Node
 
@@ -39,3 +41,19 @@ def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
         if name not in keep:
             release[i].append(name)
     return ExecutionPlan(tuple(order), tuple(tuple(r) for r in release), fed)
+
+
+def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute) -> Dict:
+    """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, apply
+    update ops to their variables, and drop values after their last reader."""
+    from ..ops import registry
+    with np.errstate(all="ignore"):   # inf/nan are data here: status words and analysis report them
+        for node, release in zip(plan.nodes, plan.release):
+            outputs = execute(node)
+            for k, out in enumerate(outputs):
+                values[f"{node.name}:{k}"] = out
+            for k, pos in enumerate(registry.get(node.type).updates):
+                variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
+            for name in release:
+                values.pop(name, None)
+    return values

@@ -25,10 +25,10 @@ import numpy as np
 
 from ... import numerics
 from ...errors import ExecutionError, FeedError, FetchError, PrecisionToolError
-from ...graph import dtypes, format_shape
+from ...graph import dtypes
 from ...ops import registry
 from ...ops.state_ops import initial_value
-from ..plan import ExecutionPlan, build_plan
+from ..plan import ExecutionPlan, build_plan, run_plan
 from .compiler import FORMAT_TRANSPARENT, CompiledGraph, compile_graph
 from .fusion import enabled_passes
 from .policy import make_policy
@@ -150,15 +150,8 @@ class NpuExecutor:
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
         tasks: List[Task] = []
-        with np.errstate(all="ignore"):       # overflow is recorded in the status words
-            for node, release in zip(plan.nodes, plan.release):
-                outputs = self._execute(node, values, variables, ctx, tasks)
-                for k, out in enumerate(outputs):
-                    values[f"{node.name}:{k}"] = out
-                for k, pos in enumerate(registry.get(node.type).updates):
-                    variables[node.inputs[pos].rpartition(":")[0]] = outputs[k]
-                for name in release:
-                    values.pop(name, None)
+        run_plan(plan, values, variables,
+                 lambda node: self._execute(node, values, variables, ctx, tasks))
         self.tasks = tasks
         return values
 
