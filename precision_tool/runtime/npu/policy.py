@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional
 
 from ...errors import PrecisionToolError
-from ...graph import dtypes
 
 PRECISION_MODES = ("force_fp32", "allow_fp32_to_fp16", "force_fp16", "must_keep_origin_dtype",
                    "allow_mix_precision", "allow_mix_precision_bf16")
@@ -41,8 +40,6 @@ NORM_FAMILY = frozenset({"BatchNorm", "BatchNormGrad", "LayerNorm"})
 # state updates and status ops: fixed dtypes whatever the mode
 FIXED = frozenset({"Placeholder", "Variable", "Const", "NoOp", "Cast", "OneHot", "TransData",
                    "NPUGetFloatStatus", "NPUClearFloatStatus"})
-
-LOW = {"float16": "float16", "bfloat16": "bfloat16"}
 
 
 class PolicyError(PrecisionToolError, ValueError):
@@ -148,7 +145,3 @@ def _edit_lists(edits: dict, white: set, black: set):
                 else:
                     lists[key].discard(op)
     return white, black
-
-
-def is_float(dtype: str) -> bool:
-    return dtypes.is_float(dtype)
