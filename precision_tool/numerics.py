@@ -137,3 +137,31 @@ def five_hd_to_nchw(x: np.ndarray, original_shape: Sequence[int]) -> np.ndarray:
     n, c1, h, w, c0 = x.shape
     c = original_shape[1]
     return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, c1 * c0, h, w)[:, :c])
+
+
+# -- tensor statistics ----------------------------------------------------------------------
+STAT_FIELDS = ("max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count")
+
+
+def tensor_stats(x: np.ndarray) -> dict:
+    """max, min, mean and L2 norm over the finite elements (nan when there are none: an empty
+    or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64."""
+    a = np.asarray(x)
+    if a.dtype.kind == "b":
+        a = a.astype(np.float64)
+    elif a.dtype.kind not in "fiu":       # bfloat16 arrives as a void-kind numpy dtype
+        a = a.astype(np.float32)
+    a = a.reshape(-1)
+    nan = pos = neg = 0
+    if a.dtype.kind == "f" and a.size and not np.isfinite(a).all():
+        nan = int(np.isnan(a).sum())
+        pos = int(np.isposinf(a).sum())
+        neg = int(np.isneginf(a).sum())
+        a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {"max": np.nan, "min": np.nan, "mean": np.nan, "l2norm": np.nan,
+                "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
+    f = a.astype(np.float64, copy=False)
+    return {"max": float(f.max()), "min": float(f.min()), "mean": float(f.mean()),
+            "l2norm": float(np.sqrt(np.dot(f, f))), "nan_count": nan, "pos_inf_count": pos,
+            "neg_inf_count": neg}

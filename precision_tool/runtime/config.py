@@ -30,6 +30,9 @@ class SessionConfig:
       fusion_switch_file: a fusion_switch.cfg path; or fusion_switch: "on", "off" or its dict.
       mode: "graph" (compile: fusion, 5HD formats) or "pynative" (op by op as written).
       device_memory: bytes of simulated device memory (default 32 GiB).
+    Both:
+      observers: factories whose attach(session) returns a run observer (see Session); the
+        dump hooks put theirs here, so that a config alone turns dumping on.
     """
     golden_dtype: str = "float32"
     precision_mode: str = "allow_fp32_to_fp16"
@@ -40,6 +43,7 @@ class SessionConfig:
     fusion_switch: Any = None
     mode: str = "graph"
     device_memory: int = 32 * 2 ** 30
+    observers: tuple = ()
 
     def __post_init__(self):
         if self.golden_dtype not in GOLDEN_DTYPES:

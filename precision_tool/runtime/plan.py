@@ -43,13 +43,16 @@ def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
     return ExecutionPlan(tuple(order), tuple(tuple(r) for r in release), fed)
 
 
-def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute) -> Dict:
-    """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, apply
+def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, observe=None) -> Dict:
+    """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, show
+    them with their inputs to `observe(node, inputs, outputs)` (the dump hook point), apply
     update ops to their variables, and drop values after their last reader."""
     from ..ops import registry
     with np.errstate(all="ignore"):   # inf/nan are data here: status words and analysis report them
         for node, release in zip(plan.nodes, plan.release):
             outputs = execute(node)
+            if observe is not None:
+                observe(node, [values[i] for i in node.inputs], outputs)
             for k, out in enumerate(outputs):
                 values[f"{node.name}:{k}"] = out
             for k, pos in enumerate(registry.get(node.type).updates):

@@ -36,6 +36,15 @@ class Session:
         self._variables = self._executor.initial_variables()
         self._plans: Dict[Any, Any] = {}
         self.step = 0           # number of completed run() calls
+        self._observers = []
+        for factory in self.config.observers:
+            self.add_observer(factory.attach(self))
+
+    def add_observer(self, observer) -> None:
+        """Watch runs: `begin_run(session, feeds, fetch_tensors, fetch_nodes) -> bool` (whether
+        to watch this one), `on_node(node, inputs, outputs, task)` for every op it runs, then
+        `end_run(session)` before run() returns, or `abort_run(session, error)` if it fails."""
+        self._observers.append(observer)
 
     def __enter__(self):
         return self
@@ -55,7 +64,17 @@ class Session:
         if plan is None:
             plan = self._plans[key] = self._executor.plan(fetch_tensors, fetch_nodes,
                                                           frozenset(feeds))
-        values = self._executor.run(plan, dict(feeds), self._variables, self.step)
+        watching = [o for o in self._observers
+                    if o.begin_run(self, feeds, fetch_tensors, fetch_nodes)]
+        try:
+            values = self._executor.run(plan, dict(feeds), self._variables, self.step,
+                                        _fan_out(watching))
+        except BaseException as e:
+            for o in watching:
+                o.abort_run(self, e)
+            raise
+        for o in watching:
+            o.end_run(self)
         self.step += 1
         # copies: a fetched array must never alias session state or a feed
         results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
@@ -155,9 +174,10 @@ class Session:
         """A copy of every variable's current value, by variable name."""
         return {k: v.copy() for k, v in self._variables.items()}
 
-    def load_variables(self, values: Dict[str, np.ndarray]) -> None:
+    def load_variables(self, values: Dict[str, np.ndarray], exact: bool = False) -> None:
         """Overwrite variables by name; shapes must match; values are rounded to the variable's
-        declared dtype, then held as the run dtype."""
+        declared dtype, then held as the run dtype — or, with exact=True (state saved from a
+        session of the same target and config), taken as they are."""
         staged = {}
         for name, value in values.items():
             if name not in self._variables:
@@ -167,8 +187,21 @@ class Session:
             if arr.shape != current.shape:
                 raise FeedError(f"variable {name!r} has shape {list(current.shape)}, "
                                 f"was given {list(arr.shape)}")
-            staged[name] = self._executor.cast_in(arr, self.graph.node(name).outputs[0].dtype)
+            staged[name] = (arr.astype(current.dtype) if exact else
+                            self._executor.cast_in(arr, self.graph.node(name).outputs[0].dtype))
         self._variables.update(staged)
+
+
+def _fan_out(observers):
+    if not observers:
+        return None
+    if len(observers) == 1:
+        return observers[0].on_node
+
+    def observe(node, inputs, outputs, task):
+        for o in observers:
+            o.on_node(node, inputs, outputs, task)
+    return observe
 
 
 def _unflatten(structure, it):

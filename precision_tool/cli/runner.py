@@ -1,0 +1,74 @@
+"""The script runner: run an unchanged training script with the dump hooks switched on
+through the environment, as Ascend's npu_dump / npu_overflow / tf_dump do."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import click
+
+from ..dump import layout
+
+RUNNERS = {
+    # name: (environment variable, action, help)
+    "npu-dump": (layout.ENV_NPU_ACTION, "dump",
+                 "Dump the NPU run's kernels (inputs, outputs, statistics) and replay bundles."),
+    "npu-overflow": (layout.ENV_NPU_ACTION, "overflow",
+                     "Check every step for overflow; dump only the overflowing kernels."),
+    "cpu-dump": (layout.ENV_CPU_ACTION, "dump",
+                 "Dump the golden (CPU) run of a session wrapped by hooks.sess_dump."),
+}
+ALIASES = {"npu_dump": "npu-dump", "npu_overflow": "npu-overflow", "tf_dump": "cpu-dump"}
+
+
+def _debug_dirs(root):
+    found = set()
+    for target in ("npu", "cpu"):
+        parent = os.path.join(root, target)
+        if os.path.isdir(parent):
+            found |= {os.path.join(target, d) for d in os.listdir(parent) if d.startswith("debug_")}
+    return found
+
+
+def make_runner(name: str):
+    env_var, action, help_text = RUNNERS[name]
+
+    @click.command(name=name, help=f"{help_text}\n\nRuns SCRIPT... (e.g. python train.py) with "
+                                   f"the hooks of precision_tool.hooks switched on.",
+                   context_settings={"ignore_unknown_options": True})
+    @click.option("--dump-step", default=None, help='Steps to dump: "0|5|10" or "0|3-5|10" '
+                                                     '(default: 0; every step for npu-overflow).')
+    @click.option("--dump-mode", type=click.Choice(layout.DUMP_MODES), default=None,
+                  help="Which tensors of each op (default: all).")
+    @click.option("--dump-data", type=click.Choice(layout.DUMP_DATA), default=None,
+                  help="tensor files, or stats (index rows only). Default: tensor.")
+    @click.option("--fusion-off", is_flag=True, help="Also switch every fusion pass off (NPU).")
+    @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
+    @click.pass_context
+    def runner(ctx, dump_step, dump_mode, dump_data, fusion_off, script):
+        root = ctx.obj["data_dir"]
+        if dump_step is not None:
+            layout.parse_steps(dump_step)        # refuse a bad value before running anything
+        env = dict(os.environ)
+        env[env_var] = action + ("|fusion_off" if fusion_off and env_var == layout.ENV_NPU_ACTION else "")
+        env[layout.ENV_ROOT] = root
+        for var, value in ((layout.ENV_DUMP_STEP, dump_step), (layout.ENV_DUMP_MODE, dump_mode),
+                           (layout.ENV_DUMP_DATA, dump_data)):
+            if value is not None:
+                env[var] = value
+        before = _debug_dirs(root)
+        click.echo(f"running {' '.join(script)} with {env_var}={env[env_var]}", err=True)
+        try:
+            rc = subprocess.call(list(script), env=env)
+        except OSError as e:
+            raise click.UsageError(f"cannot run {script[0]!r}: {e.strerror}") from None
+        new = sorted(_debug_dirs(root) - before)
+        if rc != 0:
+            raise click.ClickException(f"the script exited with status {rc}")
+        if new:
+            click.echo(f"dumped into {root}: {', '.join(new)}")
+        else:
+            click.echo(f"the script wrote no dump into {root}: does it use precision_tool.hooks "
+                       f"(session_dump_config / sess_dump)?", err=True)
+    return runner

@@ -1,0 +1,147 @@
+"""The precision_data/ workspace layout and its names (DESIGN §5, Ascend's conventions).
+
+    npu/debug_<k>/run.json, graph/<graph>.json, fusion_result.json,
+        dump/<YYYYmmddHHMMSS>/<device_id>/<graph>/<graph_id>/<step>/
+            <OpType>.<op_name>.<task_id>.<stream_id>.<timestamp>.<input|output>.<i>.npy
+            Opdebug.Node_OpDebug.<task_id>.<stream_id>.<timestamp>.json, index.csv
+        replay/<step>/
+    cpu/debug_<k>/run.json, dump/<step>/<op_name>.<output_index>.<timestamp>.npy + index.csv
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import FrozenSet, Optional
+
+from ..errors import PrecisionToolError
+
+DEFAULT_ROOT = "precision_data"
+ENV_ROOT = "PRECISION_TOOL_DATA"
+ENV_NPU_ACTION = "PRECISION_TOOL_NPU_ACTION"      # set by the script runner
+ENV_CPU_ACTION = "PRECISION_TOOL_CPU_ACTION"
+ENV_DUMP_STEP = "PRECISION_TOOL_DUMP_STEP"
+ENV_DUMP_MODE = "PRECISION_TOOL_DUMP_MODE"
+ENV_DUMP_DATA = "PRECISION_TOOL_DUMP_DATA"
+
+ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
+DUMP_MODES = ("input", "output", "all")
+DUMP_DATA = ("tensor", "stats")
+INDEX_FILE = "index.csv"
+MAX_NAME_BYTES = 200          # file names stay well under the 255-byte limit of filesystems
+
+
+class DumpConfigError(PrecisionToolError, ValueError):
+    """A dump setting that cannot be used (unknown action, bad dump_step...)."""
+
+
+def resolve_root(data_dir: Optional[str] = None) -> str:
+    return os.path.abspath(data_dir or os.environ.get(ENV_ROOT) or DEFAULT_ROOT)
+
+
+_UNSAFE = re.compile(r"[/\\. \x00-\x1f\x7f]")
+
+
+def mangle(op_name: str) -> str:
+    """An op name as it appears in a file name: '/', '\\', '.', spaces and control characters
+    become '_' (Ascend's rule, which also makes '..' harmless); an over-long name is cut and
+    given a hash suffix. The index keeps the real name."""
+    name = _UNSAFE.sub("_", op_name) or "_"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        digest = hashlib.sha1(op_name.encode("utf-8")).hexdigest()[:12]
+        cut = name.encode("utf-8")[:MAX_NAME_BYTES - 13].decode("utf-8", "ignore")
+        name = f"{cut}_{digest}"
+    return name
+
+
+def npu_file_name(op_type, op_name, task_id, stream_id, timestamp, io, index) -> str:
+    return f"{mangle(op_type)}.{mangle(op_name)}.{task_id}.{stream_id}.{timestamp}.{io}.{index}.npy"
+
+
+def cpu_file_name(op_name, output_index, timestamp) -> str:
+    return f"{mangle(op_name)}.{output_index}.{timestamp}.npy"
+
+
+def opdebug_file_name(task_id, stream_id, timestamp) -> str:
+    return f"Opdebug.Node_OpDebug.{task_id}.{stream_id}.{timestamp}.json"
+
+
+def parse_steps(spec) -> Optional[FrozenSet[int]]:
+    """Ascend's dump_step: "0|5|10", ranges "0|3-5|10"; None or "all" means every step."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+        return None
+    if isinstance(spec, int):
+        spec = str(spec)
+    if not isinstance(spec, str):
+        raise DumpConfigError(f"dump_step must be a string like \"0|3-5|10\", got {spec!r}")
+    steps = set()
+    for part in spec.split("|"):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not m:
+            raise DumpConfigError(f"dump_step {spec!r}: {part!r} is not a step or a range a-b")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise DumpConfigError(f"dump_step {spec!r}: range {part!r} runs backwards")
+        if hi - lo > 1_000_000:
+            raise DumpConfigError(f"dump_step {spec!r}: range {part!r} is too long")
+        steps.update(range(lo, hi + 1))
+    return frozenset(steps)
+
+
+def parse_action(action) -> FrozenSet[str]:
+    """'dump', 'overflow', 'fusion_off', 'fusion_switch', joined with '|' (spaces allowed)."""
+    if action is None:
+        return frozenset()
+    if not isinstance(action, str):
+        raise DumpConfigError(f"action must be a string like \"dump|fusion_off\", got {action!r}")
+    parts = [p.strip() for p in action.split("|") if p.strip()]
+    unknown = [p for p in parts if p not in ACTIONS]
+    if unknown:
+        raise DumpConfigError(f"unknown action {unknown[0]!r}; actions: {', '.join(ACTIONS)}, "
+                              f"joined with '|'")
+    if "fusion_off" in parts and "fusion_switch" in parts:
+        raise DumpConfigError("fusion_off and fusion_switch exclude each other")
+    return frozenset(parts)
+
+
+@dataclass(frozen=True)
+class DumpSettings:
+    """What a dumping session writes, and where."""
+    root: str
+    actions: FrozenSet[str]
+    steps: Optional[FrozenSet[int]]     # None: every step
+    mode: str = "all"                   # input, output or all
+    data: str = "tensor"                # tensor or stats
+    debug_dir: Optional[str] = None     # a named debug_<k> (default: the next free one)
+
+    def __post_init__(self):
+        if self.mode not in DUMP_MODES:
+            raise DumpConfigError(f"dump_mode must be one of {', '.join(DUMP_MODES)}, got {self.mode!r}")
+        if self.data not in DUMP_DATA:
+            raise DumpConfigError(f"dump_data must be one of {', '.join(DUMP_DATA)}, got {self.data!r}")
+
+    def wants_step(self, step: int) -> bool:
+        return self.steps is None or step in self.steps
+
+
+def next_debug_dir(parent: str, name: Optional[str] = None) -> str:
+    """Create and return <parent>/debug_<k> for the next free k (or the named one). Creating
+    the directory claims it, so two runs starting together get different ones."""
+    os.makedirs(parent, exist_ok=True)
+    if name is not None:
+        if not re.fullmatch(r"debug_\d+", name):
+            raise DumpConfigError(f"a debug directory is named debug_<k>, got {name!r}")
+        path = os.path.join(parent, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+    taken = [int(m.group(1)) for d in os.listdir(parent) if (m := re.fullmatch(r"debug_(\d+)", d))]
+    k = max(taken, default=-1) + 1
+    while True:
+        path = os.path.join(parent, f"debug_{k}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            k += 1

@@ -1,0 +1,212 @@
+"""Reading a precision_data/ workspace: the one index of what is on disk.
+
+`Workspace(root)` lists runs, their steps and graphs from the directory tree once, returns a
+step's index as a pandas DataFrame (read once, cached) and loads tensors lazily, never
+unpickling. Dumps written by Ascend's tools (no index.csv; file names with or without the
+stream id) are indexed from their file names and .npy headers.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PrecisionToolError
+from . import layout
+
+
+class WorkspaceError(PrecisionToolError, ValueError):
+    """A workspace, run, step or file that is missing or unreadable."""
+
+
+ASCEND_NPU_NAME = re.compile(
+    r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)(?:\.(?P<stream_id>\d+))?"
+    r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$")
+CPU_NAME = re.compile(r"^(?P<op_name>[^.]+)\.(?P<index>\d+)\.(?P<timestamp>\d+)\.npy$")
+
+
+@dataclass
+class StepDump:
+    step: int
+    path: str
+    complete: bool          # its index.csv is written (an interrupted step has none)
+
+
+@dataclass
+class Run:
+    target: str
+    name: str
+    path: str
+    info: dict
+    steps: List[StepDump] = field(default_factory=list)
+
+    @property
+    def ours(self) -> bool:
+        return self.info.get("writer") == "precision_tool"
+
+    def step(self, number: int) -> StepDump:
+        for s in self.steps:
+            if s.step == number:
+                return s
+        raise WorkspaceError(f"{self.target}/{self.name} has no dump of step {number}; "
+                             f"dumped steps: {[s.step for s in self.steps if s.complete]}")
+
+
+class Workspace:
+    def __init__(self, root: Optional[str] = None):
+        self.root = layout.resolve_root(root)
+        self._runs: Optional[Dict[tuple, Run]] = None
+
+    # -- what is there ------------------------------------------------------------------------
+    def runs(self, target: Optional[str] = None) -> List[Run]:
+        if self._runs is None:
+            if not os.path.isdir(self.root):
+                raise WorkspaceError(f"no workspace at {self.root} (run a dump first, or give "
+                                     f"--data-dir / {layout.ENV_ROOT})")
+            self._runs = {}
+            for tgt in ("npu", "cpu"):
+                parent = os.path.join(self.root, tgt)
+                if not os.path.isdir(parent):
+                    continue
+                names = [d for d in os.listdir(parent) if re.fullmatch(r"debug_\d+", d)]
+                for name in sorted(names, key=lambda d: int(d.split("_")[1])):
+                    path = os.path.join(parent, name)
+                    run = Run(tgt, name, path, _read_json(os.path.join(path, "run.json")))
+                    run.steps = self._find_steps(run)
+                    self._runs[(tgt, name)] = run
+        return [r for r in self._runs.values() if target is None or r.target == target]
+
+    def run(self, target: str, name: Optional[str] = None) -> Run:
+        runs = self.runs(target)
+        if not runs:
+            raise WorkspaceError(f"the workspace {self.root} has no {target} run")
+        if name is None:
+            return runs[-1]
+        for r in runs:
+            if r.name == name:
+                return r
+        raise WorkspaceError(f"no {target} run {name!r} in {self.root}; runs: {[r.name for r in runs]}")
+
+    def _find_steps(self, run: Run) -> List[StepDump]:
+        dump = os.path.join(run.path, "dump")
+        if not os.path.isdir(dump):
+            return []
+        steps = []
+        # npu: dump/<time>/<device>/<graph>/<graph_id>/<step>; cpu: dump/<step>
+        depth = 5 if run.target == "npu" else 1
+        for dirpath, dirnames, _ in os.walk(dump):
+            rel = os.path.relpath(dirpath, dump)
+            level = 0 if rel == "." else rel.count(os.sep) + 1
+            if level == depth:
+                dirnames[:] = []
+                name = os.path.basename(dirpath)
+                if name.isdigit():
+                    has_index = os.path.isfile(os.path.join(dirpath, layout.INDEX_FILE))
+                    # a step of ours without an index was interrupted; a foreign one is indexed by name
+                    steps.append(StepDump(int(name), dirpath, has_index or not run.ours))
+            elif level > depth:
+                dirnames[:] = []
+        return sorted(steps, key=lambda s: s.step)
+
+    def graph_json(self, run: Run) -> Optional[dict]:
+        gdir = os.path.join(run.path, "graph")
+        if not os.path.isdir(gdir):
+            return None
+        files = sorted(f for f in os.listdir(gdir) if f.endswith(".json"))
+        return _read_json(os.path.join(gdir, files[0])) if files else None
+
+    # -- a step's index -----------------------------------------------------------------------
+    def index(self, run: Run, step: int) -> pd.DataFrame:
+        return self._index(run.path, run.target, step).copy()
+
+    @functools.lru_cache(maxsize=64)
+    def _index(self, run_path: str, target: str, step: int) -> pd.DataFrame:
+        run = next(r for r in self.runs() if r.path == run_path)
+        sd = run.step(step)
+        if not sd.complete:
+            raise WorkspaceError(f"step {step} of {run.target}/{run.name} was interrupted before "
+                                 f"its index was written; it is not read")
+        index_path = os.path.join(sd.path, layout.INDEX_FILE)
+        if os.path.isfile(index_path):
+            try:
+                table = pd.read_csv(index_path, keep_default_na=False, na_values=["nan", "NaN"],
+                                    dtype={"file": str, "op_name": str, "tensor": str})
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+                raise WorkspaceError(f"{index_path} is not a readable index: {e}") from None
+        else:
+            table = _index_from_names(sd.path, target)
+        table["step"] = step
+        return table
+
+    # -- tensors ------------------------------------------------------------------------------
+    def step_path(self, run: Run, step: int) -> str:
+        return run.step(step).path
+
+    def load(self, run: Run, step: int, file: str) -> np.ndarray:
+        """A dumped tensor by its file name in the step (allow_pickle=False, never outside the
+        workspace)."""
+        if not file:
+            raise WorkspaceError(f"step {step} of {run.target}/{run.name} holds statistics only "
+                                 f"(dump_data='stats'): no tensor file to load")
+        return self.load_file(os.path.join(self.step_path(run, step), file))
+
+    def load_file(self, path: str) -> np.ndarray:
+        real = os.path.realpath(path)
+        if not real.startswith(os.path.realpath(self.root) + os.sep):
+            raise WorkspaceError(f"{path} is outside the workspace {self.root}")
+        try:
+            return np.load(real, allow_pickle=False)
+        except FileNotFoundError:
+            raise WorkspaceError(f"tensor file {path} is missing") from None
+        except ValueError as e:
+            raise WorkspaceError(f"tensor file {path} cannot be loaded without unpickling or is "
+                                 f"corrupt: {e}") from None
+        except OSError as e:
+            raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _npy_header(path: str):
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
+    """Index a step directory written by Ascend's tools from its file names and npy headers."""
+    rows = []
+    pattern = ASCEND_NPU_NAME if target == "npu" else CPU_NAME
+    for name in sorted(os.listdir(step_dir)):
+        m = pattern.match(name)
+        if not m:
+            continue
+        try:
+            shape, dtype = _npy_header(os.path.join(step_dir, name))
+        except (OSError, ValueError):
+            continue        # unreadable files are not indexed (the analysis reports them)
+        row = m.groupdict()
+        row.update(file=name, shape=" ".join(map(str, shape)), dtype=str(dtype),
+                   io=row.get("io", "output"))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for col in ("task_id", "stream_id", "timestamp", "index"):
+        if col in table:
+            table[col] = pd.to_numeric(table[col], errors="coerce")
+    return table

@@ -1,0 +1,92 @@
+"""Writing a dump without holding up the run: a bounded queue drained by one thread.
+
+put() blocks when the queue is full (back-pressure instead of growing memory); flush()
+waits until everything queued is on disk and re-raises the first write error. Every file
+is written under a temporary name in its directory and renamed into place, so a file with
+its final name is always whole.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import threading
+
+import numpy as np
+
+from ..errors import PrecisionToolError
+
+
+class DumpWriteError(PrecisionToolError, OSError):
+    """The dump could not be written (disk full, permissions...); the message names the path."""
+
+
+def _atomic(path: str, write) -> None:
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def save_npy(path: str, array: np.ndarray) -> None:
+    """np.save, atomically, never pickling."""
+    _atomic(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def save_text(path: str, text: str, durable: bool = True) -> None:
+    def write(f):
+        f.write(text.encode("utf-8"))
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    _atomic(path, write)
+
+
+class AsyncWriter:
+    """Runs write jobs (callables) in order on one background thread."""
+
+    def __init__(self, max_pending: int = 256):
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._error = None
+        self._thread = threading.Thread(target=self._drain, name="precision-tool-dump",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self):
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:       # after a failure, drop the rest of the step
+                    job()
+            except OSError as e:
+                self._error = DumpWriteError(f"cannot write the dump: {e.strerror or e} "
+                                             f"({e.filename or 'unknown path'})")
+            except Exception as e:    # a job failing for another reason is reported the same way
+                self._error = DumpWriteError(f"cannot write the dump: {e}")
+            finally:
+                self._queue.task_done()
+
+    def put(self, job) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(job)
+
+    def flush(self) -> None:
+        self._queue.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=60)

@@ -1,0 +1,69 @@
+"""One-line dump hooks for training scripts, as Ascend's precision_tool offers them.
+
+    cfg = hooks.session_dump_config(pt.SessionConfig(...), action="dump|fusion_off")
+    sess = pt.Session(graph, target="npu", config=cfg)          # the NPU run is dumped
+    golden = hooks.sess_dump(pt.Session(graph, target="cpu"))    # the golden run is dumped
+
+Without `action` the hooks read it from the environment, where the script runner puts it
+(`precision-tool npu-dump|npu-overflow|cpu-dump -- python train.py`): so the same unchanged
+script writes nothing when run plainly, and dumps under the runner.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from .dump import layout
+from .dump.dumper import DumpHook, DumpObserver
+from .runtime import SessionConfig
+
+
+def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action):
+    actions = layout.parse_action(action if action is not None else os.environ.get(env_action))
+    if dump_step is None:
+        dump_step = os.environ.get(layout.ENV_DUMP_STEP)
+    if dump_step is None:           # the whole run for overflow checks, step 0 for dumps
+        dump_step = "all" if "dump" not in actions else "0"
+    return actions, layout.DumpSettings(
+        root=layout.resolve_root(data_dir), actions=actions,
+        steps=layout.parse_steps(dump_step),
+        mode=dump_mode or os.environ.get(layout.ENV_DUMP_MODE) or "all",
+        data=dump_data or os.environ.get(layout.ENV_DUMP_DATA) or "tensor",
+        debug_dir=debug_dir)
+
+
+def session_dump_config(config: Optional[SessionConfig] = None, action: Optional[str] = None,
+                        dump_step: Optional[str] = None, dump_mode: Optional[str] = None,
+                        dump_data: Optional[str] = None, data_dir: Optional[str] = None,
+                        debug_dir: Optional[str] = None,
+                        fusion_switch_file: Optional[str] = None) -> SessionConfig:
+    """The NPU session config with the actions turned on: any '|'-joined combination of
+    dump, overflow, fusion_off and fusion_switch (the switch file given, or
+    <workspace>/config/fusion_switch.cfg). dump_step: "0|5|10" or "0|3-5|10" (default "0",
+    or every step for a plain overflow check); dump_mode: input, output or all; dump_data:
+    tensor or stats (index rows only)."""
+    config = config or SessionConfig()
+    actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
+                                  layout.ENV_NPU_ACTION)
+    changes = {}
+    if "fusion_off" in actions:
+        changes.update(fusion_switch="off", fusion_switch_file=None)
+    if "fusion_switch" in actions:
+        path = fusion_switch_file or os.path.join(settings.root, "config", "fusion_switch.cfg")
+        changes.update(fusion_switch=None, fusion_switch_file=path)
+    if actions & {"dump", "overflow"}:
+        changes["observers"] = tuple(config.observers) + (DumpHook(settings),)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def sess_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
+              dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
+              data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
+    """Dump this (CPU golden) session's runs into <workspace>/cpu/debug_<k>. Returns the
+    session. With no action given or in the environment, it changes nothing."""
+    actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
+                                  layout.ENV_CPU_ACTION)
+    if "dump" in actions:
+        session.add_observer(DumpObserver(session, settings))
+    return session

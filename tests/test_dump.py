@@ -1,0 +1,367 @@
+"""Dump hooks, the precision_data workspace, the writer, the reader and replay bundles."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.dump import DumpConfigError, Workspace, load_bundle, parse_steps, replay
+
+
+def _train(model, root, steps=3, npu_action="dump", cpu_action="dump", **kw):
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="allow_mix_precision"),
+                                    action=npu_action, data_dir=root, **kw)
+    npu = pt.Session(model.graph, target="npu", config=cfg)
+    cpu = hooks.sess_dump(pt.Session(model.graph), action=cpu_action, data_dir=root, **kw)
+    for i in range(steps):
+        feed = {model.x: d.x_train[32 * i:32 * (i + 1)], model.y: d.y_train[32 * i:32 * (i + 1)]}
+        npu.run([model.loss, model.train_op], feed)
+        cpu.run([model.loss, model.train_op], feed)
+    return npu, cpu
+
+
+def _tensor_files(path):
+    return {f for f in os.listdir(path) if f.endswith(".npy")}
+
+
+def test_dump_step_selects_steps_and_index_matches_files_exactly(tmp_path):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=3, dump_step="0|2")
+    ws = Workspace(str(tmp_path))
+    for target in ("npu", "cpu"):
+        run = ws.run(target)
+        assert [s.step for s in run.steps] == [0, 2] and all(s.complete for s in run.steps)
+        for step in (0, 2):
+            table = ws.index(run, step)
+            files = set(table["file"])
+            assert files == _tensor_files(ws.step_path(run, step))     # no orphan, none missing
+            for row in table.itertuples():
+                arr = ws.load(run, step, row.file)
+                assert " ".join(map(str, arr.shape)) == str(row.shape)
+                if arr.size and np.isfinite(arr).all():
+                    assert abs(float(arr.astype(np.float64).max()) - row.max) <= 1e-6 * max(1, abs(row.max))
+    info = json.loads((tmp_path / "npu" / "debug_0" / "run.json").read_text())
+    assert info["dumped_steps"] == [0, 2] and info["precision_mode"] == "allow_mix_precision"
+    assert (tmp_path / "npu" / "debug_0" / "fusion_result.json").is_file()
+    assert (tmp_path / "npu" / "debug_0" / "graph" / "mlp.json").is_file()
+    assert sorted(os.listdir(tmp_path / "npu" / "debug_0" / "replay")) == ["0", "2"]
+
+
+def test_npu_file_names_follow_ascend(tmp_path):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1)
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    table = ws.index(run, 0)
+    row = table[(table.op_name == "fc1/BiasAdd") & (table.io == "output")].iloc[0]
+    assert row.file == f"MatMulV2.fc1_BiasAdd.{row.task_id}.0.{row.timestamp}.output.0.npy"
+    assert row.pass_name == "MatMulBiasAddFusionPass" and row["dtype"] == "float16"
+    assert ws.load(run, 0, row.file).dtype == np.float16
+    gold = ws.index(ws.run("cpu"), 0)
+    g = gold[gold.op_name == "fc1/BiasAdd"].iloc[0]
+    assert g.file == f"fc1_BiasAdd.0.{g.timestamp}.npy"
+
+
+@pytest.mark.parametrize("mode, ios", [("input", {"input"}), ("output", {"output"}),
+                                       ("all", {"input", "output"})])
+def test_dump_mode_is_honoured(tmp_path, mode, ios):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, cpu_action=None, dump_mode=mode)
+    ws = Workspace(str(tmp_path))
+    assert set(ws.index(ws.run("npu"), 0)["io"]) == ios
+
+
+def test_stats_only_dump_writes_rows_and_no_tensor_files(tmp_path):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, dump_data="stats")
+    ws = Workspace(str(tmp_path))
+    for target in ("npu", "cpu"):
+        run = ws.run(target)
+        table = ws.index(run, 0)
+        assert len(table) > 50 and (table["file"] == "").all()
+        assert _tensor_files(ws.step_path(run, 0)) == set()
+        assert table["l2norm"].notna().all()
+        with pytest.raises(pt.PrecisionToolError, match="statistics only"):
+            ws.load(run, 0, "")
+
+
+def test_golden_and_npu_dumps_share_op_names(tmp_path):
+    m = pt.models.transformer()
+    npu, _ = _train(m, str(tmp_path), steps=1)
+    ws = Workspace(str(tmp_path))
+    npu_ops = set(ws.index(ws.run("npu"), 0)["op_name"])
+    gold_ops = set(ws.index(ws.run("cpu"), 0)["op_name"])
+    compiled = npu.compiled
+    fused_away = set(compiled.fused_away)
+    not_kernels = {n.name for n in m.graph.nodes if n.type in ("Placeholder", "Variable", "Const", "NoOp")}
+    expected = gold_ops - fused_away - not_kernels
+    assert expected and expected <= npu_ops
+    npu_only = {n.name for n in compiled.graph.nodes
+                if n.attrs.get("inserted_by") or n.attrs.get("pass_name")}
+    assert npu_ops - npu_only <= gold_ops
+
+
+def test_overflow_action_writes_only_overflowing_kernels_and_their_records(tmp_path):
+    g = pt.Graph("ovf")
+    with g.as_default():
+        x = pt.placeholder("x", [4])
+        y = pt.ops.relu(pt.ops.exp(pt.ops.mul(x, 2.0)))
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16", fusion_switch="off"),
+                                    action="overflow", data_dir=str(tmp_path))
+    sess = pt.Session(g, target="npu", config=cfg)
+    sess.run(y, {x: np.array([1, 2, 3, 4], np.float32)})          # step 0: clean
+    sess.run(y, {x: np.array([1, 2, 3, 8], np.float32)})          # step 1: exp(16) overflows
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    t0, t1 = ws.index(run, 0), ws.index(run, 1)
+    assert len(t0) == 0
+    assert set(t1["op_name"]) == {"Exp"} and set(t1["io"]) == {"input", "output"}
+    records = [f for f in os.listdir(ws.step_path(run, 1)) if f.startswith("Opdebug.Node_OpDebug.")]
+    assert len(records) == 1
+    rec = json.loads(open(os.path.join(ws.step_path(run, 1), records[0])).read())
+    assert rec["op_name"] == "Exp" and rec["status"] == 0x20 and rec["step"] == 1
+    assert rec["status_bits"] == ["floating-point overflow"]
+    assert not (tmp_path / "npu" / "debug_0" / "replay").exists()
+
+
+def test_each_npu_run_gets_the_next_debug_dir_and_a_named_one_is_used(tmp_path):
+    m = pt.models.mlp()
+    for _ in range(2):
+        _train(m, str(tmp_path), steps=1, cpu_action=None)
+    _train(m, str(tmp_path), steps=1, cpu_action=None, debug_dir="debug_7")
+    assert sorted(os.listdir(tmp_path / "npu")) == ["debug_0", "debug_1", "debug_7"]
+    with pytest.raises(DumpConfigError, match="debug_<k>"):
+        hooks.session_dump_config(action="dump", data_dir=str(tmp_path), debug_dir="../evil")
+        pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+            action="dump", data_dir=str(tmp_path), debug_dir="../evil"))
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"action": "dump|explode"}, "unknown action 'explode'"),
+    ({"action": "fusion_off|fusion_switch"}, "exclude each other"),
+    ({"action": "dump", "dump_step": "1-x"}, "is not a step"),
+    ({"action": "dump", "dump_step": "5-3"}, "runs backwards"),
+    ({"action": "dump", "dump_mode": "some"}, "dump_mode must be one of"),
+    ({"action": "dump", "dump_data": "bits"}, "dump_data must be one of"),
+])
+def test_bad_dump_settings_are_refused(tmp_path, kw, message):
+    with pytest.raises(DumpConfigError, match=message):
+        hooks.session_dump_config(data_dir=str(tmp_path), **kw)
+
+
+def test_dump_step_syntax():
+    assert parse_steps("0|3-5|10") == {0, 3, 4, 5, 10}
+    assert parse_steps(" 2 ") == {2} and parse_steps("all") is None and parse_steps(None) is None
+
+
+def test_actions_combine_with_spaces_and_fusion_off(tmp_path):
+    m = pt.models.transformer()
+    cfg = hooks.session_dump_config(action="dump | fusion_off", data_dir=str(tmp_path))
+    sess = pt.Session(m.graph, target="npu", config=cfg)
+    assert sess.compiled.fusion == {} and cfg.fusion_switch == "off"
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "fusion_switch.cfg").write_text(json.dumps(
+        {"Switch": {"GraphFusion": {"ALL": "off", "GeluFusionPass": "on"}, "UBFusion": {"ALL": "off"}}}))
+    cfg = hooks.session_dump_config(action="fusion_switch", data_dir=str(tmp_path))
+    assert list(pt.Session(m.graph, target="npu", config=cfg).compiled.fusion) == ["GeluFusionPass"]
+
+
+def test_op_names_that_look_like_paths_stay_inside_the_step(tmp_path):
+    g = pt.Graph("names")
+    with g.as_default():
+        x = pt.placeholder("x", [3])
+        with pt.name_scope("../../etc"):
+            y = pt.ops.relu(x, name="pass wd..\\évil")
+        z = pt.ops.neg(y, name="n" * 300)
+    cfg = hooks.session_dump_config(action="dump|fusion_off", data_dir=str(tmp_path))
+    pt.Session(g, target="npu", config=cfg).run(z, {x: np.ones(3, np.float32)})
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    table = ws.index(run, 0)
+    assert "../../etc/pass wd..\\évil" in set(table["op_name"])
+    step_dir = ws.step_path(run, 0)
+    for f in table["file"]:
+        assert "/" not in f and "\\" not in f and len(f.encode()) < 255
+        assert os.path.isfile(os.path.join(step_dir, f))
+    assert not (tmp_path / "etc").exists()
+
+
+def test_the_index_is_read_once(tmp_path, monkeypatch):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, cpu_action=None)
+    ws = Workspace(str(tmp_path))
+    calls = []
+    real = pd.read_csv
+    monkeypatch.setattr(pd, "read_csv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run = ws.run("npu")
+    a = ws.index(run, 0)
+    b = ws.index(run, 0)
+    assert len(calls) == 1 and a.equals(b)
+    a.loc[0, "op_name"] = "changed"                  # callers get copies
+    assert ws.index(run, 0).loc[0, "op_name"] != "changed"
+
+
+def test_ascend_named_dumps_are_read_without_an_index(tmp_path):
+    step = tmp_path / "npu" / "debug_0" / "dump" / "20240101000000" / "0" / "ge_default" / "1" / "0"
+    step.mkdir(parents=True)
+    np.save(step / "MatMul.fc1_MatMul.12.0.1700000000000001.output.0.npy", np.ones((2, 3), np.float16))
+    np.save(step / "Add.fc1_add.13.1700000000000002.input.1.npy", np.zeros(4, np.float32))
+    (step / "notes.txt").write_text("not a tensor")
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    table = ws.index(run, 0).sort_values("task_id")
+    assert list(table["op_name"]) == ["fc1_MatMul", "fc1_add"]
+    assert list(table["task_id"]) == [12, 13] and table["stream_id"].isna().tolist() == [False, True]
+    assert list(table["io"]) == ["output", "input"] and list(table["shape"]) == ["2 3", "4"]
+    assert ws.load(run, 0, table.iloc[0]["file"]).dtype == np.float16
+
+
+def test_missing_workspace_and_run_are_clear_errors(tmp_path):
+    with pytest.raises(pt.PrecisionToolError, match="no workspace at"):
+        Workspace(str(tmp_path / "nothing")).runs()
+    (tmp_path / "cpu").mkdir()
+    with pytest.raises(pt.PrecisionToolError, match="has no npu run"):
+        Workspace(str(tmp_path)).run("npu")
+
+
+def test_pickled_or_outside_files_are_refused(tmp_path):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, cpu_action=None)
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    evil = os.path.join(ws.step_path(run, 0), "evil.npy")
+    np.save(evil, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(pt.PrecisionToolError, match="without unpickling"):
+        ws.load(run, 0, "evil.npy")
+    with pytest.raises(pt.PrecisionToolError, match="outside the workspace"):
+        ws.load_file(str(tmp_path / ".." / "x.npy"))
+
+
+# -- replay ----------------------------------------------------------------------------------
+def _by_key(ws, run, step):
+    table = ws.index(run, step)
+    return {(r.op_name, r.io, r.index): ws.load(run, step, r.file) for r in table.itertuples()}
+
+
+@pytest.mark.parametrize("target", ["npu", "cpu"])
+def test_replaying_a_bundle_reproduces_the_dumped_tensors_bit_for_bit(tmp_path, target):
+    m = pt.models.transformer()
+    _train(m, str(tmp_path), steps=3, dump_step="2")
+    ws = Workspace(str(tmp_path))
+    original = ws.run(target)
+    bundle = load_bundle(os.path.join(original.path, "replay", "2"))
+    assert bundle.meta["session_step"] == 2
+    cfg = hooks.session_dump_config(bundle.config(), action="dump", dump_step="2",
+                                    data_dir=str(tmp_path)) if target == "npu" else bundle.config()
+    sess, _ = replay(bundle, target, cfg)
+    if target == "cpu":
+        # golden replay through the CPU hook
+        sess2 = hooks.sess_dump(pt.Session(bundle.graph), action="dump", dump_step="2",
+                                data_dir=str(tmp_path))
+        sess2.load_variables(bundle.variables, exact=True)
+        sess2.step = 2
+        sess2.run(bundle.meta["fetch_tensors"] + bundle.meta["fetch_nodes"], dict(bundle.feeds))
+    ws = Workspace(str(tmp_path))
+    replayed = ws.runs(target)[-1]
+    assert replayed.name != original.name
+    want, got = _by_key(ws, original, 2), _by_key(ws, replayed, 2)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert want[key].dtype == got[key].dtype and want[key].tobytes() == got[key].tobytes(), key
+
+
+# -- the script runner and interrupted dumps -------------------------------------------------
+SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, precision_tool as pt
+    from precision_tool import hooks
+    m = pt.models.{model}()
+    d = pt.data.digits()
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(pt.SessionConfig()))
+    cpu = hooks.sess_dump(pt.Session(m.graph))
+    for i in range({steps}):
+        feed = {{m.x: d.x_train[:{batch}], m.y: d.y_train[:{batch}]}}
+        npu.run([m.loss, m.train_op], feed)
+        cpu.run([m.loss, m.train_op], feed)
+        print("step", i, flush=True)
+""")
+
+
+def _script(tmp_path, model="mlp", steps=2, batch=32):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT.format(model=model, steps=steps, batch=batch))
+    return path
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_TOOL_")}
+    env["PRECISION_TOOL_DATA"] = str(tmp_path / "ws")
+    return env
+
+
+def test_a_plain_run_writes_nothing_and_the_runner_dumps_the_same_script(tmp_path):
+    script = _script(tmp_path)
+    env = _env(tmp_path)
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "ws").exists() and not (tmp_path / "precision_data").exists()
+    for cmd in (["npu-dump", "--dump-step", "0|1"], ["tf_dump"]):
+        out = subprocess.run([sys.executable, "-m", "precision_tool", *cmd, "--",
+                              sys.executable, str(script)], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "dumped into" in out.stdout
+    ws = Workspace(str(tmp_path / "ws"))
+    assert [s.step for s in ws.run("npu").steps] == [0, 1]
+    assert [s.step for s in ws.run("cpu").steps] == [0]
+    assert len(ws.runs("npu")) == 1 and len(ws.runs("cpu")) == 1
+    failing = tmp_path / "fail.py"
+    failing.write_text("raise SystemExit(4)")
+    out = subprocess.run([sys.executable, "-m", "precision_tool", "npu-dump", "--",
+                          sys.executable, str(failing)], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "exited with status 4" in out.stderr
+
+
+def test_sigkill_mid_step_leaves_a_workspace_that_reads_cleanly(tmp_path):
+    script = _script(tmp_path, model="transformer", steps=200, batch=256)
+    env = _env(tmp_path)
+    env["PRECISION_TOOL_NPU_ACTION"] = "dump"
+    env["PRECISION_TOOL_DUMP_STEP"] = "all"
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        proc.stdout.readline()                   # step 0 is complete
+        deadline = time.time() + 120
+        while time.time() < deadline:            # kill once step 1 has files but no index
+            steps = list((tmp_path / "ws" / "npu" / "debug_0" / "dump").glob("*/0/*/0/1"))
+            if steps and any(p.suffix == ".npy" for p in steps[0].iterdir()):
+                break
+            time.sleep(0.002)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    ws = Workspace(str(tmp_path / "ws"))
+    run = ws.run("npu")
+    complete = [s for s in run.steps if s.complete]
+    assert complete and complete[0].step == 0
+    for s in complete:
+        table = ws.index(run, s.step)
+        for f in table["file"]:
+            ws.load(run, s.step, f)              # every named file exists and loads
+    for s in run.steps:                          # no file with a final name is partial
+        for f in _tensor_files(s.path):
+            np.load(os.path.join(s.path, f), allow_pickle=False)
+    incomplete = [s for s in run.steps if not s.complete]
+    assert [s.step for s in incomplete] == [1]
+    for s in incomplete:
+        with pytest.raises(pt.PrecisionToolError, match="interrupted"):
+            ws.index(run, s.step)
