@@ -165,3 +165,40 @@ def tensor_stats(x: np.ndarray) -> dict:
     return {"max": float(f.max()), "min": float(f.min()), "mean": float(f.mean()),
             "l2norm": float(np.sqrt(np.dot(f, f))), "nan_count": nan, "pos_inf_count": pos,
             "neg_inf_count": neg}
+
+
+def batch_stats(arrays) -> dict:
+    """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): one
+    concatenation and a few reductions over it (numpy releases the GIL for them), with
+    tensor_stats for the rare tensor that is empty or holds inf/nan. Same values, float64."""
+    n = len(arrays)
+    out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
+    out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
+    special, flat, positions = [], [], []
+    for k, a in enumerate(arrays):
+        if a.size == 0 or a.dtype.kind not in "fiub":
+            special.append(k)
+        else:
+            flat.append(a.reshape(-1))
+            positions.append(k)
+    if flat:
+        sizes = np.fromiter((f.size for f in flat), dtype=np.int64, count=len(flat))
+        # float32 holds every dumped float exactly (fp16/bf16 too); ints beyond 2^24 need float64
+        wide = any(f.dtype == np.float64 or (f.dtype.kind in "iu" and f.dtype.itemsize > 2
+                                             and np.abs(f).max() >= 2 ** 24) for f in flat)
+        buf = np.concatenate(flat, dtype=np.float64 if wide else np.float32, casting="unsafe")
+        starts = np.zeros(len(flat), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        pos = np.asarray(positions)
+        out["max"][pos] = np.maximum.reduceat(buf, starts)
+        out["min"][pos] = np.minimum.reduceat(buf, starts)
+        out["mean"][pos] = np.add.reduceat(buf, starts, dtype=np.float64) / sizes
+        sq = np.square(buf, dtype=np.float64)
+        out["l2norm"][pos] = np.sqrt(np.add.reduceat(sq, starts))
+        finite = np.isfinite(buf)
+        if not finite.all():
+            special += pos[np.add.reduceat(~finite, starts) > 0].tolist()
+    for k in special:
+        for field, value in tensor_stats(arrays[k]).items():
+            out[field][k] = value
+    return out

@@ -2,30 +2,45 @@
 
 An NPU run writes, per dumped step, one .npy per kernel input/output (Ascend's names), an
 Opdebug record per overflowing task, index.csv (one row per tensor, with statistics) and a
-replay bundle; a golden (CPU) run writes every op's outputs under the golden names. The
-index of a step is written last, after every file it names is in place.
+replay bundle; a golden (CPU) run writes every op's outputs, and the fed placeholders,
+under the golden names.
+
+Off the hot path: during a run the observer only keeps references to the tensors it will
+write (executors never modify an array after producing it). When the run ends the whole step
+goes to the writer thread, which names the files, computes the statistics in one vectorised
+pass, writes the files into a hidden partial directory and renames it into place last, with
+its index: a step directory exists whole or not at all. A tensor that several kernels read
+is written once; the index rows of its readers name that file.
+
+The writer works while the next step computes. The last step of a finite dump_step is
+written before its run() returns; otherwise close() (or the end of the process) waits.
 """
 from __future__ import annotations
 
-import io
+import atexit
 import json
 import os
 import platform
-import sys
+import shutil
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
-import pandas as pd
 
 from .. import __version__, numerics
 from ..graph import graph_to_json
 from . import layout
-from .writer import AsyncWriter, save_npy, save_text
+from .writer import AsyncWriter, save_text, write_npy
 
-NOT_DUMPED = frozenset({"NoOp"})
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
+_STATS = list(numerics.STAT_FIELDS)
+NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
+               "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS
+CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
+               "file"] + _STATS
+PARTIAL = ".partial"
 
 
 def _to_disk(value: np.ndarray, dtype: str) -> np.ndarray:
@@ -42,6 +57,17 @@ def _json(data) -> str:
     return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
 
 
+def _dims(shape) -> str:
+    return " ".join(map(str, shape))
+
+
+def _q(text: str) -> str:
+    """A CSV field: quoted when it holds a separator, a quote or a line break."""
+    if any(c in text for c in ',"\n\r') or text[:1].isspace():
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 @dataclass(frozen=True)
 class DumpHook:
     """A SessionConfig observer factory: `attach(session)` starts a dump run."""
@@ -49,6 +75,13 @@ class DumpHook:
 
     def attach(self, session):
         return DumpObserver(session, self.settings)
+
+
+class _Step:
+    def __init__(self, number, path, dump):
+        self.number, self.path, self.dump = number, path, dump
+        self.records: List[tuple] = []     # (node, inputs, outputs, task, timestamp)
+        self.feeds: Dict[str, np.ndarray] = {}
 
 
 class DumpObserver:
@@ -62,11 +95,19 @@ class DumpObserver:
         self.graph = session.compiled.graph if self.npu else session.graph
         self.source = session.graph
         self.dumped_steps: List[int] = []
-        self.writer = AsyncWriter()
+        self.writer = AsyncWriter(max_pending=2)
         self._step = None
-        self._write_run_files(session)
+        self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
+        self._replay_graph = None
+        self._info = self._run_info(session)
+        save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
+        if self.npu:
+            os.makedirs(os.path.join(self.run_dir, "graph"), exist_ok=True)
+            save_text(os.path.join(self.run_dir, "graph", f"{layout.mangle(self.graph.name)}.json"),
+                      graph_to_json(self.graph) + "\n")
+            save_text(os.path.join(self.run_dir, "fusion_result.json"), _json(session.fusion_result()))
+        _OPEN.add(self)
 
-    # -- run-level files --------------------------------------------------------------------
     def _run_info(self, session) -> dict:
         cfg = session.config
         info = {
@@ -75,7 +116,7 @@ class DumpObserver:
             "device_id": 0, "actions": sorted(self.settings.actions),
             "dump_step": "all" if self.settings.steps is None else sorted(self.settings.steps),
             "dump_mode": self.settings.mode, "dump_data": self.settings.data,
-            "dumped_steps": list(self.dumped_steps),
+            "dumped_steps": [],
             "versions": {"python": platform.python_version(), "numpy": np.__version__},
         }
         if self.npu:
@@ -88,153 +129,152 @@ class DumpObserver:
             info.update(golden_dtype=cfg.golden_dtype)
         return info
 
-    def _write_run_files(self, session):
-        save_text(os.path.join(self.run_dir, "run.json"), _json(self._run_info(session)))
-        if self.npu:
-            os.makedirs(os.path.join(self.run_dir, "graph"), exist_ok=True)
-            save_text(os.path.join(self.run_dir, "graph", f"{layout.mangle(self.graph.name)}.json"),
-                      graph_to_json(self.graph) + "\n")
-            save_text(os.path.join(self.run_dir, "fusion_result.json"), _json(session.fusion_result()))
-        self._session = session
-
-    # -- the observer protocol --------------------------------------------------------------
+    # -- the observer protocol (main thread: keep it cheap) ----------------------------------
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes) -> bool:
         acts = self.settings.actions
-        step = session.step
-        dump = "dump" in acts and self.settings.wants_step(step)
-        overflow = "overflow" in acts and (self.settings.steps is None or step in self.settings.steps)
-        if not (dump or overflow):
-            self._step = None
+        number = session.step
+        if not (acts & {"dump", "overflow"}) or not self.settings.wants_step(number):
             return False
         if self.npu:
-            step_dir = os.path.join(self.run_dir, "dump", self.started, "0",
-                                    layout.mangle(self.graph.name), "0", str(step))
+            path = os.path.join(self.run_dir, "dump", self.started, "0",
+                                layout.mangle(self.graph.name), "0", str(number))
         else:
-            step_dir = os.path.join(self.run_dir, "dump", str(step))
-        os.makedirs(step_dir, exist_ok=True)
-        self._step = _StepState(step, step_dir, dump, overflow)
-        if dump:
-            self._write_replay(session, feeds, fetch_tensors, fetch_nodes)
+            path = os.path.join(self.run_dir, "dump", str(number))
+        self._step = _Step(number, path, "dump" in acts)
+        if self._step.dump:
+            self._replay(session, feeds, fetch_tensors, fetch_nodes)
             if not self.npu:      # fed placeholders do not run, but the golden holds their values
-                stamp = int(time.time() * 1e6)
-                for tensor, value in feeds.items():
-                    node = self.graph.tensor(tensor).node
-                    self._tensor(node, "output", 0, tensor, value, node.outputs[0], stamp, (None, None))
+                self._step.feeds = dict(feeds)
         return True
 
     def on_node(self, node, inputs, outputs, task):
         st = self._step
-        if node.type in NOT_DUMPED or (self.npu and node.type in NOT_KERNELS):
-            return
         if self.npu:
-            if task is None:
+            if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
                 return
-            if not st.dump and task.status == 0:
-                return        # overflow only: the overflowing kernels' tensors
-            stamp = task.timestamp
-            if task.status:
-                self._opdebug(node, task)
-            ids = (task.task_id, task.stream_id)
-        else:
-            stamp, ids = int(time.time() * 1e6), (None, None)
-        mode = self.settings.mode if st.dump else "all"
-        if mode in ("input", "all") and self.npu:
-            for k, (name, value) in enumerate(zip(node.inputs, inputs)):
-                self._tensor(node, "input", k, name, value, self.graph.tensor(name).spec, stamp, ids)
-        if mode in ("output", "all") or not self.npu:
-            for k, value in enumerate(outputs):
-                self._tensor(node, "output", k, f"{node.name}:{k}", value, node.outputs[k], stamp, ids)
+            st.records.append((node, inputs, outputs, task, task.timestamp))
+        elif node.type != "NoOp":
+            st.records.append((node, inputs, outputs, None, int(time.time() * 1e6)))
 
     def end_run(self, session):
         st, self._step = self._step, None
-        self.writer.flush()
-        columns = _NPU_COLUMNS if self.npu else _CPU_COLUMNS
-        table = pd.DataFrame(st.rows, columns=columns)
-        buf = io.StringIO()
-        table.to_csv(buf, index=False)
-        save_text(os.path.join(st.dir, layout.INDEX_FILE), buf.getvalue())
-        self.dumped_steps.append(st.step)
-        save_text(os.path.join(self.run_dir, "run.json"), _json(self._run_info(session)))
+        self.writer.put(lambda: self._write_step(st))
+        steps = self.settings.steps
+        if steps is not None and st.number >= max(steps):
+            self.close()               # the last step of the dump: on disk before run() returns
 
     def abort_run(self, session, error):
-        self._step = None
-        try:
-            self.writer.flush()      # the files written so far are whole; the step has no index
-        except Exception:            # the run's own error is the one to report
-            pass
+        self._step = None              # nothing of the failed step is written
 
-    # -- writing ----------------------------------------------------------------------------
-    def _tensor(self, node, io_kind, k, tensor, value, spec, stamp, ids):
-        st = self._step
-        stats_only = self.settings.data == "stats"
+    def close(self):
+        """Wait until every dumped step is on disk; raise the first write error."""
+        self.writer.flush()
+
+    # -- the writer thread -------------------------------------------------------------------
+    def _statics(self, node):
+        """Per node, computed once: its names as they appear in files and in the CSV, and
+        the CSV fields of its inputs and outputs."""
+        s = self._static.get(node.name)
+        if s is None:
+            def fields(tensor, spec):
+                orig = _dims(spec.original_shape) if spec.original_shape else ""
+                return (_q(tensor), spec.dtype, spec.format, orig)
+            ins = [fields(t, self.graph.tensor(t).spec) for t in node.inputs]
+            outs = [fields(f"{node.name}:{k}", spec) for k, spec in enumerate(node.outputs)]
+            s = self._static[node.name] = (layout.mangle(node.type), layout.mangle(node.name),
+                                           _q(node.type), _q(node.name),
+                                           _q(node.attrs.get("pass_name", "")), ins, outs)
+        return s
+
+    def _write_step(self, st: _Step):
+        partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
+        if os.path.isdir(partial):
+            shutil.rmtree(partial)
+        os.makedirs(partial)
+        lines, unique, files = [], [], {}    # files: tensor -> (file, position in unique)
+        tensor_mode = self.settings.data == "tensor"
+        mode = self.settings.mode if st.dump else "all"
+        shapes = {}
+
+        def dims(shape):
+            d = shapes.get(shape)
+            if d is None:
+                d = shapes[shape] = _dims(shape)
+            return d
+
+        def add(head, tensor, value, dtype, fname):
+            known = files.get(tensor)
+            if known is None:
+                known = files[tensor] = (_q(fname) if tensor_mode else "", len(unique))
+                unique.append((value, dtype, fname))
+            lines.append((f"{head},{known[0]}", known[1]))
+
         if self.npu:
-            fname = layout.npu_file_name(node.type, node.name, ids[0], ids[1], stamp, io_kind, k)
+            for node, inputs, outputs, task, stamp in st.records:
+                t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
+                prefix = f"{t_name}.{n_name}.{task.task_id}.{task.stream_id}.{stamp}"
+                head = f"{q_type},{q_name},{task.task_id},{task.stream_id},{stamp}"
+                if task.status:
+                    self._opdebug(partial, node, task, st.number)
+                if mode in ("input", "all"):
+                    for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(inputs, ins)):
+                        add(f"{head},input,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
+                            node.inputs[k], value, dtype, f"{prefix}.input.{k}.npy")
+                if mode in ("output", "all"):
+                    for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(outputs, outs)):
+                        add(f"{head},output,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
+                            f"{node.name}:{k}", value, dtype, f"{prefix}.output.{k}.npy")
         else:
-            fname = layout.cpu_file_name(node.name, k, stamp)
-        row = {"op_type": node.type, "op_name": node.name, "io": io_kind, "index": k,
-               "tensor": tensor, "dtype": spec.dtype, "shape": _shape(value.shape, spec),
-               "file": "" if stats_only else fname, "timestamp": stamp}
-        if self.npu:
-            row.update(task_id=ids[0], stream_id=ids[1], format=spec.format,
-                       original_shape=" ".join(map(str, spec.original_shape or ())) if spec.original_shape else "",
-                       pass_name=node.attrs.get("pass_name", ""))
-        st.rows.append(row)
-        path = os.path.join(st.dir, fname)
-        known = st.files.get(tensor)
-        if known is not None:              # the same tensor again (an op's input is another's output)
-            src_path, src_row = known
+            stamp0 = st.records[0][4] if st.records else int(time.time() * 1e6)
+            feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
+            for node, _, outputs, _, stamp in feeds + st.records:
+                t_name, n_name, q_type, q_name, _, _, outs = self._statics(node)
+                for k, (value, (q_tensor, dtype, _, _)) in enumerate(zip(outputs, outs)):
+                    add(f"{q_type},{q_name},{stamp},output,{k},{q_tensor},{dtype},{dims(value.shape)}",
+                        f"{node.name}:{k}", value, dtype, f"{n_name}.{k}.{stamp}.npy")
+        stats = numerics.batch_stats([u[0] for u in unique])
+        columns = [stats[f].tolist() for f in numerics.STAT_FIELDS]
+        stat_text = [",".join(map(repr, values)) for values in zip(*columns)]
+        if tensor_mode:
+            for value, dtype, fname in unique:
+                write_npy(os.path.join(partial, fname), _to_disk(value, dtype))
+        header = ",".join(NPU_COLUMNS if self.npu else CPU_COLUMNS)
+        text = "\n".join([header] + [f"{line},{stat_text[pos]}" for line, pos in lines]) + "\n"
+        with open(os.path.join(partial, layout.INDEX_FILE), "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        if os.path.isdir(st.path):          # a replayed step into a named run replaces its dump
+            shutil.rmtree(st.path)
+        os.replace(partial, st.path)        # the step appears whole, index included
+        self.dumped_steps.append(st.number)
+        self._info["dumped_steps"] = sorted(self.dumped_steps)
+        save_text(os.path.join(self.run_dir, "run.json"), _json(self._info), durable=False)
 
-            def job(row=row, src_row=src_row, src_path=src_path, path=path):
-                row.update({f: src_row[f] for f in numerics.STAT_FIELDS})
-                if not stats_only:
-                    _link_or_copy(src_path, path)
-        else:
-            st.files[tensor] = (path, row)
-
-            def job(row=row, value=value, dtype=spec.dtype, path=path):
-                row.update(numerics.tensor_stats(value))
-                if not stats_only:
-                    save_npy(path, _to_disk(value, dtype))
-        self.writer.put(job)
-
-    def _opdebug(self, node, task):
+    def _opdebug(self, directory, node, task, step):
         record = {"op_name": node.name, "op_type": node.type, "task_id": task.task_id,
                   "stream_id": task.stream_id, "timestamp": task.timestamp,
                   "status": task.status, "status_hex": f"0x{task.status:x}",
-                  "status_bits": numerics.decode_status(task.status), "step": self._step.step}
-        path = os.path.join(self._step.dir, layout.opdebug_file_name(task.task_id, task.stream_id,
-                                                                      task.timestamp))
-        self.writer.put(lambda: save_text(path, _json(record), durable=False))
+                  "status_bits": numerics.decode_status(task.status), "step": step}
+        name = layout.opdebug_file_name(task.task_id, task.stream_id, task.timestamp)
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+            f.write(_json(record))
 
-    def _write_replay(self, session, feeds, fetch_tensors, fetch_nodes):
-        from .replay import write_bundle
+    def _replay(self, session, feeds, fetch_tensors, fetch_nodes):
+        from .replay import bundle_job
+        if self._replay_graph is None:
+            self._replay_graph = graph_to_json(session.graph) + "\n"
         path = os.path.join(self.run_dir, "replay", str(session.step))
-        write_bundle(path, session, feeds, fetch_tensors, fetch_nodes)
+        self.writer.put(bundle_job(path, session, feeds, fetch_tensors, fetch_nodes,
+                                   self._replay_graph))
 
 
-class _StepState:
-    def __init__(self, step, directory, dump, overflow):
-        self.step, self.dir, self.dump, self.overflow = step, directory, dump, overflow
-        self.rows: List[Dict] = []
-        self.files: Dict[str, tuple] = {}
+_OPEN = weakref.WeakSet()
 
 
-def _shape(actual, spec) -> str:
-    return " ".join(str(d) for d in actual)
-
-
-def _link_or_copy(src, dst):
-    try:
-        os.link(src, dst)
-    except OSError:
-        import shutil
-        tmp = dst + ".part"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-
-
-_STATS = list(numerics.STAT_FIELDS)
-_NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
-                "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS
-_CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
-                "file"] + _STATS
+@atexit.register
+def _flush_open_dumps():
+    """At exit, wait for the steps still being written (a killed process cannot)."""
+    for observer in list(_OPEN):
+        try:
+            observer.close()
+        except Exception:       # exiting anyway: a step that failed to write has no index
+            pass

@@ -45,6 +45,7 @@ class Run:
     path: str
     info: dict
     steps: List[StepDump] = field(default_factory=list)
+    interrupted: List[int] = field(default_factory=list)   # steps a killed run left partial
 
     @property
     def ours(self) -> bool:
@@ -103,6 +104,9 @@ class Workspace:
         for dirpath, dirnames, _ in os.walk(dump):
             rel = os.path.relpath(dirpath, dump)
             level = 0 if rel == "." else rel.count(os.sep) + 1
+            if level == depth - 1:
+                run.interrupted += sorted(int(d[1:-len(".partial")]) for d in dirnames
+                                          if re.fullmatch(r"\.\d+\.partial", d))
             if level == depth:
                 dirnames[:] = []
                 name = os.path.basename(dirpath)

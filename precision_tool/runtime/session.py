@@ -50,7 +50,15 @@ class Session:
         return self
 
     def __exit__(self, *exc):
+        self.close()
         return False
+
+    def close(self) -> None:
+        """Finish what observers still do in the background (a dump's last steps)."""
+        for o in self._observers:
+            close = getattr(o, "close", None)
+            if close is not None:
+                close()
 
     # -- running ------------------------------------------------------------------------------
     def run(self, fetches, feed_dict=None):
@@ -136,7 +144,8 @@ class Session:
             info = np.iinfo(want)
             if arr.min() < info.min or arr.max() > info.max:
                 raise FeedError(f"placeholder {name!r} expects {spec.dtype}; fed values do not fit")
-        return np.ascontiguousarray(self._executor.cast_in(arr, spec.dtype))
+        value = self._executor.cast_in(arr, spec.dtype)
+        return value if value.flags.c_contiguous else value.copy(order="C")
 
     # -- the NPU's view -------------------------------------------------------------------
     def tasks(self):
@@ -170,9 +179,10 @@ class Session:
         return {self.graph.name: out}
 
     # -- state --------------------------------------------------------------------------------
-    def variables(self) -> Dict[str, np.ndarray]:
-        """A copy of every variable's current value, by variable name."""
-        return {k: v.copy() for k, v in self._variables.items()}
+    def variables(self, copy: bool = True) -> Dict[str, np.ndarray]:
+        """Every variable's current value, by name: copies, or (copy=False, for writers that
+        only read) the session's own arrays, which a step replaces but never modifies."""
+        return {k: (v.copy() if copy else v) for k, v in self._variables.items()}
 
     def load_variables(self, values: Dict[str, np.ndarray], exact: bool = False) -> None:
         """Overwrite variables by name; shapes must match; values are rounded to the variable's
