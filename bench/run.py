@@ -7,13 +7,22 @@ Rows:
 - the CPU golden executor's training-step time per model, fp64 against fp32;
 - the simulated NPU's training-step time against the fp32 golden run, per model, for the
   default policy (allow_fp32_to_fp16) and for allow_mix_precision, fusion on
-  (target: NPU / golden <= 1.5 on the Transformer).
+  (target: NPU / golden <= 1.5 on the Transformer);
+- the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
+  every step, against no dump (targets <= 1.5 and <= 1.1), with the workspace on the disk
+  of the current directory and on tmpfs (/dev/shm), since creating a file costs 20 times
+  more on this machine's disk; each dumping block ends with close(), so the time includes
+  the writer catching up.
 """
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import precision_tool as pt
+from precision_tool import hooks
 
 REPEATS, STEPS = 5, 8
 
@@ -40,6 +49,31 @@ def measure(model, sessions, digits):
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def dump_overhead(digits, where):
+    m = pt.models.transformer()
+    root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
+    try:
+        base = pt.SessionConfig()
+        sessions = {"none": pt.Session(m.graph, target="npu", config=base)}
+        for data in ("tensor", "stats"):
+            cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
+                                            data_dir=root)
+            sessions[data] = pt.Session(m.graph, target="npu", config=cfg)
+        xb, yb = digits.x_train[:32], digits.y_train[:32]
+        samples = {k: [] for k in sessions}
+        for _ in range(REPEATS):
+            for k, sess in sessions.items():
+                start = time.perf_counter()
+                for _ in range(STEPS):
+                    sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
+                sess.close()
+                samples[k].append((time.perf_counter() - start) / STEPS)
+        t = {k: statistics.median(v) for k, v in samples.items()}
+        return t["tensor"] / t["none"], t["stats"] / t["none"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main():
     digits = pt.data.digits()
     cfg = pt.SessionConfig
@@ -57,6 +91,13 @@ def main():
         t = measure(m, sessions, digits)
         print(f"{m.name:12} {t['fp32'] * 1e3:14.2f} {t['fp64'] / t['fp32']:10.2f} "
               f"{t['npu'] / t['fp32']:19.2f} {t['npu_mixed'] / t['fp32']:17.2f}")
+    print()
+    print(f"{'dump overhead (Transformer, NPU)':34} {'tensor/none':>12} {'stats/none':>11}")
+    for label, where in (("workspace on disk (.)", "."), ("workspace on tmpfs (/dev/shm)", "/dev/shm")):
+        if not os.path.isdir(where):
+            continue
+        tensor, stats = dump_overhead(digits, where)
+        print(f"{label:34} {tensor:12.2f} {stats:11.2f}")
     return 0
 
 
