@@ -123,8 +123,8 @@ def test_overflow_action_writes_only_overflowing_kernels_and_their_records(tmp_p
     sess.close()                  # every step is checked: close() waits for the writer
     ws = Workspace(str(tmp_path))
     run = ws.run("npu")
-    t0, t1 = ws.index(run, 0), ws.index(run, 1)
-    assert len(t0) == 0
+    assert [s.step for s in run.steps] == [1]           # the clean step leaves nothing
+    t1 = ws.index(run, 1)
     assert set(t1["op_name"]) == {"Exp"} and set(t1["io"]) == {"input", "output"}
     records = [f for f in os.listdir(ws.step_path(run, 1)) if f.startswith("Opdebug.Node_OpDebug.")]
     assert len(records) == 1
@@ -320,7 +320,7 @@ def test_a_plain_run_writes_nothing_and_the_runner_dumps_the_same_script(tmp_pat
                               sys.executable, str(script)], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
-        assert "dumped into" in out.stdout
+        assert "debug_0: steps [" in out.stdout
     ws = Workspace(str(tmp_path / "ws"))
     assert [s.step for s in ws.run("npu").steps] == [0, 1]
     assert [s.step for s in ws.run("cpu").steps] == [0]
@@ -365,3 +365,26 @@ def test_sigkill_mid_step_leaves_a_workspace_that_reads_cleanly(tmp_path):
     assert run.interrupted == [1]                # the partial step is reported, never read
     with pytest.raises(pt.PrecisionToolError, match="no dump of step 1"):
         ws.index(run, 1)
+
+
+def test_the_overflow_runner_exits_1_on_overflow(tmp_path):
+    script = tmp_path / "ovf.py"
+    script.write_text(textwrap.dedent("""
+        import sys, numpy as np, precision_tool as pt
+        from precision_tool import hooks
+        g = pt.Graph("g")
+        with g.as_default():
+            x = pt.placeholder("x", [2])
+            y = pt.ops.exp(x)
+        cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"))
+        s = pt.Session(g, target="npu", config=cfg)
+        s.run(y, {x: np.array([1.0, float(sys.argv[1])], np.float32)})
+    """))
+    env = _env(tmp_path)
+    runs = []
+    for value in ("2", "20"):
+        runs.append(subprocess.run([sys.executable, "-m", "precision_tool", "npu_overflow", "--",
+                                    sys.executable, str(script), value], env=env,
+                                   capture_output=True, text=True, timeout=120))
+    assert runs[0].returncode == 0 and "no overflow" in runs[0].stdout
+    assert runs[1].returncode == 1 and "overflow found: 1 kernel(s)" in runs[1].stdout

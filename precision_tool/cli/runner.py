@@ -8,7 +8,9 @@ import sys
 
 import click
 
-from ..dump import layout
+from ..dump import Workspace, layout
+
+EXIT_FINDINGS = 1
 
 RUNNERS = {
     # name: (environment variable, action, help)
@@ -66,9 +68,24 @@ def make_runner(name: str):
         new = sorted(_debug_dirs(root) - before)
         if rc != 0:
             raise click.ClickException(f"the script exited with status {rc}")
-        if new:
-            click.echo(f"dumped into {root}: {', '.join(new)}")
-        else:
+        if not new:
             click.echo(f"the script wrote no dump into {root}: does it use precision_tool.hooks "
                        f"(session_dump_config / sess_dump)?", err=True)
+            return
+        ws = Workspace(root)
+        overflowing = 0
+        for path in new:
+            target, name = path.split(os.sep)
+            run = ws.run(target, name)
+            records = sum(1 for s in run.steps for f in os.listdir(s.path)
+                          if f.startswith("Opdebug."))
+            overflowing += records
+            click.echo(f"{path}: steps {[s.step for s in run.steps]} dumped"
+                       + (f", {records} overflowing kernel(s)" if action == "overflow" else ""))
+        if action == "overflow":
+            if overflowing:
+                click.echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
+                           f"are in {root}")
+                ctx.exit(EXIT_FINDINGS)
+            click.echo("no overflow")
     return runner

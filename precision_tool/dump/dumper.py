@@ -158,7 +158,8 @@ class DumpObserver:
 
     def end_run(self, session):
         st, self._step = self._step, None
-        self.writer.put(lambda: self._write_step(st))
+        if st.dump or st.records:          # an overflow check writes only steps that overflowed
+            self.writer.put(lambda: self._write_step(st))
         steps = self.settings.steps
         if steps is not None and st.number >= max(steps):
             self.close()               # the last step of the dump: on disk before run() returns
