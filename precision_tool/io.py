@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .errors import GraphFormatError
 from .graph import Graph, graph_from_json, graph_to_json
-from .graph.serialize import write_text_atomic
+from .fileio import write_text_atomic
 from .ops.registry import validate_node
 
 

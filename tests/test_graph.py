@@ -140,11 +140,11 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path, monkeypatch):
     target = tmp_path / "g.json"
     pt.save_graph(g, str(target))
     before = target.read_text()
-    import precision_tool.graph.serialize as ser
+    import precision_tool.fileio as fileio
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(ser.os, "fsync", boom)
+    monkeypatch.setattr(fileio.os, "fsync", boom)
     with g.as_default():
         pt.ops.relu(g.node("Relu").output(0))
     with pytest.raises(OSError):

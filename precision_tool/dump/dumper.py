@@ -32,7 +32,8 @@ import numpy as np
 from .. import __version__, numerics
 from ..graph import graph_to_json
 from . import layout
-from .writer import AsyncWriter, save_text, write_npy
+from ..fileio import write_text_atomic as save_text
+from .writer import AsyncWriter, write_npy
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(numerics.STAT_FIELDS)

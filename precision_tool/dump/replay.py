@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import PrecisionToolError
+from ..fileio import load_json
 from ..graph import Graph
 from ..runtime import Session, SessionConfig
 
@@ -128,14 +129,7 @@ def _load_arrays(path: str, entries) -> Dict[str, np.ndarray]:
 
 def load_bundle(path: str) -> Bundle:
     from ..io import load_graph
-    meta_path = os.path.join(path, "replay.json")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except OSError as e:
-        raise ReplayError(f"no replay bundle at {path}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReplayError(f"replay bundle {meta_path} is malformed: {e}") from None
+    meta = load_json(os.path.join(path, "replay.json"), ReplayError, "replay bundle")
     if not isinstance(meta, dict) or meta.get("version") != BUNDLE_VERSION:
         raise ReplayError(f"replay bundle {path} has an unsupported version")
     graph = load_graph(os.path.join(path, "graph.json"))

@@ -10,36 +10,21 @@ from __future__ import annotations
 import io
 import os
 import queue
-import tempfile
 import threading
 
 import numpy as np
 
 from ..errors import PrecisionToolError
+from ..fileio import write_atomic
 
 
 class DumpWriteError(PrecisionToolError, OSError):
     """The dump could not be written (disk full, permissions...); the message names the path."""
 
 
-def _atomic(path: str, write) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def save_npy(path: str, array: np.ndarray) -> None:
     """np.save, atomically, never pickling."""
-    _atomic(path, lambda f: np.save(f, array, allow_pickle=False))
+    write_atomic(path, lambda f: np.save(f, array, allow_pickle=False), durable=False)
 
 
 _HEADERS = {}
@@ -72,15 +57,6 @@ def write_npy(path: str, array: np.ndarray) -> None:
             view = view[written:]
     finally:
         os.close(fd)
-
-
-def save_text(path: str, text: str, durable: bool = True) -> None:
-    def write(f):
-        f.write(text.encode("utf-8"))
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    _atomic(path, write)
 
 
 class AsyncWriter:

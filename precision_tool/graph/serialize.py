@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Callable, Optional
 
 from ..errors import GraphError, GraphFormatError
@@ -98,21 +96,3 @@ def graph_from_json(text: str, validate=None) -> Graph:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GraphFormatError(f"graph JSON does not parse: {e}") from None
     return graph_from_dict(data, validate)
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: the file appears whole or not at all."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

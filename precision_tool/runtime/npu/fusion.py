@@ -13,12 +13,12 @@ compute dtype and format.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from ...errors import PrecisionToolError
+from ...fileio import load_json
 from ...graph import Graph
 from ...graph.ir import Node
 
@@ -66,13 +66,7 @@ def enabled_passes(switch) -> List[str]:
     if switch == "off":
         return []
     if isinstance(switch, (str, os.PathLike)):
-        try:
-            with open(switch, encoding="utf-8") as f:
-                switch = json.load(f)
-        except OSError as e:
-            raise FusionSwitchError(f"cannot read fusion switch file {switch}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise FusionSwitchError(f"fusion switch file {switch} is not valid JSON: {e}") from None
+        switch = load_json(switch, FusionSwitchError, "fusion switch file")
     if not isinstance(switch, dict) or not isinstance(switch.get("Switch"), dict):
         raise FusionSwitchError('fusion switch must be {"Switch": {"GraphFusion": {...}, '
                                 '"UBFusion": {...}}}')

@@ -20,12 +20,12 @@ lists: {"black-list": {"to-add": [...], "to-remove": [...]}, "white-list": {...}
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional
 
 from ...errors import PrecisionToolError
+from ...fileio import load_json
 
 PRECISION_MODES = ("force_fp32", "allow_fp32_to_fp16", "force_fp16", "must_keep_origin_dtype",
                    "allow_mix_precision", "allow_mix_precision_bf16")
@@ -111,13 +111,7 @@ def _load_mixlist(spec) -> dict:
         return spec
     if not isinstance(spec, (str, os.PathLike)):
         raise PolicyError(f"modify_mixlist must be a dict or a JSON file path, got {spec!r}")
-    try:
-        with open(spec, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise PolicyError(f"cannot read modify_mixlist {spec}: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PolicyError(f"modify_mixlist {spec} is not valid JSON: {e}") from None
+    return load_json(spec, PolicyError, "modify_mixlist")
 
 
 def _edit_lists(edits: dict, white: set, black: set):
