@@ -9,10 +9,10 @@ Rows:
   default policy (allow_fp32_to_fp16) and for allow_mix_precision, fusion on
   (target: NPU / golden <= 1.5 on the Transformer);
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
-  every step, against no dump (targets <= 1.5 and <= 1.1), with the workspace on the disk
-  of the current directory and on tmpfs (/dev/shm), since creating a file costs 20 times
-  more on this machine's disk; each dumping block ends with close(), so the time includes
-  the writer catching up.
+  every step, against no dump (targets <= 1.5 and <= 1.1), at batch 32 and 256, with the
+  workspace on the disk of the current directory and on tmpfs (/dev/shm), since creating a
+  file costs 20 times more on this machine's disk; each dumping block ends with close(), so
+  the time includes the writer catching up.
 """
 import os
 import shutil
@@ -49,7 +49,7 @@ def measure(model, sessions, digits):
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def dump_overhead(digits, where):
+def dump_overhead(digits, where, batch):
     m = pt.models.transformer()
     root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
     try:
@@ -59,7 +59,7 @@ def dump_overhead(digits, where):
             cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
                                             data_dir=root)
             sessions[data] = pt.Session(m.graph, target="npu", config=cfg)
-        xb, yb = digits.x_train[:32], digits.y_train[:32]
+        xb, yb = digits.x_train[:batch], digits.y_train[:batch]
         samples = {k: [] for k in sessions}
         for _ in range(REPEATS):
             for k, sess in sessions.items():
@@ -92,12 +92,13 @@ def main():
         print(f"{m.name:12} {t['fp32'] * 1e3:14.2f} {t['fp64'] / t['fp32']:10.2f} "
               f"{t['npu'] / t['fp32']:19.2f} {t['npu_mixed'] / t['fp32']:17.2f}")
     print()
-    print(f"{'dump overhead (Transformer, NPU)':34} {'tensor/none':>12} {'stats/none':>11}")
-    for label, where in (("workspace on disk (.)", "."), ("workspace on tmpfs (/dev/shm)", "/dev/shm")):
+    print(f"{'dump overhead (Transformer, NPU)':40} {'tensor/none':>12} {'stats/none':>11}")
+    for label, where in (("disk (.)", "."), ("tmpfs (/dev/shm)", "/dev/shm")):
         if not os.path.isdir(where):
             continue
-        tensor, stats = dump_overhead(digits, where)
-        print(f"{label:34} {tensor:12.2f} {stats:11.2f}")
+        for batch in (32, 256):
+            tensor, stats = dump_overhead(digits, where, batch)
+            print(f"{f'batch {batch}, workspace on {label}':40} {tensor:12.2f} {stats:11.2f}")
     return 0
 
 

@@ -261,12 +261,12 @@ class DumpObserver:
             f.write(_json(record))
 
     def _replay(self, session, feeds, fetch_tensors, fetch_nodes):
-        from .replay import bundle_job
-        if self._replay_graph is None:
-            self._replay_graph = graph_to_json(session.graph) + "\n"
+        from .replay import bundle_job, config_dict
+        if self._replay_graph is None:       # the same for every step: made once
+            self._replay_graph = (graph_to_json(session.graph) + "\n", config_dict(session))
         path = os.path.join(self.run_dir, "replay", str(session.step))
         self.writer.put(bundle_job(path, session, feeds, fetch_tensors, fetch_nodes,
-                                   self._replay_graph))
+                                   *self._replay_graph))
 
 
 _OPEN = weakref.WeakSet()

@@ -31,7 +31,8 @@ class ReplayError(PrecisionToolError, ValueError):
     """A replay bundle that cannot be used (missing, malformed, from another version)."""
 
 
-def _config_dict(session) -> dict:
+def config_dict(session) -> dict:
+    """The session's config as replay.json holds it (switch files and mixlists inlined)."""
     cfg = session.config
     out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
            if f.name not in ("observers", "fusion_switch_file", "fusion_switch", "modify_mixlist")}
@@ -67,14 +68,13 @@ def _save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> List[dict]:
 
 
 def bundle_job(path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, fetch_nodes,
-               graph_json: str):
+               graph_json: str, config: dict):
     """What the step's bundle needs, taken now (references: nothing is modified later), and
     a job that writes it into a partial directory renamed into place when complete."""
     variables = session.variables(copy=False)
-    declared = {name: session.graph.node(name).outputs[0].dtype for name in variables}
     meta = {"version": BUNDLE_VERSION, "session_step": session.step, "target": session.target,
             "fetch_tensors": list(fetch_tensors), "fetch_nodes": list(fetch_nodes),
-            "variable_dtypes": declared, "config": _config_dict(session)}
+            "config": config}
     feeds = dict(feeds)
 
     def job():
