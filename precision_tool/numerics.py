@@ -53,12 +53,6 @@ def max_of(dtype) -> float:
     return float(np.finfo(dtype).max)
 
 
-def round_to(x: np.ndarray, dtype) -> np.ndarray:
-    """Round to a float dtype (round to nearest even); values beyond its range become inf."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(x).astype(dtype)
-
-
 _FP16_MIN_NORMAL = np.float32(2.0 ** -14)
 _FP16_SUBNORMAL_STEP = np.float32(2.0 ** 24)
 _U32 = np.uint32

@@ -214,18 +214,18 @@ class DumpObserver:
         if self.npu:
             for node, inputs, outputs, task, stamp in st.records:
                 t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
-                prefix = f"{t_name}.{n_name}.{task.task_id}.{task.stream_id}.{stamp}"
+                ids = (t_name, n_name, task.task_id, task.stream_id, stamp)
                 head = f"{q_type},{q_name},{task.task_id},{task.stream_id},{stamp}"
                 if task.status:
                     self._opdebug(partial, node, task, st.number)
                 if mode in ("input", "all"):
                     for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(inputs, ins)):
                         add(f"{head},input,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
-                            node.inputs[k], value, dtype, f"{prefix}.input.{k}.npy")
+                            node.inputs[k], value, dtype, layout.npu_file_name(*ids, "input", k))
                 if mode in ("output", "all"):
                     for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(outputs, outs)):
                         add(f"{head},output,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
-                            f"{node.name}:{k}", value, dtype, f"{prefix}.output.{k}.npy")
+                            f"{node.name}:{k}", value, dtype, layout.npu_file_name(*ids, "output", k))
         else:
             stamp0 = st.records[0][4] if st.records else int(time.time() * 1e6)
             feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
@@ -233,7 +233,7 @@ class DumpObserver:
                 t_name, n_name, q_type, q_name, _, _, outs = self._statics(node)
                 for k, (value, (q_tensor, dtype, _, _)) in enumerate(zip(outputs, outs)):
                     add(f"{q_type},{q_name},{stamp},output,{k},{q_tensor},{dtype},{dims(value.shape)}",
-                        f"{node.name}:{k}", value, dtype, f"{n_name}.{k}.{stamp}.npy")
+                        f"{node.name}:{k}", value, dtype, layout.cpu_file_name(n_name, k, stamp))
         stats = numerics.batch_stats([u[0] for u in unique])
         columns = [stats[f].tolist() for f in numerics.STAT_FIELDS]
         stat_text = [",".join(map(repr, values)) for values in zip(*columns)]

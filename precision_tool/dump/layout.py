@@ -56,11 +56,13 @@ def mangle(op_name: str) -> str:
 
 
 def npu_file_name(op_type, op_name, task_id, stream_id, timestamp, io, index) -> str:
-    return f"{mangle(op_type)}.{mangle(op_name)}.{task_id}.{stream_id}.{timestamp}.{io}.{index}.npy"
+    """Ascend's NPU dump name; op_type and op_name already mangled."""
+    return f"{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{io}.{index}.npy"
 
 
 def cpu_file_name(op_name, output_index, timestamp) -> str:
-    return f"{mangle(op_name)}.{output_index}.{timestamp}.npy"
+    """The golden dump name; op_name already mangled."""
+    return f"{op_name}.{output_index}.{timestamp}.npy"
 
 
 def opdebug_file_name(task_id, stream_id, timestamp) -> str:

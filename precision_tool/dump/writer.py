@@ -15,16 +15,10 @@ import threading
 import numpy as np
 
 from ..errors import PrecisionToolError
-from ..fileio import write_atomic
 
 
 class DumpWriteError(PrecisionToolError, OSError):
     """The dump could not be written (disk full, permissions...); the message names the path."""
-
-
-def save_npy(path: str, array: np.ndarray) -> None:
-    """np.save, atomically, never pickling."""
-    write_atomic(path, lambda f: np.save(f, array, allow_pickle=False), durable=False)
 
 
 _HEADERS = {}

@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 import heapq
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -299,9 +299,6 @@ class Graph:
         node_name, index = split_tensor_name(name)
         return self.node(node_name).output(index)
 
-    def nodes_of_type(self, type: str) -> List[Node]:
-        return [n for n in self._nodes.values() if n.type == type]
-
     def consumers(self) -> Dict[str, List[Tuple[Node, int]]]:
         """tensor name -> [(consumer node, input position)], in insertion order."""
         out: Dict[str, List[Tuple[Node, int]]] = {}
@@ -347,6 +344,3 @@ class Graph:
     def __repr__(self):
         return f"<Graph {self.name} with {len(self._nodes)} ops>"
 
-
-def as_tensor_list(values: Iterable) -> List[Tensor]:
-    return [v if isinstance(v, Tensor) else v.output(0) for v in values]

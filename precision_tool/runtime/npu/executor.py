@@ -50,10 +50,6 @@ class Task:
     timestamp: int          # microseconds since the epoch, at launch
     status: int             # AI Core status word
 
-    @property
-    def overflow(self) -> bool:
-        return self.status != 0
-
 
 @dataclass
 class _Step:
