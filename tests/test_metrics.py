@@ -1,0 +1,104 @@
+"""Comparison metrics against hand-computed float64 values, and every edge case."""
+import math
+
+import numpy as np
+import pytest
+
+from precision_tool.analysis import METRICS, compare_tensors
+
+X = np.array([1.0, 2.0, 3.0, -4.0], np.float32)       # "NPU"
+Y = np.array([1.0, 2.5, 3.0, -3.0], np.float32)       # "golden"
+
+
+def test_each_metric_against_a_hand_computed_value():
+    m = compare_tensors(X, Y)
+    dot, nx, ny = 1 + 5 + 9 + 12, math.sqrt(1 + 4 + 9 + 16), math.sqrt(1 + 6.25 + 9 + 9)
+    assert m["CosineSimilarity"] == pytest.approx(dot / (nx * ny), rel=1e-15)
+    assert m["MaxAbsoluteError"] == 1.0
+    rel = [0.0, 0.5 / 2.5, 0.0, 1.0 / 3.0]
+    assert m["AccumulatedRelativeError"] == pytest.approx(sum(rel), rel=1e-15)
+    assert m["MaxRelativeError"] == pytest.approx(1 / 3, rel=1e-15)
+    assert m["MeanRelativeError"] == pytest.approx(sum(rel) / 4, rel=1e-15)
+    assert m["RelativeEuclideanDistance"] == pytest.approx(math.sqrt(1.25 / 25.25), rel=1e-15)
+    assert m["MeanAbsoluteError"] == pytest.approx(1.5 / 4, rel=1e-15)
+    assert m["RootMeanSquareError"] == pytest.approx(math.sqrt(1.25 / 4), rel=1e-15)
+    mx = sum(X.astype(float)) / 4
+    assert m["StandardDeviation"] == pytest.approx(math.sqrt(sum((v - mx) ** 2 for v in X.astype(float)) / 4))
+    assert m["RatioRelError<0.001"] == 0.5 and m["RatioRelError<0.005"] == 0.5
+    # KL of the min-max normalised pdfs, by hand
+    def pdf(v):
+        v = (v - min(v)) / (max(v) - min(v))
+        v = [max(e, float(np.finfo(np.float32).eps)) for e in v]
+        return [e / sum(v) for e in v]
+    P, Q = pdf(list(X.astype(float))), pdf(list(Y.astype(float)))
+    assert m["KullbackLeiblerDivergence"] == pytest.approx(sum(p * math.log(p / q) for p, q in zip(P, Q)))
+    assert m["CompareFailReason"] == "" and m["NpuNanCount"] == 0 and m["FlushedToZeroRatio"] == 0
+
+
+def test_golden_against_itself_is_perfect():
+    y = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    m = compare_tensors(y, y)
+    assert m["CosineSimilarity"] == pytest.approx(1.0, abs=1e-15)
+    for name in ("MaxAbsoluteError", "AccumulatedRelativeError", "RelativeEuclideanDistance",
+                 "MeanAbsoluteError", "RootMeanSquareError", "MaxRelativeError"):
+        assert m[name] == 0.0
+    assert abs(m["KullbackLeiblerDivergence"]) < 1e-15
+    assert m["RatioRelError<0.001"] == 1.0
+
+
+def test_zero_norms():
+    z = np.zeros(4, np.float32)
+    both = compare_tensors(z, z)
+    assert both["CosineSimilarity"] == 1.0 and both["RelativeEuclideanDistance"] == 0.0
+    assert math.isnan(both["MaxRelativeError"]) and "all (near) zero" in both["CompareFailReason"]
+    npu_zero = compare_tensors(z, Y)
+    assert math.isnan(npu_zero["CosineSimilarity"]) and "npu tensor is all zero" in npu_zero["CompareFailReason"]
+    assert npu_zero["FlushedToZeroRatio"] == 1.0
+    golden_zero = compare_tensors(X, z)
+    assert math.isnan(golden_zero["CosineSimilarity"]) and math.isnan(golden_zero["RelativeEuclideanDistance"])
+    assert "golden tensor is all zero" in golden_zero["CompareFailReason"]
+
+
+def test_empty_and_scalar_tensors():
+    e = compare_tensors(np.zeros((0, 3)), np.zeros((0, 3)))
+    assert e["CosineSimilarity"] == 1.0 and e["MaxAbsoluteError"] == 0.0
+    assert e["CompareFailReason"] == "empty tensors"
+    s = compare_tensors(np.float32(2.0), np.float32(-2.0))
+    assert s["CosineSimilarity"] == -1.0 and s["MaxAbsoluteError"] == 4.0
+    assert s["MaxRelativeError"] == 2.0
+
+
+def test_shape_mismatch_is_an_error_row_never_a_pad():
+    m = compare_tensors(np.ones((2, 3)), np.ones((3, 2)))
+    assert all(math.isnan(m[name]) for name in METRICS)
+    assert m["CompareFailReason"] == "shape mismatch: npu [2, 3] vs golden [3, 2]"
+    m = compare_tensors(np.ones(5), np.ones(6))
+    assert "shape mismatch" in m["CompareFailReason"]
+
+
+def test_nan_and_inf_on_either_side_are_counted_and_left_out():
+    x = np.array([1.0, np.nan, 3.0, np.inf, 65504.0], np.float32)
+    y = np.array([1.0, 2.0, np.inf, 4.0, 70000.0], np.float32)
+    m = compare_tensors(x, y)
+    assert (m["NpuNanCount"], m["NpuInfCount"], m["GoldenNanCount"], m["GoldenInfCount"]) == (1, 1, 0, 1)
+    assert m["NpuAtFp16Max"] == 2            # 65504 and inf: at or beyond the fp16 maximum
+    assert "3 non-finite element(s) left out" in m["CompareFailReason"]
+    assert m["MaxAbsoluteError"] == pytest.approx(70000.0 - 65504.0)
+    all_bad = compare_tensors(np.array([np.nan]), np.array([1.0]))
+    assert "no finite element" in all_bad["CompareFailReason"] and math.isnan(all_bad["CosineSimilarity"])
+
+
+def test_dtypes_are_compared_in_float64():
+    x = np.array([1.0, 2.0], np.float16)
+    y = np.array([1.0, 2.0001], np.float64)
+    m = compare_tensors(x, y)
+    assert m["MaxAbsoluteError"] == pytest.approx(1e-4, rel=1e-6)
+    import ml_dtypes
+    b = compare_tensors(np.array([1.5], ml_dtypes.bfloat16), np.array([1.5], np.float32))
+    assert b["MaxAbsoluteError"] == 0.0
+
+
+def test_flushed_to_zero_share_counts_only_live_golden_elements():
+    x = np.array([0.0, 0.0, 1e-8, 0.0], np.float32)
+    y = np.array([1e-8, 0.0, 1e-8, 2e-8], np.float32)
+    assert compare_tensors(x, y)["FlushedToZeroRatio"] == pytest.approx(2 / 3)
