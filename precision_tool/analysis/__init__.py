@@ -1,5 +1,7 @@
-"""The analysis layer (in progress): metrics first; overflow analysis, vector compare, root
-cause and replays build on them."""
+"""The analysis layer (in progress): metrics, the NPU-to-golden mapping and vector compare;
+overflow analysis, summaries, root cause and replays build on them."""
+from .compare import vector_compare, verdict, write_result
+from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
 
-__all__ = ["METRICS", "compare_tensors"]
+__all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result"]

@@ -1,0 +1,105 @@
+"""Vector compare (`vc`): every dumped NPU tensor of a step against the golden tensor it
+stands for, with the metrics of metrics.py, as rows in execution order.
+
+The result CSV keeps msaccucmp's columns (Index, OpType, NPUDump, DataType, GroundTruth,
+DataType, TensorIndex, Shape, OverFlow, the metrics, CompareFailReason) and adds the verdict,
+the task id and the pass that fused the op.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from .. import numerics
+from ..dump import Workspace
+from ..dump.workspace import Run
+from .mapping import TensorMap
+from .metrics import METRICS, compare_tensors
+
+# A tensor passes when its cosine similarity reaches the threshold (vcs's default). The
+# per-dtype tolerances are for telling an op's own error from fp16 rounding (root cause):
+# an fp16 tensor against an fp32 golden is expected to differ by that much.
+COSINE_THRESHOLD = 0.98
+TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
+
+
+def verdict(row: dict, threshold: float = COSINE_THRESHOLD) -> str:
+    """pass, fail, nan (the NPU produced inf/nan where the golden is finite) or error."""
+    reason = row.get("CompareFailReason", "")
+    if reason.startswith("shape mismatch") or reason.startswith("no golden"):
+        return "error"
+    if row["NpuNanCount"] + row["NpuInfCount"] > row["GoldenNanCount"] + row["GoldenInfCount"]:
+        return "nan"
+    cos = row["CosineSimilarity"]
+    if cos != cos:                                   # nan cosine: one side all zero
+        return "fail" if row["MaxAbsoluteError"] > 0 else "pass"
+    return "fail" if cos < threshold else "pass"
+
+
+def _logical(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
+    if fmt == "NC1HWC0" and original_shape:
+        channels = int(original_shape.split()[1])     # the batch may be unknown ("None")
+        n, _, h, w, _ = value.shape
+        return numerics.five_hd_to_nchw(value, (n, channels, h, w))
+    return value
+
+
+def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
+                   golden_step: Optional[int] = None, threshold: float = COSINE_THRESHOLD,
+                   progress: Optional[Callable[[int, int], None]] = None) -> pd.DataFrame:
+    npu = ws.index(npu_run, step)
+    gold = ws.index(golden_run, step if golden_step is None else golden_step)
+    gold_by_tensor = {t: i for i, t in enumerate(gold["tensor"])}
+    graph = ws.graph_json(npu_run) or {}
+    tmap = TensorMap(graph)
+    rows = []
+    total = len(npu)
+    gold_step = step if golden_step is None else golden_step
+    for k, r in enumerate(npu.itertuples(index=False)):
+        golden_tensor = tmap.golden_tensor(r.tensor)
+        row = {"Index": k, "OpType": r.op_type, "NPUDump": r.op_name, "NpuDataType": r.dtype,
+               "GroundTruth": "", "GoldenDataType": "", "TensorIndex": f"{r.op_name}:{r.io}:{r.index}",
+               "Shape": r.shape, "OverFlow": "", "TaskId": r.task_id, "PassName": r.pass_name or "",
+               "GoldenTensor": golden_tensor or ""}
+        g = gold_by_tensor.get(golden_tensor) if golden_tensor else None
+        if g is None:
+            row.update({name: np.nan for name in METRICS},
+                       CompareFailReason="no golden tensor: NPU-only" if golden_tensor is None
+                       else f"no golden tensor {golden_tensor} in the golden dump",
+                       Verdict="error" if golden_tensor else "npu-only")
+        else:
+            grow = gold.iloc[g]
+            row["GroundTruth"] = grow["op_name"]
+            row["GoldenDataType"] = grow["dtype"]
+            x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
+            y = ws.load(golden_run, gold_step, grow["file"])
+            row.update(compare_tensors(x, y))
+            row["Verdict"] = verdict(row, threshold)
+        rows.append(row)
+        if progress is not None:
+            progress(k + 1, total)
+    return pd.DataFrame(rows)
+
+
+def write_result(ws: Workspace, table: pd.DataFrame) -> str:
+    """temp/vector_compare/<ts>/result_<ts>.csv; a second run in the same second gets its
+    own directory."""
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    parent = os.path.join(ws.root, "temp", "vector_compare")
+    os.makedirs(parent, exist_ok=True)
+    k = 0
+    while True:
+        name = stamp if k == 0 else f"{stamp}_{k}"
+        try:
+            os.mkdir(os.path.join(parent, name))
+            break
+        except FileExistsError:
+            k += 1
+    path = os.path.join(parent, name, f"result_{stamp}.csv")
+    from ..fileio import write_text_atomic
+    write_text_atomic(path, table.to_csv(index=False))
+    return path

@@ -1,0 +1,49 @@
+"""Which golden tensor an NPU tensor stands for (DESIGN §6, mapping).
+
+An NPU op maps to the golden op of the same name. A fused op's outputs map through the
+original tensor each stands for (`output_sources`). Casts and TransData the compiler
+inserted carry their input: they map to whatever that input maps to. An input of a kernel
+maps through its producer in the same way.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ..graph import split_tensor_name
+
+
+class TensorMap:
+    """Built once from the compiled graph's JSON (as dumped in graph/<graph>.json)."""
+
+    def __init__(self, compiled_graph: dict):
+        self._nodes: Dict[str, dict] = {n["name"]: n for n in compiled_graph.get("nodes", [])}
+        self._cache: Dict[str, Optional[str]] = {}
+
+    def golden_tensor(self, tensor: str) -> Optional[str]:
+        """The original (golden) tensor name for a compiled tensor, or None if NPU-only."""
+        if tensor not in self._cache:
+            self._cache[tensor] = self._resolve(tensor, 0)
+        return self._cache[tensor]
+
+    def _resolve(self, tensor: str, depth: int) -> Optional[str]:
+        if depth > 64:                     # a malformed graph must not loop forever
+            return None
+        name, index = split_tensor_name(tensor)
+        node = self._nodes.get(name)
+        if node is None:
+            return tensor                  # not in the compiled graph: take the name as is
+        attrs = node.get("attrs", {})
+        if attrs.get("inserted_by"):       # a compiler-inserted Cast or TransData
+            inputs = node.get("inputs", [])
+            return self._resolve(inputs[0], depth + 1) if inputs else None
+        sources = attrs.get("output_sources")
+        if sources:
+            return sources[index] if index < len(sources) else None
+        return tensor
+
+    def original_ops(self, op_name: str):
+        node = self._nodes.get(op_name, {})
+        return list(node.get("attrs", {}).get("original_op_names", [])) or [op_name]
+
+    def pass_name(self, op_name: str) -> str:
+        return self._nodes.get(op_name, {}).get("attrs", {}).get("pass_name", "")

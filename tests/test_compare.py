@@ -1,0 +1,69 @@
+"""Vector compare (groundwork of the analysis): mapping NPU tensors to golden ones and
+comparing every dumped tensor of a step."""
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.analysis import TensorMap, vector_compare, write_result
+from precision_tool.dump import Workspace
+
+
+def _dump_both(root, model, **npu_kw):
+    d = pt.data.digits()
+    npu = pt.Session(model.graph, target="npu",
+                     config=hooks.session_dump_config(pt.SessionConfig(**npu_kw), action="dump",
+                                                      data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(model.graph), action="dump", data_dir=root)
+    feed = {model.x: d.x_train[:16], model.y: d.y_train[:16]}
+    npu.run([model.loss, model.train_op], feed)
+    cpu.run([model.loss, model.train_op], feed)
+    ws = Workspace(root)
+    return ws, ws.run("npu"), ws.run("cpu"), npu
+
+
+def test_an_exact_npu_run_passes_everywhere(tmp_path):
+    m = pt.models.cnn()
+    ws, npu_run, cpu_run, _ = _dump_both(str(tmp_path), m, precision_mode="force_fp32",
+                                         fusion_switch="off")
+    table = vector_compare(ws, npu_run, cpu_run, 0)
+    assert len(table) > 100
+    compared = table[table.Verdict != "npu-only"]
+    assert (compared.Verdict == "pass").all()
+    finite = compared.CosineSimilarity.dropna()
+    assert (finite > 1 - 1e-6).all()
+    # the 5HD tensors were converted back before comparing
+    five_hd = compared[compared.TensorIndex.str.startswith("conv1/Conv2D:output")]
+    assert len(five_hd) == 1 and five_hd.MaxAbsoluteError.iloc[0] < 1e-5
+
+
+def test_fused_and_inserted_ops_map_to_the_golden_tensors_they_stand_for(tmp_path):
+    m = pt.models.transformer()
+    ws, npu_run, cpu_run, sess = _dump_both(str(tmp_path), m, precision_mode="allow_mix_precision")
+    table = vector_compare(ws, npu_run, cpu_run, 0)
+    assert not (table.Verdict == "error").any(), table[table.Verdict == "error"].head()
+    ln = table[(table.OpType == "LayerNorm") & (table.TensorIndex.str.contains(":output:0"))]
+    assert set(ln.GoldenTensor) == {"encoder/layer_0/attention_norm/Add_1:0",
+                                    "encoder/layer_0/output_norm/Add_1:0"}
+    casts = table[(table.OpType == "Cast") & table.TensorIndex.str.contains(":output:")]
+    assert len(casts) > 10 and (casts.GoldenTensor != "").all()
+    tmap = TensorMap(ws.graph_json(npu_run))
+    assert tmap.golden_tensor("encoder/layer_0/attention/query/kernel/Cast_fp16:0") == \
+        "encoder/layer_0/attention/query/kernel:0"
+
+
+def test_results_are_written_to_separate_directories(tmp_path):
+    m = pt.models.mlp()
+    ws, npu_run, cpu_run, _ = _dump_both(str(tmp_path), m)
+    table = vector_compare(ws, npu_run, cpu_run, 0)
+    first, second = write_result(ws, table), write_result(ws, table)
+    assert first != second and os.path.dirname(first) != os.path.dirname(second)
+    assert os.path.basename(os.path.dirname(first)).startswith(
+        os.path.basename(first)[len("result_"):-len(".csv")])
+    back = pd.read_csv(first)
+    assert list(back.columns[:9]) == ["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth",
+                                      "GoldenDataType", "TensorIndex", "Shape", "OverFlow"]
+    assert len(back) == len(table)
