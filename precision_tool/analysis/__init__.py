@@ -3,5 +3,7 @@ overflow analysis, summaries, root cause and replays build on them."""
 from .compare import vector_compare, verdict, write_result
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
+from .overflow import OverflowReport, OverflowTask, overflow_report
 
-__all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result"]
+__all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
+           "OverflowReport", "OverflowTask", "overflow_report"]

@@ -1,0 +1,50 @@
+"""Overflow analysis (groundwork): the first overflow is the producer, in both modes."""
+import numpy as np
+import pytest
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.analysis import overflow_report
+from precision_tool.dump import Workspace
+
+
+@pytest.mark.parametrize("overflow_mode", ["saturation", "inf_nan"])
+def test_the_first_overflow_is_the_producer_in_both_modes(tmp_path, overflow_mode):
+    g = pt.Graph("chain")
+    with g.as_default():
+        x = pt.placeholder("x", [4])
+        a = pt.ops.mul(x, 2.0, name="scale")
+        b = pt.ops.exp(a, name="blowup")              # exp(24) overflows fp16
+        c = pt.ops.mul(b, 3.0, name="after")          # carries (inf_nan) or re-overflows (sat.)
+        y = pt.ops.add(c, 1.0, name="tail")
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16",
+                                                     overflow_mode=overflow_mode,
+                                                     fusion_switch="off"),
+                                    action="overflow", dump_step="0", data_dir=str(tmp_path))
+    sess = pt.Session(g, target="npu", config=cfg)
+    sess.run(y, {x: np.array([1.0, 2.0, 12.0, 0.5], np.float32)})
+    ws = Workspace(str(tmp_path))
+    report = overflow_report(ws, ws.run("npu"), 0)
+    assert report.first is not None and report.first.op_name == "blowup"
+    assert report.first.status_bits == ["floating-point overflow"]
+    names = [t.op_name for t in report.tasks]
+    assert names[0] == "blowup" and names == sorted(names, key=names.index)
+    if overflow_mode == "inf_nan":
+        # downstream tasks read inf: they are propagators, not origins
+        assert {t.op_name for t in report.propagators} == set(names[1:])
+        assert report.first.outputs_nonfinite > 0
+    else:
+        # saturated values look finite: only the status words show the overflow
+        assert report.first.outputs_nonfinite == 0
+        assert all(t.inputs_finite for t in report.tasks)
+
+
+def test_a_clean_run_has_no_overflow(tmp_path):
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(action="dump|overflow", data_dir=str(tmp_path))
+    sess = pt.Session(m.graph, target="npu", config=cfg)
+    sess.run([m.loss, m.train_op], {m.x: d.x_train[:8], m.y: d.y_train[:8]})
+    ws = Workspace(str(tmp_path))
+    report = overflow_report(ws, ws.run("npu"), 0)
+    assert report.tasks == [] and report.first is None
