@@ -67,3 +67,28 @@ def test_results_are_written_to_separate_directories(tmp_path):
     assert list(back.columns[:9]) == ["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth",
                                       "GoldenDataType", "TensorIndex", "Shape", "OverFlow"]
     assert len(back) == len(table)
+
+
+def _table(rows):
+    base = {"OpType": "Add", "GroundTruth": "", "PassName": "", "Verdict": "pass"}
+    return pd.DataFrame([dict(base, Index=k, **r) for k, r in enumerate(rows)])
+
+
+def test_summary_lists_ops_under_the_threshold_in_order_with_their_cosines():
+    from precision_tool.analysis import summarize
+    table = _table([
+        {"NPUDump": "a", "TensorIndex": "a:input:0", "CosineSimilarity": 1.0},
+        {"NPUDump": "a", "TensorIndex": "a:output:0", "CosineSimilarity": 0.999, "GroundTruth": "a"},
+        {"NPUDump": "b", "TensorIndex": "b:input:0", "CosineSimilarity": 0.999},
+        {"NPUDump": "b", "TensorIndex": "b:output:0", "CosineSimilarity": 0.5, "GroundTruth": "b"},
+        {"NPUDump": "c", "TensorIndex": "c:input:0", "CosineSimilarity": 0.5},
+        {"NPUDump": "c", "TensorIndex": "c:output:0", "CosineSimilarity": 0.3, "GroundTruth": "c"},
+        {"NPUDump": "d", "TensorIndex": "d:output:0", "CosineSimilarity": float("nan"), "Verdict": "nan"},
+    ])
+    ops = summarize(table, threshold=0.98, limit=3)
+    assert [o.op_name for o in ops] == ["b", "c", "d"]
+    assert ops[0].input_cosines == [0.999] and ops[0].output_cosines == [0.5]
+    assert ops[2].category == "nan" and ops[0].golden_ops == ["b"]
+    assert [o.op_name for o in summarize(table, 0.98, limit=2, by_cosine=True)] == ["d", "c"]
+    assert [o.op_name for o in summarize(table, threshold=0.0, limit=0)] == ["d"]   # nan always shows
+    assert [o.op_name for o in summarize(table, 0.98, limit=0)] == ["b", "c", "d"]

@@ -4,6 +4,8 @@ from .compare import vector_compare, verdict, write_result
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
+from .summary import OpSummary, summarize
 
 __all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
-           "OverflowReport", "OverflowTask", "overflow_report"]
+           "OverflowReport", "OverflowTask", "overflow_report",
+           "OpSummary", "summarize"]
