@@ -92,3 +92,46 @@ def test_summary_lists_ops_under_the_threshold_in_order_with_their_cosines():
     assert [o.op_name for o in summarize(table, 0.98, limit=2, by_cosine=True)] == ["d", "c"]
     assert [o.op_name for o in summarize(table, threshold=0.0, limit=0)] == ["d"]   # nan always shows
     assert [o.op_name for o in summarize(table, 0.98, limit=0)] == ["b", "c", "d"]
+
+
+def test_root_cause_names_the_origin_not_the_propagators():
+    from precision_tool.analysis import root_cause
+    table = _table([
+        {"NPUDump": "a", "TensorIndex": "a:output:0", "CosineSimilarity": 0.9999},
+        {"NPUDump": "b", "TensorIndex": "b:input:0", "CosineSimilarity": 0.9999,
+         "PassName": "LayerNormFusionPass"},
+        {"NPUDump": "b", "TensorIndex": "b:output:0", "CosineSimilarity": 0.4, "Verdict": "fail",
+         "PassName": "LayerNormFusionPass"},
+        {"NPUDump": "c", "TensorIndex": "c:input:0", "CosineSimilarity": 0.4},
+        {"NPUDump": "c", "TensorIndex": "c:output:0", "CosineSimilarity": 0.3, "Verdict": "fail"},
+        {"NPUDump": "e", "TensorIndex": "e:input:0", "CosineSimilarity": 1.0},
+        {"NPUDump": "e", "TensorIndex": "e:output:0", "CosineSimilarity": float("nan"), "Verdict": "nan"},
+    ])
+    rc = root_cause(table, 0.98)
+    assert [o.op_name for o in rc.origins] == ["b", "e"]
+    assert [p.op_name for p in rc.propagators] == ["c"]
+    assert rc.first_origin.pass_name == "LayerNormFusionPass"
+    assert rc.propagators[0].bad_inputs == ["c:input:0"]
+
+
+def test_root_cause_finds_the_planted_fused_layer_norm(tmp_path):
+    """Unnormalised input under mixed precision with fusion: the fused LayerNorm is where the
+    divergence starts."""
+    from precision_tool.analysis import root_cause
+    g = pt.Graph("planted")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], "float16")
+        y = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")    # mean 100, std 1: fp16 E[x^2]
+        out = pt.nn.dense(y, 10, name="head")
+    xv = (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=str(tmp_path)))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=str(tmp_path))
+    npu.run(out, {x: xv})
+    cpu.run(out, {x: xv})
+    ws = Workspace(str(tmp_path))
+    table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    rc = root_cause(table)
+    assert rc.first_origin is not None
+    assert rc.first_origin.op_type == "LayerNorm" and rc.first_origin.pass_name == "LayerNormFusionPass"
+    assert all(p.order > rc.first_origin.order for p in rc.propagators)

@@ -4,8 +4,9 @@ from .compare import vector_compare, verdict, write_result
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
+from .rootcause import Divergence, RootCause, root_cause
 from .summary import OpSummary, summarize
 
 __all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
-           "OpSummary", "summarize"]
+           "OpSummary", "summarize", "Divergence", "RootCause", "root_cause"]
