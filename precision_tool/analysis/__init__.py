@@ -4,9 +4,11 @@ from .compare import vector_compare, verdict, write_result
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
+from .replay_op import OpReplay, ReplayOpError, replay_op
 from .rootcause import Divergence, RootCause, root_cause
 from .summary import OpSummary, summarize
 
 __all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
-           "OpSummary", "summarize", "Divergence", "RootCause", "root_cause"]
+           "OpSummary", "summarize", "Divergence", "RootCause", "root_cause",
+           "OpReplay", "ReplayOpError", "replay_op"]
