@@ -4,7 +4,6 @@ import os
 
 import numpy as np
 import pandas as pd
-import pytest
 
 import precision_tool as pt
 from precision_tool import hooks

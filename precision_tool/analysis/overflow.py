@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import numpy as np
 
 from .. import numerics
 from ..dump import Workspace
