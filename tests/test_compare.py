@@ -134,3 +134,10 @@ def test_root_cause_finds_the_planted_fused_layer_norm(tmp_path):
     assert rc.first_origin is not None
     assert rc.first_origin.op_type == "LayerNorm" and rc.first_origin.pass_name == "LayerNormFusionPass"
     assert all(p.order > rc.first_origin.order for p in rc.propagators)
+
+
+def test_an_empty_table_has_no_summary_and_no_cause():
+    from precision_tool.analysis import root_cause, summarize
+    from precision_tool.analysis.compare import COLUMNS
+    table = pd.DataFrame([], columns=COLUMNS)
+    assert summarize(table) == [] and root_cause(table).origins == []

@@ -388,3 +388,18 @@ def test_the_overflow_runner_exits_1_on_overflow(tmp_path):
                                    capture_output=True, text=True, timeout=120))
     assert runs[0].returncode == 0 and "no overflow" in runs[0].stdout
     assert runs[1].returncode == 1 and "overflow found: 1 kernel(s)" in runs[1].stdout
+
+
+def test_the_default_run_is_the_newest_that_dumped_something(tmp_path):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, cpu_action=None)               # npu/debug_0 with step 0
+    g = pt.Graph("quiet")
+    with g.as_default():
+        x = pt.placeholder("x", [2])
+        y = pt.ops.relu(x)
+    cfg = hooks.session_dump_config(action="overflow", data_dir=str(tmp_path))
+    with pt.Session(g, target="npu", config=cfg) as s:               # npu/debug_1: no overflow
+        s.run(y, {x: np.ones(2, np.float32)})
+    ws = Workspace(str(tmp_path))
+    assert [r.name for r in ws.runs("npu")] == ["debug_0", "debug_1"]
+    assert ws.run("npu").name == "debug_0" and ws.run("npu", "debug_1").steps == []

@@ -27,6 +27,13 @@ COSINE_THRESHOLD = 0.98
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 
+COLUMNS = (["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth", "GoldenDataType",
+            "TensorIndex", "Shape", "OverFlow"] + list(METRICS) +
+           ["NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount", "NpuAtFp16Max",
+            "FlushedToZeroRatio", "CompareFailReason", "Verdict", "TaskId", "PassName",
+            "GoldenTensor"])
+
+
 def verdict(row: dict, threshold: float = COSINE_THRESHOLD) -> str:
     """pass, fail, nan (the NPU produced inf/nan where the golden is finite) or error."""
     reason = row.get("CompareFailReason", "")
@@ -82,7 +89,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         rows.append(row)
         if progress is not None:
             progress(k + 1, total)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def write_result(ws: Workspace, table: pd.DataFrame) -> str:
