@@ -1,6 +1,7 @@
 """The analysis layer (in progress): metrics, the NPU-to-golden mapping and vector compare;
 overflow analysis, summaries, root cause and replays build on them."""
 from .compare import vector_compare, verdict, write_result
+from .fusion import FusionVerdict, bisect_fusion, fired_passes, replay_with_passes
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
@@ -11,4 +12,5 @@ from .summary import OpSummary, summarize
 __all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
            "OpSummary", "summarize", "Divergence", "RootCause", "root_cause",
-           "OpReplay", "ReplayOpError", "replay_op"]
+           "OpReplay", "ReplayOpError", "replay_op",
+           "FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"]

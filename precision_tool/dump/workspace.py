@@ -7,7 +7,6 @@ stream id) are indexed from their file names and .npy headers.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -63,6 +62,7 @@ class Workspace:
     def __init__(self, root: Optional[str] = None):
         self.root = layout.resolve_root(root)
         self._runs: Optional[Dict[tuple, Run]] = None
+        self._indexes: Dict[tuple, pd.DataFrame] = {}
 
     # -- what is there ------------------------------------------------------------------------
     def runs(self, target: Optional[str] = None) -> List[Run]:
@@ -128,11 +128,18 @@ class Workspace:
 
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:
-        return self._index(run.path, run.target, step).copy()
+        """The step's index, read once per workspace (a copy: callers may modify it)."""
+        key = (run.path, step)
+        table = self._indexes.get(key)
+        if table is None:
+            table = self._read_index(run, step)
+            self._indexes[key] = table
+            if len(self._indexes) > 64:          # bounded: drop the oldest
+                self._indexes.pop(next(iter(self._indexes)))
+        return table.copy()
 
-    @functools.lru_cache(maxsize=64)
-    def _index(self, run_path: str, target: str, step: int) -> pd.DataFrame:
-        run = next(r for r in self.runs() if r.path == run_path)
+    def _read_index(self, run: Run, step: int) -> pd.DataFrame:
+        target = run.target
         sd = run.step(step)
         if not sd.complete:
             raise WorkspaceError(f"step {step} of {run.target}/{run.name} was interrupted before "

@@ -1,0 +1,46 @@
+"""Fusion-off replay and pass bisection (groundwork): the planted pass is named."""
+import numpy as np
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.analysis import bisect_fusion, fired_passes
+from precision_tool.dump import Workspace
+
+
+def _planted(tmp_path):
+    """An unnormalised (mean 100, std 1) fp16 input straight into a LayerNorm, then a
+    classifier trained one step; mixed precision with every pass on."""
+    g = pt.Graph("planted")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], "float16")
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
+        logits = pt.nn.dense(pt.ops.cast(h, "float32"), 10, name="head")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train = pt.train.SGD(0.1).minimize(loss)
+    rng = np.random.default_rng(3)
+    feed = {x: (100 + rng.normal(size=(32, 64))).astype(np.float16),
+            y: rng.integers(0, 10, 32).astype(np.int32)}
+    root = str(tmp_path)
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
+    npu.run([loss, train], feed)
+    cpu.run([loss, train], feed)
+    return Workspace(root)
+
+
+def test_bisection_names_the_layer_norm_pass(tmp_path):
+    ws = _planted(tmp_path)
+    npu_run, golden = ws.run("npu"), ws.run("cpu")
+    fired = fired_passes(npu_run)
+    assert "LayerNormFusionPass" in fired and len(fired) >= 2
+    verdict = bisect_fusion(ws, npu_run, golden, 0)
+    assert verdict.fusion_to_blame
+    assert verdict.culprits == ["LayerNormFusionPass"]
+    assert verdict.fused_nodes["LayerNormFusionPass"] == ["norm/Add_1"]
+    # about ceil(log2 P) + 2 replays: the baseline, the original, then the halvings
+    assert verdict.replays <= int(np.ceil(np.log2(len(fired)))) + 2
+    assert "norm/Add_1:0" in verdict.new_failures
+    runs = [r.name for r in Workspace(str(tmp_path)).runs("npu")]
+    assert len(runs) == 1 + verdict.replays and set(verdict.runs) <= set(runs)
