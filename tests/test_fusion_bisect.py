@@ -44,3 +44,19 @@ def test_bisection_names_the_layer_norm_pass(tmp_path):
     assert "norm/Add_1:0" in verdict.new_failures
     runs = [r.name for r in Workspace(str(tmp_path)).runs("npu")]
     assert len(runs) == 1 + verdict.replays and set(verdict.runs) <= set(runs)
+
+
+def test_auto_check_tells_the_story_of_the_planted_graph(tmp_path):
+    import json
+    from precision_tool.analysis import auto_check
+    ws = _planted(tmp_path)
+    result = auto_check(ws, compare=True)
+    assert result.fusion["LayerNormFusionPass"] == 1
+    assert result.first_overflow is None
+    assert result.origin["op_name"] == "norm/Add_1"
+    assert result.origin["pass_name"] == "LayerNormFusionPass"
+    assert result.origin_replay == "local"
+    assert "LayerNormFusionPass" in result.advice and "norm/Add_1" in result.advice
+    assert json.loads(json.dumps(result.to_dict()))["origin"]["op_type"] == "LayerNorm"
+    quick = auto_check(ws)                       # without -c: fusion and overflow only
+    assert quick.origin is None and "add -c" in quick.advice

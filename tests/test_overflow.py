@@ -48,3 +48,18 @@ def test_a_clean_run_has_no_overflow(tmp_path):
     ws = Workspace(str(tmp_path))
     report = overflow_report(ws, ws.run("npu"), 0)
     assert report.tasks == [] and report.first is None
+
+
+def test_auto_check_leads_with_the_first_overflow(tmp_path):
+    from precision_tool.analysis import auto_check
+    g = pt.Graph("ovf")
+    with g.as_default():
+        x = pt.placeholder("x", [2])
+        y = pt.ops.add(pt.ops.exp(x, name="blowup"), 1.0, name="after")
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16", fusion_switch="off"),
+                                    action="dump", data_dir=str(tmp_path))
+    pt.Session(g, target="npu", config=cfg).run(y, {x: np.array([1.0, 30.0], np.float32)})
+    result = auto_check(Workspace(str(tmp_path)))
+    assert result.first_overflow["op_name"] == "blowup"
+    assert result.first_overflow["status"] == "0x20"
+    assert result.advice.startswith("The first overflow is blowup (Exp")

@@ -1,5 +1,6 @@
 """The analysis layer (in progress): metrics, the NPU-to-golden mapping and vector compare;
 overflow analysis, summaries, root cause and replays build on them."""
+from .autocheck import AutoCheck, auto_check
 from .compare import vector_compare, verdict, write_result
 from .fusion import FusionVerdict, bisect_fusion, fired_passes, replay_with_passes
 from .mapping import TensorMap
@@ -9,7 +10,7 @@ from .replay_op import OpReplay, ReplayOpError, replay_op
 from .rootcause import Divergence, RootCause, root_cause
 from .summary import OpSummary, summarize
 
-__all__ = ["METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
+__all__ = ["AutoCheck", "auto_check", "METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
            "OpSummary", "summarize", "Divergence", "RootCause", "root_cause",
            "OpReplay", "ReplayOpError", "replay_op",

@@ -1,0 +1,92 @@
+"""Auto check (`ac`): one call that runs the fusion summary, the overflow analysis and, on
+request, the vector compare with its summary and root cause, and says what to try next.
+The result is plain data, serialisable to JSON (`to_dict`)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ..dump import Workspace
+from ..dump.workspace import Run
+from .compare import COSINE_THRESHOLD, vector_compare
+from .fusion import FusionReplayError, fired_passes
+from .overflow import overflow_report
+from .replay_op import ReplayOpError, replay_op
+from .rootcause import root_cause
+from .summary import summarize
+
+
+@dataclass
+class AutoCheck:
+    npu_run: str
+    golden_run: Optional[str]
+    step: int
+    fusion: Dict[str, int]                         # pass -> fused nodes
+    overflows: List[dict]                          # in execution order, first first
+    first_overflow: Optional[dict]
+    under_threshold: List[dict] = field(default_factory=list)
+    origin: Optional[dict] = None
+    origin_replay: Optional[str] = None            # local / inherited / exact
+    advice: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
+               step: Optional[int] = None, compare: bool = False,
+               threshold: float = COSINE_THRESHOLD, limit: int = 3) -> AutoCheck:
+    npu_run = npu_run or ws.run("npu")
+    complete = [s.step for s in npu_run.steps if s.complete]
+    if step is None:
+        step = complete[0] if complete else 0
+    try:
+        fusion = {p: len(nodes) for p, nodes in fired_passes(npu_run).items()}
+    except FusionReplayError:
+        fusion = {}
+    report = overflow_report(ws, npu_run, step) if step in complete else None
+    overflows = [_task(t) for t in (report.tasks if report else [])]
+    first = _task(report.first) if report and report.first else None
+    result = AutoCheck(npu_run.name, None, step, fusion, overflows, first)
+    if compare:
+        golden_run = golden_run or ws.run("cpu")
+        result.golden_run = golden_run.name
+        table = vector_compare(ws, npu_run, golden_run, step, threshold=threshold)
+        result.under_threshold = [dataclasses.asdict(s) for s in summarize(table, threshold, limit)]
+        origin = root_cause(table, threshold).first_origin
+        if origin is not None:
+            result.origin = dataclasses.asdict(origin)
+            try:
+                result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
+            except ReplayOpError as e:
+                result.origin_replay = f"not replayed: {e}"
+    result.advice = _advice(result)
+    return result
+
+
+def _task(t) -> dict:
+    return {"op_name": t.op_name, "op_type": t.op_type, "task_id": t.task_id,
+            "status": f"0x{t.status:x}", "status_bits": t.status_bits,
+            "inputs_finite": t.inputs_finite}
+
+
+def _advice(r: AutoCheck) -> str:
+    if r.first_overflow is not None:
+        op = r.first_overflow
+        return (f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])}). "
+                f"Keep that op in fp32 (modify_mixlist black-list), or use dynamic loss scaling "
+                f"if it is a gradient; the later overflows only carry it.")
+    if r.origin is not None:
+        o = r.origin
+        fused = f", fused by {o['pass_name']}" if o["pass_name"] else ""
+        what = {"local": "its own numerics", "inherited": "error it inherited",
+                "exact": "nothing measurable"}.get(r.origin_replay or "", "an undetermined cause")
+        step = (f"Switch {o['pass_name']} off in fusion_switch.cfg and compare again, or run the "
+                f"pass bisection to confirm it." if o["pass_name"] else
+                "Keep this op in fp32 (modify_mixlist) and compare again.")
+        return (f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}); its single-op "
+                f"replay points at {what}. {step}")
+    if r.golden_run is not None:
+        return "No op falls under the threshold and nothing overflowed: precision looks sound."
+    return "Nothing overflowed. Dump the golden run too and add -c to compare every op."
