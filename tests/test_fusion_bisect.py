@@ -60,3 +60,28 @@ def test_auto_check_tells_the_story_of_the_planted_graph(tmp_path):
     assert json.loads(json.dumps(result.to_dict()))["origin"]["op_type"] == "LayerNorm"
     quick = auto_check(ws)                       # without -c: fusion and overflow only
     assert quick.origin is None and "add -c" in quick.advice
+
+
+def test_unnormalised_transformer_story(tmp_path):
+    """Raw pixels (0..16) under mixed precision: attention scores reach ~70, the fused fp16
+    softmax (no max subtraction) overflows; saturation hides it in the values. The analysis
+    finds the first overflow, the origin, its pass, and bisection confirms the pass."""
+    from precision_tool.analysis import auto_check
+    d = pt.data.digits(scale=1.0)
+    m = pt.models.transformer()
+    root = str(tmp_path)
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+    feed = {m.x: d.x_train[:32], m.y: d.y_train[:32]}
+    loss_npu, _ = npu.run([m.loss, m.train_op], feed)
+    loss_cpu, _ = cpu.run([m.loss, m.train_op], feed)
+    assert np.isfinite(loss_npu) and npu.float_status() == 0x20   # only the status tells
+    ws = Workspace(root)
+    result = auto_check(ws, compare=True)
+    softmax = "encoder/layer_0/attention/Softmax"
+    assert result.first_overflow["op_name"] == softmax
+    assert result.origin["op_name"] == softmax and result.origin["pass_name"] == "SoftmaxFusionPass"
+    verdict = bisect_fusion(ws, ws.run("npu"), ws.run("cpu"), 0)
+    assert verdict.culprits == ["SoftmaxFusionPass"]
+    assert verdict.replays <= 2 + 2 * int(np.ceil(np.log2(len(verdict.fired))))
