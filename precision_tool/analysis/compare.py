@@ -66,6 +66,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     rows = []
     total = len(npu)
     gold_step = step if golden_step is None else golden_step
+    done = {}      # (npu file, golden file) -> metrics: a tensor read by several ops is compared once
     for k, r in enumerate(npu.itertuples(index=False)):
         golden_tensor = tmap.golden_tensor(r.tensor)
         row = {"Index": k, "OpType": r.op_type, "NPUDump": r.op_name, "NpuDataType": r.dtype,
@@ -82,9 +83,11 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             grow = gold.iloc[g]
             row["GroundTruth"] = grow["op_name"]
             row["GoldenDataType"] = grow["dtype"]
-            x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
-            y = ws.load(golden_run, gold_step, grow["file"])
-            row.update(compare_tensors(x, y))
+            key = (r.file, grow["file"])
+            if key not in done:
+                x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
+                done[key] = compare_tensors(x, ws.load(golden_run, gold_step, grow["file"]))
+            row.update(done[key])
             row["Verdict"] = verdict(row, threshold)
         rows.append(row)
         if progress is not None:

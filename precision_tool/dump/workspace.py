@@ -63,6 +63,7 @@ class Workspace:
         self.root = layout.resolve_root(root)
         self._runs: Optional[Dict[tuple, Run]] = None
         self._indexes: Dict[tuple, pd.DataFrame] = {}
+        self._graphs: Dict[str, Optional[dict]] = {}
 
     # -- what is there ------------------------------------------------------------------------
     def runs(self, target: Optional[str] = None) -> List[Run]:
@@ -120,11 +121,12 @@ class Workspace:
         return sorted(steps, key=lambda s: s.step)
 
     def graph_json(self, run: Run) -> Optional[dict]:
-        gdir = os.path.join(run.path, "graph")
-        if not os.path.isdir(gdir):
-            return None
-        files = sorted(f for f in os.listdir(gdir) if f.endswith(".json"))
-        return _read_json(os.path.join(gdir, files[0])) if files else None
+        """The run's compiled graph (NPU runs), read once."""
+        if run.path not in self._graphs:
+            gdir = os.path.join(run.path, "graph")
+            files = sorted(f for f in os.listdir(gdir) if f.endswith(".json")) if os.path.isdir(gdir) else []
+            self._graphs[run.path] = _read_json(os.path.join(gdir, files[0])) if files else None
+        return self._graphs[run.path]
 
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:
