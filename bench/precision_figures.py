@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 import precision_tool as pt
+from precision_tool.analysis import compare_tensors
 
 F16, F32 = np.float16, np.float32
 
@@ -33,8 +34,7 @@ def flushed_gradients(state, digits, scale=None):
         sess.load_variables(state)
         grads.append(np.concatenate([g.ravel() for g in sess.run(names, feed)]))
     golden, device = grads
-    live = golden != 0
-    return np.mean(device[live] == 0), int(live.sum())
+    return compare_tensors(device, golden)["FlushedToZeroRatio"], int((golden != 0).sum())
 
 
 def main():

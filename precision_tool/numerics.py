@@ -108,6 +108,17 @@ def saturate(x: np.ndarray, dtype=None) -> np.ndarray:
     return out
 
 
+def round_result(x: np.ndarray, dtype: str, saturation: bool):
+    """A float32 result as the device stores it in `dtype` (fp16/bf16 on their grid, held in
+    float32), saturated in saturation mode. Returns (value, overflowed): whether the rounded
+    value held inf/nan before saturation. Callers decide which status bit that is."""
+    out = quantize(x, dtype) if dtype in ("float16", "bfloat16") else x
+    overflowed = out.size > 0 and not np.isfinite(out).all()
+    if overflowed and saturation:
+        out = saturate(out, dtype)
+    return out, overflowed
+
+
 # -- NC1HWC0 ----------------------------------------------------------------------------------
 C0 = 16
 

@@ -9,7 +9,6 @@ fusion makes the run worse, in about ceil(log2 P) + 2 replays.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Set
@@ -18,6 +17,7 @@ from .. import hooks
 from ..dump import Workspace, load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
+from ..fileio import load_json
 from ..runtime.npu.fusion import GRAPH, PASSES, UB
 from .compare import COSINE_THRESHOLD, vector_compare
 
@@ -70,12 +70,8 @@ class FusionVerdict:
 
 def fired_passes(npu_run: Run) -> Dict[str, List[str]]:
     """Pass -> fused nodes, for the passes that fused something (fusion_result.json)."""
-    path = os.path.join(npu_run.path, "fusion_result.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise FusionReplayError(f"cannot read {path}: {e}") from None
+    result = load_json(os.path.join(npu_run.path, "fusion_result.json"), FusionReplayError,
+                       "fusion result")
     fired = {}
     for graph in result.values():
         for kind in ("graph_fusion", "ub_fusion"):

@@ -154,12 +154,9 @@ class KernelContext:
         if self.low is None:
             return x
         from .. import numerics
-        low = numerics.quantize(x, self.low)
-        if not np.isfinite(low).all():
-            if np.isfinite(x).all():
-                self.status |= numerics.STATUS_FLOAT_OVERFLOW
-            if self.saturation:
-                low = numerics.saturate(low, self.low)
+        low, overflowed = numerics.round_result(x, self.low, self.saturation)
+        if overflowed and np.isfinite(x).all():
+            self.status |= numerics.STATUS_FLOAT_OVERFLOW
         return low
 
 

@@ -5,11 +5,11 @@ from typing import Dict
 
 import numpy as np
 
-from ..errors import ExecutionError, FeedError
+from ..errors import ExecutionError
 from ..graph import dtypes, format_shape
 from ..ops import registry
 from ..ops.state_ops import initial_value
-from .plan import ExecutionPlan, build_plan, run_plan
+from .plan import ExecutionPlan, build_plan, read_source, run_plan
 
 
 class CpuExecutor:
@@ -55,14 +55,9 @@ class CpuExecutor:
                         lambda node: self._execute(node, values, variables, ctx), seen)
 
     def _execute(self, node, values, variables, ctx):
-        if node.type == "Placeholder":
-            name = f"{node.name}:0"
-            if name not in values:
-                raise FeedError(f"placeholder {node.name!r} must be fed a value of "
-                                f"{node.outputs[0]}")
-            return [values[name]]
-        if node.type == "Variable":
-            return [variables[node.name]]
+        source = read_source(node, values, variables)
+        if source is not None:
+            return source
         op = registry.get(node.type)
         if op.constant and node.name in self._constants:
             return [self._constants[node.name]]

@@ -43,6 +43,20 @@ def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
     return ExecutionPlan(tuple(order), tuple(tuple(r) for r in release), fed)
 
 
+def read_source(node, values, variables):
+    """The value of a feed or a variable (ops that hold state rather than compute), or None
+    for any other op. Both executors read them the same way."""
+    if node.type == "Placeholder":
+        name = f"{node.name}:0"
+        if name not in values:
+            from ..errors import FeedError
+            raise FeedError(f"placeholder {node.name!r} must be fed a value of {node.outputs[0]}")
+        return [values[name]]
+    if node.type == "Variable":
+        return [variables[node.name]]
+    return None
+
+
 def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, observe=None) -> Dict:
     """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, show
     them with their inputs to `observe(node, inputs, outputs)` (the dump hook point), apply

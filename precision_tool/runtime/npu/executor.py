@@ -24,11 +24,11 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ... import numerics
-from ...errors import ExecutionError, FeedError, FetchError, PrecisionToolError
+from ...errors import ExecutionError, FetchError, PrecisionToolError
 from ...graph import dtypes
 from ...ops import registry
 from ...ops.state_ops import initial_value
-from ..plan import ExecutionPlan, build_plan, run_plan
+from ..plan import ExecutionPlan, build_plan, read_source, run_plan
 from .compiler import FORMAT_TRANSPARENT, CompiledGraph, compile_graph
 from .fusion import enabled_passes
 from .policy import make_policy
@@ -157,14 +157,10 @@ class NpuExecutor:
         return values
 
     def _execute(self, node, values, variables, ctx, tasks):
+        source = read_source(node, values, variables)
+        if source is not None:
+            return source
         t = node.type
-        if t == "Placeholder":
-            name = f"{node.name}:0"
-            if name not in values:
-                raise FeedError(f"placeholder {node.name!r} must be fed a value of {node.outputs[0]}")
-            return [values[name]]
-        if t == "Variable":
-            return [variables[node.name]]
         if t == "Const":
             if node.name not in self._constants:
                 c = registry.get("Const").kernel([], node.attrs, ctx)
@@ -237,14 +233,11 @@ class NpuExecutor:
         if dtype not in dtypes.FLOAT_DTYPES:
             return r.astype(_np(dtype), copy=False)
         r = r.astype(F32, copy=False)
-        out = numerics.quantize(r, dtype) if dtype in LOW else r
-        if out.size and not np.isfinite(out).all():
-            if _all_finite(inputs):
-                raw_bad = not np.isfinite(r).all()
-                ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
-                               else numerics.STATUS_FLOAT_OVERFLOW)
-            if self.saturation:
-                out = numerics.saturate(out, dtype)
+        out, overflowed = numerics.round_result(r, dtype, self.saturation)
+        if overflowed and _all_finite(inputs):      # born here, not carried in
+            raw_bad = not np.isfinite(r).all()
+            ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
+                           else numerics.STATUS_FLOAT_OVERFLOW)
         return out
 
     def _cast(self, x, dtype: str, ctx):
@@ -257,12 +250,9 @@ class NpuExecutor:
                 return x.astype(np.float64).astype(target)
             return x.astype(target)
         x = x.astype(F32, copy=False)
-        out = numerics.quantize(x, dtype) if dtype in LOW else x.copy()
-        if out.size and not np.isfinite(out).all():
-            if np.isfinite(x).all():
-                ctx.status |= numerics.STATUS_CAST_OVERFLOW
-            if self.saturation:
-                out = numerics.saturate(out, dtype)
+        out, overflowed = numerics.round_result(x, dtype, self.saturation)
+        if overflowed and np.isfinite(x).all():
+            ctx.status |= numerics.STATUS_CAST_OVERFLOW
         return out
 
     def _check_memory(self, plan: ExecutionPlan, values, variables):
