@@ -301,18 +301,17 @@ def _reduce_max_kernel(i, a, c):
     return _reduce_kernel(np.max)(i, a, c)
 
 
-def _broadcast_back(c, mean: bool):
-    return _t(make("BroadcastLike", [c.dy, c.x[0]],
+def _broadcast_back(c, mean: bool, value=None):
+    """A reduction's result (default: its gradient) broadcast back to the input's shape."""
+    return _t(make("BroadcastLike", [c.dy if value is None else value, c.x[0]],
                    {"axes": c.attrs.get("axes"), "keep_dims": c.attrs["keep_dims"], "mean": mean}))
 
 
 def _grad_reduce_max(c):
     x = c.x[0]
-    y_b = _t(make("BroadcastLike", [c.y[0], x],
-                  {"axes": c.attrs.get("axes"), "keep_dims": c.attrs["keep_dims"], "mean": False}))
-    hits = cast(equal(x, y_b), x.dtype)
-    ties = _t(make("BroadcastLike", [reduce_sum(hits, c.attrs.get("axes"), keep_dims=c.attrs["keep_dims"]), x],
-                   {"axes": c.attrs.get("axes"), "keep_dims": c.attrs["keep_dims"], "mean": False}))
+    hits = cast(equal(x, _broadcast_back(c, False, c.y[0])), x.dtype)
+    ties = _broadcast_back(c, False, reduce_sum(hits, c.attrs.get("axes"),
+                                                keep_dims=c.attrs["keep_dims"]))
     return [div(mul(hits, _broadcast_back(c, mean=False)), ties)]   # ties share the gradient
 
 
