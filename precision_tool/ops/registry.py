@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import GraphError, GraphFormatError
-from ..graph import Tensor, TensorSpec, get_default_graph
+from .. import numerics
+from ..graph import Tensor, TensorSpec, dtypes, get_default_graph
 from ..graph.ir import Node
 
 CUBE, VECTOR, AICPU = "cube", "vector", "aicpu"
@@ -145,7 +146,6 @@ class KernelContext:
 
     def resolve_dtype(self, name: str) -> np.dtype:
         """The numpy dtype an IR dtype runs as: float types run as the golden float dtype."""
-        from ..graph import dtypes
         return self.float_dtype if dtypes.is_float(name) else dtypes.to_numpy(name)
 
     def round(self, x: np.ndarray) -> np.ndarray:
@@ -153,7 +153,6 @@ class KernelContext:
         saturating as the hardware does), and continue in the run dtype."""
         if self.low is None:
             return x
-        from .. import numerics
         low, overflowed = numerics.round_result(x, self.low, self.saturation)
         if overflowed and np.isfinite(x).all():
             self.status |= numerics.STATUS_FLOAT_OVERFLOW
