@@ -64,6 +64,8 @@ def quantize(x: np.ndarray, dtype: str) -> np.ndarray:
     beyond the range, nan kept), without numpy's slow fp16 conversion. The simulated NPU
     holds its low-precision tensors this way; dumps write them in their real dtype."""
     x = np.asarray(x, dtype=np.float32)
+    shape = x.shape
+    x = x.reshape(-1)          # 0-d arrays would decay to numpy scalars in the bit arithmetic
     if dtype == "bfloat16":
         shift, keep = 16, 0xFFFF0000
     elif dtype == "float16":
@@ -89,7 +91,7 @@ def quantize(x: np.ndarray, dtype: str) -> np.ndarray:
     if not in_range.all():     # out of range, inf or nan (nan compares false)
         out = ~in_range
         r[out] = np.where(np.isnan(x[out]), np.float32(np.nan), np.copysign(np.float32(np.inf), x[out]))
-    return r
+    return r.reshape(shape)
 
 
 def saturate(x: np.ndarray, dtype=None) -> np.ndarray:

@@ -190,6 +190,25 @@ def _expected(mode, node, graph, low):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_every_model_trains_a_step_in_every_mode_with_fusion_on(mode):
+    kw = {"amp_level": mode} if mode.startswith("O") else {"precision_mode": mode}
+    d = pt.data.digits()
+    for build in (pt.models.mlp, pt.models.cnn, lambda: pt.models.transformer(embedding_norm=True)):
+        m = build()
+        loss, _ = npu(m.graph, **kw).run([m.loss, m.train_op], {m.x: d.x_train[:8], m.y: d.y_train[:8]})
+        assert np.isfinite(loss) and 1.0 < loss < 4.0, (mode, m.graph.name, loss)
+
+
+def test_quantize_keeps_the_shape_of_scalars_and_matches_numpy_bit_for_bit():
+    for value in (np.float32(0.1), np.array(3e-6, F32), np.array(7e4, F32), np.array([[1e-8]], F32)):
+        for dtype, np_dtype in (("float16", F16),):
+            got = numerics.quantize(value, dtype)
+            with np.errstate(over="ignore"):
+                want = np.asarray(value).astype(np_dtype).astype(F32)
+            assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_every_transformer_node_gets_the_documented_dtype(mode):
     m = pt.models.transformer()
     kw = {"amp_level": mode} if mode.startswith("O") else {"precision_mode": mode}

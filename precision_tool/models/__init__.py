@@ -79,9 +79,10 @@ def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = Non
 
 def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layers: int = 1,
                 optimizer: Optional[Optimizer] = None, seed: int = 0,
-                batch_size: Optional[int] = None) -> Model:
+                batch_size: Optional[int] = None, embedding_norm: bool = False) -> Model:
     """Each image row is a token (8 tokens of 8 pixels): input projection + learned positions
-    (Gather), `layers` post-LN encoder blocks (multi-head self-attention, decomposed
+    (Gather), with embedding_norm a LayerNorm over them as BERT's embeddings have, `layers`
+    post-LN encoder blocks (multi-head self-attention, decomposed
     LayerNorm, GELU feed-forward), mean over tokens, classifier."""
     tokens, width = 8, 8
 
@@ -91,6 +92,8 @@ def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layer
         positions = ops.constant(np.arange(tokens), dtype="int32", name="position_ids")
         h = ops.add(h, nn.embedding(positions, tokens, d_model, name="position_embedding",
                                     reuse=reuse))
+        if embedding_norm:
+            h = nn.layer_norm(h, name="embedding_norm", reuse=reuse)
         for k in range(layers):
             with get_default_graph().name_scope(f"encoder/layer_{k}"):
                 att = nn.multi_head_attention(h, num_heads, name="attention", reuse=reuse)
