@@ -63,3 +63,75 @@ def test_auto_check_leads_with_the_first_overflow(tmp_path):
     assert result.first_overflow["op_name"] == "blowup"
     assert result.first_overflow["status"] == "0x20"
     assert result.advice.startswith("The first overflow is blowup (Exp")
+
+
+def test_loss_scale_history_counts_overflowed_steps_and_the_scale_moves(tmp_path):
+    """Dynamic loss scaling from 2^20 under force_fp16: early steps overflow and halve the
+    scale. The history the dump wrote (every observed step, dumped or not) must agree with
+    the session's own status words and scale variable, read step by step."""
+    from precision_tool.analysis import loss_scale_history
+    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
+                                      pt.train.DynamicLossScaleManager(2.0 ** 20, 2, 1))
+    m = pt.models.mlp(optimizer=opt)
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"),
+                                    action="overflow", data_dir=str(tmp_path))
+    sess = pt.Session(m.graph, target="npu", config=cfg)
+    statuses, scales = [], [float(sess.variables()["loss_scale/loss_scale"])]
+    for step in range(8):
+        sess.run(m.train_op, {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+        statuses.append(sess.float_status())
+        scales.append(float(sess.variables()["loss_scale/loss_scale"]))
+    sess.close()
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    history = loss_scale_history(ws, run)
+    overflowed = [k for k, s in enumerate(statuses) if s]
+    assert overflowed and len(overflowed) < 8          # the scale came down far enough
+    assert history.steps == 8 and history.overflow_steps == overflowed
+    assert history.skipped_steps == overflowed
+    assert history.first_scale == 2.0 ** 20 and history.last_scale == scales[-1]
+    assert history.moves == [(k, scales[k], scales[k + 1]) for k in range(8) if scales[k] != scales[k + 1]]
+    # only the overflowed steps were dumped (the overflow check), yet every step is in the history
+    assert [s.step for s in run.steps] == overflowed
+    assert history.status_bits
+
+
+def test_a_torn_step_history_loses_only_its_last_line(tmp_path):
+    from precision_tool.analysis import loss_scale_history
+    from precision_tool.dump.workspace import WorkspaceError
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(action="overflow", data_dir=str(tmp_path))
+    sess = pt.Session(m.graph, target="npu", config=cfg)
+    for _ in range(3):
+        sess.run(m.train_op, {m.x: d.x_train[:8], m.y: d.y_train[:8]})
+    sess.close()
+    ws = Workspace(str(tmp_path))
+    path = ws.run("npu").path + "/step_history.csv"
+    text = open(path).read()
+    assert text.count("\n") == 4
+    open(path, "w").write(text[:-3])                    # torn in the middle of the last row
+    history = loss_scale_history(Workspace(str(tmp_path)), ws.run("npu"))
+    assert history.steps in (2, 3) and history.overflow_steps == [] and not history.scaled
+    open(path, "w").write("garbage\x00\n1,2\n")
+    with pytest.raises(WorkspaceError, match="step history"):
+        loss_scale_history(Workspace(str(tmp_path)), ws.run("npu"))
+
+
+def test_auto_check_reports_the_loss_scale_history(tmp_path):
+    from precision_tool.analysis import auto_check
+    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
+                                      pt.train.DynamicLossScaleManager(2.0 ** 20, 2, 1))
+    m = pt.models.mlp(optimizer=opt)
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"),
+                                    action="overflow", data_dir=str(tmp_path))
+    sess = pt.Session(m.graph, target="npu", config=cfg)
+    for _ in range(4):
+        sess.run(m.train_op, {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+    sess.close()
+    result = auto_check(Workspace(str(tmp_path)))
+    ls = result.to_dict()["loss_scale"]
+    assert ls["steps"] == 4 and ls["overflow_steps"][0] == 0 and ls["first_scale"] == 2.0 ** 20
+    assert result.first_overflow is not None and result.step == 0

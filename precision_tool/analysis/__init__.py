@@ -2,6 +2,7 @@
 overflow analysis, summaries, root cause and replays build on them."""
 from .autocheck import AutoCheck, auto_check
 from .compare import vector_compare, verdict, write_result
+from .loss_scale import LossScaleHistory, loss_scale_history
 from .fusion import FusionVerdict, bisect_fusion, fired_passes, replay_with_passes
 from .mapping import TensorMap
 from .metrics import METRICS, compare_tensors
@@ -10,7 +11,7 @@ from .replay_op import OpReplay, ReplayOpError, replay_op
 from .rootcause import Divergence, RootCause, root_cause
 from .summary import OpSummary, summarize
 
-__all__ = ["AutoCheck", "auto_check", "METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
+__all__ = ["AutoCheck", "auto_check", "LossScaleHistory", "loss_scale_history", "METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
            "OpSummary", "summarize", "Divergence", "RootCause", "root_cause",
            "OpReplay", "ReplayOpError", "replay_op",

@@ -11,6 +11,7 @@ from ..dump import Workspace
 from ..dump.workspace import Run
 from .compare import COSINE_THRESHOLD, vector_compare
 from .fusion import FusionReplayError, fired_passes
+from .loss_scale import loss_scale_history
 from .overflow import overflow_report
 from .replay_op import ReplayOpError, replay_op
 from .rootcause import root_cause
@@ -25,6 +26,7 @@ class AutoCheck:
     fusion: Dict[str, int]                         # pass -> fused nodes
     overflows: List[dict]                          # in execution order, first first
     first_overflow: Optional[dict]
+    loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     under_threshold: List[dict] = field(default_factory=list)
     origin: Optional[dict] = None
     origin_replay: Optional[str] = None            # local / inherited / exact
@@ -49,6 +51,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     overflows = [_task(t) for t in (report.tasks if report else [])]
     first = _task(report.first) if report and report.first else None
     result = AutoCheck(npu_run.name, None, step, fusion, overflows, first)
+    history = loss_scale_history(ws, npu_run)
+    if history.steps:
+        result.loss_scale = dataclasses.asdict(history)
     if compare:
         golden_run = golden_run or ws.run("cpu")
         result.golden_run = golden_run.name

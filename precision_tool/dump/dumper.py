@@ -83,6 +83,8 @@ class _Step:
         self.number, self.path, self.dump = number, path, dump
         self.records: List[tuple] = []     # (node, inputs, outputs, task, timestamp)
         self.feeds: Dict[str, np.ndarray] = {}
+        self.status = 0                    # OR of the step's status words
+        self.loss_scale = None             # (scale, next scale, finite) if the graph scales
 
 
 class DumpObserver:
@@ -96,6 +98,7 @@ class DumpObserver:
         self.graph = session.compiled.graph if self.npu else session.graph
         self.source = session.graph
         self.dumped_steps: List[int] = []
+        self.history: List[str] = []       # step_history.csv rows of every observed step
         self.writer = AsyncWriter(max_pending=2)
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
@@ -150,7 +153,11 @@ class DumpObserver:
 
     def on_node(self, node, inputs, outputs, task):
         st = self._step
+        if node.type == "UpdateLossScale":   # (scale, good, bad, last, finite) -> (scale, ...)
+            st.loss_scale = (float(inputs[0]), float(outputs[0]), bool(inputs[4]))
         if self.npu:
+            if task is not None:
+                st.status |= task.status
             if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
                 return
             st.records.append((node, inputs, outputs, task, task.timestamp))
@@ -159,6 +166,9 @@ class DumpObserver:
 
     def end_run(self, session):
         st, self._step = self._step, None
+        scale = ",".join(map(repr, st.loss_scale[:2])) + f",{int(st.loss_scale[2])}" \
+            if st.loss_scale else ",,"
+        self.history.append(f"{st.number},{st.status},{scale}")
         if st.dump or st.records:          # an overflow check writes only steps that overflowed
             self.writer.put(lambda: self._write_step(st))
         steps = self.settings.steps
@@ -170,7 +180,14 @@ class DumpObserver:
 
     def close(self):
         """Wait until every dumped step is on disk; raise the first write error."""
+        if self.history:
+            self.writer.put(self._write_history)
         self.writer.flush()
+
+    def _write_history(self):
+        rows = list(self.history)             # a snapshot: the main thread appends
+        save_text(os.path.join(self.run_dir, layout.HISTORY_FILE),
+                  layout.HISTORY_HEADER + "\n" + "\n".join(rows) + "\n", durable=False)
 
     # -- the writer thread -------------------------------------------------------------------
     def _statics(self, node):
@@ -250,6 +267,7 @@ class DumpObserver:
         self.dumped_steps.append(st.number)
         self._info["dumped_steps"] = sorted(self.dumped_steps)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info), durable=False)
+        self._write_history()
 
     def _opdebug(self, directory, node, task, step):
         record = {"op_name": node.name, "op_type": node.type, "task_id": task.task_id,

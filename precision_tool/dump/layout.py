@@ -29,6 +29,8 @@ ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
 DUMP_MODES = ("input", "output", "all")
 DUMP_DATA = ("tensor", "stats")
 INDEX_FILE = "index.csv"
+HISTORY_FILE = "step_history.csv"        # per run: every observed step's status and loss scale
+HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite"
 MAX_NAME_BYTES = 200          # file names stay well under the 255-byte limit of filesystems
 
 

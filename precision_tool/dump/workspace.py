@@ -128,6 +128,22 @@ class Workspace:
             self._graphs[run.path] = _read_json(os.path.join(gdir, files[0])) if files else None
         return self._graphs[run.path]
 
+    def step_history(self, run: Run) -> pd.DataFrame:
+        """step_history.csv: every observed step's status word and loss scale (empty if the
+        run predates it or observed no step). A torn last line is dropped."""
+        path = os.path.join(run.path, layout.HISTORY_FILE)
+        columns = layout.HISTORY_HEADER.split(",")
+        if not os.path.isfile(path):
+            return pd.DataFrame(columns=columns)
+        try:
+            table = pd.read_csv(path, on_bad_lines="skip")
+            if list(table.columns) != columns:
+                raise ValueError(f"columns {list(table.columns)}")
+            table = table.dropna(subset=["step", "status"]).astype({"step": int, "status": int})
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+            raise WorkspaceError(f"{path} is not a readable step history: {e}") from None
+        return table.sort_values("step", kind="stable").reset_index(drop=True)
+
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:
         """The step's index, read once per workspace (a copy: callers may modify it)."""

@@ -1,0 +1,45 @@
+"""The loss-scale history of a run: how many observed steps overflowed and how the scale
+moved (from the run's step_history.csv, which the dump hooks write for every step they
+observe, dumped or not)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+from .. import numerics
+from ..dump import Workspace
+from ..dump.workspace import Run
+
+
+@dataclass
+class LossScaleHistory:
+    steps: int                                  # steps observed
+    overflow_steps: List[int]                   # status word not zero
+    skipped_steps: List[int]                    # loss-scaled steps whose update was skipped
+    moves: List[Tuple[int, float, float]] = field(default_factory=list)   # (step, from, to)
+    first_scale: float = float("nan")
+    last_scale: float = float("nan")            # the scale after the last observed step
+    status_bits: List[str] = field(default_factory=list)   # every bit seen, decoded
+
+    @property
+    def scaled(self) -> bool:
+        return self.first_scale == self.first_scale
+
+
+def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
+    table = ws.step_history(run)
+    overflow = table[table.status != 0]
+    seen = 0
+    for s in overflow.status:
+        seen |= int(s)
+    result = LossScaleHistory(len(table), overflow.step.tolist(), [],
+                              status_bits=numerics.decode_status(seen) if seen else [])
+    scaled = table.dropna(subset=["loss_scale", "next_loss_scale"])
+    if not scaled.empty:
+        result.first_scale = float(scaled.loss_scale.iloc[0])
+        result.last_scale = float(scaled.next_loss_scale.iloc[-1])
+        result.skipped_steps = scaled.step[scaled.finite == 0].tolist()
+        moved = scaled[scaled.loss_scale != scaled.next_loss_scale]
+        result.moves = [(int(r.step), float(r.loss_scale), float(r.next_loss_scale))
+                        for r in moved.itertuples()]
+    return result
