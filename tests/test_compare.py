@@ -141,3 +141,35 @@ def test_an_empty_table_has_no_summary_and_no_cause():
     from precision_tool.analysis.compare import COLUMNS
     table = pd.DataFrame([], columns=COLUMNS)
     assert summarize(table) == [] and root_cause(table).origins == []
+
+
+def test_cancellation_noise_is_not_an_origin_and_neither_is_what_carries_it():
+    """Norm bounds: a BiasAddGrad whose golden output is below fp16 tolerance x its input norm
+    is noise; Adam reading only that noise carries it; a product beyond the bound of its
+    inputs' norms product and a sum above its bound are real origins."""
+    from precision_tool.analysis import root_cause, summarize
+    def row(op, kind, io, cos, norm, golden, op_type, verdict="fail", dtype="float16"):
+        return {"NPUDump": op, "OpType": op_type, "TensorIndex": f"{op}:{io}", "CosineSimilarity": cos,
+                "GoldenNorm": norm, "GoldenTensor": golden, "NpuDataType": dtype,
+                "Verdict": "pass" if cos >= 0.98 else verdict}
+    table = _table([
+        row("bgrad", "", "input:0", 1.0, 10.0, "dk:0", "BiasAddGrad"),
+        row("bgrad", "", "output:0", 0.1, 5e-3, "bgrad:0", "BiasAddGrad"),   # <= 1e-3 * 10
+        row("adam", "", "input:0", 0.1, 5e-3, "bgrad:0", "ApplyAdam", dtype="float32"),
+        row("adam", "", "output:0", 0.2, 0.01, "adam:0", "ApplyAdam", dtype="float32"),
+        row("mul", "", "input:0", 1.0, 2.0, "a:0", "Mul"),
+        row("mul", "", "input:1", 1.0, 3.0, "b:0", "Mul"),
+        row("mul", "", "output:0", 0.5, 0.1, "mul:0", "Mul"),                 # > 1e-3 * 6
+        row("sum", "", "input:0", 1.0, 10.0, "c:0", "ReduceSum"),
+        row("sum", "", "output:0", 0.5, 0.02, "sum:0", "ReduceSum"),          # > 1e-3 * 10
+        row("exp", "", "input:0", 1.0, 10.0, "d:0", "Exp"),
+        row("exp", "", "output:0", 0.5, 1e-9, "exp:0", "Exp"),                # not a sum or product
+        row("nan", "", "input:0", 1.0, 10.0, "e:0", "Add"),
+        row("nan", "", "output:0", float("nan"), 1e-9, "nan:0", "Add", verdict="nan"),
+    ])
+    rc = root_cause(table)
+    assert [d.op_name for d in rc.cancellations] == ["bgrad", "adam"]
+    assert [d.op_name for d in rc.origins] == ["mul", "sum", "exp", "nan"] and rc.propagators == []
+    cats = {s.op_name: s.category for s in summarize(table, limit=0)}
+    assert cats == {"bgrad": "cancellation", "adam": "cancellation", "mul": "under threshold",
+                    "sum": "under threshold", "exp": "under threshold", "nan": "nan"}

@@ -33,6 +33,7 @@ def test_each_metric_against_a_hand_computed_value():
     P, Q = pdf(list(X.astype(float))), pdf(list(Y.astype(float)))
     assert m["KullbackLeiblerDivergence"] == pytest.approx(sum(p * math.log(p / q) for p, q in zip(P, Q)))
     assert m["CompareFailReason"] == "" and m["NpuNanCount"] == 0 and m["FlushedToZeroRatio"] == 0
+    assert m["NpuNorm"] == pytest.approx(nx, rel=1e-15) and m["GoldenNorm"] == pytest.approx(ny, rel=1e-15)
 
 
 def test_golden_against_itself_is_perfect():
@@ -62,7 +63,7 @@ def test_zero_norms():
 def test_empty_and_scalar_tensors():
     e = compare_tensors(np.zeros((0, 3)), np.zeros((0, 3)))
     assert e["CosineSimilarity"] == 1.0 and e["MaxAbsoluteError"] == 0.0
-    assert e["CompareFailReason"] == "empty tensors"
+    assert e["CompareFailReason"] == "empty tensors" and e["GoldenNorm"] == 0.0
     s = compare_tensors(np.float32(2.0), np.float32(-2.0))
     assert s["CosineSimilarity"] == -1.0 and s["MaxAbsoluteError"] == 4.0
     assert s["MaxRelativeError"] == 2.0
@@ -84,6 +85,7 @@ def test_nan_and_inf_on_either_side_are_counted_and_left_out():
     assert m["NpuAtFp16Max"] == 2            # 65504 and inf: at or beyond the fp16 maximum
     assert "3 non-finite element(s) left out" in m["CompareFailReason"]
     assert m["MaxAbsoluteError"] == pytest.approx(70000.0 - 65504.0)
+    assert m["NpuNorm"] == pytest.approx(math.sqrt(1 + 65504.0 ** 2))    # finite pairs only
     all_bad = compare_tensors(np.array([np.nan]), np.array([1.0]))
     assert "no finite element" in all_bad["CompareFailReason"] and math.isnan(all_bad["CosineSimilarity"])
 

@@ -30,6 +30,7 @@ class AutoCheck:
     under_threshold: List[dict] = field(default_factory=list)
     origin: Optional[dict] = None
     origin_replay: Optional[str] = None            # local / inherited / exact
+    cancellations: List[str] = field(default_factory=list)   # ops whose divergence is noise
     advice: str = ""
 
     def to_dict(self) -> dict:
@@ -59,7 +60,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.golden_run = golden_run.name
         table = vector_compare(ws, npu_run, golden_run, step, threshold=threshold)
         result.under_threshold = [dataclasses.asdict(s) for s in summarize(table, threshold, limit)]
-        origin = root_cause(table, threshold).first_origin
+        cause = root_cause(table, threshold)
+        result.cancellations = sorted(cause.noise_ops)
+        origin = cause.first_origin
         if origin is not None:
             result.origin = dataclasses.asdict(origin)
             try:
@@ -92,6 +95,10 @@ def _advice(r: AutoCheck) -> str:
                 "Keep this op in fp32 (modify_mixlist) and compare again.")
         return (f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}); its single-op "
                 f"replay points at {what}. {step}")
+    if r.golden_run is not None and r.cancellations:
+        return (f"Nothing overflowed, and the only ops under the threshold compute a result that "
+                f"is zero up to rounding noise in both runs (cancellation, e.g. "
+                f"{r.cancellations[0]}): precision looks sound.")
     if r.golden_run is not None:
         return "No op falls under the threshold and nothing overflowed: precision looks sound."
     return "Nothing overflowed. Dump the golden run too and add -c to compare every op."

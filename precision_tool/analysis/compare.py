@@ -30,7 +30,7 @@ TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7
 COLUMNS = (["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth", "GoldenDataType",
             "TensorIndex", "Shape", "OverFlow"] + list(METRICS) +
            ["NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount", "NpuAtFp16Max",
-            "FlushedToZeroRatio", "CompareFailReason", "Verdict", "TaskId", "PassName",
+            "FlushedToZeroRatio", "NpuNorm", "GoldenNorm", "CompareFailReason", "Verdict", "TaskId", "PassName",
             "GoldenTensor"])
 
 

@@ -11,7 +11,9 @@ reason). Every edge case has a defined result:
 - golden all zero: relative errors over an empty set are nan, with the reason; relative
   Euclidean distance is 0 when x is zero too, nan otherwise (msaccucmp reports 0 there);
 - relative errors skip elements with |y| <= float32 eps, as msaccucmp does;
-- the 1/1000 and 5/1000 ratios measure |x - y| / |y| where |y| > eps and |x - y| elsewhere.
+- the 1/1000 and 5/1000 ratios measure |x - y| / |y| where |y| > eps and |x - y| elsewhere;
+- NpuNorm and GoldenNorm are the L2 norms over the compared elements (0 for empty tensors,
+  nan when nothing was compared): root cause uses them to tell cancellation from error.
 """
 from __future__ import annotations
 
@@ -118,12 +120,13 @@ def compare_tensors(npu, golden) -> dict:
     out.update(counts)
     out["NpuAtFp16Max"] = int((np.abs(_float64(x)) >= numerics.FP16_MAX).sum())
     out["FlushedToZeroRatio"] = float("nan")
+    out["NpuNorm"] = out["GoldenNorm"] = float("nan")
     if x.shape != y.shape:
         out["CompareFailReason"] = (f"shape mismatch: npu {list(x.shape)} vs golden "
                                     f"{list(y.shape)}")
         return out
     if x.size == 0:
-        out.update({name: 0.0 for name in METRICS}, CosineSimilarity=1.0,
+        out.update({name: 0.0 for name in METRICS}, CosineSimilarity=1.0, NpuNorm=0.0, GoldenNorm=0.0,
                    **{"RatioRelError<0.001": 1.0, "RatioRelError<0.005": 1.0},
                    CompareFailReason="empty tensors")
         return out
@@ -141,6 +144,7 @@ def compare_tensors(npu, golden) -> dict:
     pair = _Pair(xf, yf)
     for name, (fn, _) in METRICS.items():
         out[name] = fn(pair)
+    out["NpuNorm"], out["GoldenNorm"] = float(np.sqrt(pair.xx)), float(np.sqrt(pair.yy))
     if not pair.rel_mask.any():
         reasons.append("golden tensor is all (near) zero: relative errors undefined")
     out["CompareFailReason"] = "; ".join(reasons + pair.reasons)

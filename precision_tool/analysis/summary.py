@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .compare import COSINE_THRESHOLD
+from .rootcause import root_cause
 
 
 @dataclass
@@ -21,7 +22,13 @@ class OpSummary:
     pass_name: str
     input_cosines: List[float] = field(default_factory=list)
     output_cosines: List[float] = field(default_factory=list)
-    category: str = "under threshold"      # or "nan": the output holds nan/inf the golden lacks
+    # "under threshold"; "nan": the output holds nan/inf the golden lacks; "cancellation":
+    # the golden output is cancellation noise, or only carries it (see rootcause)
+    category: str = "under threshold"
+
+    @property
+    def is_finding(self) -> bool:
+        return self.category != "cancellation"
 
     @property
     def worst_output(self) -> float:
@@ -34,13 +41,14 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
     """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
     (all when limit <= 0), in execution order or, with by_cosine, worst first."""
     found = []
+    noise = root_cause(table, threshold).noise_ops
     for op_name, rows in table.groupby("NPUDump", sort=False):
         outputs = rows[rows.TensorIndex.str.contains(":output:", regex=False)]
         if outputs.empty:
             continue
-        under = (outputs.CosineSimilarity < threshold).any()
+        under = outputs.CosineSimilarity < threshold
         nan = (outputs.Verdict == "nan").any()
-        if not (under or nan):
+        if not (under.any() or nan):
             continue
         inputs = rows[rows.TensorIndex.str.contains(":input:", regex=False)]
         found.append(OpSummary(
@@ -49,7 +57,7 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
             pass_name=str(rows.PassName.iloc[0]) if "PassName" in rows and isinstance(rows.PassName.iloc[0], str) else "",
             input_cosines=[float(c) for c in inputs.CosineSimilarity],
             output_cosines=[float(c) for c in outputs.CosineSimilarity],
-            category="nan" if nan else "under threshold"))
+            category="nan" if nan else "cancellation" if op_name in noise else "under threshold"))
     if by_cosine:
         found.sort(key=lambda s: (s.worst_output if s.worst_output == s.worst_output else -np.inf))
     else:
