@@ -173,3 +173,43 @@ def test_cancellation_noise_is_not_an_origin_and_neither_is_what_carries_it():
     cats = {s.op_name: s.category for s in summarize(table, limit=0)}
     assert cats == {"bgrad": "cancellation", "adam": "cancellation", "mul": "under threshold",
                     "sum": "under threshold", "exp": "under threshold", "nan": "nan"}
+
+
+def test_two_npu_runs_compare_fusion_on_against_fusion_off(tmp_path):
+    """The planted fp16 LayerNorm: fusion on against fusion off names the fused LayerNorm as
+    the origin; a run against a rerun of itself is identical on every tensor."""
+    from precision_tool.analysis import root_cause
+    g = pt.Graph("planted")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], "float16")
+        y = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
+        out = pt.nn.dense(y, 10, name="head")
+    xv = (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+    root = str(tmp_path)
+    for switch in ("on", "off", "on"):
+        cfg = pt.SessionConfig(precision_mode="allow_mix_precision", fusion_switch=switch)
+        pt.Session(g, target="npu", config=hooks.session_dump_config(
+            cfg, action="dump", data_dir=root)).run(out, {x: xv})
+    ws = Workspace(root)
+    fused, unfused, again = ws.runs("npu")
+    table = vector_compare(ws, fused, unfused, 0)
+    assert not (table.Verdict == "error").any()
+    origin = root_cause(table).first_origin
+    assert origin.op_name == "norm/Add_1" and origin.pass_name == "LayerNormFusionPass"
+    same = vector_compare(ws, fused, again, 0)
+    compared = same[same.Verdict != "npu-only"]
+    assert len(compared) > 5 and (compared.MaxAbsoluteError == 0).all()
+    assert (compared.CosineSimilarity.dropna() == 1.0).all()
+
+
+def test_golden_against_golden_passes_every_op_with_cosine_exactly_one(tmp_path):
+    m = pt.models.transformer()
+    d = pt.data.digits()
+    for _ in range(2):
+        sess = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=str(tmp_path))
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:16], m.y: d.y_train[:16]})
+    ws = Workspace(str(tmp_path))
+    first, second = ws.runs("cpu")
+    table = vector_compare(ws, first, second, 0)
+    assert len(table) > 300 and (table.Verdict == "pass").all()
+    assert (table.CosineSimilarity == 1.0).all() and (table.MaxAbsoluteError == 0).all()

@@ -55,17 +55,37 @@ def _logical(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
     return value
 
 
+def _by_original(ws: Workspace, run: Run, step: int):
+    """A step's index and, per original (golden) tensor name, the row that holds it. An NPU
+    run's tensors map through its compiled graph; where several do (a tensor and the Cast the
+    compiler inserted after it), the tensor itself wins."""
+    table = ws.index(run, step)
+    graph = ws.graph_json(run) if run.target == "npu" else None
+    tmap = TensorMap(graph) if graph else None
+    rows = {}
+    for k, tensor in enumerate(table["tensor"]):
+        original = tmap.golden_tensor(tensor) if tmap else tensor
+        if original is not None and (original not in rows or tensor == original):
+            rows[original] = k
+    return table, rows
+
+
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold: float = COSINE_THRESHOLD,
                    progress: Optional[Callable[[int, int], None]] = None) -> pd.DataFrame:
+    """Every tensor of the NPU run's step against the tensor of golden_run it stands for.
+    golden_run is normally the CPU golden; it may be another NPU run (fusion on against
+    fusion off), whose tensors are mapped and converted from 5HD the same way."""
+    gold_step = step if golden_step is None else golden_step
     npu = ws.index(npu_run, step)
-    gold = ws.index(golden_run, step if golden_step is None else golden_step)
-    gold_by_tensor = {t: i for i, t in enumerate(gold["tensor"])}
-    graph = ws.graph_json(npu_run) or {}
-    tmap = TensorMap(graph)
+    for column, default in (("task_id", -1), ("pass_name", ""), ("format", ""), ("original_shape", "")):
+        if column not in npu:          # a golden run on the left: golden against golden
+            npu[column] = default
+    gold, gold_by_tensor = _by_original(ws, golden_run, gold_step)
+    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    gold_format = "format" in gold.columns
     rows = []
     total = len(npu)
-    gold_step = step if golden_step is None else golden_step
     done = {}      # (npu file, golden file) -> metrics: a tensor read by several ops is compared once
     for k, r in enumerate(npu.itertuples(index=False)):
         golden_tensor = tmap.golden_tensor(r.tensor)
@@ -86,7 +106,10 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             key = (r.file, grow["file"])
             if key not in done:
                 x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
-                done[key] = compare_tensors(x, ws.load(golden_run, gold_step, grow["file"]))
+                y = ws.load(golden_run, gold_step, grow["file"])
+                if gold_format:
+                    y = _logical(y, grow["format"], grow["original_shape"])
+                done[key] = compare_tensors(x, y)
             row.update(done[key])
             row["Verdict"] = verdict(row, threshold)
         rows.append(row)

@@ -7,7 +7,8 @@ reason). Every edge case has a defined result:
 - shapes differ (element counts differ, or the same count in another shape): every metric
   is nan and CompareFailReason says so: never a silent zero-pad or reshape;
 - empty tensors of one shape: equal (cosine 1, errors 0, ratios 1), reason "empty tensors";
-- both norms zero: cosine 1; exactly one zero: cosine nan, reason names the side;
+- both norms zero: cosine 1; exactly one zero: cosine nan, reason names the side; identical
+  tensors: exactly 1; otherwise clamped to [-1, 1] against rounding;
 - golden all zero: relative errors over an empty set are nan, with the reason; relative
   Euclidean distance is 0 when x is zero too, nan otherwise (msaccucmp reports 0 there);
 - relative errors skip elements with |y| <= float32 eps, as msaccucmp does;
@@ -50,7 +51,10 @@ def _cosine(p: _Pair) -> float:
     if p.xx == 0 or p.yy == 0:
         p.reasons.append("npu tensor is all zero" if p.xx == 0 else "golden tensor is all zero")
         return float("nan")
-    return float(np.dot(p.x, p.y) / (np.sqrt(p.xx) * np.sqrt(p.yy)))
+    if not p.abs_d.any():           # identical: exactly 1, not 1 - 1 ulp of the rounding
+        return 1.0
+    cos = float(np.dot(p.x, p.y) / (np.sqrt(p.xx) * np.sqrt(p.yy)))
+    return min(1.0, max(-1.0, cos))
 
 
 def _relative_euclidean(p: _Pair) -> float:
