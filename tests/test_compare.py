@@ -213,3 +213,48 @@ def test_golden_against_golden_passes_every_op_with_cosine_exactly_one(tmp_path)
     table = vector_compare(ws, first, second, 0)
     assert len(table) > 300 and (table.Verdict == "pass").all()
     assert (table.CosineSimilarity == 1.0).all() and (table.MaxAbsoluteError == 0).all()
+
+
+def test_compare_from_statistics_only(tmp_path):
+    """The NPU dumped statistics only: rows come from the two index rows; their norms equal
+    the norms of a tensor dump of the same step, the planted fused LayerNorm (whose variance
+    goes wrong) is still the origin, and a stats row on its own passes or fails by the norm."""
+    from precision_tool.analysis import root_cause
+    from precision_tool.analysis.compare import compare_stats, verdict
+    g = pt.Graph("planted")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], "float16")
+        y = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
+        out = pt.nn.dense(y, 10, name="head")
+    xv = (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+    root = str(tmp_path)
+    for data in ("stats", "tensor"):
+        pt.Session(g, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", dump_data=data,
+            data_dir=root)).run(out, {x: xv})
+    hooks.sess_dump(pt.Session(g), action="dump", data_dir=root).run(out, {x: xv})
+    ws = Workspace(root)
+    stats_run, tensor_run = ws.runs("npu")
+    by_stats = vector_compare(ws, stats_run, ws.run("cpu"), 0)
+    by_tensor = vector_compare(ws, tensor_run, ws.run("cpu"), 0)
+    compared = by_stats.Verdict != "npu-only"
+    assert by_stats[compared].CompareFailReason.str.startswith("statistics only").all()
+    assert by_stats[compared].CosineSimilarity.isna().all()
+    # tensor compares take norms over the elements finite on both sides: compare where all are
+    finite = compared & (by_tensor.NpuNanCount + by_tensor.NpuInfCount == 0)
+    assert finite.sum() >= 5
+    np.testing.assert_allclose(by_stats[finite].NpuNorm, by_tensor[finite].NpuNorm, rtol=1e-12)
+    np.testing.assert_allclose(by_stats[finite].GoldenNorm, by_tensor[finite].GoldenNorm, rtol=1e-12)
+    origin = root_cause(by_stats).first_origin
+    assert origin.op_name == "norm/Add_1" and origin.pass_name == "LayerNormFusionPass"
+    # one row by hand: norms 3 and 4 differ by 1/4 relatively
+    a = {"max": 2.0, "min": -1.0, "mean": 0.5, "l2norm": 3.0, "nan_count": 0, "pos_inf_count": 0,
+         "neg_inf_count": 0}
+    b = dict(a, l2norm=4.0, max=3.0)
+    row = compare_stats(a, b)
+    assert row["NormRelativeDiff"] == 0.25 and row["MaxDiff"] == -1.0 and row["MeanDiff"] == 0.0
+    assert verdict(row, 0.98) == "fail" and verdict(row, 0.7) == "pass"
+    assert verdict(compare_stats(a, dict(a, l2norm=0.0)), 0.98) == "fail"      # golden all zero
+    assert verdict(compare_stats(dict(a, l2norm=0.0), dict(a, l2norm=0.0)), 0.98) == "pass"
+    five = compare_stats(a, b, five_hd=True)
+    assert np.isnan(five["MaxDiff"]) and "5HD" in five["CompareFailReason"]

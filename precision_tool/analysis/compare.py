@@ -1,5 +1,6 @@
 """Vector compare (`vc`): every dumped NPU tensor of a step against the golden tensor it
-stands for, with the metrics of metrics.py, as rows in execution order.
+stands for, with the metrics of metrics.py, as rows in execution order; where a side dumped
+statistics only, from the two index rows (compare_stats).
 
 The result CSV keeps msaccucmp's columns (Index, OpType, NPUDump, DataType, GroundTruth,
 DataType, TensorIndex, Shape, OverFlow, the metrics, CompareFailReason) and adds the verdict,
@@ -30,21 +31,70 @@ TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7
 COLUMNS = (["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth", "GoldenDataType",
             "TensorIndex", "Shape", "OverFlow"] + list(METRICS) +
            ["NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount", "NpuAtFp16Max",
-            "FlushedToZeroRatio", "NpuNorm", "GoldenNorm", "CompareFailReason", "Verdict", "TaskId", "PassName",
+            "FlushedToZeroRatio", "NpuNorm", "GoldenNorm", "NormRelativeDiff", "MaxDiff",
+            "MinDiff", "MeanDiff", "CompareFailReason", "Verdict", "TaskId", "PassName",
             "GoldenTensor"])
 
 
 def verdict(row: dict, threshold: float = COSINE_THRESHOLD) -> str:
-    """pass, fail, nan (the NPU produced inf/nan where the golden is finite) or error."""
+    """pass, fail, nan (the NPU produced inf/nan where the golden is finite) or error. From
+    statistics alone (no cosine), fail means the L2 norms differ by more than 1 - threshold
+    relatively: a norm-preserving error passes, which only tensors can show."""
     reason = row.get("CompareFailReason", "")
     if reason.startswith("shape mismatch") or reason.startswith("no golden"):
         return "error"
     if row["NpuNanCount"] + row["NpuInfCount"] > row["GoldenNanCount"] + row["GoldenInfCount"]:
         return "nan"
+    if reason.startswith(STATS_ONLY):
+        diff = row["NormRelativeDiff"]
+        return "fail" if diff > 1 - threshold or (diff != diff and row["NpuNorm"] > 0) else "pass"
     cos = row["CosineSimilarity"]
     if cos != cos:                                   # nan cosine: one side all zero
         return "fail" if row["MaxAbsoluteError"] > 0 else "pass"
     return "fail" if cos < threshold else "pass"
+
+
+STATS_ONLY = "statistics only"
+
+
+def diverging(rows: pd.DataFrame, threshold: float = COSINE_THRESHOLD) -> pd.Series:
+    """The rows of a result table that diverge at this threshold (which may differ from the
+    one the table was made with): cosine under it; nan/inf the golden lacks; without a
+    cosine, norms apart by more than 1 - threshold (statistics only) or exactly one side all
+    zero. NPU-only rows and error rows do not count."""
+    cos = rows.CosineSimilarity
+    no_cos = cos.isna()
+    reason = rows.get("CompareFailReason", pd.Series("", index=rows.index))
+    stats = reason.fillna("").astype(str).str.startswith(STATS_ONLY)
+    norm_diff = rows.get("NormRelativeDiff", pd.Series(np.nan, index=rows.index))
+    return (cos < threshold) | (rows.Verdict == "nan") | \
+        (no_cos & stats & (rows.Verdict == "fail") & ~(norm_diff <= 1 - threshold)) | \
+        (no_cos & ~stats & (rows.Verdict == "fail"))
+
+
+def compare_stats(npu: dict, golden: dict, five_hd: bool = False) -> dict:
+    """The comparison two index rows allow when a side dumped statistics only: the norms and
+    their relative difference, the differences of max, min and mean, the nan/inf counts.
+    Every tensor metric is nan. 5HD padding zeros do not change a norm, but they do enter
+    the max, min and mean of the NPU side, which are then left out."""
+    out = {name: float("nan") for name in METRICS}
+    out.update(NpuNanCount=int(npu["nan_count"]), GoldenNanCount=int(golden["nan_count"]),
+               NpuInfCount=int(npu["pos_inf_count"]) + int(npu["neg_inf_count"]),
+               GoldenInfCount=int(golden["pos_inf_count"]) + int(golden["neg_inf_count"]),
+               NpuAtFp16Max=int(max(abs(npu["max"]), abs(npu["min"])) >= numerics.FP16_MAX)
+               if npu["max"] == npu["max"] else 0,
+               FlushedToZeroRatio=float("nan"), NpuNorm=float(npu["l2norm"]),
+               GoldenNorm=float(golden["l2norm"]))
+    nx, ny = out["NpuNorm"], out["GoldenNorm"]
+    out["NormRelativeDiff"] = abs(nx - ny) / ny if ny > 0 else (0.0 if nx == 0 else float("nan"))
+    reasons = [STATS_ONLY]
+    if five_hd:
+        reasons.append("5HD padding enters max/min/mean: left out")
+        out.update(MaxDiff=float("nan"), MinDiff=float("nan"), MeanDiff=float("nan"))
+    else:
+        out.update({f"{k.capitalize()}Diff": float(npu[k]) - float(golden[k]) for k in ("max", "min", "mean")})
+    out["CompareFailReason"] = "; ".join(reasons)
+    return out
 
 
 def _logical(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
@@ -104,13 +154,16 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             row["GroundTruth"] = grow["op_name"]
             row["GoldenDataType"] = grow["dtype"]
             key = (r.file, grow["file"])
-            if key not in done:
+            if not r.file or not grow["file"]:       # a side dumped statistics only
+                row.update(compare_stats(r._asdict(), grow, r.format == "NC1HWC0"))
+            elif key not in done:
                 x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
                 y = ws.load(golden_run, gold_step, grow["file"])
                 if gold_format:
                     y = _logical(y, grow["format"], grow["original_shape"])
                 done[key] = compare_tensors(x, y)
-            row.update(done[key])
+            if key in done:
+                row.update(done[key])
             row["Verdict"] = verdict(row, threshold)
         rows.append(row)
         if progress is not None:

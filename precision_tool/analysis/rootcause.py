@@ -19,19 +19,12 @@ from typing import List, Set
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD, TOLERANCE
+from .compare import COSINE_THRESHOLD, TOLERANCE, diverging
 
 SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "ReduceSum",
                   "ReduceMean", "SumToLike", "FusedEltwise"})
 PRODUCTS = frozenset({"Mul", "MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2", "Conv2D",
                       "Conv2DBackpropInput", "Conv2DBackpropFilter"})
-
-
-def _bad(rows: pd.DataFrame, threshold: float) -> pd.Series:
-    """Rows that diverge: cosine under the threshold, or nan/inf the golden lacks. Rows with
-    nothing to compare against (NPU-only) or a defined-equal nan cosine do not count."""
-    return (rows.CosineSimilarity < threshold) | (rows.Verdict == "nan") | \
-           ((rows.Verdict == "fail") & rows.CosineSimilarity.isna())
 
 
 def is_cancellation(rows: pd.DataFrame, bad_out: pd.DataFrame) -> bool:
@@ -85,7 +78,7 @@ def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD) -> Root
     ops = sorted(table.groupby("NPUDump", sort=False), key=lambda kv: kv[1].Index.min())
     for op_name, rows in ops:
         is_out = rows.TensorIndex.str.contains(":output:", regex=False)
-        bad = _bad(rows, threshold)
+        bad = diverging(rows, threshold)
         bad_out = rows[is_out & bad]
         if bad_out.empty:
             continue

@@ -9,7 +9,7 @@ from typing import List
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD
+from .compare import COSINE_THRESHOLD, diverging
 from .rootcause import root_cause
 
 
@@ -46,9 +46,9 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
         outputs = rows[rows.TensorIndex.str.contains(":output:", regex=False)]
         if outputs.empty:
             continue
-        under = outputs.CosineSimilarity < threshold
+        under = diverging(outputs, threshold)
         nan = (outputs.Verdict == "nan").any()
-        if not (under.any() or nan):
+        if not under.any():
             continue
         inputs = rows[rows.TensorIndex.str.contains(":input:", regex=False)]
         found.append(OpSummary(

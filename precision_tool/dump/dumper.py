@@ -248,7 +248,9 @@ class DumpObserver:
             feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
             for node, _, outputs, _, stamp in feeds + st.records:
                 t_name, n_name, q_type, q_name, _, _, outs = self._statics(node)
-                for k, (value, (q_tensor, dtype, _, _)) in enumerate(zip(outputs, outs)):
+                for k, (value, (q_tensor, _, _, _)) in enumerate(zip(outputs, outs)):
+                    # the golden holds every float in its golden dtype: that is what it dumps
+                    dtype = value.dtype.name
                     add(f"{q_type},{q_name},{stamp},output,{k},{q_tensor},{dtype},{dims(value.shape)}",
                         f"{node.name}:{k}", value, dtype, layout.cpu_file_name(n_name, k, stamp))
         stats = numerics.batch_stats([u[0] for u in unique])
