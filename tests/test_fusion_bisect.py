@@ -85,3 +85,31 @@ def test_unnormalised_transformer_story(tmp_path):
     verdict = bisect_fusion(ws, ws.run("npu"), ws.run("cpu"), 0)
     assert verdict.culprits == ["SoftmaxFusionPass"]
     assert verdict.replays <= 2 + 2 * int(np.ceil(np.log2(len(verdict.fired))))
+
+
+def test_unnormalised_transformer_with_embedding_norm_blames_the_fused_layer_norm(tmp_path):
+    """BERT-style embeddings LayerNorm fed unnormalised pixels (x32) under force_fp16: the
+    fused kernel's one-pass variance squares x itself (E[x^2] - E[x]^2) and saturates fp16;
+    the two-pass unfused graph squares x - mean and stays close to the golden. The fused LayerNorm is the first overflow and the origin, its
+    single-op replay shows local error, and bisection names LayerNormFusionPass."""
+    from precision_tool.analysis import auto_check
+    d = pt.data.digits(scale=32.0)
+    m = pt.models.transformer(embedding_norm=True)
+    root = str(tmp_path)
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="force_fp16"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+    feed = {m.x: d.x_train[:32], m.y: d.y_train[:32]}
+    npu.run([m.loss, m.train_op], feed)
+    cpu.run([m.loss, m.train_op], feed)
+    ws = Workspace(root)
+    result = auto_check(ws, compare=True)
+    assert result.first_overflow["op_name"] == "embedding_norm/Add_1"
+    assert result.origin["op_name"] == "embedding_norm/Add_1"
+    assert result.origin["pass_name"] == "LayerNormFusionPass" and result.origin_replay == "local"
+    # the attention key-bias gradient (zero in exact arithmetic) is noise, not a lead
+    assert "gradients/encoder/layer_0/attention/key/BiasAdd_grad/BiasAddGrad" in result.cancellations
+    verdict = bisect_fusion(ws, ws.run("npu"), ws.run("cpu"), 0)
+    assert verdict.fusion_to_blame and verdict.culprits == ["LayerNormFusionPass"]
+    assert "embedding_norm/Add_1" in verdict.fused_nodes["LayerNormFusionPass"]
+    assert verdict.replays <= int(np.ceil(np.log2(len(verdict.fired)))) + 2

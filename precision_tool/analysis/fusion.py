@@ -19,7 +19,7 @@ from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..runtime.npu.fusion import GRAPH, PASSES, UB
-from .compare import COSINE_THRESHOLD, vector_compare
+from .compare import COSINE_THRESHOLD, diverging, vector_compare
 
 
 class FusionReplayError(PrecisionToolError, ValueError):
@@ -53,8 +53,7 @@ def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[st
 def failing(ws: Workspace, run: Run, golden: Run, step: int, threshold: float) -> Set[str]:
     """Golden tensors whose NPU counterpart fails in this run."""
     table = vector_compare(ws, run, golden, step, threshold=threshold)
-    bad = table[(table.CosineSimilarity < threshold) | (table.Verdict == "nan")]
-    return set(bad.GoldenTensor)
+    return set(table[diverging(table, threshold)].GoldenTensor)
 
 
 @dataclass
