@@ -104,3 +104,43 @@ def test_flushed_to_zero_share_counts_only_live_golden_elements():
     x = np.array([0.0, 0.0, 1e-8, 0.0], np.float32)
     y = np.array([1e-8, 0.0, 1e-8, 2e-8], np.float32)
     assert compare_tensors(x, y)["FlushedToZeroRatio"] == pytest.approx(2 / 3)
+
+
+def test_blockwise_metrics_match_whole_array_float64_formulas():
+    """Tensors spanning several blocks, with a large common offset (std by Chan's combination
+    must not cancel), non-finite elements and near-zero goldens: every metric equals the
+    textbook float64 formula applied to the whole finite arrays at once."""
+    from precision_tool.analysis.metrics import CHUNK, EPS
+    rng = np.random.default_rng(5)
+    n = 3 * CHUNK + 123
+    y = (1e4 + rng.normal(size=n)).astype(np.float32)
+    y[::97] = 0.0
+    x = (y + rng.normal(scale=1e-2, size=n)).astype(np.float32)
+    x[5], y[7], x[CHUNK + 1] = np.nan, np.inf, -np.inf
+    m = compare_tensors(x, y)
+    keep = np.isfinite(x) & np.isfinite(y)
+    xf, yf = x[keep].astype(np.float64), y[keep].astype(np.float64)
+    d = xf - yf
+    mask = np.abs(yf) > EPS
+    rel = np.abs(d[mask]) / np.abs(yf[mask])
+    err = np.where(np.abs(yf) > EPS, np.abs(d) / np.where(mask, np.abs(yf), 1), np.abs(d))
+    want = {
+        "CosineSimilarity": xf @ yf / np.linalg.norm(xf) / np.linalg.norm(yf),
+        "MaxAbsoluteError": np.abs(d).max(), "MeanAbsoluteError": np.abs(d).mean(),
+        "RootMeanSquareError": np.sqrt(np.mean(d * d)),
+        "RelativeEuclideanDistance": np.linalg.norm(d) / np.linalg.norm(yf),
+        "AccumulatedRelativeError": rel.sum(), "MaxRelativeError": rel.max(),
+        "MeanRelativeError": rel.mean(), "StandardDeviation": np.std(xf),
+        "GoldenStandardDeviation": np.std(yf),
+        "RatioRelError<0.001": np.mean(err < 1e-3), "RatioRelError<0.005": np.mean(err < 5e-3),
+        "NpuNorm": np.linalg.norm(xf), "GoldenNorm": np.linalg.norm(yf),
+    }
+    for name, value in want.items():
+        assert m[name] == pytest.approx(value, rel=1e-9), name
+    def pdf(v):
+        v = np.maximum((v - v.min()) / (v.max() - v.min()), EPS)
+        return v / v.sum()
+    P, Q = pdf(xf), pdf(yf)
+    assert m["KullbackLeiblerDivergence"] == pytest.approx(np.sum(P * np.log(P / Q)), rel=1e-6, abs=1e-12)
+    assert (m["NpuNanCount"], m["NpuInfCount"], m["GoldenInfCount"]) == (1, 1, 1)
+    assert "3 non-finite element(s) left out" in m["CompareFailReason"]

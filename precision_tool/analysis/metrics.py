@@ -27,105 +27,143 @@ from .. import numerics
 EPS = float(np.finfo(np.float32).eps)
 
 
-class _Pair:
-    """The quantities several metrics share, computed once per tensor pair."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray):
-        self.x, self.y = x, y
-        self.d = x - y
-        self.abs_d = np.abs(self.d)
-        self.abs_y = np.abs(y)
-        self.rel_mask = self.abs_y > EPS
-        self.xx = float(np.dot(x, x))
-        self.yy = float(np.dot(y, y))
-        self.reasons = []
-
-    @property
-    def rel(self) -> np.ndarray:
-        return self.abs_d[self.rel_mask] / self.abs_y[self.rel_mask]
+CHUNK = 1 << 16        # elements per block: the block's float64 temporaries stay in cache
 
 
-def _cosine(p: _Pair) -> float:
-    if p.xx == 0 and p.yy == 0:
-        return 1.0
-    if p.xx == 0 or p.yy == 0:
-        p.reasons.append("npu tensor is all zero" if p.xx == 0 else "golden tensor is all zero")
-        return float("nan")
-    if not p.abs_d.any():           # identical: exactly 1, not 1 - 1 ulp of the rounding
-        return 1.0
-    cos = float(np.dot(p.x, p.y) / (np.sqrt(p.xx) * np.sqrt(p.yy)))
-    return min(1.0, max(-1.0, cos))
+class _Totals:
+    """What the metrics need, accumulated block by block over the finite pairs (float64):
+    sums for the dot products, norms, errors and ratios, Chan's combination for the
+    standard deviations, and the ranges the KL pass needs. Tensors are read once for
+    everything but KL, which reads them a second time."""
 
+    def __init__(self):
+        self.n = 0
+        self.xy = self.xx = self.yy = self.dd = 0.0
+        self.abs_d_sum = self.abs_d_max = 0.0
+        self.rel_n, self.rel_sum, self.rel_max = 0, 0.0, 0.0
+        self.within_1e3 = self.within_5e3 = 0
+        self.moments = {"x": (0, 0.0, 0.0), "y": (0, 0.0, 0.0)}      # (n, mean, M2)
+        self.lo = {"x": np.inf, "y": np.inf}
+        self.hi = {"x": -np.inf, "y": -np.inf}
+        self.kl = float("nan")
+        self.reasons: list = []
 
-def _relative_euclidean(p: _Pair) -> float:
-    if p.yy == 0:
-        return 0.0 if p.xx == 0 else float("nan")
-    return float(np.sqrt(np.dot(p.d, p.d) / p.yy))
+    def add(self, x: np.ndarray, y: np.ndarray):
+        n = x.size
+        if n == 0:
+            return
+        d = x - y
+        self.n += n
+        self.xy += float(np.dot(x, y))
+        self.xx += float(np.dot(x, x))
+        self.yy += float(np.dot(y, y))
+        self.dd += float(np.dot(d, d))
+        abs_d = np.abs(d, out=d)
+        self.abs_d_sum += float(abs_d.sum())
+        self.abs_d_max = max(self.abs_d_max, float(abs_d.max()))
+        abs_y = np.abs(y)
+        mask = abs_y > EPS
+        # relative error where |y| > eps, absolute elsewhere (the ratios' definition)
+        err = np.divide(abs_d, abs_y, out=abs_d.copy(), where=mask)
+        k = int(np.count_nonzero(mask))
+        if k:
+            rel = err[mask]
+            self.rel_n += k
+            self.rel_sum += float(rel.sum())
+            self.rel_max = max(self.rel_max, float(rel.max()))
+        self.within_1e3 += int(np.count_nonzero(err < 1e-3))
+        self.within_5e3 += int(np.count_nonzero(err < 5e-3))
+        for side, v in (("x", x), ("y", y)):
+            self.lo[side] = min(self.lo[side], float(v.min()))
+            self.hi[side] = max(self.hi[side], float(v.max()))
+            mean = float(v.mean())
+            m2 = float(np.dot(v - mean, v - mean))
+            self.moments[side] = _chan(self.moments[side], (n, mean, m2))
 
+    def kl_pass(self, blocks):
+        """msaccucmp's KL: min-max normalise each side, floor at eps, make pdfs, sum
+        P log(P/Q) = (sum p (log p - log q)) / Sp - log Sp + log Sq."""
+        sp = sq = s = 0.0
+        for x, y in blocks:
+            p, q = self._unit(x, "x"), self._unit(y, "y")
+            sp += float(p.sum())
+            sq += float(q.sum())
+            s += float(np.dot(p, np.log(p) - np.log(q)))
+        self.kl = s / sp - np.log(sp) + np.log(sq) if self.n else float("nan")
 
-def _accumulated_relative(p: _Pair) -> float:
-    return float(p.rel.sum()) if p.rel_mask.any() else float("nan")
-
-
-def _max_relative(p: _Pair) -> float:
-    return float(p.rel.max()) if p.rel_mask.any() else float("nan")
-
-
-def _mean_relative(p: _Pair) -> float:
-    return float(p.rel.mean()) if p.rel_mask.any() else float("nan")
-
-
-def _kl(p: _Pair) -> float:
-    """msaccucmp's: min-max normalise each side, floor at eps, make pdfs, sum P log(P/Q)."""
-    def pdf(v):
-        lo, hi = v.min(), v.max()
+    def _unit(self, v, side):
+        lo, hi = self.lo[side], self.hi[side]
         v = (v - lo) / (hi - lo) if hi > lo else v
-        v = np.maximum(v, EPS)
-        return v / v.sum()
-    P, Q = pdf(p.x), pdf(p.y)
-    return float(np.sum(P * np.log(P / Q)))
+        return np.maximum(v, EPS)
+
+    def std(self, side) -> float:
+        n, _, m2 = self.moments[side]
+        return float(np.sqrt(m2 / n)) if n else float("nan")
 
 
-def _within(limit: float) -> Callable[[_Pair], float]:
-    def ratio(p: _Pair) -> float:
-        err = np.where(p.rel_mask, p.abs_d / np.where(p.rel_mask, p.abs_y, 1.0), p.abs_d)
-        return float(np.mean(err < limit))
-    return ratio
+def _chan(a, b):
+    """Combine (n, mean, M2) of two blocks (Chan et al.): exact, no cancellation."""
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    delta = mb - ma
+    return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n
 
 
-# name -> (function of the finite pair, what it is). Order is the CSV's column order.
+def _cosine(t: _Totals) -> float:
+    if t.xx == 0 and t.yy == 0:
+        return 1.0
+    if t.xx == 0 or t.yy == 0:
+        t.reasons.append("npu tensor is all zero" if t.xx == 0 else "golden tensor is all zero")
+        return float("nan")
+    if t.abs_d_max == 0:            # identical: exactly 1, not 1 - 1 ulp of the rounding
+        return 1.0
+    return min(1.0, max(-1.0, t.xy / (np.sqrt(t.xx) * np.sqrt(t.yy))))
+
+
+def _relative_euclidean(t: _Totals) -> float:
+    if t.yy == 0:
+        return 0.0 if t.xx == 0 else float("nan")
+    return float(np.sqrt(t.dd / t.yy))
+
+
+def _over_rel(value):
+    return lambda t: float(value(t)) if t.rel_n else float("nan")
+
+
+# name -> (function of the totals, what it is). Order is the CSV's column order.
 METRICS: Dict[str, tuple] = {
     "CosineSimilarity": (_cosine, "x.y / (|x| |y|)"),
-    "MaxAbsoluteError": (lambda p: float(p.abs_d.max()), "max |x - y|"),
-    "AccumulatedRelativeError": (_accumulated_relative, "sum |x - y| / |y| over |y| > eps"),
+    "MaxAbsoluteError": (lambda t: t.abs_d_max, "max |x - y|"),
+    "AccumulatedRelativeError": (_over_rel(lambda t: t.rel_sum), "sum |x - y| / |y| over |y| > eps"),
     "RelativeEuclideanDistance": (_relative_euclidean, "sqrt(sum (x - y)^2 / sum y^2)"),
-    "KullbackLeiblerDivergence": (_kl, "sum P log(P / Q) of the min-max normalised pdfs"),
-    "StandardDeviation": (lambda p: float(np.std(p.x)), "std of x (golden: GoldenStandardDeviation)"),
-    "GoldenStandardDeviation": (lambda p: float(np.std(p.y)), "std of y"),
-    "MeanAbsoluteError": (lambda p: float(p.abs_d.mean()), "mean |x - y|"),
-    "RootMeanSquareError": (lambda p: float(np.sqrt(np.mean(p.d * p.d))), "sqrt(mean (x - y)^2)"),
-    "MaxRelativeError": (_max_relative, "max |x - y| / |y| over |y| > eps"),
-    "MeanRelativeError": (_mean_relative, "mean |x - y| / |y| over |y| > eps"),
-    "RatioRelError<0.001": (_within(1e-3), "share of elements with relative error < 1/1000"),
-    "RatioRelError<0.005": (_within(5e-3), "share of elements with relative error < 5/1000"),
+    "KullbackLeiblerDivergence": (lambda t: t.kl, "sum P log(P / Q) of the min-max normalised pdfs"),
+    "StandardDeviation": (lambda t: t.std("x"), "std of x (golden: GoldenStandardDeviation)"),
+    "GoldenStandardDeviation": (lambda t: t.std("y"), "std of y"),
+    "MeanAbsoluteError": (lambda t: t.abs_d_sum / t.n, "mean |x - y|"),
+    "RootMeanSquareError": (lambda t: float(np.sqrt(t.dd / t.n)), "sqrt(mean (x - y)^2)"),
+    "MaxRelativeError": (_over_rel(lambda t: t.rel_max), "max |x - y| / |y| over |y| > eps"),
+    "MeanRelativeError": (_over_rel(lambda t: t.rel_sum / t.rel_n), "mean |x - y| / |y| over |y| > eps"),
+    "RatioRelError<0.001": (lambda t: t.within_1e3 / t.n, "share of elements with relative error < 1/1000"),
+    "RatioRelError<0.005": (lambda t: t.within_5e3 / t.n, "share of elements with relative error < 5/1000"),
 }
 
 
 def compare_tensors(npu, golden) -> dict:
-    """Every metric of METRICS plus the counts, for one pair; never raises on data."""
+    """Every metric of METRICS plus the counts, for one pair; never raises on data. The
+    arrays are read block by block (a memory-mapped dump is streamed, never loaded whole)."""
     x = np.asarray(npu)
     y = np.asarray(golden)
     out = {name: float("nan") for name in METRICS}
-    counts = {}
-    for side, a in (("Npu", x), ("Golden", y)):
-        af = _float64(a)
-        counts[f"{side}NanCount"] = int(np.isnan(af).sum())
-        counts[f"{side}InfCount"] = int(np.isinf(af).sum())
-    out.update(counts)
-    out["NpuAtFp16Max"] = int((np.abs(_float64(x)) >= numerics.FP16_MAX).sum())
-    out["FlushedToZeroRatio"] = float("nan")
-    out["NpuNorm"] = out["GoldenNorm"] = float("nan")
+    out.update(NpuNanCount=0, NpuInfCount=0, GoldenNanCount=0, GoldenInfCount=0, NpuAtFp16Max=0,
+               FlushedToZeroRatio=float("nan"), NpuNorm=float("nan"), GoldenNorm=float("nan"))
     if x.shape != y.shape:
+        for side, a in (("Npu", x), ("Golden", y)):
+            for xb in _blocks(a.reshape(-1)):
+                out[f"{side}NanCount"] += int(np.isnan(xb).sum())
+                out[f"{side}InfCount"] += int(np.isinf(xb).sum())
+        out["NpuAtFp16Max"] = sum(int((np.abs(xb) >= numerics.FP16_MAX).sum())
+                                  for xb in _blocks(x.reshape(-1)))
         out["CompareFailReason"] = (f"shape mismatch: npu {list(x.shape)} vs golden "
                                     f"{list(y.shape)}")
         return out
@@ -134,25 +172,47 @@ def compare_tensors(npu, golden) -> dict:
                    **{"RatioRelError<0.001": 1.0, "RatioRelError<0.005": 1.0},
                    CompareFailReason="empty tensors")
         return out
-    xf, yf = _float64(x).reshape(-1), _float64(y).reshape(-1)
-    live_y = yf != 0
-    out["FlushedToZeroRatio"] = (float(np.mean(xf[live_y] == 0)) if live_y.any() else float("nan"))
-    finite = np.isfinite(xf) & np.isfinite(yf)
-    reasons = []
-    if not finite.all():
-        reasons.append(f"{int((~finite).sum())} non-finite element(s) left out")
-        xf, yf = xf[finite], yf[finite]
-    if xf.size == 0:
+    xs, ys = x.reshape(-1), y.reshape(-1)
+    t = _Totals()
+    live = flushed = left_out = 0
+    for xb, yb in zip(_blocks(xs), _blocks(ys)):
+        out["NpuNanCount"] += int(np.isnan(xb).sum())
+        out["NpuInfCount"] += int(np.isinf(xb).sum())
+        out["GoldenNanCount"] += int(np.isnan(yb).sum())
+        out["GoldenInfCount"] += int(np.isinf(yb).sum())
+        out["NpuAtFp16Max"] += int((np.abs(xb) >= numerics.FP16_MAX).sum())
+        live_y = yb != 0
+        live += int(live_y.sum())
+        flushed += int((live_y & (xb == 0)).sum())
+        finite = np.isfinite(xb) & np.isfinite(yb)
+        if not finite.all():
+            left_out += int((~finite).sum())
+            xb, yb = xb[finite], yb[finite]
+        t.add(xb, yb)
+    out["FlushedToZeroRatio"] = flushed / live if live else float("nan")
+    reasons = [f"{left_out} non-finite element(s) left out"] if left_out else []
+    if t.n == 0:
         out["CompareFailReason"] = "; ".join(reasons + ["no finite element to compare"])
         return out
-    pair = _Pair(xf, yf)
+    t.kl_pass(_finite_pairs(xs, ys) if left_out else zip(_blocks(xs), _blocks(ys)))
     for name, (fn, _) in METRICS.items():
-        out[name] = fn(pair)
-    out["NpuNorm"], out["GoldenNorm"] = float(np.sqrt(pair.xx)), float(np.sqrt(pair.yy))
-    if not pair.rel_mask.any():
+        out[name] = float(fn(t))
+    out["NpuNorm"], out["GoldenNorm"] = float(np.sqrt(t.xx)), float(np.sqrt(t.yy))
+    if not t.rel_n:
         reasons.append("golden tensor is all (near) zero: relative errors undefined")
-    out["CompareFailReason"] = "; ".join(reasons + pair.reasons)
+    out["CompareFailReason"] = "; ".join(reasons + t.reasons)
     return out
+
+
+def _blocks(a: np.ndarray):
+    for start in range(0, a.size, CHUNK):
+        yield _float64(a[start:start + CHUNK])
+
+
+def _finite_pairs(xs, ys):
+    for xb, yb in zip(_blocks(xs), _blocks(ys)):
+        finite = np.isfinite(xb) & np.isfinite(yb)
+        yield xb[finite], yb[finite]
 
 
 def _float64(a: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ class WorkspaceError(PrecisionToolError, ValueError):
     """A workspace, run, step or file that is missing or unreadable."""
 
 
+MMAP_BYTES = 64 * 2 ** 20
 ASCEND_NPU_NAME = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)(?:\.(?P<stream_id>\d+))?"
     r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$")
@@ -191,7 +192,9 @@ class Workspace:
         if not real.startswith(os.path.realpath(self.root) + os.sep):
             raise WorkspaceError(f"{path} is outside the workspace {self.root}")
         try:
-            return np.load(real, allow_pickle=False)
+            # a large tensor is memory-mapped: compares stream it block by block
+            mmap = "r" if os.path.getsize(real) > MMAP_BYTES else None
+            return np.load(real, allow_pickle=False, mmap_mode=mmap)
         except FileNotFoundError:
             raise WorkspaceError(f"tensor file {path} is missing") from None
         except ValueError as e:
