@@ -19,7 +19,8 @@ from .dump.dumper import DumpHook, DumpObserver
 from .runtime import SessionConfig
 
 
-def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action):
+def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action,
+              replay_of=None):
     actions = layout.parse_action(action if action is not None else os.environ.get(env_action))
     if dump_step is None:
         dump_step = os.environ.get(layout.ENV_DUMP_STEP)
@@ -30,22 +31,24 @@ def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_
         steps=layout.parse_steps(dump_step),
         mode=dump_mode or os.environ.get(layout.ENV_DUMP_MODE) or "all",
         data=dump_data or os.environ.get(layout.ENV_DUMP_DATA) or "tensor",
-        debug_dir=debug_dir)
+        debug_dir=debug_dir, replay_of=replay_of)
 
 
 def session_dump_config(config: Optional[SessionConfig] = None, action: Optional[str] = None,
                         dump_step: Optional[str] = None, dump_mode: Optional[str] = None,
                         dump_data: Optional[str] = None, data_dir: Optional[str] = None,
                         debug_dir: Optional[str] = None,
-                        fusion_switch_file: Optional[str] = None) -> SessionConfig:
+                        fusion_switch_file: Optional[str] = None,
+                        replay_of: Optional[str] = None) -> SessionConfig:
     """The NPU session config with the actions turned on: any '|'-joined combination of
     dump, overflow, fusion_off and fusion_switch (the switch file given, or
     <workspace>/config/fusion_switch.cfg). dump_step: "0|5|10" or "0|3-5|10" (default "0",
     or every step for a plain overflow check); dump_mode: input, output or all; dump_data:
-    tensor or stats (index rows only)."""
+    tensor or stats (index rows only). replay_of names the run a replay reruns (analysis
+    commands then default to the original, not the replay)."""
     config = config or SessionConfig()
     actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
-                                  layout.ENV_NPU_ACTION)
+                                  layout.ENV_NPU_ACTION, replay_of)
     changes = {}
     if "fusion_off" in actions:
         changes.update(fusion_switch="off", fusion_switch_file=None)

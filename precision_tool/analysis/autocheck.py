@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 from ..dump import Workspace
 from ..dump.workspace import Run
-from .compare import COSINE_THRESHOLD, vector_compare
+from .compare import COSINE_THRESHOLD, vector_compare, write_result
 from .fusion import FusionReplayError, fired_passes
 from .loss_scale import loss_scale_history
 from .overflow import overflow_report
@@ -31,6 +31,13 @@ class AutoCheck:
     origin: Optional[dict] = None
     origin_replay: Optional[str] = None            # local / inherited / exact
     cancellations: List[str] = field(default_factory=list)   # ops whose divergence is noise
+    result_file: Optional[str] = None              # the vector compare's CSV, if written
+
+    @property
+    def has_findings(self) -> bool:
+        """An overflow, or an op under the threshold that is not cancellation noise."""
+        return self.first_overflow is not None or bool(self.overflows) or any(
+            s["category"] != "cancellation" for s in self.under_threshold)
     advice: str = ""
 
     def to_dict(self) -> dict:
@@ -39,7 +46,10 @@ class AutoCheck:
 
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False,
-               threshold: float = COSINE_THRESHOLD, limit: int = 3) -> AutoCheck:
+               threshold: float = COSINE_THRESHOLD, limit: int = 3,
+               write_csv: bool = False) -> AutoCheck:
+    """With compare=True the vector compare runs too (written to temp/vector_compare when
+    write_csv), its summary keeps `limit` ops (all when <= 0)."""
     npu_run = npu_run or ws.run("npu")
     complete = [s.step for s in npu_run.steps if s.complete]
     if step is None:
@@ -59,6 +69,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         golden_run = golden_run or ws.run("cpu")
         result.golden_run = golden_run.name
         table = vector_compare(ws, npu_run, golden_run, step, threshold=threshold)
+        if write_csv:
+            result.result_file = write_result(ws, table)
         result.under_threshold = [dataclasses.asdict(s) for s in summarize(table, threshold, limit)]
         cause = root_cause(table, threshold)
         result.cancellations = sorted(cause.noise_ops)
@@ -74,24 +86,38 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
 
 
 def _task(t) -> dict:
+    tensors = [{"io": r["io"], "index": int(r["index"]), "dtype": r["dtype"], "shape": r["shape"],
+                "max": r["max"], "min": r["min"], "mean": r["mean"],
+                "nan_count": int(r["nan_count"]),
+                "inf_count": int(r["pos_inf_count"]) + int(r["neg_inf_count"])} for r in t.tensors]
     return {"op_name": t.op_name, "op_type": t.op_type, "task_id": t.task_id,
             "status": f"0x{t.status:x}", "status_bits": t.status_bits,
-            "inputs_finite": t.inputs_finite}
+            "inputs_finite": t.inputs_finite, "tensors": tensors}
 
 
 def _advice(r: AutoCheck) -> str:
+    o = r.origin
     if r.first_overflow is not None:
         op = r.first_overflow
-        return (f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])}). "
-                f"Keep that op in fp32 (modify_mixlist black-list), or use dynamic loss scaling "
-                f"if it is a gradient; the later overflows only carry it.")
-    if r.origin is not None:
-        o = r.origin
+        text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
+        inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
+        if inputs:
+            peak = max(max(abs(t["max"]), abs(t["min"])) for t in inputs)
+            text += f"; its inputs reach {peak:.6g}"
+        text += ". "
+        if o is not None and o["op_name"] == op["op_name"] and o["pass_name"]:
+            return text + (f"It is also where the divergence starts, fused by {o['pass_name']}. "
+                           f"Confirm with the fusion-off replay (fo), then switch {o['pass_name']} off "
+                           f"in fusion_switch.cfg, keep the op in fp32 (modify_mixlist black-list), or "
+                           f"normalise what feeds it.")
+        return text + ("Keep that op in fp32 (modify_mixlist black-list), or use dynamic loss "
+                       "scaling if it is a gradient; the later overflows only carry it.")
+    if o is not None:
         fused = f", fused by {o['pass_name']}" if o["pass_name"] else ""
         what = {"local": "its own numerics", "inherited": "error it inherited",
                 "exact": "nothing measurable"}.get(r.origin_replay or "", "an undetermined cause")
         step = (f"Switch {o['pass_name']} off in fusion_switch.cfg and compare again, or run the "
-                f"pass bisection to confirm it." if o["pass_name"] else
+                f"fusion-off replay (fo) to confirm it." if o["pass_name"] else
                 "Keep this op in fp32 (modify_mixlist) and compare again.")
         return (f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}); its single-op "
                 f"replay points at {what}. {step}")

@@ -43,7 +43,7 @@ def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[st
     bundle = load_bundle(bundle_path)
     config = bundle.config(fusion_switch=switch_for(passes_on))
     config = hooks.session_dump_config(config, action="dump", dump_step=str(step),
-                                       data_dir=ws.root)
+                                       data_dir=ws.root, replay_of=f"{npu_run.target}/{npu_run.name}")
     sess, _ = replay(bundle, "npu", config)
     sess.close()
     fresh = Workspace(ws.root)

@@ -25,6 +25,7 @@ class OpSummary:
     # "under threshold"; "nan": the output holds nan/inf the golden lacks; "cancellation":
     # the golden output is cancellation noise, or only carries it (see rootcause)
     category: str = "under threshold"
+    role: str = ""          # from root cause: origin, propagator or cancellation
 
     @property
     def is_finding(self) -> bool:
@@ -41,7 +42,11 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
     """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
     (all when limit <= 0), in execution order or, with by_cosine, worst first."""
     found = []
-    noise = root_cause(table, threshold).noise_ops
+    cause = root_cause(table, threshold)
+    roles = {d.op_name: "origin" for d in cause.origins}
+    roles.update({d.op_name: "propagator" for d in cause.propagators})
+    roles.update({d.op_name: "cancellation" for d in cause.cancellations})
+    noise = cause.noise_ops
     for op_name, rows in table.groupby("NPUDump", sort=False):
         outputs = rows[rows.TensorIndex.str.contains(":output:", regex=False)]
         if outputs.empty:
@@ -57,7 +62,8 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
             pass_name=str(rows.PassName.iloc[0]) if "PassName" in rows and isinstance(rows.PassName.iloc[0], str) else "",
             input_cosines=[float(c) for c in inputs.CosineSimilarity],
             output_cosines=[float(c) for c in outputs.CosineSimilarity],
-            category="nan" if nan else "cancellation" if op_name in noise else "under threshold"))
+            category="nan" if nan else "cancellation" if op_name in noise else "under threshold",
+            role=roles.get(op_name, "")))
     if by_cosine:
         found.sort(key=lambda s: (s.worst_output if s.worst_output == s.worst_output else -np.inf))
     else:

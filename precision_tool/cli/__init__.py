@@ -1,4 +1,5 @@
-"""The command line: `precision-tool` and `python -m precision_tool`.
+"""The command line: `precision-tool` and `python -m precision_tool`, one-shot or as the
+interactive `PrecisionTool >` shell (`precision-tool shell`, or no command on a terminal).
 
 Exit codes: 0 nothing found, 1 precision findings, 2 usage or input error (one line on
 stderr), 3 internal error.
@@ -9,58 +10,136 @@ import click
 
 from .. import __version__
 from ..dump import layout
+from . import analyse, inspect, jobs  # noqa: F401  (they register their commands)
+from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, LOG_LEVELS, App,
+                  alias_of)
 from .runner import ALIASES, RUNNERS, make_runner
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_CODES = ("Exit codes: 0 nothing found; 1 precision findings (an op under the threshold, an "
+              "overflow); 2 usage or input error (one line on stderr); 3 internal error.")
+
+
+class _Failure(click.ClickException):
+    """One line on stderr and a documented exit code, never a traceback."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file=None):
+        click.echo(self.message, err=True)
 
 
 class _Group(click.Group):
-    """Accepts the reference tool's spellings of the runner commands (npu_dump, tf_dump...)."""
+    """Every command answers to its short name (ac, vcs...) and its long alias (auto-check,
+    vector-summary...); the runners also to the reference tool's spellings (npu_dump...).
+    A command's return value is the exit code; errors become one line and code 2 (input)
+    or 3 (ours), the same through main(), click's runner and the shell."""
 
     def get_command(self, ctx, name):
-        return super().get_command(ctx, ALIASES.get(name, name))
+        return super().get_command(ctx, ALIASES.get(name, alias_of(name)))
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if args and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+            words = sorted(set(self.list_commands(ctx)) | {i.alias for i in COMMANDS.values()})
+            close = difflib.get_close_matches(name, words, n=3)
+            ctx.fail(f"no command {name!r}" + (f"; did you mean {' or '.join(close)}?" if close
+                                                else "; see --help for the commands"))
+        return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx):
+        from ..errors import PrecisionToolError
+        try:
+            code = super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
+            raise
+        except PrecisionToolError as e:
+            raise _Failure(f"error: {e}", EXIT_USAGE) from None
+        except OSError as e:         # a full disk, a missing or unwritable directory
+            where = f": {e.filename}" if e.filename else ""
+            raise _Failure(f"error: {e.strerror or e}{where}", EXIT_USAGE) from None
+        except Exception as e:       # a bug of ours: one line, not a traceback
+            raise _Failure(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL) from None
+        if isinstance(code, int) and code:
+            ctx.exit(code)
+        return code
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            info = COMMANDS.get(name)
+            label = f"{name}, {info.alias}" if info and info.alias != name else name
+            rows.append((label, cmd.get_short_help_str(limit=60)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=_Group, invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Exit codes: 0 nothing found, 1 precision findings (ops under the threshold, "
-                    "overflow), 2 usage or input error, 3 internal error.")
+             context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.version_option(__version__, "-V", "--version", prog_name="precision-tool")
 @click.option("--data-dir", default=None, metavar="DIR",
-              help=f"The workspace (default: $PRECISION_TOOL_DATA or ./precision_data).")
+              help="The workspace (default: $PRECISION_TOOL_DATA or ./precision_data).")
+@click.option("--json", "as_json", is_flag=True, help="Print every result as JSON on stdout.")
+@click.option("--log-level", type=click.Choice(list(LOG_LEVELS)), default="1", show_default=True,
+              help="Ascend's slog levels: 0 debug, 1 info, 2 warning, 3 error, 4 none.")
 @click.pass_context
-def cli(ctx, data_dir):
+def cli(ctx, data_dir, as_json, log_level):
     """Find where a mixed-precision training run on an Ascend-style NPU loses precision, and why.
 
     precision_tool runs a graph on a simulated NPU and on a CPU golden executor, dumps both
-    into a precision_data/ workspace and compares them op by op.
+    into a precision_data/ workspace and compares them op by op. Start with
+    `precision-tool demo`, then `precision-tool ac -c`.
     """
-    ctx.obj = {"data_dir": layout.resolve_root(data_dir)}
+    app = ctx.obj if isinstance(ctx.obj, App) else None
+    if app is None:
+        app = App(layout.resolve_root(data_dir))
+    else:                         # the shell: the same App (its workspace index) for every line
+        if data_dir is not None:
+            app.data_dir = layout.resolve_root(data_dir)
+    app.as_json, app.log_level = as_json, int(log_level)
+    ctx.obj = app
     if ctx.invoked_subcommand is None:
+        if sys.stdin.isatty() and sys.stdout.isatty() and not app.in_shell:
+            from .shell import run_shell
+            return run_shell(app)
         click.echo(ctx.get_help())
 
 
 for _name in RUNNERS:
     cli.add_command(make_runner(_name))
+for _info in COMMANDS.values():
+    cli.add_command(_info.command)
 
 
-def main(argv=None):
-    """Console entry point. click maps usage errors to exit code 2; so do our input errors
-    (one line, no traceback); anything else is an internal error, exit code 3."""
-    from ..errors import PrecisionToolError
+@cli.command("shell", short_help="The interactive PrecisionTool > shell.")
+@click.pass_obj
+def shell_cmd(app):
+    """The interactive shell: the same commands, the workspace index loaded once, tab
+    completion of commands, options, op names and dump files, history kept per workspace."""
+    from .shell import run_shell
+    return run_shell(app)
+
+
+def main(argv=None, app=None):
+    """Console entry point (and the shell's, per line): returns the exit code."""
     try:
-        return cli.main(args=argv, prog_name="precision-tool", standalone_mode=False) or 0
+        code = cli.main(args=argv, prog_name="precision-tool", standalone_mode=False, obj=app)
+        return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.Abort:
         click.echo("aborted", err=True)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
+    except click.UsageError as e:     # one line: the reason, and where to look
+        hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        return e.exit_code
     except click.ClickException as e:
         e.show()
-        sys.exit(EXIT_USAGE)
-    except PrecisionToolError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(EXIT_USAGE)
-    except Exception as e:  # a bug of ours: say so in one line, keep the traceback for --debug
-        click.echo(f"internal error: {type(e).__name__}: {e}", err=True)
-        sys.exit(EXIT_INTERNAL)
+        return e.exit_code
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130

@@ -48,7 +48,7 @@ def make_runner(name: str):
     @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
     @click.pass_context
     def runner(ctx, dump_step, dump_mode, dump_data, fusion_off, script):
-        root = ctx.obj["data_dir"]
+        root = ctx.obj.ws_root()
         if dump_step is not None:
             layout.parse_steps(dump_step)        # refuse a bad value before running anything
         env = dict(os.environ)

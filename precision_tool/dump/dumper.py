@@ -120,7 +120,7 @@ class DumpObserver:
             "device_id": 0, "actions": sorted(self.settings.actions),
             "dump_step": "all" if self.settings.steps is None else sorted(self.settings.steps),
             "dump_mode": self.settings.mode, "dump_data": self.settings.data,
-            "dumped_steps": [],
+            "dumped_steps": [], "replay_of": self.settings.replay_of,
             "versions": {"python": platform.python_version(), "numpy": np.__version__},
         }
         if self.npu:

@@ -119,6 +119,7 @@ class DumpSettings:
     mode: str = "all"                   # input, output or all
     data: str = "tensor"                # tensor or stats
     debug_dir: Optional[str] = None     # a named debug_<k> (default: the next free one)
+    replay_of: Optional[str] = None     # a replay of this run (npu/debug_0): not a default run
 
     def __post_init__(self):
         if self.mode not in DUMP_MODES:

@@ -89,9 +89,10 @@ class Workspace:
         runs = self.runs(target)
         if not runs:
             raise WorkspaceError(f"the workspace {self.root} has no {target} run")
-        if name is None:            # the newest run that dumped something, else the newest
+        if name is None:    # the newest original run that dumped something, else the newest
             with_steps = [r for r in runs if any(s.complete for s in r.steps)]
-            return (with_steps or runs)[-1]
+            originals = [r for r in with_steps if not r.info.get("replay_of")]
+            return (originals or with_steps or runs)[-1]
         for r in runs:
             if r.name == name:
                 return r

@@ -1,0 +1,372 @@
+"""The inspection commands: ls, ni, pt, cp, dc. Ops come from a run's compiled graph and a
+step's index (read once); tensors are named by dump file or by op name."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import List, Optional
+
+import click
+import numpy as np
+from rich.panel import Panel
+from rich.table import Table
+
+from .. import numerics
+from ..analysis import compare_tensors
+from ..analysis.compare import _logical
+from ..dump.workspace import Run, WorkspaceError
+from ..fileio import write_atomic, write_text_atomic
+from ..ops import registry
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+
+RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
+                   help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
+STEP = click.option("-s", "--step", type=int, default=None, help="Dumped step (default: the first).")
+STEP_LONG = click.option("--step", type=int, default=None, help="Dumped step (default: the first).")
+
+
+def _nodes(app: App, run: Run) -> List[dict]:
+    graph = app.ws.graph_json(run)
+    if graph:
+        return graph.get("nodes", [])
+    # a golden run has no compiled graph: its ops are in the step index
+    table = app.ws.index(run, _step(run, None))
+    return [{"name": n, "type": t, "attrs": {}} for n, t in
+            table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
+
+
+def _step(run: Run, step: Optional[int]) -> int:
+    if step is not None:
+        return step
+    complete = [s.step for s in run.steps if s.complete]
+    if not complete:
+        raise WorkspaceError(f"{run.target}/{run.name} has no complete dumped step")
+    return complete[0]
+
+
+def _kernel(node: dict) -> str:
+    """The kernel a node runs: its compute unit and compute dtype (cube_float16...)."""
+    try:
+        unit = registry.get(node["type"]).unit
+    except Exception:
+        unit = "?"
+    return f"{unit}_{node.get('attrs', {}).get('compute_dtype', '')}".rstrip("_")
+
+
+# -- ls ---------------------------------------------------------------------------------------
+@command("ls", "list", short_help="List ops by name, type, fusion pass or kernel.")
+@click.option("-n", "--name", default=None, help="Op names containing this (literally).")
+@click.option("-t", "--type", "op_type", default=None, help="Op types containing this.")
+@click.option("-f", "--pass", "pass_name", default=None, help="Fused by a pass containing this.")
+@click.option("-k", "--kernel", default=None, help="Kernel (unit_dtype, e.g. cube_float16) containing this.")
+@RUN
+def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
+    """List the ops of a run. Filters match substrings literally (no regex). With no filter,
+    the counts of ops by type for every run."""
+    if not any((name, op_type, pass_name, kernel)):
+        runs = [app.run(run_spec, "npu")] if run_spec else app.ws.runs()
+        counts = {f"{r.target}/{r.name}": dict(Counter(n["type"] for n in _nodes(app, r)
+                                                      if n["type"] not in ("Const", "Variable", "NoOp")))
+                  for r in runs if r.steps or app.ws.graph_json(r)}
+
+        def render():
+            for run, c in counts.items():
+                t = Table(box=None, pad_edge=False)
+                t.add_column("op type")
+                t.add_column("count", justify="right")
+                for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])):
+                    t.add_row(k, str(v))
+                app.console.print(Panel(t, title=f"{run}: {sum(c.values())} ops", title_align="left"))
+        app.emit(counts, render)
+        return EXIT_OK
+    run = app.run(run_spec, "npu")
+    found = []
+    for n in _nodes(app, run):
+        attrs = n.get("attrs", {})
+        if (name and name not in n["name"]) or (op_type and op_type not in n["type"]) or \
+                (pass_name and pass_name not in attrs.get("pass_name", "")) or \
+                (kernel and kernel not in _kernel(n)):
+            continue
+        found.append({"name": n["name"], "type": n["type"], "pass_name": attrs.get("pass_name", ""),
+                      "kernel": _kernel(n)})
+
+    def render():
+        t = Table(box=None, pad_edge=False)
+        for col in ("op", "type", "kernel", "pass"):
+            t.add_column(col, overflow="fold")
+        for f in found:
+            t.add_row(f["name"], f["type"], f["kernel"], f["pass_name"])
+        app.console.print(t)
+        app.console.print(f"{len(found)} op(s) in {run.target}/{run.name}")
+    app.emit(found, render)
+    return EXIT_OK
+
+
+# -- ni ---------------------------------------------------------------------------------------
+def _find_node(app: App, run: Run, name: str) -> dict:
+    nodes = _nodes(app, run)
+    for n in nodes:
+        if n["name"] == name:
+            return n
+    candidates = [n["name"] for n in nodes if name in n["name"]]
+    if len(candidates) == 1:
+        return next(n for n in nodes if n["name"] == candidates[0])
+    if not candidates:
+        raise WorkspaceError(f"no op {name!r} in {run.target}/{run.name}")
+    shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
+    raise WorkspaceError(f"{name!r} matches several ops: {shown}")
+
+
+@command("ni", "node-info", short_help="An op: type, tensors, pass, dump files, golden files.")
+@click.argument("name")
+@click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
+@click.option("-s", "--subgraph", "depth", type=click.IntRange(0, 20), default=None,
+              help="Also export the subgraph within DEPTH hops as DOT (temp/op_graph/).")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Also the op's attributes.")
+@RUN
+@STEP_LONG
+def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
+    """Node info: the op's type, its inputs and outputs with dtype, format and shape, the pass
+    that fused it and the ops it stands for, its dump files with statistics and the matching
+    golden files. An inexact name lists the candidates."""
+    run = app.run(run_spec, "npu")
+    node = _find_node(app, run, name)
+    attrs = node.get("attrs", {})
+    info = {"name": node["name"], "type": node["type"], "inputs": node.get("inputs", []),
+            "outputs": node.get("outputs", []), "pass_name": attrs.get("pass_name", ""),
+            "original_ops": attrs.get("original_op_names", []), "dump": [], "golden": []}
+    if show_all:
+        info["attrs"] = attrs
+    if run.steps:
+        s = _step(run, step)
+        table = app.ws.index(run, s)
+        mine = table[table.op_name == node["name"]]
+        cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count"]
+        info["dump"] = mine[[c for c in cols if c in mine]].to_dict("records")
+        try:
+            golden = app.run(None, "cpu")
+            gt = app.ws.index(golden, s)
+            from ..analysis.mapping import TensorMap
+            tmap = TensorMap(app.ws.graph_json(run) or {})
+            wanted = {tmap.golden_tensor(f"{node['name']}:{k}") for k in range(len(info["outputs"]) or 1)}
+            info["golden"] = gt[gt.tensor.isin(wanted)][["tensor", "dtype", "shape", "file"]].to_dict("records")
+        except WorkspaceError:
+            pass
+    if depth is not None:
+        info["dot_file"] = _export_dot(app, run, node, depth)
+
+    def render():
+        lines = [f"type: {info['type']}" + (f"   pass: {info['pass_name']}" if info["pass_name"] else "")]
+        if info["original_ops"]:
+            lines.append("stands for: " + ", ".join(info["original_ops"]))
+        lines.append("inputs:")
+        lines += [f"  {i}" for i in info["inputs"]] or ["  -"]
+        lines.append("outputs:")
+        for k, o in enumerate(info["outputs"]):
+            lines.append(f"  {k}: {o.get('dtype')} {o.get('format', '')} {o.get('shape')}")
+        app.console.print(Panel("\n".join(lines), title=info["name"], title_align="left"))
+        if info["dump"]:
+            t = Table(box=None, pad_edge=False, title="dump", title_justify="left")
+            for col in ("tensor", "dtype", "max", "min", "mean", "file"):
+                t.add_column(col, overflow="fold")
+            for d in info["dump"]:
+                t.add_row(f"{d['io']}{d['index']}", str(d["dtype"]), fmt(d.get("max"), 6),
+                          fmt(d.get("min"), 6), fmt(d.get("mean"), 6), d.get("file") or "(stats only)")
+            app.console.print(t)
+        for g in info["golden"]:
+            app.console.print(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
+        if show_all:
+            app.console.print(f"attrs: {attrs}", markup=False)
+        if "dot_file" in info:
+            app.console.print(f"subgraph: {info['dot_file']}")
+    app.emit(info, render)
+    return EXIT_OK
+
+
+def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
+    nodes = {n["name"]: n for n in _nodes(app, run)}
+    consumers = {}
+    for n in nodes.values():
+        for i in n.get("inputs", []):
+            consumers.setdefault(i.rsplit(":", 1)[0], set()).add(n["name"])
+    keep, frontier = {node["name"]}, {node["name"]}
+    for _ in range(depth):
+        nxt = set()
+        for name in frontier:
+            nxt |= {i.rsplit(":", 1)[0] for i in nodes.get(name, {}).get("inputs", [])}
+            nxt |= consumers.get(name, set())
+        frontier = nxt - keep
+        keep |= nxt
+
+    def q(text):             # a DOT string: backslash, quote and line break escaped
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    lines = ["digraph subgraph {", "  node [shape=box];"]
+    for name in sorted(keep):
+        n = nodes.get(name, {"type": "?"})
+        style = ', style=bold' if name == node["name"] else ""
+        lines.append(f"  {q(name)} [label={q(name + chr(10) + n['type'])}{style}];")
+    for name in sorted(keep):
+        for i in nodes.get(name, {}).get("inputs", []):
+            src = i.rsplit(":", 1)[0]
+            if src in keep:
+                lines.append(f"  {q(src)} -> {q(name)};")
+    lines.append("}")
+    from ..dump.layout import mangle
+    path = os.path.join(app.ws.root, "temp", "op_graph", f"{mangle(node['name'])}_{depth}.dot")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_text_atomic(path, "\n".join(lines) + "\n")
+    return path
+
+
+# -- pt ---------------------------------------------------------------------------------------
+def _tensor(app: App, ref: str, run_spec, step):
+    """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0)."""
+    run = app.run(run_spec, "npu")
+    s = _step(run, step)
+    table = app.ws.index(run, s)
+    base = os.path.basename(ref)
+    hit = table[table.file == base] if base.endswith(".npy") else table.iloc[0:0]
+    if hit.empty:
+        if ":" in ref and ref.rsplit(":", 2)[-2:][0] in ("input", "output"):
+            op, io, k = ref.rsplit(":", 2)
+            hit = table[(table.op_name == op) & (table.io == io) & (table["index"] == int(k))]
+        else:
+            op, _, k = ref.rpartition(":") if ref.rpartition(":")[2].isdigit() else (ref, "", "0")
+            hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
+    if hit.empty:
+        if os.path.isfile(ref):        # a file given by path, outside any index
+            return app.ws.load_file(ref), ref, None
+        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}")
+    row = hit.iloc[0]
+    if not row["file"]:
+        raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
+    value = app.ws.load(run, s, row["file"])
+    return value, f"{run.target}/{run.name} {row['op_name']}:{row['io']}:{row['index']}", row
+
+
+@command("pt", "print-tensor", short_help="A tensor's summary and first values.")
+@click.argument("ref", metavar="FILE|NAME")
+@click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
+@click.option("-c", "--copy", "copy", is_flag=True, help="Also write the values as text (temp/print_tensor/).")
+@click.option("--head", type=click.IntRange(0), default=16, show_default=True, help="Values to show.")
+@RUN
+@STEP
+def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
+    """Print a dumped tensor: shape, dtype, statistics and its first values. REF is a dump file
+    name, or a tensor as op:output:0 / op:input:1 / op (its first output)."""
+    value, label, row = _tensor(app, ref, run_spec, step)
+    stats = numerics.tensor_stats(value)
+    flat = np.asarray(value).reshape(-1)
+    info = {"tensor": label, "shape": list(value.shape), "dtype": str(value.dtype),
+            "format": (row["format"] if row is not None and "format" in row else ""),
+            **stats, "head": flat[:head].astype(np.float64).tolist() if flat.dtype.kind in "fiub" else []}
+    if copy:
+        path = os.path.join(app.ws.root, "temp", "print_tensor",
+                            os.path.basename(row["file"] if row is not None else ref) + ".txt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        text = "\n".join(repr(float(v)) for v in flat.astype(np.float64)) + "\n"
+        write_text_atomic(path, text)
+        info["copy"] = path
+
+    def render():
+        lines = [f"shape {info['shape']}  dtype {info['dtype']}" + (f"  format {info['format']}" if info["format"] else ""),
+                 f"max {fmt(stats['max'])}  min {fmt(stats['min'])}  mean {fmt(stats['mean'])}  "
+                 f"l2norm {fmt(stats['l2norm'])}",
+                 f"nan {stats['nan_count']}  +inf {stats['pos_inf_count']}  -inf {stats['neg_inf_count']}",
+                 "head: " + " ".join(fmt(v, 6) for v in info["head"])]
+        app.console.print(Panel("\n".join(lines), title=label, title_align="left"))
+        if copy:
+            app.console.print(f"text copy: {info['copy']}")
+    app.emit(info, render)
+    return EXIT_OK
+
+
+# -- cp ---------------------------------------------------------------------------------------
+@command("cp", "compare-pair", short_help="Two tensors side by side: errors, cosine, allclose.")
+@click.argument("left", metavar="LEFT")
+@click.argument("right", metavar="RIGHT")
+@click.option("-p", "--print", "items", type=click.IntRange(0), default=10, show_default=True,
+              help="Rows in the error-item and top-item tables.")
+@click.option("-al", "--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@click.option("-rl", "--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("-s", "--summary", is_flag=True, help="The verdict lines only, no item tables.")
+@click.option("-lr", "--left-run", default=None, metavar="RUN", help="Run of LEFT (default: newest NPU).")
+@click.option("-rr", "--right-run", default=None, metavar="RUN", help="Run of RIGHT (default: newest golden).")
+@STEP_LONG
+def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run, right_run, step):
+    """Compare two tensors (dump files or tensor names) element by element: the items out of
+    tolerance, the largest errors, cosine similarity, allclose, and the error ratio with its
+    formula. Tensors of different sizes are refused. Exit code 1 when allclose fails."""
+    x, xl, xrow = _tensor(app, left, left_run, step)
+    y, yl, _ = _tensor(app, right, right_run or (app.run(None, "cpu").path if app.ws.runs("cpu") else None), step)
+    if xrow is not None and "format" in xrow:
+        x = _logical(x, xrow["format"], xrow["original_shape"])
+    if x.size != y.size:
+        raise WorkspaceError(f"cannot compare {xl} ({x.size} elements, shape {list(x.shape)}) with "
+                             f"{yl} ({y.size} elements, shape {list(y.shape)}): sizes differ")
+    a = np.asarray(x, np.float64).reshape(-1)
+    b = np.asarray(y, np.float64).reshape(-1)
+    metrics = compare_tensors(a, b)
+    err = np.abs(a - b)
+    bad = ~(err <= atol + rtol * np.abs(b))         # nan counts as out of tolerance
+    ratio = float(bad.mean()) if a.size else 0.0
+    order = np.argsort(-np.nan_to_num(err, nan=np.inf), kind="stable")[:items]
+    out_of_tol = np.flatnonzero(bad)[:items]
+    result = {"left": xl, "right": yl, "elements": int(a.size), "cosine": metrics["CosineSimilarity"],
+              "allclose": not bool(bad.any()), "atol": atol, "rtol": rtol, "error_count": int(bad.sum()),
+              "error_ratio": ratio, "formula": "|left - right| > atol + rtol * |right|",
+              "max_abs_error": metrics["MaxAbsoluteError"],
+              "error_items": [{"index": int(i), "left": a[i], "right": b[i], "abs_error": err[i]} for i in out_of_tol],
+              "top_items": [{"index": int(i), "left": a[i], "right": b[i], "abs_error": err[i]} for i in order]}
+
+    def table(title, rows):
+        t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        for col in ("index", "left", "right", "|error|"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r["index"]), fmt(r["left"]), fmt(r["right"]), fmt(r["abs_error"]))
+        app.console.print(t)
+
+    def render():
+        if not summary:
+            table(f"out of tolerance (first {items})", result["error_items"])
+            table(f"largest errors (top {items})", result["top_items"])
+        app.console.print(Panel(
+            f"{xl}\n  vs {yl}\ncosine {fmt(result['cosine'])}   max |error| {fmt(result['max_abs_error'])}\n"
+            f"allclose(atol={atol}, rtol={rtol}): {result['allclose']}\n"
+            f"error ratio {result['error_count']}/{result['elements']} = {fmt(ratio)}  "
+            f"where {result['formula']}", title="compare", title_align="left"))
+    app.emit(result, render)
+    return EXIT_OK if result["allclose"] else EXIT_FINDINGS
+
+
+# -- dc ---------------------------------------------------------------------------------------
+FORMATS = ("NCHW", "NHWC")
+
+
+@command("dc", "convert", short_help="Convert an NPU dump (5HD) to NCHW or NHWC.")
+@click.argument("ref", metavar="FILE|NAME")
+@click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
+@click.option("-f", "--format", "target", type=click.Choice(FORMATS), default="NCHW", show_default=True)
+@RUN
+@STEP
+def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
+    """Convert a dumped NPU tensor from its device format (NC1HWC0) to NCHW or NHWC, written
+    to temp/convert/<file>.<format>.npy."""
+    value, label, row = _tensor(app, ref, run_spec, step)
+    fmt_in = row["format"] if row is not None and "format" in row else ""
+    if fmt_in == "NC1HWC0":
+        value = _logical(value, fmt_in, row["original_shape"])
+    elif value.ndim != 4:
+        raise WorkspaceError(f"{label} is {fmt_in or 'not 5HD'} with shape {list(value.shape)}: "
+                             f"nothing to convert to {target}")
+    if target == "NHWC":
+        value = np.transpose(value, (0, 2, 3, 1))
+    name = os.path.basename(row["file"] if row is not None else ref)
+    path = os.path.join(app.ws.root, "temp", "convert", f"{name[:-4] if name.endswith('.npy') else name}.{target}.npy")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    array = np.ascontiguousarray(value)
+    write_atomic(path, lambda f: np.save(f, array, allow_pickle=False))
+    info = {"tensor": label, "from": fmt_in or "NCHW", "to": target, "shape": list(value.shape), "file": path}
+    app.emit(info, lambda: app.console.print(f"{label}: {info['from']} -> {target} {info['shape']}\n{path}"))
+    return EXIT_OK

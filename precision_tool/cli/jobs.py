@@ -1,0 +1,105 @@
+"""The commands that run something: `train` replays a dumped step on a chosen target and
+action, `demo` is the main job (train, dump both runs, auto check)."""
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from .. import hooks
+from ..dump import layout, load_bundle, replay
+from ..dump.workspace import WorkspaceError
+from .app import EXIT_FINDINGS, EXIT_OK, App, command
+
+
+@command("train", "replay", short_help="Replay a dumped step on the NPU, the golden, or both.")
+@click.option("-d", "--device", type=click.Choice(["all", "npu", "cpu"]), default="all", show_default=True,
+              help="Where to rerun the step.")
+@click.option("-a", "--action", type=click.Choice(["dump", "overflow", "fusion_off"]), default="dump",
+              show_default=True, help="dump: dump it again; overflow: the overflow check; "
+                                      "fusion_off: dump it with every fusion pass off (NPU).")
+@click.option("-s", "--step", type=int, default=None, help="The dumped step (default: the first).")
+def replay_cmd(app: App, device, action, step):
+    """Rerun a dumped step from its replay bundle (graph, variables and feeds as they were),
+    without the training script, into new npu/ and cpu/ debug_<k> runs."""
+    npu = app.run(None, "npu")
+    steps = sorted(int(d) for d in os.listdir(os.path.join(npu.path, "replay"))) \
+        if os.path.isdir(os.path.join(npu.path, "replay")) else []
+    if not steps:
+        raise WorkspaceError(f"{npu.target}/{npu.name} has no replay bundle (dump a step with the "
+                             f"dump action first)")
+    step = steps[0] if step is None else step
+    if step not in steps:
+        raise WorkspaceError(f"no replay bundle for step {step}; bundles: {steps}")
+    bundle = load_bundle(os.path.join(npu.path, "replay", str(step)))
+    made = []
+    for target in (["npu", "cpu"] if device == "all" else [device]):
+        act = "dump|fusion_off" if action == "fusion_off" and target == "npu" else \
+            ("dump" if action == "fusion_off" else action)
+        base = bundle.config() if target == "npu" else None
+        if target == "npu":
+            cfg = hooks.session_dump_config(base, action=act, dump_step=str(step), data_dir=app.ws.root,
+                                            replay_of=f"{npu.target}/{npu.name}")
+        else:
+            from ..runtime.config import SessionConfig
+            cfg = hooks.session_dump_config(SessionConfig(), action=act, dump_step=str(step),
+                                            data_dir=app.ws.root, replay_of=f"{npu.target}/{npu.name}")
+        app.info(f"replaying step {step} on the {target} ({act})...")
+        sess, _ = replay(bundle, target, cfg)
+        sess.close()
+        app.refresh()
+        made.append(f"{target}/{app.ws.runs(target)[-1].name}")
+    app.emit({"step": step, "runs": made},
+             lambda: app.console.print(f"step {step} replayed into {', '.join(made)}"))
+    return EXIT_OK
+
+
+@command("demo", "demo", short_help="The main job: train, dump both runs, auto check.")
+@click.option("--steps", type=click.IntRange(1, 200), default=30, show_default=True,
+              help="Training steps on each executor.")
+@click.option("--fresh/--keep", default=True, show_default=True,
+              help="Move an existing workspace aside first (it is renamed, never deleted).")
+@click.pass_context
+def demo_cmd(ctx, app: App, steps, fresh):
+    """Train the Transformer on the UCI digits twice — on the CPU golden executor and on the
+    simulated NPU under allow_mix_precision with fusion on — feeding raw, unnormalised pixels
+    (0..16). Dump step 0 of both into the workspace, then run `ac -c`: the fused fp16
+    softmax overflows (saturation hides it: only the status word shows it), and the check
+    names the first overflow, the origin op and its pass, and what to try next."""
+    import numpy as np
+
+    from .. import Session, SessionConfig, data, models
+    root = app.ws_root()
+    if fresh and os.path.exists(root) and os.listdir(root):
+        aside = f"{root}.{time.strftime('%Y%m%d%H%M%S')}"
+        os.rename(root, aside)
+        app.info(f"the existing workspace was moved to {aside}")
+    app.refresh()
+    digits = data.digits(scale=1.0)                      # raw pixels: the planted problem
+    model = models.transformer()
+    cfg = SessionConfig(precision_mode="allow_mix_precision")
+    npu = Session(model.graph, target="npu",
+                  config=hooks.session_dump_config(cfg, action="dump|overflow", dump_step="0", data_dir=root))
+    cpu = hooks.sess_dump(Session(model.graph), action="dump", dump_step="0", data_dir=root)
+    app.info(f"training the Transformer on raw digits for {steps} steps on the golden executor "
+             f"and the simulated NPU (allow_mix_precision, fusion on)...")
+    losses = {"npu": [], "cpu": []}
+    batches = list(digits.batches(32, seed=0, epoch=0))
+    for k in range(steps):
+        xb, yb = batches[k % len(batches)]
+        for name, sess in (("npu", npu), ("cpu", cpu)):
+            loss, _ = sess.run([model.loss, model.train_op], {model.x: xb, model.y: yb})
+            losses[name].append(float(loss))
+    npu.close()
+    cpu.close()
+    acc = {name: float(np.mean(np.argmax(sess.run(model.eval_logits, {model.x: digits.x_test}), 1)
+                               == digits.y_test)) for name, sess in (("npu", npu), ("cpu", cpu))}
+    app.refresh()
+    if not app.as_json:
+        app.console.print(f"loss after {steps} steps: golden {losses['cpu'][-1]:.6f}, NPU "
+                          f"{losses['npu'][-1]:.6f}; held-out accuracy: golden {acc['cpu']:.4f}, "
+                          f"NPU {acc['npu']:.4f}")
+        app.console.print(f"dumps: {root}\n")
+    from .analyse import auto_check_cmd
+    return ctx.invoke(auto_check_cmd, compare=True, limit=3, threshold=0.98, step=0)

@@ -1,0 +1,209 @@
+"""Every command through click's runner on the demo workspace: exit codes, output, and
+--json checked against the analysis API's own result."""
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import precision_tool as pt
+from precision_tool import analysis, hooks, numerics
+from precision_tool.cli import cli, main
+from precision_tool.cli.app import jsonable
+from precision_tool.dump import Workspace
+
+SOFTMAX = "encoder/layer_0/attention/Softmax"
+
+
+def invoke(root, *args):
+    result = CliRunner().invoke(cli, ["--data-dir", str(root), *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def as_json(root, *args):
+    result = invoke(root, "--json", "--log-level", "4", *args)
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo") / "precision_data"
+    result = invoke(root, "demo", "--steps", "3")
+    return root, result
+
+
+def test_demo_trains_dumps_and_ends_with_the_ac_report(demo):
+    root, result = demo
+    assert result.exit_code == 1                     # it has a precision problem to show
+    out = result.stdout
+    assert "loss after 3 steps" in out and "Fusion" in out and "Overflow" in out
+    assert "Root cause" in out and "SoftmaxFusionPass" in out
+    assert out.rstrip().splitlines()[-1].startswith("╰") and "Next" in out.split("Root cause")[1]
+    ws = Workspace(str(root))
+    assert [r.name for r in ws.runs("npu")] == ["debug_0"] and ws.runs("cpu")
+
+
+def test_vcs_exit_codes_and_the_origin_first(demo):
+    root, _ = demo
+    result = invoke(root, "vcs", "-c", "0.98", "-l", "10")
+    assert result.exit_code == 1
+    panels = [line for line in result.stdout.splitlines() if line.startswith("╭")]
+    assert len(panels) == 10 and SOFTMAX in panels[0] and "[origin]" in panels[0]
+    assert invoke(root, "vcs", "-c", "0").exit_code == 0
+    code, data = as_json(root, "vcs", "-l", "0")
+    table = pd.read_csv(data["file"], keep_default_na=False, na_values=["nan", ""])
+    api = analysis.summarize(table, 0.98, limit=0)
+    assert data["origin"] == analysis.root_cause(table).first_origin.op_name == SOFTMAX
+    assert [o["op_name"] for o in data["ops"] if o["category"] != "cancellation"] == \
+        [s.op_name for s in api if s.is_finding]
+
+
+def test_missing_or_corrupt_workspace_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["--data-dir", str(tmp_path / "none"), "vcs"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no workspace" in err
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\x00\xff garbage")
+    (tmp_path / "ws").mkdir()
+    assert main(["--data-dir", str(tmp_path / "ws"), "vcs", "-f", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not" in err and "Traceback" not in err
+    assert main(["vsc"]) == 2 and "did you mean vc or vcs" in capsys.readouterr().err
+
+
+def test_ac_json_is_the_analysis_result(demo):
+    root, _ = demo
+    code, data = as_json(root, "ac", "-c", "-l", "5")
+    ws = Workspace(str(root))
+    api = jsonable(analysis.auto_check(ws, compare=True, limit=5).to_dict())
+    data.pop("result_file"), api.pop("result_file")
+    assert code == 1 and data == api
+    assert data["first_overflow"]["op_name"] == SOFTMAX and data["origin"]["pass_name"] == "SoftmaxFusionPass"
+    assert os.path.isfile(invoke(root, "--json", "ac", "-c").stdout and
+                          json.loads(invoke(root, "--json", "--log-level", "4", "ac", "-c").stdout)["result_file"])
+
+
+def test_vc_writes_a_result_and_counts_verdicts(demo):
+    root, _ = demo
+    code, data = as_json(root, "vc")
+    ws = Workspace(str(root))
+    table = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    assert code == 1 and data["rows"] == len(table)
+    assert data["verdicts"] == table.Verdict.value_counts().to_dict()
+    assert len(pd.read_csv(data["result_file"])) == len(table)
+    text = invoke(root, "vector-compare", "-c", "0")       # the long alias
+    assert text.exit_code == 0 and "result:" in text.stdout
+
+
+def test_ls_counts_and_literal_filters(demo):
+    root, _ = demo
+    code, counts = as_json(root, "ls")
+    assert code == 0 and counts["npu/debug_0"]["SoftmaxV2"] == 1
+    code, found = as_json(root, "ls", "-f", "Softmax")
+    assert [f["name"] for f in found] == [SOFTMAX] and found[0]["kernel"] == "vector_float16"
+    code, found = as_json(root, "ls", "-n", "attention/(Soft")     # literal, no regex error
+    assert code == 0 and found == []
+    code, found = as_json(root, "list", "-t", "LayerNorm", "-k", "float32")
+    assert len(found) == 2 and all(f["type"] == "LayerNorm" for f in found)
+
+
+def test_ni_shows_the_op_its_files_and_exports_dot(demo):
+    root, _ = demo
+    code, info = as_json(root, "ni", SOFTMAX, "-s", "1")
+    assert code == 0 and info["type"] == "SoftmaxV2" and info["pass_name"] == "SoftmaxFusionPass"
+    assert {d["io"] for d in info["dump"]} == {"input", "output"}
+    assert info["golden"][0]["tensor"] == f"{SOFTMAX}:0"
+    dot = open(info["dot_file"]).read()
+    assert dot.startswith("digraph") and "encoder/layer_0/attention/Mul" in dot
+    result = invoke(root, "ni", "Softmax")                   # inexact: the candidates
+    assert result.exit_code == 2 and "matches several ops" in result.stderr and SOFTMAX in result.stderr
+
+
+def test_pt_prints_the_statistics_of_the_file(demo):
+    root, _ = demo
+    code, info = as_json(root, "pt", SOFTMAX, "-c")
+    ws = Workspace(str(root))
+    table = ws.index(ws.run("npu"), 0)
+    row = table[(table.op_name == SOFTMAX) & (table.io == "output")].iloc[0]
+    value = ws.load(ws.run("npu"), 0, row.file)
+    assert info["max"] == float(value.max()) and info["l2norm"] == pytest.approx(
+        float(np.linalg.norm(value.astype(np.float64))), rel=1e-12)
+    assert info["head"] == value.reshape(-1)[:16].astype(float).tolist()
+    copy = np.loadtxt(info["copy"])
+    assert copy.size == value.size and np.array_equal(copy, value.reshape(-1).astype(np.float64))
+    assert invoke(root, "pt", "no/such/op").exit_code == 2
+
+
+def test_cp_compares_two_tensors_and_refuses_a_size_mismatch(demo):
+    root, _ = demo
+    code, r = as_json(root, "cp", f"{SOFTMAX}:output:0", f"{SOFTMAX}:0", "-p", "3")
+    assert code == 1 and not r["allclose"] and len(r["top_items"]) == 3
+    ws = Workspace(str(root))
+    npu_t, cpu_t = (ws.index(ws.run(t), 0) for t in ("npu", "cpu"))
+    x = ws.load(ws.run("npu"), 0, npu_t[(npu_t.op_name == SOFTMAX) & (npu_t.io == "output")].file.iloc[0])
+    y = ws.load(ws.run("cpu"), 0, cpu_t[cpu_t.tensor == f"{SOFTMAX}:0"].file.iloc[0])
+    a, b = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
+    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12)
+    assert r["error_count"] == int((np.abs(a - b) > 1e-3 + 1e-3 * np.abs(b)).sum())
+    assert r["top_items"][0]["abs_error"] == pytest.approx(np.abs(a - b).max())
+    assert "|left - right| > atol + rtol * |right|" in invoke(root, "cp", f"{SOFTMAX}:0", f"{SOFTMAX}:0",
+                                                               "-lr", "cpu/debug_0", "-s").stdout
+    same = invoke(root, "cp", f"{SOFTMAX}:0", f"{SOFTMAX}:0", "-lr", "cpu/debug_0")
+    assert same.exit_code == 0 and "cosine 1.0" in same.stdout
+    mismatch = invoke(root, "cp", f"{SOFTMAX}:0", "encoder/layer_0/attention_norm/Add_1:0")
+    assert mismatch.exit_code == 2 and "sizes differ" in mismatch.stderr
+
+
+def test_dc_converts_a_5hd_dump_to_nchw_and_nhwc(tmp_path):
+    m = pt.models.cnn()
+    d = pt.data.digits()
+    pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        action="dump", data_dir=str(tmp_path))).run(m.loss, {m.x: d.x_train[:4], m.y: d.y_train[:4]})
+    ws = Workspace(str(tmp_path))
+    table = ws.index(ws.run("npu"), 0)
+    row = table[(table.format == "NC1HWC0") & (table.io == "output")].iloc[0]
+    code, info = as_json(tmp_path, "dc", row.file)
+    raw = ws.load(ws.run("npu"), 0, row.file)
+    c, h, w = (int(v) for v in row.original_shape.split()[1:])     # the batch may be None
+    want = numerics.five_hd_to_nchw(raw, (raw.shape[0], c, h, w))
+    assert code == 0 and info["from"] == "NC1HWC0" and np.array_equal(np.load(info["file"]), want)
+    code, info = as_json(tmp_path, "dc", row.file, "-f", "NHWC")
+    assert np.array_equal(np.load(info["file"]), want.transpose(0, 2, 3, 1))
+
+
+def test_fo_names_the_pass_and_leaves_the_default_run_alone(demo):
+    root, _ = demo
+    code, verdict = as_json(root, "fo")
+    assert code == 1 and verdict["culprits"] == ["SoftmaxFusionPass"] and verdict["replays"] >= 3
+    ws = Workspace(str(root))
+    assert len(ws.runs("npu")) == 1 + verdict["replays"] and ws.run("npu").name == "debug_0"
+    code, made = as_json(root, "train", "-d", "all", "-a", "fusion_off")
+    assert code == 0 and len(made["runs"]) == 2
+    assert Workspace(str(root)).run("npu").name == "debug_0"     # analyses still default to it
+
+
+def test_log_level_and_internal_errors(demo, monkeypatch, capsys):
+    root, _ = demo
+    quiet = invoke(root, "--log-level", "4", "ac", "-c")
+    assert quiet.stderr == ""
+    assert "comparing" in invoke(root, "--log-level", "1", "ac", "-c").stderr
+
+    def boom(*a, **k):
+        raise RuntimeError("planted bug")
+    monkeypatch.setattr(analysis, "auto_check", boom)
+    assert main(["--data-dir", str(root), "ac"]) == 3
+    err = capsys.readouterr().err
+    assert err.strip() == "internal error: RuntimeError: planted bug"
+
+
+def test_help_lists_every_command_with_its_alias():
+    out = CliRunner().invoke(cli, ["--help"]).stdout
+    for words in ("ac, auto-check", "vcs, vector-summary", "vc, vector-compare", "ls, list",
+                  "ni, node-info", "pt, print-tensor", "cp, compare-pair", "dc, convert",
+                  "fo, fusion-off", "train, replay", "demo", "shell", "npu-dump"):
+        assert words in out, words
+    assert "Exit codes: 0 nothing found; 1 precision findings" in out
+    assert "Exit code 1 when" in CliRunner().invoke(cli, ["vcs", "--help"]).stdout
