@@ -15,8 +15,10 @@ from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, L
                   alias_of)
 from .runner import ALIASES, RUNNERS, make_runner
 
+EXIT_INTERRUPTED = 130
 EXIT_CODES = ("Exit codes: 0 nothing found; 1 precision findings (an op under the threshold, an "
-              "overflow); 2 usage or input error (one line on stderr); 3 internal error.")
+              "overflow); 2 usage or input error (one line on stderr); 3 internal error; 130 "
+              "interrupted (Ctrl-C).")
 
 
 class _Failure(click.ClickException):
@@ -130,9 +132,9 @@ def main(argv=None, app=None):
         return code if isinstance(code, int) else EXIT_OK
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.Abort:
-        click.echo("aborted", err=True)
-        return EXIT_USAGE
+    except (click.Abort, KeyboardInterrupt):     # click turns Ctrl-C into Abort
+        click.echo("interrupted", err=True)
+        return EXIT_INTERRUPTED
     except click.UsageError as e:     # one line: the reason, and where to look
         hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
         click.echo(f"error: {e.format_message()}{hint}", err=True)
@@ -140,6 +142,4 @@ def main(argv=None, app=None):
     except click.ClickException as e:
         e.show()
         return e.exit_code
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
+
