@@ -175,16 +175,21 @@ def test_cancellation_noise_is_not_an_origin_and_neither_is_what_carries_it():
                     "sum": "under threshold", "exp": "under threshold", "nan": "nan"}
 
 
-def test_two_npu_runs_compare_fusion_on_against_fusion_off(tmp_path):
-    """The planted fp16 LayerNorm: fusion on against fusion off names the fused LayerNorm as
-    the origin; a run against a rerun of itself is identical on every tensor."""
-    from precision_tool.analysis import root_cause
+def _planted_layer_norm():
+    """An fp16 input of mean 100 and std 1 straight into a LayerNorm, then a dense head."""
     g = pt.Graph("planted")
     with g.as_default():
         x = pt.placeholder("x", [None, 64], "float16")
         y = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
         out = pt.nn.dense(y, 10, name="head")
-    xv = (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+    return g, x, out, (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+
+
+def test_two_npu_runs_compare_fusion_on_against_fusion_off(tmp_path):
+    """The planted fp16 LayerNorm: fusion on against fusion off names the fused LayerNorm as
+    the origin; a run against a rerun of itself is identical on every tensor."""
+    from precision_tool.analysis import root_cause
+    g, x, out, xv = _planted_layer_norm()
     root = str(tmp_path)
     for switch in ("on", "off", "on"):
         cfg = pt.SessionConfig(precision_mode="allow_mix_precision", fusion_switch=switch)
@@ -221,12 +226,7 @@ def test_compare_from_statistics_only(tmp_path):
     goes wrong) is still the origin, and a stats row on its own passes or fails by the norm."""
     from precision_tool.analysis import root_cause
     from precision_tool.analysis.compare import compare_stats, verdict
-    g = pt.Graph("planted")
-    with g.as_default():
-        x = pt.placeholder("x", [None, 64], "float16")
-        y = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
-        out = pt.nn.dense(y, 10, name="head")
-    xv = (100 + np.random.default_rng(1).normal(size=(16, 64))).astype(np.float16)
+    g, x, out, xv = _planted_layer_norm()
     root = str(tmp_path)
     for data in ("stats", "tensor"):
         pt.Session(g, target="npu", config=hooks.session_dump_config(

@@ -65,18 +65,22 @@ def test_auto_check_leads_with_the_first_overflow(tmp_path):
     assert result.advice.startswith("The first overflow is blowup (Exp")
 
 
+def _loss_scaled_mlp(tmp_path):
+    """An MLP under force_fp16 with dynamic loss scaling from 2^20, overflow check on."""
+    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
+                                      pt.train.DynamicLossScaleManager(2.0 ** 20, 2, 1))
+    m = pt.models.mlp(optimizer=opt)
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"),
+                                    action="overflow", data_dir=str(tmp_path))
+    return m, pt.data.digits(), pt.Session(m.graph, target="npu", config=cfg)
+
+
 def test_loss_scale_history_counts_overflowed_steps_and_the_scale_moves(tmp_path):
     """Dynamic loss scaling from 2^20 under force_fp16: early steps overflow and halve the
     scale. The history the dump wrote (every observed step, dumped or not) must agree with
     the session's own status words and scale variable, read step by step."""
     from precision_tool.analysis import loss_scale_history
-    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
-                                      pt.train.DynamicLossScaleManager(2.0 ** 20, 2, 1))
-    m = pt.models.mlp(optimizer=opt)
-    d = pt.data.digits()
-    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"),
-                                    action="overflow", data_dir=str(tmp_path))
-    sess = pt.Session(m.graph, target="npu", config=cfg)
+    m, d, sess = _loss_scaled_mlp(tmp_path)
     statuses, scales = [], [float(sess.variables()["loss_scale/loss_scale"])]
     for step in range(8):
         sess.run(m.train_op, {m.x: d.x_train[:32], m.y: d.y_train[:32]})
@@ -121,13 +125,7 @@ def test_a_torn_step_history_loses_only_its_last_line(tmp_path):
 
 def test_auto_check_reports_the_loss_scale_history(tmp_path):
     from precision_tool.analysis import auto_check
-    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
-                                      pt.train.DynamicLossScaleManager(2.0 ** 20, 2, 1))
-    m = pt.models.mlp(optimizer=opt)
-    d = pt.data.digits()
-    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="force_fp16"),
-                                    action="overflow", data_dir=str(tmp_path))
-    sess = pt.Session(m.graph, target="npu", config=cfg)
+    m, d, sess = _loss_scaled_mlp(tmp_path)
     for _ in range(4):
         sess.run(m.train_op, {m.x: d.x_train[:32], m.y: d.y_train[:32]})
     sess.close()

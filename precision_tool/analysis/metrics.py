@@ -18,7 +18,7 @@ reason). Every edge case has a defined result:
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Dict
 
 import numpy as np
 

@@ -11,7 +11,7 @@ import click
 from .. import __version__
 from ..dump import layout
 from . import analyse, inspect, jobs  # noqa: F401  (they register their commands)
-from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, LOG_LEVELS, App,
+from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, LOG_LEVELS, App,  # noqa: F401
                   alias_of)
 from .runner import ALIASES, RUNNERS, make_runner
 

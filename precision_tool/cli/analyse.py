@@ -16,22 +16,13 @@ from rich.table import Table
 from .. import analysis
 from ..analysis.compare import COSINE_THRESHOLD
 from ..dump.workspace import WorkspaceError
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
 
 STEP = click.option("-s", "--step", type=int, default=None,
                     help="The dumped step (default: the first complete one).")
 THRESHOLD = click.option("-c", "--cosine", "threshold", type=click.FloatRange(-1.0, 1.0),
                          default=COSINE_THRESHOLD, show_default=True,
                          help="Ops whose output cosine similarity is under this are reported.")
-
-
-def _first_step(app: App, run, step):
-    if step is not None:
-        return step
-    complete = [s.step for s in run.steps if s.complete]
-    if not complete:
-        raise WorkspaceError(f"{run.target}/{run.name} has no complete dumped step")
-    return complete[0]
 
 
 # -- ac ---------------------------------------------------------------------------------------
@@ -142,7 +133,7 @@ def vector_compare_cmd(app: App, left, right, step, threshold):
     Exit code 1 when an op's output falls under the threshold."""
     npu = app.run(left, "npu")
     golden = app.run(right, "cpu")
-    step = _first_step(app, npu, step)
+    step = first_step(npu, step)
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)
@@ -186,7 +177,7 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
     if not paths:
         app.info("no compare result yet: running vc first")
         npu, golden = app.run(None, "npu"), app.run(None, "cpu")
-        table = analysis.vector_compare(app.ws, npu, golden, _first_step(app, npu, None))
+        table = analysis.vector_compare(app.ws, npu, golden, first_step(npu, None))
         paths = [analysis.write_result(app.ws, table)]
     reports = []
     for path in paths:
@@ -244,7 +235,7 @@ def fusion_off_cmd(app: App, step, threshold):
 
     Exit code 1 when fusion is to blame."""
     npu, golden = app.run(None, "npu"), app.run(None, "cpu")
-    step = _first_step(app, npu, step)
+    step = first_step(npu, step)
     app.info(f"replaying step {step} of {npu.target}/{npu.name} with fusion off, then bisecting...")
     verdict = analysis.bisect_fusion(app.ws, npu, golden, step, threshold)
     app.refresh()

@@ -81,6 +81,16 @@ class App:
         raise WorkspaceError(f"no run {spec!r} in {ws.root}; runs: {names}")
 
 
+def first_step(run: Run, step: Optional[int] = None) -> int:
+    """The step asked for, or the run's first complete dumped step."""
+    if step is not None:
+        return step
+    complete = [s.step for s in run.steps if s.complete]
+    if not complete:
+        raise WorkspaceError(f"{run.target}/{run.name} has no complete dumped step")
+    return complete[0]
+
+
 def jsonable(value):
     """Plain JSON: NaN and inf become null, numpy scalars and arrays plain numbers and lists,
     dataclasses dicts, DataFrames lists of records."""

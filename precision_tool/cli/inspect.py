@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import List, Optional
+from typing import List
 
 import click
 import numpy as np
@@ -17,7 +17,7 @@ from ..analysis.compare import _logical
 from ..dump.workspace import Run, WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
 
 RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
                    help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
@@ -30,18 +30,9 @@ def _nodes(app: App, run: Run) -> List[dict]:
     if graph:
         return graph.get("nodes", [])
     # a golden run has no compiled graph: its ops are in the step index
-    table = app.ws.index(run, _step(run, None))
+    table = app.ws.index(run, first_step(run, None))
     return [{"name": n, "type": t, "attrs": {}} for n, t in
             table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
-
-
-def _step(run: Run, step: Optional[int]) -> int:
-    if step is not None:
-        return step
-    complete = [s.step for s in run.steps if s.complete]
-    if not complete:
-        raise WorkspaceError(f"{run.target}/{run.name} has no complete dumped step")
-    return complete[0]
 
 
 def _kernel(node: dict) -> str:
@@ -138,7 +129,7 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     if show_all:
         info["attrs"] = attrs
     if run.steps:
-        s = _step(run, step)
+        s = first_step(run, step)
         table = app.ws.index(run, s)
         mine = table[table.op_name == node["name"]]
         cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count"]
@@ -222,7 +213,7 @@ def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
 def _tensor(app: App, ref: str, run_spec, step):
     """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0)."""
     run = app.run(run_spec, "npu")
-    s = _step(run, step)
+    s = first_step(run, step)
     table = app.ws.index(run, s)
     base = os.path.basename(ref)
     hit = table[table.file == base] if base.endswith(".npy") else table.iloc[0:0]

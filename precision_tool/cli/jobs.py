@@ -8,9 +8,9 @@ import time
 import click
 
 from .. import hooks
-from ..dump import layout, load_bundle, replay
+from ..dump import load_bundle, replay
 from ..dump.workspace import WorkspaceError
-from .app import EXIT_FINDINGS, EXIT_OK, App, command
+from .app import EXIT_OK, App, command
 
 
 @command("train", "replay", short_help="Replay a dumped step on the NPU, the golden, or both.")
