@@ -96,6 +96,13 @@ def test_vc_writes_a_result_and_counts_verdicts(demo):
     assert len(pd.read_csv(data["result_file"])) == len(table)
     text = invoke(root, "vector-compare", "-c", "0")       # the long alias
     assert text.exit_code == 0 and "result:" in text.stdout
+    graph = os.path.join(ws.run("npu").path, "graph", os.listdir(os.path.join(ws.run("npu").path, "graph"))[0])
+    code, same = as_json(root, "vc", "-g", graph)
+    assert same["verdicts"] == data["verdicts"]
+    bad = os.path.join(str(root), "not_a_graph.json")
+    open(bad, "w").write("[1, 2")
+    result = invoke(root, "vc", "-g", bad)
+    assert result.exit_code == 2 and "compiled graph" in result.stderr
 
 
 def test_ls_counts_and_literal_filters(demo):

@@ -122,8 +122,10 @@ def _by_original(ws: Workspace, run: Run, step: int):
 
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold: float = COSINE_THRESHOLD,
-                   progress: Optional[Callable[[int, int], None]] = None) -> pd.DataFrame:
-    """Every tensor of the NPU run's step against the tensor of golden_run it stands for.
+                   progress: Optional[Callable[[int, int], None]] = None,
+                   graph: Optional[dict] = None) -> pd.DataFrame:
+    """Every tensor of the NPU run's step against the tensor of golden_run it stands for
+    (mapped through `graph`, a compiled graph's JSON, default the run's own).
     golden_run is normally the CPU golden; it may be another NPU run (fusion on against
     fusion off), whose tensors are mapped and converted from 5HD the same way."""
     gold_step = step if golden_step is None else golden_step
@@ -132,7 +134,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if column not in npu:          # a golden run on the left: golden against golden
             npu[column] = default
     gold, gold_by_tensor = _by_original(ws, golden_run, gold_step)
-    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    tmap = TensorMap(graph if graph is not None else ws.graph_json(npu_run) or {})
     gold_format = "format" in gold.columns
     rows = []
     total = len(npu)

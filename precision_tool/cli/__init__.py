@@ -11,25 +11,14 @@ import click
 from .. import __version__
 from ..dump import layout
 from . import analyse, inspect, jobs  # noqa: F401  (they register their commands)
-from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, LOG_LEVELS, App,  # noqa: F401
-                  alias_of)
+from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK,  # noqa: F401 (re-exported)
+                  EXIT_USAGE, LOG_LEVELS, App, CommandError, alias_of)
 from .runner import ALIASES, RUNNERS, make_runner
 
 EXIT_INTERRUPTED = 130
 EXIT_CODES = ("Exit codes: 0 nothing found; 1 precision findings (an op under the threshold, an "
               "overflow); 2 usage or input error (one line on stderr); 3 internal error; 130 "
               "interrupted (Ctrl-C).")
-
-
-class _Failure(click.ClickException):
-    """One line on stderr and a documented exit code, never a traceback."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.exit_code = code
-
-    def show(self, file=None):
-        click.echo(self.message, err=True)
 
 
 class _Group(click.Group):
@@ -58,12 +47,12 @@ class _Group(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort, KeyboardInterrupt):
             raise
         except PrecisionToolError as e:
-            raise _Failure(f"error: {e}", EXIT_USAGE) from None
+            raise CommandError(f"error: {e}", EXIT_USAGE) from None
         except OSError as e:         # a full disk, a missing or unwritable directory
             where = f": {e.filename}" if e.filename else ""
-            raise _Failure(f"error: {e.strerror or e}{where}", EXIT_USAGE) from None
+            raise CommandError(f"error: {e.strerror or e}{where}", EXIT_USAGE) from None
         except Exception as e:       # a bug of ours: one line, not a traceback
-            raise _Failure(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL) from None
+            raise CommandError(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL) from None
         if isinstance(code, int) and code:
             ctx.exit(code)
         return code

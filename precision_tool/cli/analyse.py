@@ -122,9 +122,12 @@ def _render_op(app: App, s: dict):
                    "newest NPU run). Another NPU run compares fusion on against off.")
 @click.option("-rt", "--right", default=None, metavar="RUN",
               help="The reference run (default: the newest golden run).")
+@click.option("-g", "--graph", "graph_file", default=None, metavar="GRAPH",
+              type=click.Path(dir_okay=False),
+              help="The compiled graph JSON to map tensors with (default: the run's graph/).")
 @STEP
 @THRESHOLD
-def vector_compare_cmd(app: App, left, right, step, threshold):
+def vector_compare_cmd(app: App, left, right, graph_file, step, threshold):
     """Vector compare: map every dumped NPU tensor to its golden tensor (through fused ops,
     inserted Cast/TransData and 5HD), compute the metrics, write
     temp/vector_compare/<ts>/result_<ts>.csv and print the counts. A step dumped as
@@ -134,10 +137,16 @@ def vector_compare_cmd(app: App, left, right, step, threshold):
     npu = app.run(left, "npu")
     golden = app.run(right, "cpu")
     step = first_step(npu, step)
+    graph = None
+    if graph_file is not None:
+        from ..fileio import load_json
+        graph = load_json(graph_file, WorkspaceError, "compiled graph")
+        if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
+            raise WorkspaceError(f"{graph_file} is not a compiled graph (no node list)")
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)
-        table = analysis.vector_compare(app.ws, npu, golden, step, threshold=threshold,
+        table = analysis.vector_compare(app.ws, npu, golden, step, threshold=threshold, graph=graph,
                                         progress=lambda k, n: bar.update(task, completed=k, total=n))
     path = analysis.write_result(app.ws, table)
     found = [s for s in analysis.summarize(table, threshold, limit=0) if s.is_finding]

@@ -20,6 +20,17 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 LOG_LEVELS = {"0": "debug", "1": "info", "2": "warning", "3": "error", "4": "none"}
 
 
+class CommandError(click.ClickException):
+    """One line on stderr and a documented exit code, never a traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file=None):
+        click.echo(self.message, err=True)
+
+
 @dataclass
 class App:
     data_dir: str

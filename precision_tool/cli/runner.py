@@ -8,6 +8,7 @@ import subprocess
 import click
 
 from ..dump import Workspace, layout
+from .app import CommandError
 
 EXIT_FINDINGS = 1
 
@@ -66,7 +67,7 @@ def make_runner(name: str):
             raise click.UsageError(f"cannot run {script[0]!r}: {e.strerror}") from None
         new = sorted(_debug_dirs(root) - before)
         if rc != 0:
-            raise click.ClickException(f"the script exited with status {rc}")
+            raise CommandError(f"error: the script exited with status {rc}")
         if not new:
             click.echo(f"the script wrote no dump into {root}: does it use precision_tool.hooks "
                        f"(session_dump_config / sess_dump)?", err=True)
