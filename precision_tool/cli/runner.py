@@ -21,6 +21,9 @@ RUNNERS = {
     "cpu-dump": (layout.ENV_CPU_ACTION, "dump",
                  "Dump the golden (CPU) run of a session wrapped by hooks.sess_dump."),
 }
+SHORT = {"npu-dump": "Run a training script dumping the NPU run.",
+         "npu-overflow": "Run a training script checking every step for overflow.",
+         "cpu-dump": "Run a training script dumping the golden run."}
 ALIASES = {"npu_dump": "npu-dump", "npu_overflow": "npu-overflow", "tf_dump": "cpu-dump"}
 
 
@@ -36,7 +39,7 @@ def _debug_dirs(root):
 def make_runner(name: str):
     env_var, action, help_text = RUNNERS[name]
 
-    @click.command(name=name, help=f"{help_text}\n\nRuns SCRIPT... (e.g. python train.py) with "
+    @click.command(name=name, short_help=SHORT[name], help=f"{help_text}\n\nRuns SCRIPT... (e.g. python train.py) with "
                                    f"the hooks of precision_tool.hooks switched on.",
                    context_settings={"ignore_unknown_options": True})
     @click.option("--dump-step", default=None, help='Steps to dump: "0|5|10" or "0|3-5|10" '
