@@ -39,7 +39,7 @@ def test_demo_trains_dumps_and_ends_with_the_ac_report(demo):
     root, result = demo
     assert result.exit_code == 1                     # it has a precision problem to show
     out = result.stdout
-    assert "loss after 3 steps" in out and "Fusion" in out and "Overflow" in out
+    assert "after 3 steps  loss" in out and "Fusion" in out and "Overflow" in out
     assert "Root cause" in out and "SoftmaxFusionPass" in out
     assert out.rstrip().splitlines()[-1].startswith("╰") and "Next" in out.split("Root cause")[1]
     ws = Workspace(str(root))

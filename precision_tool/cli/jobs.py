@@ -56,7 +56,7 @@ def replay_cmd(app: App, device, action, step):
 
 
 @command("demo", "demo", short_help="The main job: train, dump both runs, auto check.")
-@click.option("--steps", type=click.IntRange(1, 200), default=30, show_default=True,
+@click.option("--steps", type=click.IntRange(1, 500), default=100, show_default=True,
               help="Training steps on each executor.")
 @click.option("--fresh/--keep", default=True, show_default=True,
               help="Move an existing workspace aside first (it is renamed, never deleted).")
@@ -97,9 +97,9 @@ def demo_cmd(ctx, app: App, steps, fresh):
                                == digits.y_test)) for name, sess in (("npu", npu), ("cpu", cpu))}
     app.refresh()
     if not app.as_json:
-        app.console.print(f"loss after {steps} steps: golden {losses['cpu'][-1]:.6f}, NPU "
-                          f"{losses['npu'][-1]:.6f}; held-out accuracy: golden {acc['cpu']:.4f}, "
-                          f"NPU {acc['npu']:.4f}")
+        app.console.print(f"after {steps} steps  loss: golden {losses['cpu'][-1]:.6f}, NPU "
+                          f"{losses['npu'][-1]:.6f}\n{'':{len(str(steps)) + 14}}held-out accuracy: "
+                          f"golden {acc['cpu']:.4f}, NPU {acc['npu']:.4f}")
         app.console.print(f"dumps: {root}\n")
     from .analyse import auto_check_cmd
     return ctx.invoke(auto_check_cmd, compare=True, limit=3, threshold=0.98, step=0)
