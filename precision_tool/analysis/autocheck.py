@@ -36,7 +36,7 @@ class AutoCheck:
     @property
     def has_findings(self) -> bool:
         """An overflow, or an op under the threshold that is not cancellation noise."""
-        return self.first_overflow is not None or bool(self.overflows) or any(
+        return bool(self.overflows) or any(
             s["category"] != "cancellation" for s in self.under_threshold)
     advice: str = ""
 
@@ -71,8 +71,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         table = vector_compare(ws, npu_run, golden_run, step, threshold=threshold)
         if write_csv:
             result.result_file = write_result(ws, table)
-        result.under_threshold = [dataclasses.asdict(s) for s in summarize(table, threshold, limit)]
         cause = root_cause(table, threshold)
+        result.under_threshold = [dataclasses.asdict(s)
+                                  for s in summarize(table, threshold, limit, cause=cause)]
         result.cancellations = sorted(cause.noise_ops)
         origin = cause.first_origin
         if origin is not None:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .. import numerics
+from ..fileio import write_text_atomic
 from ..dump import Workspace
 from ..dump.workspace import Run
 from .mapping import TensorMap
@@ -97,7 +98,8 @@ def compare_stats(npu: dict, golden: dict, five_hd: bool = False) -> dict:
     return out
 
 
-def _logical(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
+def logical_tensor(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
+    """A dumped tensor in its logical layout: NC1HWC0 back to NCHW, others unchanged."""
     if fmt == "NC1HWC0" and original_shape:
         channels = int(original_shape.split()[1])     # the batch may be unknown ("None")
         n, _, h, w, _ = value.shape
@@ -159,10 +161,10 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             if not r.file or not grow["file"]:       # a side dumped statistics only
                 row.update(compare_stats(r._asdict(), grow, r.format == "NC1HWC0"))
             elif key not in done:
-                x = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
+                x = logical_tensor(ws.load(npu_run, step, r.file), r.format, r.original_shape)
                 y = ws.load(golden_run, gold_step, grow["file"])
                 if gold_format:
-                    y = _logical(y, grow["format"], grow["original_shape"])
+                    y = logical_tensor(y, grow["format"], grow["original_shape"])
                 done[key] = compare_tensors(x, y)
             if key in done:
                 row.update(done[key])
@@ -188,6 +190,5 @@ def write_result(ws: Workspace, table: pd.DataFrame) -> str:
         except FileExistsError:
             k += 1
     path = os.path.join(parent, name, f"result_{stamp}.csv")
-    from ..fileio import write_text_atomic
     write_text_atomic(path, table.to_csv(index=False))
     return path

@@ -77,7 +77,8 @@ class _Totals:
             self.lo[side] = min(self.lo[side], float(v.min()))
             self.hi[side] = max(self.hi[side], float(v.max()))
             mean = float(v.mean())
-            m2 = float(np.dot(v - mean, v - mean))
+            centred = v - mean
+            m2 = float(np.dot(centred, centred))
             self.moments[side] = _chan(self.moments[side], (n, mean, m2))
 
     def kl_pass(self, blocks):
@@ -159,11 +160,8 @@ def compare_tensors(npu, golden) -> dict:
                FlushedToZeroRatio=float("nan"), NpuNorm=float("nan"), GoldenNorm=float("nan"))
     if x.shape != y.shape:
         for side, a in (("Npu", x), ("Golden", y)):
-            for xb in _blocks(a.reshape(-1)):
-                out[f"{side}NanCount"] += int(np.isnan(xb).sum())
-                out[f"{side}InfCount"] += int(np.isinf(xb).sum())
-        out["NpuAtFp16Max"] = sum(int((np.abs(xb) >= numerics.FP16_MAX).sum())
-                                  for xb in _blocks(x.reshape(-1)))
+            for block in _blocks(a.reshape(-1)):
+                _count(out, side, block)
         out["CompareFailReason"] = (f"shape mismatch: npu {list(x.shape)} vs golden "
                                     f"{list(y.shape)}")
         return out
@@ -176,11 +174,8 @@ def compare_tensors(npu, golden) -> dict:
     t = _Totals()
     live = flushed = left_out = 0
     for xb, yb in zip(_blocks(xs), _blocks(ys)):
-        out["NpuNanCount"] += int(np.isnan(xb).sum())
-        out["NpuInfCount"] += int(np.isinf(xb).sum())
-        out["GoldenNanCount"] += int(np.isnan(yb).sum())
-        out["GoldenInfCount"] += int(np.isinf(yb).sum())
-        out["NpuAtFp16Max"] += int((np.abs(xb) >= numerics.FP16_MAX).sum())
+        _count(out, "Npu", xb)
+        _count(out, "Golden", yb)
         live_y = yb != 0
         live += int(live_y.sum())
         flushed += int((live_y & (xb == 0)).sum())
@@ -202,6 +197,14 @@ def compare_tensors(npu, golden) -> dict:
         reasons.append("golden tensor is all (near) zero: relative errors undefined")
     out["CompareFailReason"] = "; ".join(reasons + t.reasons)
     return out
+
+
+def _count(out: dict, side: str, block: np.ndarray):
+    """Add a block's nan and inf counts (and, for the NPU, values at or beyond the fp16 max)."""
+    out[f"{side}NanCount"] += int(np.isnan(block).sum())
+    out[f"{side}InfCount"] += int(np.isinf(block).sum())
+    if side == "Npu":
+        out["NpuAtFp16Max"] += int((np.abs(block) >= numerics.FP16_MAX).sum())
 
 
 def _blocks(a: np.ndarray):

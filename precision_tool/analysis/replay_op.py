@@ -15,7 +15,7 @@ from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .compare import _logical
+from .compare import logical_tensor
 from .mapping import TensorMap
 from .metrics import compare_tensors
 
@@ -80,7 +80,7 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
     for r in rows[rows.io == "input"].itertuples(index=False):
         if not r.file:
             raise ReplayOpError(f"step {step} dumped statistics only: no inputs to replay")
-        value = _logical(ws.load(npu_run, step, r.file), r.format, r.original_shape)
+        value = logical_tensor(ws.load(npu_run, step, r.file), r.format, r.original_shape)
         inputs[int(r.index)] = value.astype(np.float64) if value.dtype.kind == "f" else value
     if len(inputs) != len(node["inputs"]):
         raise ReplayOpError(f"op {op_name!r}: {len(node['inputs'])} inputs, {len(inputs)} dumped "
@@ -89,7 +89,7 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
     if out_rows.empty:
         raise ReplayOpError(f"op {op_name!r} output {output_index} is not dumped")
     out_row = out_rows.iloc[0]
-    npu_out = _logical(ws.load(npu_run, step, out_row.file), out_row.format, out_row.original_shape)
+    npu_out = logical_tensor(ws.load(npu_run, step, out_row.file), out_row.format, out_row.original_shape)
     ctx = registry.KernelContext(np.float64, step, graph.get("seed", 0))
     args = [inputs[k] for k in range(len(node["inputs"]))]
     attrs = node.get("attrs", {})

@@ -4,13 +4,13 @@ outputs, in execution order or by cosine."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pandas as pd
 
 from .compare import COSINE_THRESHOLD, diverging
-from .rootcause import root_cause
+from .rootcause import RootCause, root_cause
 
 
 @dataclass
@@ -38,11 +38,12 @@ class OpSummary:
 
 
 def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: int = 3,
-              by_cosine: bool = False) -> List[OpSummary]:
+              by_cosine: bool = False, cause: Optional[RootCause] = None) -> List[OpSummary]:
     """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
-    (all when limit <= 0), in execution order or, with by_cosine, worst first."""
+    (all when limit <= 0), in execution order or, with by_cosine, worst first. Pass `cause`
+    when the table's root cause is already at hand."""
     found = []
-    cause = root_cause(table, threshold)
+    cause = cause if cause is not None else root_cause(table, threshold)
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})

@@ -77,7 +77,7 @@ def _render_ac(app: App, r, limit, threshold):
     else:
         out.print(Panel("no overflow in this step", title="Overflow", title_align="left"))
     ls = r.loss_scale
-    if ls and ls["first_scale"] == ls["first_scale"] and ls["first_scale"] is not None:
+    if ls and ls["first_scale"] == ls["first_scale"]:          # nan: no loss scaling
         moves = ", ".join(f"step {s}: {fmt(a)} -> {fmt(b)}" for s, a, b in ls["moves"][:limit]) or "none"
         out.print(Panel(f"{len(ls['overflow_steps'])} of {ls['steps']} observed steps overflowed; "
                         f"{len(ls['skipped_steps'])} updates skipped.\nscale {fmt(ls['first_scale'])} "
@@ -191,8 +191,9 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
     reports = []
     for path in paths:
         table = _read_result(path)
-        ops = analysis.summarize(table, threshold, limit=0, by_cosine=by_cosine)
-        origin = analysis.root_cause(table, threshold).first_origin
+        cause = analysis.root_cause(table, threshold)
+        ops = analysis.summarize(table, threshold, limit=0, by_cosine=by_cosine, cause=cause)
+        origin = cause.first_origin
         ops.sort(key=lambda s: not s.is_finding)          # noise last, order kept otherwise
         reports.append({"file": path, "threshold": threshold,
                         "under_threshold": sum(s.is_finding for s in ops),

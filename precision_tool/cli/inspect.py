@@ -12,8 +12,9 @@ from rich.panel import Panel
 from rich.table import Table
 
 from .. import numerics
-from ..analysis import compare_tensors
-from ..analysis.compare import _logical
+from ..analysis import TensorMap, compare_tensors
+from ..analysis.compare import logical_tensor
+from ..dump.layout import mangle
 from ..dump.workspace import Run, WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
@@ -137,7 +138,6 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
         try:
             golden = app.run(None, "cpu")
             gt = app.ws.index(golden, s)
-            from ..analysis.mapping import TensorMap
             tmap = TensorMap(app.ws.graph_json(run) or {})
             wanted = {tmap.golden_tensor(f"{node['name']}:{k}") for k in range(len(info["outputs"]) or 1)}
             info["golden"] = gt[gt.tensor.isin(wanted)][["tensor", "dtype", "shape", "file"]].to_dict("records")
@@ -202,7 +202,6 @@ def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
             if src in keep:
                 lines.append(f"  {q(src)} -> {q(name)};")
     lines.append("}")
-    from ..dump.layout import mangle
     path = os.path.join(app.ws.root, "temp", "op_graph", f"{mangle(node['name'])}_{depth}.dot")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text_atomic(path, "\n".join(lines) + "\n")
@@ -291,7 +290,7 @@ def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run
     x, xl, xrow = _tensor(app, left, left_run, step)
     y, yl, _ = _tensor(app, right, right_run or (app.run(None, "cpu").path if app.ws.runs("cpu") else None), step)
     if xrow is not None and "format" in xrow:
-        x = _logical(x, xrow["format"], xrow["original_shape"])
+        x = logical_tensor(x, xrow["format"], xrow["original_shape"])
     if x.size != y.size:
         raise WorkspaceError(f"cannot compare {xl} ({x.size} elements, shape {list(x.shape)}) with "
                              f"{yl} ({y.size} elements, shape {list(y.shape)}): sizes differ")
@@ -347,7 +346,7 @@ def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
     value, label, row = _tensor(app, ref, run_spec, step)
     fmt_in = row["format"] if row is not None and "format" in row else ""
     if fmt_in == "NC1HWC0":
-        value = _logical(value, fmt_in, row["original_shape"])
+        value = logical_tensor(value, fmt_in, row["original_shape"])
     elif value.ndim != 4:
         raise WorkspaceError(f"{label} is {fmt_in or 'not 5HD'} with shape {list(value.shape)}: "
                              f"nothing to convert to {target}")

@@ -9,6 +9,7 @@ import click
 
 from .. import hooks
 from ..dump import load_bundle, replay
+from ..runtime.config import SessionConfig
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_OK, App, command
 
@@ -35,16 +36,12 @@ def replay_cmd(app: App, device, action, step):
     bundle = load_bundle(os.path.join(npu.path, "replay", str(step)))
     made = []
     for target in (["npu", "cpu"] if device == "all" else [device]):
-        act = "dump|fusion_off" if action == "fusion_off" and target == "npu" else \
-            ("dump" if action == "fusion_off" else action)
-        base = bundle.config() if target == "npu" else None
-        if target == "npu":
-            cfg = hooks.session_dump_config(base, action=act, dump_step=str(step), data_dir=app.ws.root,
-                                            replay_of=f"{npu.target}/{npu.name}")
-        else:
-            from ..runtime.config import SessionConfig
-            cfg = hooks.session_dump_config(SessionConfig(), action=act, dump_step=str(step),
-                                            data_dir=app.ws.root, replay_of=f"{npu.target}/{npu.name}")
+        act = action
+        if action == "fusion_off":     # fusion only exists on the NPU: the golden just dumps
+            act = "dump|fusion_off" if target == "npu" else "dump"
+        base = bundle.config() if target == "npu" else SessionConfig()
+        cfg = hooks.session_dump_config(base, action=act, dump_step=str(step), data_dir=app.ws.root,
+                                        replay_of=f"{npu.target}/{npu.name}")
         app.info(f"replaying step {step} on the {target} ({act})...")
         sess, _ = replay(bundle, target, cfg)
         sess.close()
@@ -69,7 +66,7 @@ def demo_cmd(ctx, app: App, steps, fresh):
     names the first overflow, the origin op and its pass, and what to try next."""
     import numpy as np
 
-    from .. import Session, SessionConfig, data, models
+    from .. import Session, data, models
     root = app.ws_root()
     if fresh and os.path.exists(root) and os.listdir(root):
         aside = f"{root}.{time.strftime('%Y%m%d%H%M%S')}"

@@ -46,12 +46,18 @@ def _commands() -> List[str]:
     return sorted(names - {"shell"})
 
 
+def _current_word(text: str) -> str:
+    """The word under completion: the last one, or none after a space."""
+    parts = text.split()
+    return "" if text.endswith(" ") or not parts else parts[-1]
+
+
 def completions(app: App, text: str, cache: dict) -> Iterable[str]:
     """What may follow `text` (the line before the cursor): a command name first, then the
     command's options, op names and dump file names."""
     from . import cli
     parts = text.split()
-    current = "" if text.endswith(" ") or not parts else parts[-1]
+    current = _current_word(text)
     if len(parts) == 0 or (len(parts) == 1 and not text.endswith(" ")):
         return [c for c in _commands() if c.startswith(current)]
     cmd = cli.get_command(click.Context(cli), parts[0])
@@ -71,7 +77,7 @@ def _completer(app: App):
     class _C(Completer):
         def get_completions(self, document, complete_event):
             text = document.text_before_cursor
-            current = "" if text.endswith(" ") or not text.split() else text.split()[-1]
+            current = _current_word(text)
             for word in completions(app, text, cache):
                 yield Completion(word, start_position=-len(current))
     return _C()
