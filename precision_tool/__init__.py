@@ -17,6 +17,9 @@ from .graph import Graph, Tensor
 from .io import load_graph, save_graph
 from .ops import constant, placeholder, variable
 from .runtime import Session, SessionConfig
+from . import trainer
+from .train import amp
+from .trainer import Model
 
 
 def name_scope(name: str):
@@ -28,5 +31,5 @@ get_default_graph = graph.get_default_graph
 
 __all__ = ["Graph", "Tensor", "Session", "SessionConfig", "placeholder", "variable", "constant",
            "name_scope", "get_default_graph", "load_graph", "save_graph", "ops", "nn", "train",
-           "models", "data", "graph", "PrecisionToolError", "GraphError", "GraphFormatError",
+           "models", "data", "graph", "trainer", "amp", "Model", "PrecisionToolError", "GraphError", "GraphFormatError",
            "FeedError", "FetchError", "ExecutionError"]

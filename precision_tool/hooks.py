@@ -60,13 +60,36 @@ def session_dump_config(config: Optional[SessionConfig] = None, action: Optional
     return dataclasses.replace(config, **changes) if changes else config
 
 
+def attach_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
+                dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
+                data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
+    """Dump an existing session's runs from its next run on, NPU or golden, into
+    <workspace>/<target>/debug_<k>: the dump and overflow actions (an overflow check only means
+    something on the NPU). Returns the observer (close() waits until its steps are on disk),
+    or None when no action applies. The fusion actions change how the graph compiles, so they
+    go into the session's config (session_dump_config), not here."""
+    npu = session.target == "npu"
+    actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
+                                  layout.ENV_NPU_ACTION if npu else layout.ENV_CPU_ACTION)
+    fusion = sorted(actions & {"fusion_off", "fusion_switch"})
+    if fusion and npu:
+        raise layout.DumpConfigError(
+            f"{'|'.join(fusion)} changes how the graph compiles, so it cannot be switched on in a "
+            f"running session: give it to hooks.session_dump_config() for the session's config")
+    if not (actions & ({"dump", "overflow"} if npu else {"dump"})):
+        return None
+    observer = DumpObserver(session, settings)
+    session.add_observer(observer)
+    return observer
+
+
 def sess_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
               dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
               data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
     """Dump this (CPU golden) session's runs into <workspace>/cpu/debug_<k>. Returns the
     session. With no action given or in the environment, it changes nothing."""
-    actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
-                                  layout.ENV_CPU_ACTION)
-    if "dump" in actions:
-        session.add_observer(DumpObserver(session, settings))
+    if session.target != "cpu":
+        raise layout.DumpConfigError("sess_dump is for the golden (cpu) session; the NPU session "
+                                     "takes hooks.session_dump_config() in its config")
+    attach_dump(session, action, dump_step, dump_mode, dump_data, data_dir, debug_dir)
     return session

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from .. import numerics
 from ..dump import Workspace
 from ..dump.workspace import Run
 from .compare import COSINE_THRESHOLD, vector_compare, write_result
@@ -96,16 +97,28 @@ def _task(t) -> dict:
             "inputs_finite": t.inputs_finite, "tensors": tensors}
 
 
+def _scales(history: Optional[dict]) -> set:
+    """Every loss-scale value a run's history shows."""
+    if not history or history["first_scale"] != history["first_scale"]:
+        return set()
+    return {history["first_scale"]} | {m[1] for m in history["moves"]}
+
+
 def _advice(r: AutoCheck) -> str:
     o = r.origin
     if r.first_overflow is not None:
         op = r.first_overflow
         text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
         inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
-        if inputs:
-            peak = max(max(abs(t["max"]), abs(t["min"])) for t in inputs)
+        peak = max((max(abs(t["max"]), abs(t["min"])) for t in inputs), default=None)
+        if peak is not None:
             text += f"; its inputs reach {peak:.6g}"
         text += ". "
+        if peak is not None and peak > numerics.FP16_MAX and peak in _scales(r.loss_scale):
+            return text + (f"That is the loss scale itself: {peak!r} does not fit in fp16, so "
+                           f"each step overflows and is skipped until the dynamic manager has "
+                           f"shrunk it below 65504. Start it lower (init_loss_scale 2**15 or "
+                           f"less) and no step is lost.")
         if o is not None and o["op_name"] == op["op_name"] and o["pass_name"]:
             return text + (f"It is also where the divergence starts, fused by {o['pass_name']}. "
                            f"Confirm with the fusion-off replay (fo), then switch {o['pass_name']} off "

@@ -33,35 +33,49 @@ class Model:
         return self.x, self.y
 
 
-def _build(name: str, forward: Callable, optimizer: Optimizer, seed: int,
-           batch_size: Optional[int], inference_branch: bool = False) -> Model:
-    """forward(x, training, reuse) -> logits. Models whose inference differs from training
-    (BatchNorm) get a second forward path over the same variables; the others share one."""
-    g = Graph(name, seed=seed)
+class Network:
+    """A network as a callable that builds its ops in the default graph, the shape a
+    MindSpore Cell has: `net(x, training=True, reuse=False) -> logits`, x float32 [batch, 64].
+    A second call with reuse=True builds another path over the same variables (the
+    inference branch); `inference_differs` says whether that path computes anything else
+    (BatchNorm on its moving statistics)."""
+
+    def __init__(self, name: str, forward: Callable, inference_differs: bool = False):
+        self.name, self._forward, self.inference_differs = name, forward, inference_differs
+
+    def __call__(self, x: Tensor, training: bool = True, reuse: bool = False) -> Tensor:
+        return self._forward(x, training, reuse)
+
+    def __repr__(self):
+        return f"Network({self.name!r})"
+
+
+def _build(net: Network, optimizer: Optimizer, seed: int, batch_size: Optional[int]) -> Model:
+    """Models whose inference differs from training get a second forward path over the same
+    variables; the others share one."""
+    g = Graph(net.name, seed=seed)
     with g.as_default():
         x = ops.placeholder("x", [batch_size, 64])
         y = ops.placeholder("y", [batch_size], "int32")
-        logits = forward(x, training=True, reuse=False)
-        eval_logits = forward(x, training=False, reuse=True) if inference_branch else logits
+        logits = net(x, training=True, reuse=False)
+        eval_logits = net(x, training=False, reuse=True) if net.inference_differs else logits
         with g.name_scope("loss"):
             loss = ops.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(logits, y))
         train_op = optimizer.minimize(loss)
-    return Model(name, g, x, y, loss, logits, eval_logits, train_op)
+    return Model(net.name, g, x, y, loss, logits, eval_logits, train_op)
 
 
-def mlp(hidden: Sequence[int] = (64,), optimizer: Optional[Optimizer] = None, seed: int = 0,
-        batch_size: Optional[int] = None) -> Model:
+def mlp_network(hidden: Sequence[int] = (64,)) -> Network:
     """64 -> hidden (ReLU) ... -> 10."""
     def forward(x, training, reuse):
         h = x
         for k, units in enumerate(hidden):
             h = nn.dense(h, units, activation=ops.relu, name=f"fc{k + 1}", reuse=reuse)
         return nn.dense(h, 10, name="logits", reuse=reuse)
-    return _build("mlp", forward, optimizer or Adam(0.01), seed, batch_size)
+    return Network("mlp", forward)
 
 
-def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = None, seed: int = 0,
-        batch_size: Optional[int] = None) -> Model:
+def cnn_network(channels: Sequence[int] = (16, 32)) -> Network:
     """[1, 8, 8] -> Conv3x3-BN-ReLU-MaxPool -> Conv3x3-BN-ReLU-AvgPool -> Dense 10 (NCHW)."""
     c1, c2 = channels
 
@@ -74,12 +88,11 @@ def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = Non
         h = ops.relu(nn.batch_norm(h, training=training, name="bn2", reuse=reuse))
         h = ops.avg_pool(h, 2)
         return nn.dense(ops.reshape(h, [-1, c2 * 4]), 10, name="logits", reuse=reuse)
-    return _build("cnn", forward, optimizer or Adam(0.01), seed, batch_size, inference_branch=True)
+    return Network("cnn", forward, inference_differs=True)
 
 
-def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layers: int = 1,
-                optimizer: Optional[Optimizer] = None, seed: int = 0,
-                batch_size: Optional[int] = None, embedding_norm: bool = False) -> Model:
+def transformer_network(d_model: int = 32, num_heads: int = 2, ff_units: int = 64,
+                        layers: int = 1, embedding_norm: bool = False) -> Network:
     """Each image row is a token (8 tokens of 8 pixels): input projection + learned positions
     (Gather), with embedding_norm a LayerNorm over them as BERT's embeddings have, `layers`
     post-LN encoder blocks (multi-head self-attention, decomposed
@@ -105,7 +118,28 @@ def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layer
                                   name="output_norm", reuse=reuse)
         pooled = ops.reduce_mean(h, 1)
         return nn.dense(pooled, 10, name="classifier", reuse=reuse)
-    return _build("transformer", forward, optimizer or Adam(0.003), seed, batch_size)
+    return Network("transformer", forward)
+
+
+def mlp(hidden: Sequence[int] = (64,), optimizer: Optional[Optimizer] = None, seed: int = 0,
+        batch_size: Optional[int] = None) -> Model:
+    """The MLP network (see mlp_network) with its loss and an Adam(0.01) step."""
+    return _build(mlp_network(hidden), optimizer or Adam(0.01), seed, batch_size)
+
+
+def cnn(channels: Sequence[int] = (16, 32), optimizer: Optional[Optimizer] = None, seed: int = 0,
+        batch_size: Optional[int] = None) -> Model:
+    """The CNN network (see cnn_network) with its loss and an Adam(0.01) step."""
+    return _build(cnn_network(channels), optimizer or Adam(0.01), seed, batch_size)
+
+
+def transformer(d_model: int = 32, num_heads: int = 2, ff_units: int = 64, layers: int = 1,
+                optimizer: Optional[Optimizer] = None, seed: int = 0,
+                batch_size: Optional[int] = None, embedding_norm: bool = False) -> Model:
+    """The Transformer network (see transformer_network) with its loss and an Adam(0.003)
+    step."""
+    return _build(transformer_network(d_model, num_heads, ff_units, layers, embedding_norm),
+                  optimizer or Adam(0.003), seed, batch_size)
 
 
 def fit(sess, model: Model, data, epochs: int = 1, batch_size: int = 64, seed: int = 0,
@@ -127,4 +161,5 @@ def accuracy(sess, model: Model, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=1) == y))
 
 
-__all__ = ["Model", "mlp", "cnn", "transformer", "fit", "accuracy"]
+__all__ = ["Model", "Network", "mlp", "cnn", "transformer", "mlp_network", "cnn_network",
+           "transformer_network", "fit", "accuracy"]

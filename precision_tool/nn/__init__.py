@@ -153,3 +153,28 @@ softmax = ops.softmax
 
 __all__ = ["dense", "conv2d", "embedding", "batch_norm", "layer_norm", "multi_head_attention", "dropout",
            "relu", "gelu", "tanh", "sigmoid", "softmax"]
+
+
+class SoftmaxCrossEntropyWithLogits:
+    """A loss as a callable, MindSpore's `nn.SoftmaxCrossEntropyWithLogits(sparse=True,
+    reduction="mean")`: `loss_fn(logits, labels)` builds the ops under a `loss` scope.
+    Labels are class ids (sparse=True: the graph's loss op is the sparse one)."""
+
+    REDUCTIONS = ("mean", "sum", "none")
+
+    def __init__(self, sparse: bool = True, reduction: str = "mean"):
+        if not sparse:
+            raise GraphError("SoftmaxCrossEntropyWithLogits: only class-id labels (sparse=True) "
+                             "are supported; pass labels as int32 class ids")
+        if reduction not in self.REDUCTIONS:
+            raise GraphError(f"reduction must be one of {self.REDUCTIONS}, got {reduction!r}")
+        self.reduction = reduction
+
+    def __call__(self, logits, labels):
+        graph = logits.graph
+        with graph.name_scope(_scope_name(graph, "loss", False)):
+            per_example = ops.sparse_softmax_cross_entropy_with_logits(logits, labels)
+            if self.reduction == "none":
+                return per_example
+            reduce = ops.reduce_mean if self.reduction == "mean" else ops.reduce_sum
+            return reduce(per_example)

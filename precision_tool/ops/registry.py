@@ -63,6 +63,11 @@ def _check_arity(op: OpDef, n: int, where: str):
         raise GraphError(f"{where}: takes {want} inputs, got {n}")
 
 
+# A node attribute any op may carry: compute in the graph's declared dtype whatever the NPU
+# precision policy (loss-scale bookkeeping is fp32 on the device).
+KEEP_DTYPE = "keep_dtype"
+
+
 def make(type: str, inputs: Sequence, attrs: Optional[Dict[str, Any]] = None,
          name: Optional[str] = None, graph=None) -> Node:
     """Add a node of `type` to the default graph after checking it with the op's rule."""

@@ -1,4 +1,6 @@
 """The training layer: autodiff with TF-style gradient names and optimizers as graph ops."""
+from . import amp
+from .amp import DynamicLossScaler, StaticLossScaler, all_finite
 from .autodiff import gradients
 from .loss_scale import (DynamicLossScaleManager, ExponentialUpdateLossScaleManager,
                          FixedLossScaleManager, LossScaleOptimizer)
@@ -8,4 +10,5 @@ GradientDescent = SGD
 
 __all__ = ["gradients", "SGD", "GradientDescent", "Momentum", "Adam", "Optimizer",
            "trainable_variables", "LossScaleOptimizer", "FixedLossScaleManager",
-           "DynamicLossScaleManager", "ExponentialUpdateLossScaleManager"]
+           "DynamicLossScaleManager", "ExponentialUpdateLossScaleManager", "amp", "all_finite",
+           "DynamicLossScaler", "StaticLossScaler"]

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import GraphError
 from ..graph import Tensor
-from ..ops import cast, div, equal, mul, variable
-from ..ops.registry import make
+from .amp import LossScaler, all_finite
 from .autodiff import gradients
 from .optimizers import Optimizer, trainable_variables
 
@@ -82,29 +81,12 @@ class LossScaleOptimizer:
         self.is_finite: Tensor = None
 
     def minimize(self, loss: Tensor, var_list=None, name=None):
-        graph = loss.graph
-        variables = list(var_list) if var_list is not None else trainable_variables(graph)
-        with graph.as_default():
-            with graph.name_scope("loss_scale/"):
-                scale = variable("loss_scale", [], init=float(self.manager.initial_scale),
-                                 trainable=False)
-                good = variable("good_steps", [], init="zeros", trainable=False)
-                bad = variable("bad_steps", [], init="zeros", trainable=False)
-                last = variable("last_step_finite", [], init="ones", trainable=False)
-                scaled = mul(loss, cast(scale, loss.dtype), name="scaled_loss")
-            grads = gradients(scaled, variables)
-            present = [g for g in grads if g is not None]
-            with graph.name_scope("loss_scale/"):
-                status = make("NPUGetFloatStatus", present, name="NPUGetFloatStatus").output(0)
-                finite = equal(status, 0.0, name="is_finite")
-                unscaled = [None if g is None else div(g, cast(scale, g.dtype), name="unscale")
-                            for g in grads]
-            with graph.name_scope("loss_scale/"):
-                # reads of the scale (the unscaling) come before its update: data dependencies
-                update = make("UpdateLossScale", [scale, good, bad, last, finite] +
-                              [g for g in unscaled if g is not None],
-                              self.manager.update_attrs(), name="UpdateLossScale")
-            step = self.optimizer.apply_gradients(list(zip(unscaled, variables)), gate=finite,
-                                                  name=name, extra=[update])
-        self.loss_scale, self.last_step_finite, self.is_finite = scale, last, finite
+        variables = list(var_list) if var_list is not None else trainable_variables(loss.graph)
+        scaler = LossScaler(self.manager.initial_scale, self.manager.update_attrs())
+        grads = scaler.unscale(gradients(scaler.scale(loss), variables))
+        finite = all_finite(grads, name="loss_scale")
+        step = self.optimizer.apply_gradients(list(zip(grads, variables)), gate=finite,
+                                              name=name, extra=[scaler.adjust(finite)])
+        self.loss_scale, self.last_step_finite = scaler.loss_scale, scaler.last_step_finite
+        self.is_finite = finite
         return step

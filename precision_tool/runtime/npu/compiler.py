@@ -16,6 +16,7 @@ from ...graph import Graph, TensorSpec, dtypes, graph_from_dict, graph_to_dict
 from ...ops import registry
 from . import fusion
 from .policy import FIXED, Policy
+from ...ops.registry import KEEP_DTYPE
 
 _SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 FORMAT_TRANSPARENT = frozenset({"Cast", "Relu"})   # f(0) = 0: a 5HD input stays 5HD
@@ -68,8 +69,9 @@ def _assign_dtypes(g: Graph, policy: Policy):
         declared = (float_outs or [g.tensor(t).spec for _, t in inputs])[0].dtype
         votes = [g.tensor(t).dtype for _, t in inputs           # parameters do not vote
                  if g.node(t.rpartition(":")[0]).type not in ("Variable", "Const")]
-        is_update = bool(op.updates)
-        d = policy.decide(node.type, declared, votes, op.unit == registry.CUBE, is_update)
+        # state updates, and ops marked keep_dtype (loss-scale bookkeeping), keep their dtype
+        keep = bool(op.updates) or bool(node.attrs.get(KEEP_DTYPE))
+        d = policy.decide(node.type, declared, votes, op.unit == registry.CUBE, keep)
         node.attrs["compute_dtype"] = d["compute"]
         node.outputs = [s.with_dtype(d["output"]) if dtypes.is_float(s.dtype) else s
                         for s in node.outputs]

@@ -14,7 +14,10 @@
 - O2: every float op in fp16 except the BatchNorm/LayerNorm family.
 
 In every mode the ops that update state (optimizers, moving averages, the loss scale) run
-in fp32 on fp32 variables: the master weights stay fp32. A modify_mixlist JSON edits the
+in fp32 on fp32 variables: the master weights stay fp32. So do ops whose node carries the
+attribute `keep_dtype` (the loss scaling's multiply, unscale and their casts: MindSpore and
+the TF adapter scale the fp32 loss in fp32; overflows then happen where they do on the
+device, in the low-precision backward). A modify_mixlist JSON edits the
 lists: {"black-list": {"to-add": [...], "to-remove": [...]}, "white-list": {...},
 "gray-list": {...}}.
 """
