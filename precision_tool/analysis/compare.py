@@ -20,6 +20,7 @@ from ..fileio import write_text_atomic
 from ..dump import Workspace
 from ..dump.workspace import Run
 from .mapping import TensorMap
+from .engine import UNREADABLE, Pair, Side, compare_pairs, engine_for, logical_tensor
 from .metrics import METRICS, compare_tensors
 
 # A tensor passes when its cosine similarity reaches the threshold (vcs's default). The
@@ -42,7 +43,7 @@ def verdict(row: dict, threshold: float = COSINE_THRESHOLD) -> str:
     statistics alone (no cosine), fail means the L2 norms differ by more than 1 - threshold
     relatively: a norm-preserving error passes, which only tensors can show."""
     reason = row.get("CompareFailReason", "")
-    if reason.startswith("shape mismatch") or reason.startswith("no golden"):
+    if reason.startswith(("shape mismatch", "no golden", UNREADABLE)):
         return "error"
     if row["NpuNanCount"] + row["NpuInfCount"] > row["GoldenNanCount"] + row["GoldenInfCount"]:
         return "nan"
@@ -98,15 +99,6 @@ def compare_stats(npu: dict, golden: dict, five_hd: bool = False) -> dict:
     return out
 
 
-def logical_tensor(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
-    """A dumped tensor in its logical layout: NC1HWC0 back to NCHW, others unchanged."""
-    if fmt == "NC1HWC0" and original_shape:
-        channels = int(original_shape.split()[1])     # the batch may be unknown ("None")
-        n, _, h, w, _ = value.shape
-        return numerics.five_hd_to_nchw(value, (n, channels, h, w))
-    return value
-
-
 def _by_original(ws: Workspace, run: Run, step: int):
     """A step's index and, per original (golden) tensor name, the row that holds it. An NPU
     run's tensors map through its compiled graph; where several do (a tensor and the Cast the
@@ -125,11 +117,14 @@ def _by_original(ws: Workspace, run: Run, step: int):
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold: float = COSINE_THRESHOLD,
                    progress: Optional[Callable[[int, int], None]] = None,
-                   graph: Optional[dict] = None) -> pd.DataFrame:
+                   graph: Optional[dict] = None, workers: int = 1,
+                   scheduler=None) -> pd.DataFrame:
     """Every tensor of the NPU run's step against the tensor of golden_run it stands for
     (mapped through `graph`, a compiled graph's JSON, default the run's own).
     golden_run is normally the CPU golden; it may be another NPU run (fusion on against
-    fusion off), whose tensors are mapped and converted from 5HD the same way."""
+    fusion off), whose tensors are mapped and converted from 5HD the same way.
+    The comparisons run here, in `workers` local processes, or on the Dask cluster of
+    `scheduler` (an address or a distributed.Client): the same numbers either way."""
     gold_step = step if golden_step is None else golden_step
     npu = ws.index(npu_run, step)
     for column, default in (("task_id", -1), ("pass_name", ""), ("format", ""), ("original_shape", "")):
@@ -138,9 +133,9 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     gold, gold_by_tensor = _by_original(ws, golden_run, gold_step)
     tmap = TensorMap(graph if graph is not None else ws.graph_json(npu_run) or {})
     gold_format = "format" in gold.columns
-    rows = []
-    total = len(npu)
-    done = {}      # (npu file, golden file) -> metrics: a tensor read by several ops is compared once
+    npu_dir, gold_dir = ws.step_path(npu_run, step), ws.step_path(golden_run, gold_step)
+    rows, pairs = [], []
+    pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
     for k, r in enumerate(npu.itertuples(index=False)):
         golden_tensor = tmap.golden_tensor(r.tensor)
         row = {"Index": k, "OpType": r.op_type, "NPUDump": r.op_name, "NpuDataType": r.dtype,
@@ -157,21 +152,30 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             grow = gold.iloc[g]
             row["GroundTruth"] = grow["op_name"]
             row["GoldenDataType"] = grow["dtype"]
-            key = (r.file, grow["file"])
             if not r.file or not grow["file"]:       # a side dumped statistics only
                 row.update(compare_stats(r._asdict(), grow, r.format == "NC1HWC0"))
-            elif key not in done:
-                x = logical_tensor(ws.load(npu_run, step, r.file), r.format, r.original_shape)
-                y = ws.load(golden_run, gold_step, grow["file"])
-                if gold_format:
-                    y = logical_tensor(y, grow["format"], grow["original_shape"])
-                done[key] = compare_tensors(x, y)
-            if key in done:
-                row.update(done[key])
-            row["Verdict"] = verdict(row, threshold)
+            else:
+                key = (r.file, grow["file"])
+                if key not in pair_of:
+                    pair_of[key] = len(pairs)
+                    pairs.append(Pair(
+                        Side(os.path.join(npu_dir, r.file), r.format or "", r.original_shape or ""),
+                        Side(os.path.join(gold_dir, grow["file"]),
+                             grow["format"] if gold_format else "",
+                             grow["original_shape"] if gold_format else "")))
+                row["_pair"] = pair_of[key]
         rows.append(row)
-        if progress is not None:
-            progress(k + 1, total)
+    engine = engine_for(workers, scheduler)
+    try:
+        results = compare_pairs(ws.root, pairs, engine, progress)
+    finally:
+        engine.close()
+    for row in rows:
+        p = row.pop("_pair", None)
+        if p is not None:
+            row.update(results[p])
+        if "Verdict" not in row:
+            row["Verdict"] = verdict(row, threshold)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

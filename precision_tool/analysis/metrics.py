@@ -18,7 +18,7 @@ reason). Every edge case has a defined result:
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -30,13 +30,17 @@ EPS = float(np.finfo(np.float32).eps)
 CHUNK = 1 << 16        # elements per block: the block's float64 temporaries stay in cache
 
 
-class _Totals:
+class Totals:
     """What the metrics need, accumulated block by block over the finite pairs (float64):
     sums for the dot products, norms, errors and ratios, Chan's combination for the
-    standard deviations, and the ranges the KL pass needs. Tensors are read once for
-    everything but KL, which reads them a second time."""
+    standard deviations, the ranges the KL pass needs, and the counts of both sides.
+    Tensors are read once for everything but KL, which reads them a second time. Totals of
+    two ranges of a tensor merge into the totals of both, so ranges may be read anywhere."""
 
     def __init__(self):
+        self.counts = {"NpuNanCount": 0, "NpuInfCount": 0, "GoldenNanCount": 0,
+                       "GoldenInfCount": 0, "NpuAtFp16Max": 0}
+        self.live = self.flushed = self.left_out = 0
         self.n = 0
         self.xy = self.xx = self.yy = self.dd = 0.0
         self.abs_d_sum = self.abs_d_max = 0.0
@@ -47,6 +51,35 @@ class _Totals:
         self.hi = {"x": -np.inf, "y": -np.inf}
         self.kl = float("nan")
         self.reasons: list = []
+
+    def add_block(self, xb: np.ndarray, yb: np.ndarray):
+        """A block of both tensors as read (float64): counts first, then the finite pairs."""
+        _count(self.counts, "Npu", xb)
+        _count(self.counts, "Golden", yb)
+        live_y = yb != 0
+        self.live += int(live_y.sum())
+        self.flushed += int((live_y & (xb == 0)).sum())
+        finite = np.isfinite(xb) & np.isfinite(yb)
+        if not finite.all():
+            self.left_out += int((~finite).sum())
+            xb, yb = xb[finite], yb[finite]
+        self.add(xb, yb)
+
+    def merge(self, o: "Totals") -> "Totals":
+        for k in self.counts:
+            self.counts[k] += o.counts[k]
+        for k in ("live", "flushed", "left_out", "n", "xy", "xx", "yy", "dd", "abs_d_sum",
+                  "rel_n", "rel_sum", "within_1e3", "within_5e3"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        self.abs_d_max = max(self.abs_d_max, o.abs_d_max)
+        self.rel_max = max(self.rel_max, o.rel_max)
+        for side in ("x", "y"):
+            self.lo[side] = min(self.lo[side], o.lo[side])
+            self.hi[side] = max(self.hi[side], o.hi[side])
+            if o.moments[side][0]:
+                self.moments[side] = (o.moments[side] if not self.moments[side][0] else
+                                      _chan(self.moments[side], o.moments[side]))
+        return self
 
     def add(self, x: np.ndarray, y: np.ndarray):
         n = x.size
@@ -79,27 +112,48 @@ class _Totals:
             mean = float(v.mean())
             centred = v - mean
             m2 = float(np.dot(centred, centred))
-            self.moments[side] = _chan(self.moments[side], (n, mean, m2))
+            self.moments[side] = (n, mean, m2) if not self.moments[side][0] else \
+                _chan(self.moments[side], (n, mean, m2))
 
-    def kl_pass(self, blocks):
-        """msaccucmp's KL: min-max normalise each side, floor at eps, make pdfs, sum
-        P log(P/Q) = (sum p (log p - log q)) / Sp - log Sp + log Sq."""
-        sp = sq = s = 0.0
-        for x, y in blocks:
-            p, q = self._unit(x, "x"), self._unit(y, "y")
-            sp += float(p.sum())
-            sq += float(q.sum())
-            s += float(np.dot(p, np.log(p) - np.log(q)))
+    def ranges(self) -> tuple:
+        """(lo_x, hi_x, lo_y, hi_y): what the KL pass needs of the whole tensors."""
+        return self.lo["x"], self.hi["x"], self.lo["y"], self.hi["y"]
+
+    def set_kl(self, sums) -> None:
+        """msaccucmp's KL from kl_sums over every range: sum P log(P/Q) =
+        (sum p (log p - log q)) / Sp - log Sp + log Sq."""
+        sp, sq, s = sums
         self.kl = s / sp - np.log(sp) + np.log(sq) if self.n else float("nan")
-
-    def _unit(self, v, side):
-        lo, hi = self.lo[side], self.hi[side]
-        v = (v - lo) / (hi - lo) if hi > lo else v
-        return np.maximum(v, EPS)
 
     def std(self, side) -> float:
         n, _, m2 = self.moments[side]
         return float(np.sqrt(m2 / n)) if n else float("nan")
+
+
+def _unit(v, lo, hi):
+    """Min-max normalised, floored at eps (msaccucmp's pdf before normalisation)."""
+    v = (v - lo) / (hi - lo) if hi > lo else v
+    return np.maximum(v, EPS)
+
+
+def kl_sums(x_blocks_and_y_blocks, ranges) -> tuple:
+    """(Sp, Sq, sum p (log p - log q)) over the finite pairs of some blocks; sums of
+    several ranges add up."""
+    lo_x, hi_x, lo_y, hi_y = ranges
+    sp = sq = s = 0.0
+    for xb, yb in x_blocks_and_y_blocks:
+        finite = np.isfinite(xb) & np.isfinite(yb)
+        if not finite.all():
+            xb, yb = xb[finite], yb[finite]
+        p, q = _unit(xb, lo_x, hi_x), _unit(yb, lo_y, hi_y)
+        sp += float(p.sum())
+        sq += float(q.sum())
+        s += float(np.dot(p, np.log(p) - np.log(q)))
+    return sp, sq, s
+
+
+def add_kl_sums(a: tuple, b: tuple) -> tuple:
+    return tuple(u + v for u, v in zip(a, b))
 
 
 def _chan(a, b):
@@ -111,7 +165,7 @@ def _chan(a, b):
     return n, ma + delta * nb / n, m2a + m2b + delta * delta * na * nb / n
 
 
-def _cosine(t: _Totals) -> float:
+def _cosine(t: Totals) -> float:
     if t.xx == 0 and t.yy == 0:
         return 1.0
     if t.xx == 0 or t.yy == 0:
@@ -122,7 +176,7 @@ def _cosine(t: _Totals) -> float:
     return min(1.0, max(-1.0, t.xy / (np.sqrt(t.xx) * np.sqrt(t.yy))))
 
 
-def _relative_euclidean(t: _Totals) -> float:
+def _relative_euclidean(t: Totals) -> float:
     if t.yy == 0:
         return 0.0 if t.xx == 0 else float("nan")
     return float(np.sqrt(t.dd / t.yy))
@@ -150,17 +204,22 @@ METRICS: Dict[str, tuple] = {
 }
 
 
+def empty_result() -> dict:
+    out = {name: float("nan") for name in METRICS}
+    out.update(NpuNanCount=0, NpuInfCount=0, GoldenNanCount=0, GoldenInfCount=0, NpuAtFp16Max=0,
+               FlushedToZeroRatio=float("nan"), NpuNorm=float("nan"), GoldenNorm=float("nan"))
+    return out
+
+
 def compare_tensors(npu, golden) -> dict:
     """Every metric of METRICS plus the counts, for one pair; never raises on data. The
     arrays are read block by block (a memory-mapped dump is streamed, never loaded whole)."""
     x = np.asarray(npu)
     y = np.asarray(golden)
-    out = {name: float("nan") for name in METRICS}
-    out.update(NpuNanCount=0, NpuInfCount=0, GoldenNanCount=0, GoldenInfCount=0, NpuAtFp16Max=0,
-               FlushedToZeroRatio=float("nan"), NpuNorm=float("nan"), GoldenNorm=float("nan"))
+    out = empty_result()
     if x.shape != y.shape:
         for side, a in (("Npu", x), ("Golden", y)):
-            for block in _blocks(a.reshape(-1)):
+            for block, _ in block_pairs(a.reshape(-1), a.reshape(-1)):
                 _count(out, side, block)
         out["CompareFailReason"] = (f"shape mismatch: npu {list(x.shape)} vs golden "
                                     f"{list(y.shape)}")
@@ -171,25 +230,38 @@ def compare_tensors(npu, golden) -> dict:
                    CompareFailReason="empty tensors")
         return out
     xs, ys = x.reshape(-1), y.reshape(-1)
-    t = _Totals()
-    live = flushed = left_out = 0
-    for xb, yb in zip(_blocks(xs), _blocks(ys)):
-        _count(out, "Npu", xb)
-        _count(out, "Golden", yb)
-        live_y = yb != 0
-        live += int(live_y.sum())
-        flushed += int((live_y & (xb == 0)).sum())
-        finite = np.isfinite(xb) & np.isfinite(yb)
-        if not finite.all():
-            left_out += int((~finite).sum())
-            xb, yb = xb[finite], yb[finite]
-        t.add(xb, yb)
-    out["FlushedToZeroRatio"] = flushed / live if live else float("nan")
-    reasons = [f"{left_out} non-finite element(s) left out"] if left_out else []
+    t = range_totals(xs, ys)
+    if t.n:
+        t.set_kl(kl_sums(block_pairs(xs, ys), t.ranges()))
+    return finish(t, out)
+
+
+def range_totals(xs: np.ndarray, ys: np.ndarray, start: int = 0,
+                 stop: Optional[int] = None) -> Totals:
+    """The totals of xs[start:stop] against ys[start:stop] (flat arrays)."""
+    t = Totals()
+    for xb, yb in block_pairs(xs, ys, start, stop):
+        t.add_block(xb, yb)
+    return t
+
+
+def block_pairs(xs: np.ndarray, ys: np.ndarray, start: int = 0, stop: Optional[int] = None):
+    stop = xs.size if stop is None else stop
+    for k in range(start, stop, CHUNK):
+        end = min(k + CHUNK, stop)
+        yield _float64(xs[k:end]), _float64(ys[k:end])
+
+
+def finish(t: Totals, out: Optional[dict] = None) -> dict:
+    """The result row of compare_tensors from the totals of every range (KL set)."""
+    if out is None:
+        out = empty_result()
+    out.update(t.counts)
+    out["FlushedToZeroRatio"] = t.flushed / t.live if t.live else float("nan")
+    reasons = [f"{t.left_out} non-finite element(s) left out"] if t.left_out else []
     if t.n == 0:
         out["CompareFailReason"] = "; ".join(reasons + ["no finite element to compare"])
         return out
-    t.kl_pass(_finite_pairs(xs, ys) if left_out else zip(_blocks(xs), _blocks(ys)))
     for name, (fn, _) in METRICS.items():
         out[name] = float(fn(t))
     out["NpuNorm"], out["GoldenNorm"] = float(np.sqrt(t.xx)), float(np.sqrt(t.yy))
@@ -205,17 +277,6 @@ def _count(out: dict, side: str, block: np.ndarray):
     out[f"{side}InfCount"] += int(np.isinf(block).sum())
     if side == "Npu":
         out["NpuAtFp16Max"] += int((np.abs(block) >= numerics.FP16_MAX).sum())
-
-
-def _blocks(a: np.ndarray):
-    for start in range(0, a.size, CHUNK):
-        yield _float64(a[start:start + CHUNK])
-
-
-def _finite_pairs(xs, ys):
-    for xb, yb in zip(_blocks(xs), _blocks(ys)):
-        finite = np.isfinite(xb) & np.isfinite(yb)
-        yield xb[finite], yb[finite]
 
 
 def _float64(a: np.ndarray) -> np.ndarray:

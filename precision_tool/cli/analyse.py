@@ -125,9 +125,15 @@ def _render_op(app: App, s: dict):
 @click.option("-g", "--graph", "graph_file", default=None, metavar="GRAPH",
               type=click.Path(dir_okay=False),
               help="The compiled graph JSON to map tensors with (default: the run's graph/).")
+@click.option("-w", "--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Local worker processes comparing tensor pairs in parallel.")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run the comparisons on this Dask cluster (tcp://host:8786); the workers "
+                   "read the dump from storage shared with this machine. Needs "
+                   "pip install \"precision_tool[cluster]\".")
 @STEP
 @THRESHOLD
-def vector_compare_cmd(app: App, left, right, graph_file, step, threshold):
+def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, step, threshold):
     """Vector compare: map every dumped NPU tensor to its golden tensor (through fused ops,
     inserted Cast/TransData and 5HD), compute the metrics, write
     temp/vector_compare/<ts>/result_<ts>.csv and print the counts. A step dumped as
@@ -147,7 +153,8 @@ def vector_compare_cmd(app: App, left, right, graph_file, step, threshold):
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)
         table = analysis.vector_compare(app.ws, npu, golden, step, threshold=threshold, graph=graph,
-                                        progress=lambda k, n: bar.update(task, completed=k, total=n))
+                                        progress=lambda k, n: bar.update(task, completed=k, total=n),
+                                        workers=workers, scheduler=scheduler)
     path = analysis.write_result(app.ws, table)
     found = [s for s in analysis.summarize(table, threshold, limit=0) if s.is_finding]
     counts = table.Verdict.value_counts().to_dict()

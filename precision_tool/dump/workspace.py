@@ -214,13 +214,14 @@ def _read_json(path: str) -> dict:
         return {}
 
 
-def _npy_header(path: str):
+def npy_header(path: str):
+    """(shape, fortran_order, dtype) of an .npy from its header alone."""
     with open(path, "rb") as f:
         version = np.lib.format.read_magic(f)
         read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                 else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = read(f)
-    return shape, dtype
+        shape, order, dtype = read(f)
+    return shape, order, dtype
 
 
 def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
@@ -232,7 +233,7 @@ def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
         if not m:
             continue
         try:
-            shape, dtype = _npy_header(os.path.join(step_dir, name))
+            shape, _, dtype = npy_header(os.path.join(step_dir, name))
         except (OSError, ValueError):
             continue        # unreadable files are not indexed (the analysis reports them)
         row = m.groupdict()

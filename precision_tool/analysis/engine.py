@@ -1,0 +1,238 @@
+"""Where the tensor comparisons of a vector compare run: in this process (the default), in a
+pool of local worker processes, or on a Dask cluster (`pip install ".[cluster]"`).
+
+The work is a list of tasks that name files, never arrays: a worker opens the dump itself,
+through the same reader (allow_pickle=False, nothing outside the workspace), from storage it
+shares with the client. A pair of tensors is one task; a pair too large for one worker to
+read in good time (SPLIT_ELEMENTS, when neither side needs a 5HD conversion) is split into
+ranges: one task per range for everything but KL, whose ranges merge into the totals of the
+whole tensor; then one task per range for KL's second pass, which needs the whole tensor's
+min and max. The split does not depend on where the tasks run and the ranges merge in
+order, so every engine gives the same numbers, bit for bit.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional
+
+import numpy as np
+
+from .. import numerics
+from ..dump.workspace import Workspace, WorkspaceError, npy_header
+from .metrics import (Totals, add_kl_sums, block_pairs, compare_tensors, empty_result, finish,
+                      kl_sums, range_totals)
+
+SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
+RANGE_ELEMENTS = 1 << 23
+
+
+class EngineError(WorkspaceError):
+    """The compare engine cannot run as asked (no Dask, an unreachable scheduler...)."""
+
+
+def logical_tensor(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarray:
+    """A dumped tensor in its logical layout: NC1HWC0 back to NCHW, others unchanged."""
+    if fmt == "NC1HWC0" and original_shape:
+        channels = int(original_shape.split()[1])     # the batch may be unknown ("None")
+        n, _, h, w, _ = value.shape
+        return numerics.five_hd_to_nchw(value, (n, channels, h, w))
+    return value
+
+
+@dataclass(frozen=True)
+class Side:
+    path: str                   # absolute path of the .npy
+    fmt: str = ""               # NC1HWC0 is converted to NCHW before comparing
+    original_shape: str = ""
+
+
+@dataclass(frozen=True)
+class Pair:
+    npu: Side
+    golden: Side
+
+
+def _load(root: str, side: Side) -> np.ndarray:
+    return logical_tensor(Workspace(root).load_file(side.path), side.fmt, side.original_shape)
+
+
+UNREADABLE = "unreadable: "     # a result row's reason when a tensor file could not be read
+
+
+def _failed(reason: str) -> dict:
+    out = empty_result()
+    out["CompareFailReason"] = UNREADABLE + reason
+    return out
+
+
+def _flat(root, pair):
+    x, y = _load(root, pair.npu), _load(root, pair.golden)
+    return x.reshape(-1), y.reshape(-1)
+
+
+def run_task(task):
+    """One task, anywhere: ("pair", root, pair) -> result row; ("totals", root, pair, start,
+    stop) -> Totals; ("kl", root, pair, start, stop, ranges) -> KL sums. An unreadable file
+    is a result with its reason, not an exception."""
+    kind, root, pair = task[:3]
+    try:
+        if kind == "pair":
+            return compare_tensors(_load(root, pair.npu), _load(root, pair.golden))
+        xs, ys = _flat(root, pair)
+        if kind == "totals":
+            return range_totals(xs, ys, *task[3:5])
+        return kl_sums(block_pairs(xs, ys, *task[3:5]), task[5])
+    except WorkspaceError as e:
+        return _failed(str(e))
+
+
+def _size(root: str, side: Side) -> Optional[int]:
+    """Elements of a plain tensor from its npy header (None: not splittable)."""
+    if side.fmt == "NC1HWC0":
+        return None
+    try:
+        shape, _, _ = npy_header(side.path)
+    except (OSError, ValueError):
+        return None              # the pair task reports what is wrong with it
+    return int(np.prod(shape, dtype=np.int64))
+
+
+class Engine:
+    """map(tasks) -> results in task order; subclasses decide where tasks run."""
+
+    def map(self, tasks: List[tuple], done: Callable[[int], None]) -> List:
+        results = [None] * len(tasks)
+        for k, result in self._unordered(tasks):
+            results[k] = result
+            done(k)
+        return results
+
+    def _unordered(self, tasks):
+        for k, task in enumerate(tasks):
+            yield k, run_task(task)
+
+    def close(self):
+        pass
+
+
+class ProcessEngine(Engine):
+    def __init__(self, workers: int):
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing
+        # fork would copy the parent's threads' locks (the dump writer's); spawn starts clean
+        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+    def _unordered(self, tasks):
+        from concurrent.futures import as_completed
+        futures = {self.pool.submit(run_task, t): k for k, t in enumerate(tasks)}
+        for f in as_completed(futures):
+            yield futures[f], f.result()
+
+    def close(self):
+        self.pool.shutdown()
+
+
+class DaskEngine(Engine):
+    def __init__(self, scheduler):
+        try:
+            from distributed import Client
+        except ImportError:
+            raise EngineError('a Dask scheduler was given but Dask is not installed: '
+                              'pip install "precision_tool[cluster]"') from None
+        if isinstance(scheduler, str):
+            try:
+                self.client = Client(scheduler, timeout=10)
+            except (OSError, TimeoutError) as e:
+                raise EngineError(f"cannot reach the Dask scheduler {scheduler}: {e}") from None
+            self._own = True
+        else:                      # a Client already connected
+            self.client, self._own = scheduler, False
+
+    def _unordered(self, tasks):
+        from distributed import as_completed
+        futures = self.client.map(run_task, tasks, pure=False)
+        index = {f.key: k for k, f in enumerate(futures)}
+        for f in as_completed(futures):
+            yield index[f.key], f.result()
+
+    def close(self):
+        if self._own:
+            self.client.close()
+
+
+def engine_for(workers: int = 1, scheduler=None) -> Engine:
+    if scheduler is not None:
+        return DaskEngine(scheduler)
+    if workers > 1:
+        return ProcessEngine(workers)
+    return Engine()
+
+
+def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
+                  progress: Optional[Callable[[int, int], None]] = None) -> List[dict]:
+    """The compare_tensors row of every pair, in order."""
+    root = os.path.abspath(root)
+    plans: List[tuple] = []             # per pair: ("pair", task index) or ("split", [indexes])
+    tasks: List[tuple] = []
+    for pair in pairs:
+        n = _size(root, pair.npu)
+        if n is not None and n > SPLIT_ELEMENTS and _size(root, pair.golden) == n:
+            ranges = [(s, min(s + RANGE_ELEMENTS, n)) for s in range(0, n, RANGE_ELEMENTS)]
+            plans.append(("split", list(range(len(tasks), len(tasks) + len(ranges))), ranges))
+            tasks += [("totals", root, pair, s, e) for s, e in ranges]
+        else:
+            plans.append(("pair", len(tasks)))
+            tasks.append(("pair", root, pair))
+    finished = [0]
+    owner = {}
+    for p, plan in enumerate(plans):
+        for k in ([plan[1]] if plan[0] == "pair" else plan[1]):
+            owner[k] = p
+    remaining = {p: (1 if plan[0] == "pair" else len(plan[1])) for p, plan in enumerate(plans)}
+
+    def done(k):
+        p = owner[k]
+        remaining[p] -= 1
+        if remaining[p] == 0 and plans[p][0] == "pair":
+            finished[0] += 1
+            if progress is not None:
+                progress(finished[0], len(pairs))
+
+    first = engine.map(tasks, done)
+    results: Dict[int, dict] = {}
+    kl_tasks, kl_owner, totals = [], [], {}
+    for p, plan in enumerate(plans):
+        if plan[0] == "pair":
+            results[p] = first[plan[1]]
+            continue
+        parts = [first[k] for k in plan[1]]
+        failed = next((r for r in parts if isinstance(r, dict)), None)
+        if failed is not None:
+            results[p] = failed
+            continue
+        t = Totals()
+        for part in parts:                 # in range order: the same sums wherever they ran
+            t.merge(part)
+        totals[p] = t
+        if t.n:
+            for s, e in plan[2]:
+                kl_tasks.append(("kl", root, pairs[p], s, e, t.ranges()))
+                kl_owner.append(p)
+    if kl_tasks:
+        sums = engine.map(kl_tasks, lambda k: None)
+        per_pair: Dict[int, tuple] = {}
+        for p, part in zip(kl_owner, sums):
+            if isinstance(part, dict):
+                results[p] = part
+                continue
+            per_pair[p] = add_kl_sums(per_pair[p], part) if p in per_pair else part
+        for p, s in per_pair.items():
+            totals[p].set_kl(s)
+    for p, t in totals.items():
+        if p not in results:
+            results[p] = finish(t)
+            finished[0] += 1
+            if progress is not None:
+                progress(finished[0], len(pairs))
+    return [results[p] for p in range(len(plans))]

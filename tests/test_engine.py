@@ -1,0 +1,125 @@
+"""The compare engines: ranges of a split tensor merge into the single-pass numbers; local
+worker processes and a Dask cluster give the local run's result exactly."""
+import numpy as np
+import pandas as pd
+import pytest
+
+import precision_tool as pt
+from precision_tool import analysis, hooks
+from precision_tool.analysis import engine
+from precision_tool.analysis.metrics import (Totals, add_kl_sums, block_pairs, compare_tensors,
+                                             finish, kl_sums, range_totals)
+from precision_tool.dump import Workspace
+
+
+def _pair(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n).astype(np.float32)
+    y = (x + rng.normal(scale=1e-3, size=n)).astype(np.float32)
+    x[::997] = np.nan                    # non-finite elements left out, counted per side
+    y[5::1013] = np.inf
+    y[::7] = 0                           # flushed / relative-error edge cases
+    return x, y
+
+
+def test_ranges_merge_into_the_single_pass_result():
+    x, y = _pair(300_000)
+    whole = compare_tensors(x, y)
+    cuts = [0, 70_000, 131_072, 250_001, 300_000]        # uneven, not block-aligned
+    t = Totals()
+    for s, e in zip(cuts, cuts[1:]):
+        t.merge(range_totals(x, y, s, e))
+    sums = None
+    for s, e in zip(cuts, cuts[1:]):
+        part = kl_sums(block_pairs(x, y, s, e), t.ranges())
+        sums = part if sums is None else add_kl_sums(sums, part)
+    t.set_kl(sums)
+    merged = finish(t)
+    assert set(merged) == set(whole)
+    for k, v in whole.items():
+        if isinstance(v, float) and np.isfinite(v):
+            assert merged[k] == pytest.approx(v, rel=1e-12, abs=1e-15), k
+        else:
+            assert merged[k] == v or (v != v and merged[k] != merged[k]), k
+
+
+def _workspace(root, layers=1):
+    m = pt.models.transformer(layers=layers)
+    d = pt.data.digits()
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+    for sess in (npu, cpu):
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:16], m.y: d.y_train[:16]})
+        sess.close()
+    return Workspace(root)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame):
+    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True),
+                                  check_exact=True)
+
+
+def test_worker_processes_give_the_local_result(tmp_path):
+    ws = _workspace(str(tmp_path))
+    local = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    seen = []
+    pooled = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=2,
+                                     progress=lambda k, n: seen.append((k, n)))
+    _same(local, pooled)
+    assert seen[-1][0] == seen[-1][1] == len({k for k in seen}) and len(local) > 100
+
+
+def test_split_tensors_give_the_same_numbers_on_every_engine(tmp_path, monkeypatch):
+    """With tiny split sizes every tensor is compared in ranges: the serial engine and the
+    worker pool agree bit for bit, and both agree with the one-pass compare to rounding."""
+    ws = _workspace(str(tmp_path))
+    whole = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    monkeypatch.setattr(engine, "SPLIT_ELEMENTS", 300)
+    monkeypatch.setattr(engine, "RANGE_ELEMENTS", 256)
+    split = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    _same(split, analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=2))
+    cos_a, cos_b = whole.CosineSimilarity.to_numpy(), split.CosineSimilarity.to_numpy()
+    assert np.array_equal(np.isnan(cos_a), np.isnan(cos_b))
+    np.testing.assert_allclose(cos_b[~np.isnan(cos_b)], cos_a[~np.isnan(cos_a)], rtol=1e-12)
+    assert (whole.Verdict == split.Verdict).all()
+
+
+def test_a_dask_cluster_gives_the_local_result(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    ws = _workspace(str(tmp_path))
+    local = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        on_cluster = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0,
+                                             scheduler=cluster.scheduler_address)
+    _same(local, on_cluster)
+
+
+def test_vc_takes_workers_and_an_unreachable_scheduler_is_one_line_exit_2(tmp_path):
+    pytest.importorskip("distributed")
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    root = str(tmp_path)
+    _workspace(root)
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["--data-dir", root, "--json", "vc", "-w", "2"])
+    assert ok.exit_code in (0, 1), ok.output
+    bad = runner.invoke(cli, ["--data-dir", root, "vc", "--scheduler", "tcp://127.0.0.1:9"])
+    assert bad.exit_code == 2
+    assert "cannot reach the Dask scheduler tcp://127.0.0.1:9" in bad.output
+    assert "Traceback" not in bad.output
+
+
+def test_an_unreadable_tensor_is_a_row_with_its_reason(tmp_path):
+    ws = _workspace(str(tmp_path))
+    run = ws.run("npu")
+    table = ws.index(run, 0)
+    victim = table.file[table.file != ""].iloc[0]
+    path = f"{ws.step_path(run, 0)}/{victim}"
+    with open(path, "r+b") as f:
+        f.truncate(20)
+    result = analysis.vector_compare(Workspace(ws.root), ws.run("npu"), ws.run("cpu"), 0)
+    bad = result[result.CompareFailReason.str.contains("corrupt|unreadable|cannot be loaded",
+                                                       regex=True, na=False)]
+    assert len(bad) >= 1 and (bad.Verdict == "error").all()
