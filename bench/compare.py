@@ -1,22 +1,17 @@
-"""Compare benchmarks, measured side by side in one run (absolute times on a shared machine
-are only indicative; the ratios are the figures).
+"""Compare benchmarks (run by bench/run.py), measured side by side in one run.
 
-    python bench/compare.py [--quick]
-
-Rows:
 - large fp32 tensors: compare_tensors against one np.dot over the same two arrays (the
-  single-pass memory bound), as a fraction (target >= 0.5) and in GB/s;
-- small tensors: vector_compare of a real Transformer step dump, in tensor pairs per second
-  (target >= 5,000/s), and compare_tensors alone on the same number of small pairs;
-- streaming: peak resident memory of a vector_compare (in a fresh process) over a dump whose
-  tensors total several times that peak, against the dump's size.
+  single-pass memory bound), as a fraction;
+- small tensors: vector_compare over a dump of thousands of small pairs, and over a real
+  Transformer step, in pairs per second;
+- scaling: vector_compare with 1 and 2 worker processes;
+- streaming: peak anonymous memory of a vector_compare (in a fresh process) over a dump 4x
+  the memory budget.
 """
-import argparse
+import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -45,9 +40,29 @@ def large(n):
         t_dot.append(best_of(lambda: np.dot(x, y), 1))
         t_cmp.append(best_of(lambda: compare_tensors(x, y), 1))
     dot, cmp = min(t_dot), min(t_cmp)
-    print(f"large fp32 ({n * 4 / 2**20:.0f} MiB per side): compare {cmp:.3f} s, np.dot {dot:.4f} s, "
-          f"fraction of the memory bound {dot / cmp:.3f} (target >= 0.5), "
-          f"{2 * x.nbytes / cmp / 1e9:.2f} GB/s")
+    return dot / cmp, f"{n * 4 / 2**20:.0f} MiB per side: {2 * x.nbytes / cmp / 1e9:.2f} GB/s, np.dot {2 * x.nbytes / dot / 1e9:.1f} GB/s"
+
+
+def small_pairs(root, count, n=256):
+    """vector_compare over a dump of `count` small tensors per side (n float32 each)."""
+    g = pt.Graph("small")
+    with g.as_default():
+        x = pt.placeholder("x", [n])
+        outs = [pt.ops.mul(x, 1.0 + k * 1e-4, name=f"scale_{k}") for k in range(count)]
+    xv = np.random.default_rng(2).normal(size=n).astype(np.float32)
+    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(precision_mode="force_fp16", fusion_switch="off"), action="dump",
+            dump_mode="output", data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
+        sess.run(outs, {x: xv})
+        sess.close()
+    times = []
+    for _ in range(3):
+        ws = Workspace(root)                    # fresh: the index read is part of the cost
+        start = time.perf_counter()
+        table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+        times.append(time.perf_counter() - start)
+    rows = int((table.Verdict != "npu-only").sum())
+    return rows / min(times), f"{rows} pairs of {n} elements"
 
 
 def small(root, layers):
@@ -69,13 +84,23 @@ def small(root, layers):
         times.append(time.perf_counter() - start)
         rows = int((table.Verdict != "npu-only").sum())
     t = min(times)
-    pairs = [(np.random.default_rng(k).normal(size=256).astype(np.float32),) * 2 for k in range(rows)]
-    t_metrics = best_of(lambda: [compare_tensors(a, b * 1.001) for a, b in pairs], 2)
-    print(f"small tensors: vector_compare {rows / t:,.0f} pairs/s ({rows} compared rows in {t:.2f} s; "
-          f"target >= 5,000/s); compare_tensors alone {rows / t_metrics:,.0f} pairs/s")
+    return rows / t, f"{rows} pairs of one Transformer step ({layers} layers)"
 
 
-def streaming(root, tensors, n):
+def scaling(root, tensors, n):
+    """vector_compare time with 1 worker ÷ with 2 worker processes (2 is linear)."""
+    _dump_chain(root, tensors, n)
+    t = {}
+    for workers in (1, 2, 1, 2):
+        ws = Workspace(root)
+        start = time.perf_counter()
+        vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=workers)
+        elapsed = time.perf_counter() - start
+        t[workers] = min(t.get(workers, elapsed), elapsed)
+    return t[1] / t[2], f"{tensors} pairs of {n * 4 / 2**20:.0f} MiB: {t[1]:.1f} s on 1, {t[2]:.1f} s on 2 (process start-up included)"
+
+
+def _dump_chain(root, tensors, n):
     g = pt.Graph("stream")
     with g.as_default():
         x = pt.placeholder("x", [n])
@@ -89,11 +114,20 @@ def streaming(root, tensors, n):
             data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
         sess.run(h, {x: xv})
         sess.close()
+
+
+def streaming(root, budget):
+    """Peak anonymous memory of a vector_compare over a dump 4x the budget."""
+    n = 1 << 26
+    tensors = max(1, math.ceil(4 * budget / (2 * n * 4)))
+    _dump_chain(root, tensors, n)
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(root) for f in fs)
     # In a fresh process (ru_maxrss would survive exec and report this one's peak): the
     # peak of anonymous memory, sampled every 2 ms (mapped file pages are page cache that the
     # kernel reclaims, so they do not bound what fits), and VmHWM for the record.
     child = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_DATA, ({budget}, {budget}))   # the budget, enforced
 import re, threading, time
 from precision_tool.dump import Workspace
 from precision_tool.analysis import vector_compare
@@ -114,25 +148,8 @@ print(base, max(peak[0], status("RssAnon")), status("VmHWM"))
     if out.returncode:
         raise SystemExit(f"the streaming compare failed: {out.stderr.strip().splitlines()[-1]}")
     base, peak, hwm = (int(v) * 1024 for v in out.stdout.split())
-    print(f"streaming: dump of {size / 2**20:,.0f} MiB ({tensors} tensors of {n * 4 / 2**20:.0f} MiB "
-          f"per side); compare peak anonymous memory {peak / 2**20:,.0f} MiB "
-          f"({(peak - base) / 2**20:,.0f} MiB above the interpreter with its imports: the dump is "
-          f"{size / max(peak - base, 1):.0f}x that); peak RSS with mapped file pages "
-          f"{hwm / 2**20:,.0f} MiB")
+    return peak, (f"dump {size / 2**20:,.0f} MiB ({size / budget:.1f}x the {budget / 2**20:.0f} MiB budget); "
+                  f"{(peak - base) / 2**20:,.0f} MiB above the interpreter; peak RSS with mapped "
+                  f"file pages {hwm / 2**20:,.0f} MiB")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
-    args = ap.parse_args()
-    large(1 << (20 if args.quick else 25))
-    root = tempfile.mkdtemp(dir=".")
-    try:
-        small(os.path.join(root, "small"), 1 if args.quick else 4)
-        streaming(os.path.join(root, "stream"), 3, 1 << (22 if args.quick else 26))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()

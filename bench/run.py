@@ -1,104 +1,165 @@
-"""Benchmarks, reported as ratios measured side by side in one run (this machine is shared
-and noisy; absolute times are only indicative).
+"""All benchmarks, one command: `python bench/run.py [--quick]`.
 
-    python bench/run.py
-
-Rows:
-- the CPU golden executor's training-step time per model, fp64 against fp32;
-- the simulated NPU's training-step time against the fp32 golden run, per model, for the
-  default policy (allow_fp32_to_fp16) and for allow_mix_precision, fusion on
-  (target: NPU / golden <= 1.5 on the Transformer);
-- the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
-  every step, against no dump (targets <= 1.5 and <= 1.1), at batch 32 and 256, with the
-  workspace on the disk of the current directory and on tmpfs (/dev/shm), since creating a
-  file costs 20 times more on this machine's disk; each dumping block ends with close(), so
-  the time includes the writer catching up.
+Every figure is a ratio (or a rate) measured side by side in this one run: the machine is
+shared and noisy, so absolute times are only indicative. Prints the table and writes it to
+bench/RESULTS.md with the date, the machine and the commit. --quick shrinks every size for
+a smoke run (its figures are not the results).
 """
+import argparse
+import datetime
 import os
+import platform
 import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-import precision_tool as pt
-from precision_tool import hooks
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-REPEATS, STEPS = 5, 8
-
-
-def step_time(model, sess, batches, steps):
-    times = []
-    for _ in range(steps):
-        xb, yb = next(batches)
-        start = time.perf_counter()
-        sess.run([model.loss, model.train_op], {model.x: xb, model.y: yb})
-        times.append(time.perf_counter() - start)
-    return times
+import compare as compare_bench  # noqa: E402
+import executors  # noqa: E402
+import precision_tool as pt  # noqa: E402
 
 
-def measure(model, sessions, digits):
-    """Median step time per session, the sessions interleaved so all see the same load."""
-    batches = {k: iter(list(digits.batches(32, seed=0, epoch=0)) * 100) for k in sessions}
-    for k, sess in sessions.items():          # warm up: plans, caches
-        step_time(model, sess, batches[k], 2)
-    samples = {k: [] for k in sessions}
-    for _ in range(REPEATS):
-        for k, sess in sessions.items():
-            samples[k] += step_time(model, sess, batches[k], STEPS)
-    return {k: statistics.median(v) for k, v in samples.items()}
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, name, value, target=None, met=None, note=""):
+        mark = "" if met is None else ("met" if met else "not met")
+        self.rows.append((name, value, target or "", mark, note))
+        print(f"{name}: {value}" + (f" (target {target}: {mark})" if target else "") +
+              (f"; {note}" if note else ""), flush=True)
+
+    def markdown(self):
+        lines = ["| benchmark | measured | target | | how |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {v} | {t} | {m} | {h} |" for n, v, t, m, h in self.rows]
+        return "\n".join(lines)
 
 
-def dump_overhead(digits, where, batch):
+def vcs_rows(root, rows):
+    """A result CSV of `rows` rows (one real step's rows, repeated under new op names), then
+    the vcs command in this process: reading, summarising and rendering."""
+    from click.testing import CliRunner
+
+    import numpy as np
+    import pandas as pd
+    from precision_tool import analysis, hooks
+    from precision_tool.cli import cli
+    from precision_tool.dump import Workspace
     m = pt.models.transformer()
-    root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
-    try:
-        base = pt.SessionConfig()
-        sessions = {"none": pt.Session(m.graph, target="npu", config=base)}
-        for data in ("tensor", "stats"):
-            cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
-                                            data_dir=root)
-            sessions[data] = pt.Session(m.graph, target="npu", config=cfg)
-        xb, yb = digits.x_train[:batch], digits.y_train[:batch]
-        samples = {k: [] for k in sessions}
-        for _ in range(REPEATS):
-            for k, sess in sessions.items():
-                start = time.perf_counter()
-                for _ in range(STEPS):
-                    sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
-                sess.close()
-                samples[k].append((time.perf_counter() - start) / STEPS)
-        t = {k: statistics.median(v) for k, v in samples.items()}
-        return t["tensor"] / t["none"], t["stats"] / t["none"]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    d = pt.data.digits(scale=1.0)
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+    for sess in (npu, cpu):
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+        sess.close()
+    ws = Workspace(root)
+    table = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    copies = -(-rows // len(table))
+    big = pd.concat([table.assign(NPUDump=table.NPUDump + f"_{k}",
+                                  TensorIndex=table.TensorIndex + f"_{k}") for k in range(copies)],
+                    ignore_index=True).iloc[:rows]
+    big["Index"] = np.arange(len(big))
+    path = os.path.join(root, "big_result.csv")
+    big.to_csv(path, index=False)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out = CliRunner().invoke(cli, ["--data-dir", root, "vcs", "-f", path, "-c", "0.98", "-l", "10"])
+        times.append(time.perf_counter() - start)
+        assert out.exit_code in (0, 1), out.output
+    return min(times), len(big)
+
+
+def ac_on_demo(root):
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    demo = CliRunner().invoke(cli, ["--data-dir", root, "--log-level", "4", "demo"])
+    assert demo.exit_code in (0, 1), demo.output
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        out = CliRunner().invoke(cli, ["--data-dir", root, "--log-level", "4", "ac", "-c"])
+        times.append(time.perf_counter() - start)
+        assert out.exit_code in (0, 1), out.output
+    return min(times)
+
+
+def machine():
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=HERE,
+                           capture_output=True, text=True).stdout.strip()
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB memory, {platform.machine()}, Python "
+            f"{platform.python_version()}, numpy {__import__('numpy').__version__}; commit "
+            f"{commit}{' with local changes' if dirty else ''}")
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not results")
+    ap.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"),
+                    help="where to write the table (default bench/RESULTS.md)")
+    args = ap.parse_args()
+    q = args.quick
+    started = time.perf_counter()
+    t = Table()
+    work = tempfile.mkdtemp(prefix="bench-", dir=".")
     digits = pt.data.digits()
-    cfg = pt.SessionConfig
-    print(f"{'model':12} {'golden fp32 ms':>14} {'fp64/fp32':>10} {'npu default/golden':>19} "
-          f"{'npu mixed/golden':>17}")
-    for build in (pt.models.mlp, pt.models.cnn, pt.models.transformer):
-        m = build()
-        sessions = {
-            "fp32": pt.Session(m.graph),
-            "fp64": pt.Session(m.graph, config=cfg(golden_dtype="float64")),
-            "npu": pt.Session(m.graph, target="npu"),
-            "npu_mixed": pt.Session(m.graph, target="npu",
-                                    config=cfg(precision_mode="allow_mix_precision")),
-        }
-        t = measure(m, sessions, digits)
-        print(f"{m.name:12} {t['fp32'] * 1e3:14.2f} {t['fp64'] / t['fp32']:10.2f} "
-              f"{t['npu'] / t['fp32']:19.2f} {t['npu_mixed'] / t['fp32']:17.2f}")
-    print()
-    print(f"{'dump overhead (Transformer, NPU)':40} {'tensor/none':>12} {'stats/none':>11}")
-    for label, where in (("disk (.)", "."), ("tmpfs (/dev/shm)", "/dev/shm")):
-        if not os.path.isdir(where):
-            continue
-        for batch in (32, 256):
-            tensor, stats = dump_overhead(digits, where, batch)
-            print(f"{f'batch {batch}, workspace on {label}':40} {tensor:12.2f} {stats:11.2f}")
+    try:
+        frac, how = compare_bench.large(1 << (20 if q else 25))
+        t.add("compare, large fp32 tensors, fraction of the memory bound (one np.dot pass)",
+              f"{frac:.3f}", "≥ 0.5", frac >= 0.5, how)
+        rate, how = compare_bench.small_pairs(os.path.join(work, "small"), 500 if q else 5000)
+        t.add("compare, small tensors, pairs per second (vector_compare)", f"{rate:,.0f}",
+              "≥ 5,000", rate >= 5000, how)
+        rate, how = compare_bench.small(os.path.join(work, "step"), 1 if q else 4)
+        t.add("compare, one Transformer step, pairs per second", f"{rate:,.0f}", note=how)
+        speedup, how = compare_bench.scaling(os.path.join(work, "scale"), 4 if q else 16,
+                                             1 << (20 if q else 23))
+        t.add("compare, scaling: time on 1 worker ÷ time on 2", f"{speedup:.2f}", "≈ 2 (≥ 1.7)",
+              speedup >= 1.7, how)
+        budget = (256 if q else 512) * 2 ** 20
+        peak, how = compare_bench.streaming(os.path.join(work, "stream"), budget)
+        t.add("compare, peak anonymous memory, dump 4x the budget (budget enforced, RLIMIT_DATA)",
+              f"{peak / 2**20:,.0f} MiB", f"≤ {budget / 2**20:.0f} MiB", peak <= budget, how)
+        for label, where in (("workspace on disk", "."), ("workspace on tmpfs", "/dev/shm")):
+            if os.path.isdir(where):
+                tensor, stats = executors.dump_overhead(digits, where, 32)
+                t.add(f"dump overhead, Transformer NPU step, tensor dump ÷ none, {label}",
+                      f"{tensor:.2f}", "≤ 1.5", tensor <= 1.5)
+                t.add(f"dump overhead, Transformer NPU step, stats dump ÷ none, {label}",
+                      f"{stats:.2f}", "≤ 1.1", stats <= 1.1)
+        for name, ratio, how in executors.step_ratios(digits, q):
+            target = "≤ 1.5" if "transformer" in name else None
+            t.add(name, f"{ratio:.2f}", target, ratio <= 1.5 if target else None, how)
+        peer = executors.torch_ratio(digits)
+        if peer is None:
+            t.add("CPU-golden ÷ PyTorch eager step time, MLP and CNN", "skipped",
+                  note="torch is not installed (optional peer)")
+        else:
+            for name, ratio, how in peer:
+                t.add(name, f"{ratio:.2f}", note=how)
+        seconds = ac_on_demo(os.path.join(work, "demo"))
+        t.add("`ac -c` wall time on the demo workspace", f"{seconds:.2f} s",
+              note="in-process, after the demo's 100 steps")
+        seconds, rows = vcs_rows(os.path.join(work, "vcs"), 10_000 if q else 100_000)
+        t.add(f"`vcs` on a {rows:,}-row result", f"{seconds:.2f} s", "< 1 s", seconds < 1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = (f"# Benchmark results\n\n`python bench/run.py{' --quick' if q else ''}` on "
+            f"{datetime.date.today().isoformat()}: {machine()}. Ratios and rates are measured "
+            f"side by side in one run; absolute times on this shared machine are indicative "
+            f"only. The whole run took {time.perf_counter() - started:.0f} s.\n\n"
+            f"{t.markdown()}\n")
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"\nwritten to {args.output}")
     return 0
 
 

@@ -131,6 +131,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if column not in npu:          # a golden run on the left: golden against golden
             npu[column] = default
     gold, gold_by_tensor = _by_original(ws, golden_run, gold_step)
+    gold_rows = gold.to_dict("records")          # row access by position, without pandas' cost
     tmap = TensorMap(graph if graph is not None else ws.graph_json(npu_run) or {})
     gold_format = "format" in gold.columns
     npu_dir, gold_dir = ws.step_path(npu_run, step), ws.step_path(golden_run, gold_step)
@@ -149,7 +150,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                        else f"no golden tensor {golden_tensor} in the golden dump",
                        Verdict="error" if golden_tensor else "npu-only")
         else:
-            grow = gold.iloc[g]
+            grow = gold_rows[g]
             row["GroundTruth"] = grow["op_name"]
             row["GoldenDataType"] = grow["dtype"]
             if not r.file or not grow["file"]:       # a side dumped statistics only

@@ -20,11 +20,13 @@ import numpy as np
 
 from .. import numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
-from .metrics import (Totals, add_kl_sums, block_pairs, compare_tensors, empty_result, finish,
-                      kl_sums, range_totals)
+from .metrics import (Totals, add_kl_sums, block_pairs, compare_many, compare_tensors,
+                      empty_result, finish, kl_sums, range_totals)
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
 RANGE_ELEMENTS = 1 << 23
+BATCH_BYTES = 1 << 18           # pairs whose files are both this small go in batches ...
+BATCH_PAIRS = 256               # ... of at most this many
 
 
 class EngineError(WorkspaceError):
@@ -53,8 +55,8 @@ class Pair:
     golden: Side
 
 
-def _load(root: str, side: Side) -> np.ndarray:
-    return logical_tensor(Workspace(root).load_file(side.path), side.fmt, side.original_shape)
+def _load(ws: Workspace, side: Side) -> np.ndarray:
+    return logical_tensor(ws.load_file(side.path), side.fmt, side.original_shape)
 
 
 UNREADABLE = "unreadable: "     # a result row's reason when a tensor file could not be read
@@ -66,25 +68,48 @@ def _failed(reason: str) -> dict:
     return out
 
 
-def _flat(root, pair):
-    x, y = _load(root, pair.npu), _load(root, pair.golden)
+def _flat(ws, pair):
+    x, y = _load(ws, pair.npu), _load(ws, pair.golden)
     return x.reshape(-1), y.reshape(-1)
 
 
+def _batch(ws: Workspace, pairs: List[Pair]) -> List[dict]:
+    loaded, rows = [], [None] * len(pairs)
+    for k, pair in enumerate(pairs):
+        try:
+            loaded.append((k, _load(ws, pair.npu), _load(ws, pair.golden)))
+        except WorkspaceError as e:
+            rows[k] = _failed(str(e))
+    for (k, _, _), row in zip(loaded, compare_many([(x, y) for _, x, y in loaded])):
+        rows[k] = row
+    return rows
+
+
 def run_task(task):
-    """One task, anywhere: ("pair", root, pair) -> result row; ("totals", root, pair, start,
-    stop) -> Totals; ("kl", root, pair, start, stop, ranges) -> KL sums. An unreadable file
-    is a result with its reason, not an exception."""
+    """One task, anywhere: ("batch", root, [pairs]) -> result rows; ("pair", root, pair) ->
+    result row; ("totals", root, pair, start, stop) -> Totals; ("kl", root, pair, start,
+    stop, ranges) -> KL sums. An unreadable file is a result with its reason, not an
+    exception."""
     kind, root, pair = task[:3]
+    ws = Workspace(root)          # the reader's checks, wherever the task runs
+    if kind == "batch":
+        return _batch(ws, pair)
     try:
         if kind == "pair":
-            return compare_tensors(_load(root, pair.npu), _load(root, pair.golden))
-        xs, ys = _flat(root, pair)
+            return compare_tensors(_load(ws, pair.npu), _load(ws, pair.golden))
+        xs, ys = _flat(ws, pair)
         if kind == "totals":
             return range_totals(xs, ys, *task[3:5])
         return kl_sums(block_pairs(xs, ys, *task[3:5]), task[5])
     except WorkspaceError as e:
         return _failed(str(e))
+
+
+def _small(side: Side) -> bool:
+    try:
+        return os.path.getsize(side.path) <= BATCH_BYTES
+    except OSError:
+        return True               # missing: the batch task reports it
 
 
 def _size(root: str, side: Side) -> Optional[int]:
@@ -173,29 +198,42 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
                   progress: Optional[Callable[[int, int], None]] = None) -> List[dict]:
     """The compare_tensors row of every pair, in order."""
     root = os.path.abspath(root)
-    plans: List[tuple] = []             # per pair: ("pair", task index) or ("split", [indexes])
+    plans: List[tuple] = []    # per pair: ("pair", task, slot) or ("split", [tasks], ranges)
     tasks: List[tuple] = []
-    for pair in pairs:
+    batch: List[int] = []      # pairs waiting for a batch task
+
+    def flush():
+        if batch:
+            for slot, p in enumerate(batch):
+                plans[p] = ("pair", len(tasks), slot)
+            tasks.append(("batch", root, [pairs[p] for p in batch]))
+            batch.clear()
+
+    for p, pair in enumerate(pairs):
+        plans.append(None)
+        if _small(pair.npu) and _small(pair.golden):
+            batch.append(p)
+            if len(batch) == BATCH_PAIRS:
+                flush()
+            continue
         n = _size(root, pair.npu)
         if n is not None and n > SPLIT_ELEMENTS and _size(root, pair.golden) == n:
             ranges = [(s, min(s + RANGE_ELEMENTS, n)) for s in range(0, n, RANGE_ELEMENTS)]
-            plans.append(("split", list(range(len(tasks), len(tasks) + len(ranges))), ranges))
+            plans[p] = ("split", list(range(len(tasks), len(tasks) + len(ranges))), ranges)
             tasks += [("totals", root, pair, s, e) for s, e in ranges]
         else:
-            plans.append(("pair", len(tasks)))
+            plans[p] = ("pair", len(tasks), None)
             tasks.append(("pair", root, pair))
+    flush()
     finished = [0]
-    owner = {}
-    for p, plan in enumerate(plans):
-        for k in ([plan[1]] if plan[0] == "pair" else plan[1]):
-            owner[k] = p
-    remaining = {p: (1 if plan[0] == "pair" else len(plan[1])) for p, plan in enumerate(plans)}
+    whole = {}            # task -> how many pairs it finishes (batches and single pairs)
+    for plan in plans:
+        if plan[0] == "pair":
+            whole[plan[1]] = whole.get(plan[1], 0) + 1
 
     def done(k):
-        p = owner[k]
-        remaining[p] -= 1
-        if remaining[p] == 0 and plans[p][0] == "pair":
-            finished[0] += 1
+        if k in whole:
+            finished[0] += whole[k]
             if progress is not None:
                 progress(finished[0], len(pairs))
 
@@ -204,7 +242,8 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
     kl_tasks, kl_owner, totals = [], [], {}
     for p, plan in enumerate(plans):
         if plan[0] == "pair":
-            results[p] = first[plan[1]]
+            result = first[plan[1]]
+            results[p] = result if plan[2] is None else result[plan[2]]
             continue
         parts = [first[k] for k in plan[1]]
         failed = next((r for r in parts if isinstance(r, dict)), None)

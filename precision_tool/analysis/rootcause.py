@@ -27,20 +27,51 @@ PRODUCTS = frozenset({"Mul", "MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2
                       "Conv2DBackpropInput", "Conv2DBackpropFilter"})
 
 
-def is_cancellation(rows: pd.DataFrame, bad_out: pd.DataFrame) -> bool:
-    """See the module doc; rows are one op's, bad_out its diverging outputs. Never for
-    nan/inf outputs (those are real), other op types, or without the norms."""
-    op_type = str(rows.OpType.iloc[0])
-    if "GoldenNorm" not in rows or (bad_out.Verdict == "nan").any() or \
+class OpRows:
+    """A result table's columns as numpy arrays, its divergence evaluated once for every row,
+    and the row positions of each op that has a diverging output, in execution order: what
+    root cause and the summary walk (per-op pandas selections made a 100,000-row table take
+    minutes)."""
+
+    def __init__(self, table: pd.DataFrame, threshold: float):
+        def col(name, default):
+            return table[name].to_numpy() if name in table else np.full(len(table), default, object)
+        self.name = table.NPUDump.to_numpy()
+        self.tensor = table.TensorIndex.astype(str).to_numpy()
+        self.is_out = table.TensorIndex.astype(str).str.contains(":output:", regex=False).to_numpy()
+        self.bad = diverging(table, threshold).to_numpy(dtype=bool)
+        self.verdict = table.Verdict.to_numpy()
+        self.order = table.Index.to_numpy()
+        self.op_type = table.OpType.astype(str).to_numpy()
+        self.pass_name = col("PassName", "")
+        self.golden_op = col("GroundTruth", "")
+        self.has_golden = "GoldenTensor" in table
+        self.golden_tensor = col("GoldenTensor", None)
+        self.golden_norm = table.GoldenNorm.to_numpy(dtype=float) if "GoldenNorm" in table else None
+        self.dtype = col("NpuDataType", "")
+        self.cosine = table.CosineSimilarity.to_numpy(dtype=float)
+        groups = table.groupby("NPUDump", sort=False).indices if len(table) else {}
+        bad_ops = set(self.name[self.bad & self.is_out])
+        ordered = bool(np.all(np.diff(self.order) >= 0)) if len(table) else True
+        self.first = ((lambda pos: int(self.order[pos[0]])) if ordered else
+                      (lambda pos: int(self.order[pos].min())))    # an op's execution order
+        self.ops = sorted(((n, groups[n]) for n in bad_ops), key=lambda kv: self.first(kv[1]))
+
+
+def is_cancellation(t: OpRows, rows: np.ndarray, bad_out: np.ndarray) -> bool:
+    """See the module doc; rows are one op's positions, bad_out its diverging outputs'. Never
+    for nan/inf outputs (those are real), other op types, or without the norms."""
+    op_type = t.op_type[rows[0]]
+    if t.golden_norm is None or (t.verdict[bad_out] == "nan").any() or \
             op_type not in SUMS | PRODUCTS:
         return False
-    norms = sorted(rows[rows.TensorIndex.str.contains(":input:", regex=False)].GoldenNorm.dropna(),
-                   reverse=True)
+    inputs = rows[~t.is_out[rows]]
+    norms = sorted((v for v in t.golden_norm[inputs] if v == v), reverse=True)
     if not norms:
         return False
     bound = norms[0] if op_type in SUMS else float(np.prod(norms[:2]))
-    tol = max(TOLERANCE.get(str(d), 1e-3) for d in rows.NpuDataType)
-    return bool(bound > 0 and (bad_out.GoldenNorm <= tol * bound).all())
+    tol = max(TOLERANCE.get(str(d), 1e-3) for d in t.dtype[rows])
+    return bool(bound > 0 and (t.golden_norm[bad_out] <= tol * bound).all())
 
 
 @dataclass
@@ -62,6 +93,7 @@ class RootCause:
     origins: List[Divergence]
     propagators: List[Divergence]
     cancellations: List[Divergence] = field(default_factory=list)   # and what only carries them
+    rows: "OpRows" = field(default=None, repr=False, compare=False)   # what it was computed from
 
     @property
     def first_origin(self):
@@ -72,28 +104,26 @@ class RootCause:
         return {d.op_name for d in self.cancellations}
 
 
-def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD) -> RootCause:
+def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
+               rows: "OpRows" = None) -> RootCause:
+    t = rows if rows is not None else OpRows(table, threshold)
     found = {"origin": [], "propagator": [], "cancellation": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
-    ops = sorted(table.groupby("NPUDump", sort=False), key=lambda kv: kv[1].Index.min())
-    for op_name, rows in ops:
-        is_out = rows.TensorIndex.str.contains(":output:", regex=False)
-        bad = diverging(rows, threshold)
-        bad_out = rows[is_out & bad]
-        if bad_out.empty:
-            continue
-        bad_in = rows[~is_out & bad]
-        pass_name = rows.PassName.iloc[0]
-        d = Divergence(op_name, str(rows.OpType.iloc[0]), int(rows.Index.min()),
+    for op_name, pos in t.ops:
+        out = t.is_out[pos]
+        bad = t.bad[pos]
+        bad_out, bad_in = pos[out & bad], pos[~out & bad]
+        pass_name = t.pass_name[pos[0]]
+        d = Divergence(op_name, t.op_type[pos[0]], t.first(pos),
                        pass_name if isinstance(pass_name, str) else "",
-                       list(bad_out.TensorIndex), list(bad_in.TensorIndex))
-        carries_noise = not bad_in.empty and "GoldenTensor" in rows and \
-            set(bad_in.GoldenTensor) <= noise and (bad_out.Verdict != "nan").all()
-        if carries_noise or (d.is_origin and is_cancellation(rows, bad_out)):
+                       list(t.tensor[bad_out]), list(t.tensor[bad_in]))
+        carries_noise = len(bad_in) > 0 and t.has_golden and \
+            set(t.golden_tensor[bad_in]) <= noise and (t.verdict[bad_out] != "nan").all()
+        if carries_noise or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
-            if "GoldenTensor" in rows:
-                noise.update(bad_out.GoldenTensor)
+            if t.has_golden:
+                noise.update(t.golden_tensor[bad_out])
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)
-    return RootCause(found["origin"], found["propagator"], found["cancellation"])
+    return RootCause(found["origin"], found["propagator"], found["cancellation"], rows=t)

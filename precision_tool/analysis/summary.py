@@ -9,8 +9,8 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD, diverging
-from .rootcause import RootCause, root_cause
+from .compare import COSINE_THRESHOLD
+from .rootcause import OpRows, RootCause, root_cause
 
 
 @dataclass
@@ -41,28 +41,24 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
               by_cosine: bool = False, cause: Optional[RootCause] = None) -> List[OpSummary]:
     """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
     (all when limit <= 0), in execution order or, with by_cosine, worst first. Pass `cause`
-    when the table's root cause is already at hand."""
-    found = []
-    cause = cause if cause is not None else root_cause(table, threshold)
+    when the table's root cause is already at hand (computed with the same threshold)."""
+    t = cause.rows if cause is not None and cause.rows is not None else OpRows(table, threshold)
+    cause = cause if cause is not None else root_cause(table, threshold, rows=t)
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     noise = cause.noise_ops
-    for op_name, rows in table.groupby("NPUDump", sort=False):
-        outputs = rows[rows.TensorIndex.str.contains(":output:", regex=False)]
-        if outputs.empty:
-            continue
-        under = diverging(outputs, threshold)
-        nan = (outputs.Verdict == "nan").any()
-        if not under.any():
-            continue
-        inputs = rows[rows.TensorIndex.str.contains(":input:", regex=False)]
+    found = []
+    for op_name, pos in t.ops:                 # the ops with a diverging output
+        outputs, inputs = pos[t.is_out[pos]], pos[~t.is_out[pos]]
+        nan = (t.verdict[outputs] == "nan").any()
+        pass_name = t.pass_name[pos[0]]
         found.append(OpSummary(
-            op_name=op_name, op_type=str(rows.OpType.iloc[0]), order=int(rows.Index.min()),
-            golden_ops=sorted({g for g in outputs.GroundTruth if isinstance(g, str) and g}),
-            pass_name=str(rows.PassName.iloc[0]) if "PassName" in rows and isinstance(rows.PassName.iloc[0], str) else "",
-            input_cosines=[float(c) for c in inputs.CosineSimilarity],
-            output_cosines=[float(c) for c in outputs.CosineSimilarity],
+            op_name=op_name, op_type=t.op_type[pos[0]], order=t.first(pos),
+            golden_ops=sorted({g for g in t.golden_op[outputs] if isinstance(g, str) and g}),
+            pass_name=pass_name if isinstance(pass_name, str) else "",
+            input_cosines=[float(c) for c in t.cosine[inputs]],
+            output_cosines=[float(c) for c in t.cosine[outputs]],
             category="nan" if nan else "cancellation" if op_name in noise else "under threshold",
             role=roles.get(op_name, "")))
     if by_cosine:

@@ -65,6 +65,8 @@ class Workspace:
         self._runs: Optional[Dict[tuple, Run]] = None
         self._indexes: Dict[tuple, pd.DataFrame] = {}
         self._graphs: Dict[str, Optional[dict]] = {}
+        self._real_root = os.path.realpath(self.root)
+        self._real_dirs: Dict[str, str] = {}
 
     # -- what is there ------------------------------------------------------------------------
     def runs(self, target: Optional[str] = None) -> List[Run]:
@@ -189,13 +191,12 @@ class Workspace:
         return self.load_file(os.path.join(self.step_path(run, step), file))
 
     def load_file(self, path: str) -> np.ndarray:
-        real = os.path.realpath(path)
-        if not real.startswith(os.path.realpath(self.root) + os.sep):
-            raise WorkspaceError(f"{path} is outside the workspace {self.root}")
+        real = self._inside(path)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
-            mmap = "r" if os.path.getsize(real) > MMAP_BYTES else None
-            return np.load(real, allow_pickle=False, mmap_mode=mmap)
+            if os.path.getsize(real) > MMAP_BYTES:
+                return np.load(real, allow_pickle=False, mmap_mode="r")
+            return read_npy(real)
         except FileNotFoundError:
             raise WorkspaceError(f"tensor file {path} is missing") from None
         except ValueError as e:
@@ -203,6 +204,49 @@ class Workspace:
                                  f"corrupt: {e}") from None
         except OSError as e:
             raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
+
+    def _inside(self, path: str) -> str:
+        """The path, checked to resolve inside the workspace. A directory is resolved once (a
+        compare opens thousands of files in a few); a file that is itself a link is resolved
+        every time."""
+        directory, name = os.path.split(os.path.abspath(path))
+        real_dir = self._real_dirs.get(directory)
+        if real_dir is None:
+            real_dir = self._real_dirs[directory] = os.path.realpath(directory)
+        real = os.path.join(real_dir, name)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if not real.startswith(self._real_root + os.sep):
+            raise WorkspaceError(f"{path} is outside the workspace {self.root}")
+        return real
+
+
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+                         r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*$")
+
+
+def read_npy(path: str) -> np.ndarray:
+    """An .npy file, never unpickling. The header numpy writes is parsed by a strict pattern
+    (no literal_eval per file: a compare opens thousands); any other header, and any dtype
+    that is not a plain number, goes to np.load(allow_pickle=False), which refuses objects."""
+    with open(path, "rb") as f:
+        magic = f.read(8)
+        if len(magic) == 8 and magic[:6] == b"\x93NUMPY" and magic[6] in (1, 2, 3):
+            width = 2 if magic[6] == 1 else 4
+            length = int.from_bytes(f.read(width), "little")
+            m = _NPY_HEADER.match(f.read(length).decode("latin1"))
+            if m is not None:
+                dtype = np.dtype(m.group(1))
+                if dtype.kind in "biufc":
+                    shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
+                    count = int(np.prod(shape, dtype=np.int64))
+                    data = bytearray(count * dtype.itemsize)       # writable, no copy
+                    got = f.readinto(data)
+                    if got != len(data):
+                        raise ValueError(f"truncated: {got} of {len(data)} data bytes")
+                    return np.frombuffer(data, dtype).reshape(
+                        shape, order="F" if m.group(2) == "True" else "C")
+    return np.load(path, allow_pickle=False)
 
 
 def _read_json(path: str) -> dict:

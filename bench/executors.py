@@ -1,0 +1,129 @@
+"""Executor benchmarks (run by bench/run.py): step-time ratios measured side by side.
+
+- the simulated NPU's training-step time against the fp32 golden run, per model, for the
+  default policy (allow_fp32_to_fp16) and for allow_mix_precision, fusion on;
+- the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
+  every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
+  current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
+  time includes the writer catching up;
+- the golden executor against PyTorch CPU eager, when torch is installed.
+"""
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import precision_tool as pt
+from precision_tool import hooks
+
+REPEATS, STEPS = 5, 8
+
+
+def step_time(model, sess, batches, steps):
+    times = []
+    for _ in range(steps):
+        xb, yb = next(batches)
+        start = time.perf_counter()
+        sess.run([model.loss, model.train_op], {model.x: xb, model.y: yb})
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure(model, sessions, digits):
+    """Median step time per session, the sessions interleaved so all see the same load."""
+    batches = {k: iter(list(digits.batches(32, seed=0, epoch=0)) * 100) for k in sessions}
+    for k, sess in sessions.items():          # warm up: plans, caches
+        step_time(model, sess, batches[k], 2)
+    samples = {k: [] for k in sessions}
+    for _ in range(REPEATS):
+        for k, sess in sessions.items():
+            samples[k] += step_time(model, sess, batches[k], STEPS)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def dump_overhead(digits, where, batch):
+    m = pt.models.transformer()
+    root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
+    try:
+        base = pt.SessionConfig()
+        sessions = {"none": pt.Session(m.graph, target="npu", config=base)}
+        for data in ("tensor", "stats"):
+            cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
+                                            data_dir=root)
+            sessions[data] = pt.Session(m.graph, target="npu", config=cfg)
+        xb, yb = digits.x_train[:batch], digits.y_train[:batch]
+        samples = {k: [] for k in sessions}
+        for _ in range(REPEATS):
+            for k, sess in sessions.items():
+                start = time.perf_counter()
+                for _ in range(STEPS):
+                    sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
+                sess.close()
+                samples[k].append((time.perf_counter() - start) / STEPS)
+        t = {k: statistics.median(v) for k, v in samples.items()}
+        return t["tensor"] / t["none"], t["stats"] / t["none"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def step_ratios(digits, quick):
+    """(rows) NPU ÷ golden per model and policy; fp64 ÷ fp32 for the record."""
+    cfg = pt.SessionConfig
+    rows = []
+    for build in ((pt.models.transformer,) if quick else
+                  (pt.models.mlp, pt.models.cnn, pt.models.transformer)):
+        m = build()
+        sessions = {
+            "fp32": pt.Session(m.graph),
+            "npu": pt.Session(m.graph, target="npu"),
+            "npu_mixed": pt.Session(m.graph, target="npu",
+                                    config=cfg(precision_mode="allow_mix_precision")),
+        }
+        t = measure(m, sessions, digits)
+        rows.append((f"NPU-simulated ÷ CPU-golden step time, {m.name}, allow_fp32_to_fp16",
+                     t["npu"] / t["fp32"], f"golden step {t['fp32'] * 1e3:.2f} ms"))
+        rows.append((f"NPU-simulated ÷ CPU-golden step time, {m.name}, allow_mix_precision",
+                     t["npu_mixed"] / t["fp32"], ""))
+    return rows
+
+
+def torch_ratio(digits):
+    """Golden step time ÷ PyTorch CPU eager on the same MLP and CNN, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    import numpy as np
+    torch.set_num_threads(1)
+    rows = []
+    for name in ("mlp", "cnn"):
+        m = getattr(pt.models, name)()
+        if name == "mlp":
+            net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        else:
+            net = torch.nn.Sequential(
+                torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 16, 3, padding=1, bias=False),
+                torch.nn.BatchNorm2d(16), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                torch.nn.Conv2d(16, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32),
+                torch.nn.ReLU(), torch.nn.AvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(128, 10))
+        opt = torch.optim.Adam(net.parameters(), 0.01)
+        xb = torch.from_numpy(np.ascontiguousarray(digits.x_train[:32]))
+        yb = torch.from_numpy(digits.y_train[:32].astype(np.int64))
+
+        def torch_step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(xb), yb).backward()
+            opt.step()
+        sess = pt.Session(m.graph)
+        feed = {m.x: digits.x_train[:32], m.y: digits.y_train[:32]}
+        ours, theirs = [], []
+        for _ in range(REPEATS):
+            for fn, acc in ((lambda: sess.run([m.loss, m.train_op], feed), ours), (torch_step, theirs)):
+                start = time.perf_counter()
+                for _ in range(STEPS):
+                    fn()
+                acc.append((time.perf_counter() - start) / STEPS)
+        rows.append((f"CPU-golden ÷ PyTorch eager step time, {name}",
+                     statistics.median(ours) / statistics.median(theirs), ""))
+    return rows
