@@ -88,16 +88,29 @@ def small(root, layers):
 
 
 def scaling(root, tensors, n):
-    """vector_compare time with 1 worker ÷ with 2 worker processes (2 is linear)."""
+    """vector_compare time with 1 worker ÷ with 2 worker processes (2 is linear), in a fresh
+    single-threaded process: as the vc command runs it (its workers fork)."""
     _dump_chain(root, tensors, n)
-    t = {}
-    for workers in (1, 2, 1, 2):
-        ws = Workspace(root)
-        start = time.perf_counter()
-        vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=workers)
-        elapsed = time.perf_counter() - start
-        t[workers] = min(t.get(workers, elapsed), elapsed)
-    return t[1] / t[2], f"{tensors} pairs of {n * 4 / 2**20:.0f} MiB: {t[1]:.1f} s on 1, {t[2]:.1f} s on 2 (process start-up included)"
+    child = f"""
+import threading, time
+from precision_tool.analysis import vector_compare
+from precision_tool.dump import Workspace
+assert threading.active_count() == 1
+t = {{}}
+for workers in (1, 2, 1, 2):
+    ws = Workspace({root!r})
+    start = time.perf_counter()
+    vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=workers)
+    elapsed = time.perf_counter() - start
+    t[workers] = min(t.get(workers, elapsed), elapsed)
+print(t[1], t[2])
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the scaling run failed: {out.stderr.strip().splitlines()[-1]}")
+    t1, t2 = map(float, out.stdout.split())
+    return t1 / t2, (f"{tensors} pairs of {n * 4 / 2**20:.0f} MiB: {t1:.1f} s on 1 worker, "
+                     f"{t2:.1f} s on 2 (start-up included)")
 
 
 def _dump_chain(root, tensors, n):

@@ -143,10 +143,15 @@ class Engine:
 
 class ProcessEngine(Engine):
     def __init__(self, workers: int):
-        from concurrent.futures import ProcessPoolExecutor
         import multiprocessing
-        # fork would copy the parent's threads' locks (the dump writer's); spawn starts clean
-        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        import threading
+        from concurrent.futures import ProcessPoolExecutor
+        # fork starts a worker in milliseconds (spawn re-imports numpy and pandas: a second
+        # or more each), but it copies the locks of other threads as they are: only fork
+        # from a single-threaded process (a dump writer may be running in a training script)
+        single = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if single else "spawn")
+        self.pool = ProcessPoolExecutor(workers, mp_context=context)
 
     def _unordered(self, tasks):
         from concurrent.futures import as_completed

@@ -87,10 +87,10 @@ class Totals:
             return
         d = x - y
         self.n += n
-        self.xy += float(np.dot(x, y))
-        self.xx += float(np.dot(x, x))
-        self.yy += float(np.dot(y, y))
-        self.dd += float(np.dot(d, d))
+        self.xy += float(_dot(x, y))
+        self.xx += float(_dot(x, x))
+        self.yy += float(_dot(y, y))
+        self.dd += float(_dot(d, d))
         abs_d = np.abs(d, out=d)
         self.abs_d_sum += float(abs_d.sum())
         self.abs_d_max = max(self.abs_d_max, float(abs_d.max()))
@@ -111,7 +111,7 @@ class Totals:
             self.hi[side] = max(self.hi[side], float(v.max()))
             mean = float(v.mean())
             centred = v - mean
-            m2 = float(np.dot(centred, centred))
+            m2 = float(_dot(centred, centred))
             self.moments[side] = (n, mean, m2) if not self.moments[side][0] else \
                 _chan(self.moments[side], (n, mean, m2))
 
@@ -128,6 +128,13 @@ class Totals:
     def std(self, side) -> float:
         n, _, m2 = self.moments[side]
         return float(np.sqrt(m2 / n)) if n else float("nan")
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """sum(a * b) without BLAS: BLAS threads its dot, and threads of several compare workers
+    on the same cores slowed two workers down to below one; einsum's loop is single-threaded
+    and its result does not depend on how many threads a BLAS would use."""
+    return np.einsum("i,i->", a, b)
 
 
 def _unit(v, lo, hi):
@@ -148,7 +155,7 @@ def kl_sums(x_blocks_and_y_blocks, ranges) -> tuple:
         p, q = _unit(xb, lo_x, hi_x), _unit(yb, lo_y, hi_y)
         sp += float(p.sum())
         sq += float(q.sum())
-        s += float(np.dot(p, np.log(p) - np.log(q)))
+        s += float(_dot(p, np.log(p) - np.log(q)))
     return sp, sq, s
 
 
