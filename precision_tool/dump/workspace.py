@@ -8,6 +8,7 @@ stream id) are indexed from their file names and .npy headers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -209,7 +210,7 @@ class Workspace:
         """The path, checked to resolve inside the workspace. A directory is resolved once (a
         compare opens thousands of files in a few); a file that is itself a link is resolved
         every time."""
-        directory, name = os.path.split(os.path.abspath(path))
+        directory, name = os.path.split(path if os.path.isabs(path) else os.path.abspath(path))
         real_dir = self._real_dirs.get(directory)
         if real_dir is None:
             real_dir = self._real_dirs[directory] = os.path.realpath(directory)
@@ -239,7 +240,7 @@ def read_npy(path: str) -> np.ndarray:
                 dtype = np.dtype(m.group(1))
                 if dtype.kind in "biufc":
                     shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
-                    count = int(np.prod(shape, dtype=np.int64))
+                    count = math.prod(shape)
                     data = bytearray(count * dtype.itemsize)       # writable, no copy
                     got = f.readinto(data)
                     if got != len(data):
