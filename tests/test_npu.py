@@ -567,3 +567,24 @@ def test_loss_scale_managers_grow_after_a_clean_window():
         sess.run(m.train_op, {m.x: x, m.y: d.y_train[:16]})
         scales.append(float(sess.run(opt.loss_scale)))
     assert scales == [8.0, 16.0, 16.0, 32.0, 32.0, 16.0]
+
+
+@pytest.mark.parametrize("size", [7, 2048, 2049, 70_000])
+def test_quantize_matches_the_reference_conversions_on_both_paths(size):
+    """The bit arithmetic gives the reference conversions (numpy for fp16, ml_dtypes for
+    bf16) bit for bit, on random bit patterns and the edge cases (ties, subnormals, the
+    overflow threshold, inf and nan)."""
+    import ml_dtypes
+    rng = np.random.default_rng(size)
+    bits = rng.integers(0, 2 ** 32, size=size, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(F32).copy()
+    edge = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 2.0 ** -24, 2.0 ** -25,
+                     3 * 2.0 ** -26, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, np.inf, -np.inf,
+                     np.nan, 1e-45, 3.4e38], F32)
+    x[:min(size, len(edge))] = edge[:size]
+    for dtype, ref in (("float16", F16), ("bfloat16", ml_dtypes.bfloat16)):
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = x.astype(ref).astype(F32)
+        got = numerics.quantize(x, dtype)
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (dtype, x[~same][:5], got[~same][:5], want[~same][:5])
