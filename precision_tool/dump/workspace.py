@@ -241,10 +241,14 @@ def read_npy(path: str) -> np.ndarray:
                 if dtype.kind in "biufc":
                     shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
                     count = math.prod(shape)
-                    data = bytearray(count * dtype.itemsize)       # writable, no copy
-                    got = f.readinto(data)
-                    if got != len(data):
-                        raise ValueError(f"truncated: {got} of {len(data)} data bytes")
+                    want = count * dtype.itemsize
+                    have = os.fstat(f.fileno()).st_size - f.tell()
+                    if have != want:      # checked before allocating: a header may claim TBs
+                        raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data "
+                                         f"bytes, the file holds {have}")
+                    data = bytearray(want)                       # writable, no copy
+                    if f.readinto(data) != want:
+                        raise ValueError("the file changed while it was read")
                     return np.frombuffer(data, dtype).reshape(
                         shape, order="F" if m.group(2) == "True" else "C")
     return np.load(path, allow_pickle=False)
