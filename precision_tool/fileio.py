@@ -39,3 +39,5 @@ def load_json(path, error, what: str):
         raise error(f"cannot read {what} {path}: {e.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{what} {path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{what} {path} is nested too deeply to be read") from None

@@ -12,6 +12,22 @@ from typing import Dict, Optional
 from ..graph import split_tensor_name
 
 
+def check_compiled_graph(data) -> dict:
+    """A compiled graph's JSON, checked as a graph: well formed, no dangling input, no
+    cycle, every op type known. (Not shape-checked: compiled tensors are in 5HD.)"""
+    from ..errors import GraphFormatError
+    from ..graph.serialize import graph_from_dict
+    from ..ops import REGISTRY
+
+    def known(node):
+        if node.type not in REGISTRY:
+            raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}")
+    if not isinstance(data, dict):
+        raise GraphFormatError("a compiled graph is a JSON object with a node list")
+    graph_from_dict(data, known)
+    return data
+
+
 class TensorMap:
     """Built once from the compiled graph's JSON (as dumped in graph/<graph>.json)."""
 

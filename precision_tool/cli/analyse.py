@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .. import analysis
 from ..analysis.compare import COSINE_THRESHOLD
+from ..analysis.mapping import check_compiled_graph
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
 
@@ -146,9 +147,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     graph = None
     if graph_file is not None:
         from ..fileio import load_json
-        graph = load_json(graph_file, WorkspaceError, "compiled graph")
-        if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
-            raise WorkspaceError(f"{graph_file} is not a compiled graph (no node list)")
+        graph = check_compiled_graph(load_json(graph_file, WorkspaceError, "compiled graph"))
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)

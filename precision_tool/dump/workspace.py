@@ -26,6 +26,7 @@ class WorkspaceError(PrecisionToolError, ValueError):
 
 
 MMAP_BYTES = 64 * 2 ** 20
+INDEX_COLUMNS = ("op_type", "op_name", "io", "index", "tensor", "dtype", "shape", "file")
 ASCEND_NPU_NAME = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)(?:\.(?P<stream_id>\d+))?"
     r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$")
@@ -174,6 +175,17 @@ class Workspace:
                                     dtype={"file": str, "op_name": str, "tensor": str})
             except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
                 raise WorkspaceError(f"{index_path} is not a readable index: {e}") from None
+            missing = [c for c in INDEX_COLUMNS if c not in table.columns]
+            if missing:
+                raise WorkspaceError(f"{index_path} is not a readable index: no "
+                                     f"{', '.join(missing)} column")
+            bad = table[~table["io"].isin(["input", "output"]) |
+                        pd.to_numeric(table["index"], errors="coerce").isna()]
+            if len(bad):
+                raise WorkspaceError(f"{index_path} is not a readable index: row "
+                                     f"{int(bad.index[0]) + 2} is not a tensor row")
+            table["index"] = table["index"].astype(int)
+            table["file"] = table["file"].fillna("").astype(str)
         else:
             table = _index_from_names(sd.path, target)
         table["step"] = step
@@ -195,14 +207,12 @@ class Workspace:
         real = self._inside(path)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
-            if os.path.getsize(real) > MMAP_BYTES:
-                return np.load(real, allow_pickle=False, mmap_mode="r")
-            return read_npy(real)
+            return read_npy(real, mmap=os.path.getsize(real) > MMAP_BYTES)
         except FileNotFoundError:
             raise WorkspaceError(f"tensor file {path} is missing") from None
-        except ValueError as e:
+        except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
             raise WorkspaceError(f"tensor file {path} cannot be loaded without unpickling or is "
-                                 f"corrupt: {e}") from None
+                                 f"corrupt: {e or 'no data'}") from None
         except OSError as e:
             raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
 
@@ -226,32 +236,54 @@ _NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (
                          r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*$")
 
 
-def read_npy(path: str) -> np.ndarray:
-    """An .npy file, never unpickling. The header numpy writes is parsed by a strict pattern
-    (no literal_eval per file: a compare opens thousands); any other header, and any dtype
-    that is not a plain number, goes to np.load(allow_pickle=False), which refuses objects."""
-    with open(path, "rb") as f:
+def _npy_header(f):
+    """(shape, fortran_order, dtype) from an open .npy positioned at its start. The header
+    numpy writes is parsed by a strict pattern (no literal_eval per file: a compare opens
+    thousands); any other goes to numpy's parser. Whatever a corrupt header makes either of
+    them raise becomes a ValueError."""
+    try:
         magic = f.read(8)
         if len(magic) == 8 and magic[:6] == b"\x93NUMPY" and magic[6] in (1, 2, 3):
             width = 2 if magic[6] == 1 else 4
-            length = int.from_bytes(f.read(width), "little")
-            m = _NPY_HEADER.match(f.read(length).decode("latin1"))
+            m = _NPY_HEADER.match(f.read(int.from_bytes(f.read(width), "little")).decode("latin1"))
             if m is not None:
-                dtype = np.dtype(m.group(1))
-                if dtype.kind in "biufc":
-                    shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
-                    count = math.prod(shape)
-                    want = count * dtype.itemsize
-                    have = os.fstat(f.fileno()).st_size - f.tell()
-                    if have != want:      # checked before allocating: a header may claim TBs
-                        raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data "
-                                         f"bytes, the file holds {have}")
-                    data = bytearray(want)                       # writable, no copy
-                    if f.readinto(data) != want:
-                        raise ValueError("the file changed while it was read")
-                    return np.frombuffer(data, dtype).reshape(
-                        shape, order="F" if m.group(2) == "True" else "C")
-    return np.load(path, allow_pickle=False)
+                shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
+                return shape, m.group(2) == "True", np.dtype(m.group(1))
+        f.seek(0)
+        version = np.lib.format.read_magic(f)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        return read(f)
+    except MemoryError:
+        raise
+    except Exception as e:        # SyntaxError, TokenError, TypeError... from a corrupt header
+        raise ValueError(f"not an .npy file, or its header is corrupt ({type(e).__name__}: "
+                         f"{e})") from None
+
+
+def read_npy(path: str, mmap: bool = False) -> np.ndarray:
+    """An .npy file, never unpickling: a header that is not a plain numeric array (objects,
+    records) is refused, and the data length must be what the header claims, checked before
+    anything is allocated (a header may claim terabytes). mmap=True maps it read-only."""
+    with open(path, "rb") as f:
+        shape, fortran, dtype = _npy_header(f)
+        if dtype.hasobject:
+            raise ValueError("it holds Python objects, which only unpickling could read "
+                             "(refused: allow_pickle=False)")
+        if dtype.kind not in "biufc":
+            raise ValueError(f"its dtype {dtype} is not a numeric tensor")
+        want = math.prod(shape) * dtype.itemsize
+        have = os.fstat(f.fileno()).st_size - f.tell()
+        if have != want:
+            raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data bytes, the "
+                             f"file holds {have}")
+        order = "F" if fortran else "C"
+        if mmap and want:
+            return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape, order=order)
+        data = bytearray(want)                       # writable, no copy
+        if f.readinto(data) != want:
+            raise ValueError("the file changed while it was read")
+        return np.frombuffer(data, dtype).reshape(shape, order=order)
 
 
 def _read_json(path: str) -> dict:
@@ -266,11 +298,7 @@ def _read_json(path: str) -> dict:
 def npy_header(path: str):
     """(shape, fortran_order, dtype) of an .npy from its header alone."""
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                else np.lib.format.read_array_header_2_0)
-        shape, order, dtype = read(f)
-    return shape, order, dtype
+        return _npy_header(f)
 
 
 def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:

@@ -95,4 +95,6 @@ def graph_from_json(text: str, validate=None) -> Graph:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GraphFormatError(f"graph JSON does not parse: {e}") from None
+    except RecursionError:
+        raise GraphFormatError("graph JSON is nested too deeply to be read") from None
     return graph_from_dict(data, validate)
