@@ -1,0 +1,170 @@
+"""Interrupted, concurrent and failing writes: a killed dump, two compares at once, a second
+dump into the same workspace, a full disk. What is on disk always reads, and the index never
+names a missing or partial file."""
+import errno
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.dump import Workspace, writer
+
+KILLS = int(os.environ.get("PRECISION_TOOL_KILLS", "20"))
+
+# both runs dump every step; "ready" once the sessions exist, then steps until killed
+SCRIPT = textwrap.dedent("""
+    import sys, precision_tool as pt
+    from precision_tool import hooks
+    m = pt.models.mlp(hidden=(32,))
+    d = pt.data.digits()
+    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", dump_step="all"))
+    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", dump_step="all")
+    print("ready", flush=True)
+    for k in range(100000):
+        for sess in (npu, cpu):
+            sess.run([m.loss, m.train_op], {m.x: d.x_train[:64], m.y: d.y_train[:64]})
+""")
+
+
+def _env(root):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_TOOL_")}
+    env["PRECISION_TOOL_DATA"] = root
+    return env
+
+
+def _check_reads_whole(root):
+    """Every complete step's index names files that exist and load; nothing else is read."""
+    ws = Workspace(root)
+    steps = 0
+    for run in ws.runs():
+        for s in run.steps:
+            assert s.complete
+            table = ws.index(run, s.step)
+            named = {f for f in table.file if f}
+            for f in named:
+                ws.load(run, s.step, f)
+            on_disk = {f for f in os.listdir(s.path) if f.endswith(".npy")}
+            assert named == on_disk, (run.name, s.step)
+            steps += 1
+    return steps
+
+
+def test_sigkill_at_random_points_always_leaves_a_readable_workspace(tmp_path):
+    rng = random.Random(20261122)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    read_steps = []
+    for k in range(KILLS):
+        root = str(tmp_path / f"ws{k}")
+        proc = subprocess.Popen([sys.executable, str(script)], env=_env(root), cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.0, 1.2))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        read_steps.append(_check_reads_whole(root))
+    assert max(read_steps) > 0             # the kills did land after whole steps, too
+
+
+def test_two_compares_at_once_write_separate_results(tmp_path):
+    root = str(tmp_path / "ws")
+    m = pt.models.mlp(hidden=(8,))
+    d = pt.data.digits()
+    for sess in (pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(), action="dump", data_dir=root)),
+            hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)):
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
+        sess.close()
+    procs = [subprocess.Popen([sys.executable, "-m", "precision_tool", "--data-dir", root,
+                               "--json", "vc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    import json
+    files = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode in (0, 1), err
+        files.append(json.loads(out)["result_file"])
+    assert files[0] != files[1] and os.path.dirname(files[0]) != os.path.dirname(files[1])
+    import pandas as pd
+    a, b = (pd.read_csv(f) for f in files)
+    assert len(a) == len(b) > 0
+
+
+def test_a_second_dump_does_not_clobber_the_first(tmp_path):
+    root = str(tmp_path / "ws")
+    m = pt.models.mlp(hidden=(8,))
+    d = pt.data.digits()
+
+    def dump(batch):
+        sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(), action="dump", data_dir=root))
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:batch], m.y: d.y_train[:batch]})
+        sess.close()
+
+    def digest(path):
+        h = hashlib.sha256()
+        for dirpath, _, files in sorted(os.walk(path)):
+            for f in sorted(files):
+                if f != "run.json" and f != "step_history.csv":
+                    h.update(f.encode() + open(os.path.join(dirpath, f), "rb").read())
+        return h.hexdigest()
+    dump(4)
+    first = digest(os.path.join(root, "npu", "debug_0"))
+    dump(8)
+    assert digest(os.path.join(root, "npu", "debug_0")) == first
+    assert [r.name for r in Workspace(root).runs("npu")] == ["debug_0", "debug_1"]
+
+
+def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(tmp_path,
+                                                                               monkeypatch):
+    """ENOSPC from the writer's write call on the third tensor file of step 1: the error names
+    the file, step 0 stays whole, step 1 is never read."""
+    root = str(tmp_path / "ws")
+    real = writer.write_npy
+    calls = {"n": 0, "path": None}
+
+    def full_disk(path, array):
+        if "/.1.partial/" in path.replace(os.sep, "/") and calls["path"] is None:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                calls["path"] = path
+                raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(path, array)
+    monkeypatch.setattr("precision_tool.dump.dumper.write_npy", full_disk)
+    m = pt.models.mlp(hidden=(8,))
+    d = pt.data.digits()
+    sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", dump_step="0|1|2", data_dir=root))
+    feed = {m.x: d.x_train[:4], m.y: d.y_train[:4]}
+    with pytest.raises(pt.PrecisionToolError) as err:
+        for _ in range(3):
+            sess.run([m.loss, m.train_op], feed)
+        sess.close()
+    message = str(err.value)
+    assert "No space left on device" in message and calls["path"] in message
+    assert "\n" not in message
+    ws = Workspace(root)
+    run = ws.run("npu")
+    assert [s.step for s in run.steps if s.complete] == [0]
+    assert run.interrupted == [1]
+    _check_reads_whole_complete(ws, run)
+
+
+def _check_reads_whole_complete(ws, run):
+    for s in run.steps:
+        if s.complete:
+            for f in ws.index(run, s.step).file:
+                if f:
+                    ws.load(run, s.step, f)
