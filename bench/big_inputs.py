@@ -1,0 +1,95 @@
+"""Big inputs: a dump of 100,000 tensors per side (and, with --big-tensor, one of 2 GiB), then
+the commands a user types on it, each in its own process: wall time and peak resident memory.
+
+    python bench/big_inputs.py [--tensors 100000] [--big-tensor]
+
+Not part of bench/run.py (writing 200,000 files takes minutes on this machine's disk).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import precision_tool as pt
+from precision_tool import hooks
+
+
+def dump_wide(root, n):
+    """n Mul ops (in blocks of 100 name scopes), every output dumped on both targets."""
+    g = pt.Graph("wide")
+    with g.as_default():
+        x = pt.placeholder("x", [4])
+        outs = [pt.ops.mul(x, 1.0 + k * 1e-6, name=f"block_{k // 100}/scale_{k}") for k in range(n)]
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(fusion_switch="off"), action="dump", dump_mode="output", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
+    for sess in (npu, cpu):
+        sess.run(outs, {x: np.ones(4, np.float32)})
+        sess.close()
+    return g
+
+
+def dump_big(root, elements):
+    g = pt.Graph("big")
+    with g.as_default():
+        x = pt.placeholder("x", [elements])
+        y = pt.ops.mul(x, 1.0001, name="scale")
+    xv = np.random.default_rng(0).normal(size=elements).astype(np.float32)
+    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(precision_mode="force_fp32", fusion_switch="off"), action="dump",
+            dump_mode="output", data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
+        sess.run(y, {x: xv})
+        sess.close()
+
+
+def measure(root, *argv):
+    """Wall seconds and peak RSS (MiB) of one command in a fresh process."""
+    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "precision_tool",
+                          "--data-dir", root, "--log-level", "4", *argv],
+                         capture_output=True, text=True)
+    seconds, kib = out.stderr.strip().splitlines()[-1].split()
+    return out.returncode, float(seconds), int(kib) / 1024
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tensors", type=int, default=100_000)
+    ap.add_argument("--big-tensor", action="store_true", help="also a single 2 GiB tensor")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="bench-big-", dir=".")
+    try:
+        root = os.path.join(work, "wide")
+        start = time.perf_counter()
+        dump_wide(root, args.tensors)
+        print(f"dumped {args.tensors:,} tensors per side in {time.perf_counter() - start:.0f} s")
+        file = next(f for f in sorted(os.listdir(next(
+            os.path.join(dp) for dp, _, fs in os.walk(os.path.join(root, "cpu")) if "index.csv" in fs)))
+            if f.endswith(".npy"))
+        cases = [("ls", ["ls"]), ("ls -n scale_99999", ["ls", "-n", f"scale_{args.tensors - 1}"]),
+                 ("ni block_7/scale_777", ["ni", "block_7/scale_777"]),
+                 ("pt <golden file>", ["pt", file]),
+                 ("vc", ["vc"]), ("vcs -l 10", ["vcs", "-l", "10"])]
+        print(f"{'command':28} {'exit':>4} {'seconds':>8} {'peak RSS MiB':>13}")
+        for label, argv in cases:
+            code, seconds, mib = measure(root, *argv)
+            print(f"{label:28} {code:4d} {seconds:8.2f} {mib:13.0f}")
+        if args.big_tensor:
+            big = os.path.join(work, "big")
+            dump_big(big, 1 << 29)                    # 2 GiB of float32 per side
+            for label, argv in (("ls", ["ls"]), ("ni scale", ["ni", "scale"]),
+                                ("pt scale (NPU output)", ["pt", "scale"]), ("vc", ["vc"]),
+                                ("vcs", ["vcs"])):
+                code, seconds, mib = measure(big, *argv)
+                print(f"2 GiB tensor: {label:22} {code:4d} {seconds:8.2f} {mib:13.0f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
