@@ -1,7 +1,7 @@
 """Hostile and broken inputs, tried systematically (hypothesis) through the library and the
 command line: the answer is a PrecisionToolError, a documented exit code with one line on
 stderr, or a result row marked with its reason; never a traceback, a hang or other code run.
-The number of examples per category is set by EXAMPLES (more with `-m heavy`)."""
+The number of examples per category is PRECISION_TOOL_FUZZ_EXAMPLES (25 by default)."""
 import ast
 import json
 import os
