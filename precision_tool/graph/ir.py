@@ -184,6 +184,7 @@ class Graph:
         self.name = name
         self.seed = int(seed)
         self._nodes: Dict[str, Node] = {}
+        self._suffix_hint: Dict[str, int] = {}    # unique_name: highest suffix known taken
         self._scopes: List[str] = []
         self._topo_cache: Optional[List[Node]] = None
         self.collections: Dict[str, List[str]] = {}   # e.g. "update_ops": BatchNorm statistics
@@ -222,9 +223,12 @@ class Graph:
         full = f"{self.current_scope}/{base}" if self.current_scope else base
         if full not in self._nodes:
             return full
-        k = 1
+        # full_1 .. full_<hint> are all taken (no node was removed since): start after them,
+        # or naming n ops alike costs n^2
+        k = self._suffix_hint.get(full, 0) + 1
         while f"{full}_{k}" in self._nodes:
             k += 1
+        self._suffix_hint[full] = k
         return f"{full}_{k}"
 
     def add_node(self, type: str, inputs: Sequence[Tensor], attrs: Dict[str, Any],
@@ -259,6 +263,7 @@ class Graph:
                 raise GraphError(f"cannot remove inputs of op {n.name!r}")
         for name in names:
             del self._nodes[name]
+        self._suffix_hint.clear()          # a freed name may be the first free one again
         for members in self.collections.values():
             members[:] = [m for m in members if m not in names]
         self._topo_cache = None
