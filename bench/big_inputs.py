@@ -67,12 +67,11 @@ def main():
         start = time.perf_counter()
         dump_wide(root, args.tensors)
         print(f"dumped {args.tensors:,} tensors per side in {time.perf_counter() - start:.0f} s")
-        file = next(f for f in sorted(os.listdir(next(
-            os.path.join(dp) for dp, _, fs in os.walk(os.path.join(root, "cpu")) if "index.csv" in fs)))
-            if f.endswith(".npy"))
+        step_dir = next(dp for dp, _, fs in os.walk(os.path.join(root, "cpu")) if "index.csv" in fs)
+        file = os.path.join(step_dir, next(f for f in sorted(os.listdir(step_dir)) if f.endswith(".npy")))
         cases = [("ls", ["ls"]), ("ls -n scale_99999", ["ls", "-n", f"scale_{args.tensors - 1}"]),
                  ("ni block_7/scale_777", ["ni", "block_7/scale_777"]),
-                 ("pt <golden file>", ["pt", file]),
+                 ("pt <golden file path>", ["pt", file]),
                  ("vc", ["vc"]), ("vcs -l 10", ["vcs", "-l", "10"])]
         print(f"{'command':28} {'exit':>4} {'seconds':>8} {'peak RSS MiB':>13}")
         for label, argv in cases:

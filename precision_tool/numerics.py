@@ -150,28 +150,39 @@ def five_hd_to_nchw(x: np.ndarray, original_shape: Sequence[int]) -> np.ndarray:
 STAT_FIELDS = ("max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count")
 
 
+STATS_BLOCK = 1 << 20       # elements per block: a memory-mapped 2 GiB tensor is streamed
+
+
 def tensor_stats(x: np.ndarray) -> dict:
     """max, min, mean and L2 norm over the finite elements (nan when there are none: an empty
-    or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64."""
-    a = np.asarray(x)
-    if a.dtype.kind == "b":
-        a = a.astype(np.float64)
-    elif a.dtype.kind not in "fiu":       # bfloat16 arrives as a void-kind numpy dtype
-        a = a.astype(np.float32)
-    a = a.reshape(-1)
-    nan = pos = neg = 0
-    if a.dtype.kind == "f" and a.size and not np.isfinite(a).all():
-        nan = int(np.isnan(a).sum())
-        pos = int(np.isposinf(a).sum())
-        neg = int(np.isneginf(a).sum())
-        a = a[np.isfinite(a)]
-    if a.size == 0:
+    or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64, block
+    by block (memory stays bounded whatever the size)."""
+    a = np.asarray(x).reshape(-1)
+    nan = pos = neg = n = 0
+    hi, lo, total, squares = -np.inf, np.inf, 0.0, 0.0
+    for start in range(0, a.size, STATS_BLOCK):
+        b = a[start:start + STATS_BLOCK]
+        if b.dtype.kind == "b":
+            b = b.astype(np.float64)
+        elif b.dtype.kind not in "fiu":       # bfloat16 arrives as a void-kind numpy dtype
+            b = b.astype(np.float32)
+        if b.dtype.kind == "f" and not np.isfinite(b).all():
+            nan += int(np.isnan(b).sum())
+            pos += int(np.isposinf(b).sum())
+            neg += int(np.isneginf(b).sum())
+            b = b[np.isfinite(b)]
+        if b.size == 0:
+            continue
+        f = b.astype(np.float64, copy=False)
+        n += f.size
+        hi, lo = max(hi, float(f.max())), min(lo, float(f.min()))
+        total += float(f.sum())
+        squares += float(np.dot(f, f))
+    if n == 0:
         return {"max": np.nan, "min": np.nan, "mean": np.nan, "l2norm": np.nan,
                 "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
-    f = a.astype(np.float64, copy=False)
-    return {"max": float(f.max()), "min": float(f.min()), "mean": float(f.mean()),
-            "l2norm": float(np.sqrt(np.dot(f, f))), "nan_count": nan, "pos_inf_count": pos,
-            "neg_inf_count": neg}
+    return {"max": hi, "min": lo, "mean": total / n, "l2norm": float(np.sqrt(squares)),
+            "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
 
 
 def batch_stats(arrays) -> dict:

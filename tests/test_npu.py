@@ -588,3 +588,18 @@ def test_quantize_matches_the_reference_conversions_on_both_paths(size):
         got = numerics.quantize(x, dtype)
         same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
         assert same.all(), (dtype, x[~same][:5], got[~same][:5], want[~same][:5])
+
+
+def test_tensor_stats_stream_in_blocks_and_match_a_float64_reference(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=10_000).astype(F32) * 100
+    x[[3, 500, 9999]] = [np.nan, np.inf, -np.inf]
+    monkeypatch.setattr(numerics, "STATS_BLOCK", 333)          # many uneven blocks
+    got = numerics.tensor_stats(x)
+    f = x[np.isfinite(x)].astype(np.float64)
+    assert (got["nan_count"], got["pos_inf_count"], got["neg_inf_count"]) == (1, 1, 1)
+    assert got["max"] == f.max() and got["min"] == f.min()
+    assert got["mean"] == pytest.approx(f.mean(), rel=1e-12)
+    assert got["l2norm"] == pytest.approx(np.sqrt((f * f).sum()), rel=1e-12)
+    empty = numerics.tensor_stats(np.array([np.nan, np.inf], F32))
+    assert np.isnan(empty["mean"]) and empty["nan_count"] == 1 and empty["pos_inf_count"] == 1
