@@ -47,13 +47,30 @@ def dump_big(root, elements):
         sess.close()
 
 
+_CHILD = """
+import re, sys, threading, time
+status = lambda key: int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+peak, done = [0], []
+def sample():
+    while not done:
+        peak[0] = max(peak[0], status("RssAnon"))
+        time.sleep(0.005)
+threading.Thread(target=sample, daemon=True).start()
+from precision_tool.cli import main
+start = time.perf_counter()
+code = main(sys.argv[1:])
+done.append(1)
+print(code, time.perf_counter() - start, max(peak[0], status("RssAnon")), status("VmHWM"), file=sys.stderr)
+"""
+
+
 def measure(root, *argv):
-    """Wall seconds and peak RSS (MiB) of one command in a fresh process."""
-    out = subprocess.run(["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "precision_tool",
-                          "--data-dir", root, "--log-level", "4", *argv],
-                         capture_output=True, text=True)
-    seconds, kib = out.stderr.strip().splitlines()[-1].split()
-    return out.returncode, float(seconds), int(kib) / 1024
+    """Exit code, wall seconds, peak anonymous memory and peak RSS (MiB; RSS counts the
+    pages of memory-mapped files, which are page cache) of one command in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, "--data-dir", root, "--log-level", "4",
+                          *argv], capture_output=True, text=True)
+    code, seconds, anon, rss = out.stderr.strip().splitlines()[-1].split()
+    return int(code), float(seconds), int(anon) / 1024, int(rss) / 1024
 
 
 def main():
@@ -73,18 +90,18 @@ def main():
                  ("ni block_7/scale_777", ["ni", "block_7/scale_777"]),
                  ("pt <golden file path>", ["pt", file]),
                  ("vc", ["vc"]), ("vcs -l 10", ["vcs", "-l", "10"])]
-        print(f"{'command':28} {'exit':>4} {'seconds':>8} {'peak RSS MiB':>13}")
+        print(f"{'command':36} {'exit':>4} {'seconds':>8} {'peak anon MiB':>14} {'peak RSS MiB':>13}")
         for label, argv in cases:
-            code, seconds, mib = measure(root, *argv)
-            print(f"{label:28} {code:4d} {seconds:8.2f} {mib:13.0f}")
+            code, seconds, anon, rss = measure(root, *argv)
+            print(f"{label:36} {code:4d} {seconds:8.2f} {anon:14.0f} {rss:13.0f}")
         if args.big_tensor:
             big = os.path.join(work, "big")
             dump_big(big, 1 << 29)                    # 2 GiB of float32 per side
             for label, argv in (("ls", ["ls"]), ("ni scale", ["ni", "scale"]),
                                 ("pt scale (NPU output)", ["pt", "scale"]), ("vc", ["vc"]),
                                 ("vcs", ["vcs"])):
-                code, seconds, mib = measure(big, *argv)
-                print(f"2 GiB tensor: {label:22} {code:4d} {seconds:8.2f} {mib:13.0f}")
+                code, seconds, anon, rss = measure(big, *argv)
+                print(f"{'2 GiB tensor: ' + label:36} {code:4d} {seconds:8.2f} {anon:14.0f} {rss:13.0f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
