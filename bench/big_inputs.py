@@ -16,7 +16,9 @@ import time
 import numpy as np
 
 import precision_tool as pt
-from precision_tool import hooks
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare import dump_both  # noqa: E402
 
 
 def dump_wide(root, n):
@@ -25,12 +27,7 @@ def dump_wide(root, n):
     with g.as_default():
         x = pt.placeholder("x", [4])
         outs = [pt.ops.mul(x, 1.0 + k * 1e-6, name=f"block_{k // 100}/scale_{k}") for k in range(n)]
-    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(fusion_switch="off"), action="dump", dump_mode="output", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run(outs, {x: np.ones(4, np.float32)})
-        sess.close()
+    dump_both(root, g, outs, {x: np.ones(4, np.float32)}, "allow_fp32_to_fp16")
     return g
 
 
@@ -39,12 +36,8 @@ def dump_big(root, elements):
     with g.as_default():
         x = pt.placeholder("x", [elements])
         y = pt.ops.mul(x, 1.0001, name="scale")
-    xv = np.random.default_rng(0).normal(size=elements).astype(np.float32)
-    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(precision_mode="force_fp32", fusion_switch="off"), action="dump",
-            dump_mode="output", data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
-        sess.run(y, {x: xv})
-        sess.close()
+    dump_both(root, g, y, {x: np.random.default_rng(0).normal(size=elements).astype(np.float32)},
+              "force_fp32")
 
 
 _CHILD = """

@@ -43,18 +43,17 @@ def large(n):
     return dot / cmp, f"{n * 4 / 2**20:.0f} MiB per side: {2 * x.nbytes / cmp / 1e9:.2f} GB/s, np.dot {2 * x.nbytes / dot / 1e9:.1f} GB/s"
 
 
-def small_pairs(root, count, n=256):
-    """vector_compare over a dump of `count` small tensors per side (n float32 each)."""
-    g = pt.Graph("small")
-    with g.as_default():
-        x = pt.placeholder("x", [n])
-        outs = [pt.ops.mul(x, 1.0 + k * 1e-4, name=f"scale_{k}") for k in range(count)]
-    xv = np.random.default_rng(2).normal(size=n).astype(np.float32)
-    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(precision_mode="force_fp16", fusion_switch="off"), action="dump",
-            dump_mode="output", data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
-        sess.run(outs, {x: xv})
+def dump_both(root, graph, fetches, feeds, precision_mode, dump_mode="output"):
+    """One run of the graph on the NPU (fusion off) and on the golden, both dumped."""
+    for sess in (pt.Session(graph, target="npu", config=hooks.session_dump_config(
+            pt.SessionConfig(precision_mode=precision_mode, fusion_switch="off"), action="dump",
+            dump_mode=dump_mode, data_dir=root)), hooks.sess_dump(pt.Session(graph), action="dump", data_dir=root)):
+        sess.run(fetches, feeds)
         sess.close()
+
+
+def compare_rate(root):
+    """Pairs per second of vector_compare on the workspace (best of 3, index reads included)."""
     times = []
     for _ in range(3):
         ws = Workspace(root)                    # fresh: the index read is part of the cost
@@ -62,7 +61,19 @@ def small_pairs(root, count, n=256):
         table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
         times.append(time.perf_counter() - start)
     rows = int((table.Verdict != "npu-only").sum())
-    return rows / min(times), f"{rows} pairs of {n} elements"
+    return rows / min(times), rows
+
+
+def small_pairs(root, count, n=256):
+    """vector_compare over a dump of `count` small tensors per side (n float32 each)."""
+    g = pt.Graph("small")
+    with g.as_default():
+        x = pt.placeholder("x", [n])
+        outs = [pt.ops.mul(x, 1.0 + k * 1e-4, name=f"scale_{k}") for k in range(count)]
+    dump_both(root, g, outs, {x: np.random.default_rng(2).normal(size=n).astype(np.float32)},
+              "force_fp16")
+    rate, rows = compare_rate(root)
+    return rate, f"{rows} pairs of {n} elements"
 
 
 def small(root, layers):
@@ -76,15 +87,8 @@ def small(root, layers):
     cpu.run([m.loss, m.train_op], feed)
     npu.close()
     cpu.close()
-    times, rows = [], 0
-    for _ in range(3):
-        ws = Workspace(root)                    # fresh: the index read is part of the cost
-        start = time.perf_counter()
-        table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
-        times.append(time.perf_counter() - start)
-        rows = int((table.Verdict != "npu-only").sum())
-    t = min(times)
-    return rows / t, f"{rows} pairs of one Transformer step ({layers} layers)"
+    rate, rows = compare_rate(root)
+    return rate, f"{rows} pairs of one Transformer step ({layers} layers)"
 
 
 def scaling(root, tensors, n):
@@ -120,13 +124,8 @@ def _dump_chain(root, tensors, n):
         h = x
         for k in range(tensors):
             h = pt.ops.mul(h, 1.0001, name=f"scale_{k}")
-    xv = np.random.default_rng(1).normal(size=n).astype(np.float32)
-    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(precision_mode="force_fp32", fusion_switch="off"), action="dump",
-            dump_mode="output",
-            data_dir=root)), hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
-        sess.run(h, {x: xv})
-        sess.close()
+    dump_both(root, g, h, {x: np.random.default_rng(1).normal(size=n).astype(np.float32)},
+              "force_fp32")
 
 
 def streaming(root, budget):
