@@ -112,7 +112,7 @@ def _small(side: Side) -> bool:
         return True               # missing: the batch task reports it
 
 
-def _size(root: str, side: Side) -> Optional[int]:
+def _size(side: Side) -> Optional[int]:
     """Elements of a plain tensor from its npy header (None: not splittable)."""
     if side.fmt == "NC1HWC0":
         return None
@@ -221,8 +221,8 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             if len(batch) == BATCH_PAIRS:
                 flush()
             continue
-        n = _size(root, pair.npu)
-        if n is not None and n > SPLIT_ELEMENTS and _size(root, pair.golden) == n:
+        n = _size(pair.npu)
+        if n is not None and n > SPLIT_ELEMENTS and _size(pair.golden) == n:
             ranges = [(s, min(s + RANGE_ELEMENTS, n)) for s in range(0, n, RANGE_ELEMENTS)]
             plans[p] = ("split", list(range(len(tasks), len(tasks) + len(ranges))), ranges)
             tasks += [("totals", root, pair, s, e) for s, e in ranges]
