@@ -43,13 +43,24 @@ def large(n):
     return dot / cmp, f"{n * 4 / 2**20:.0f} MiB per side: {2 * x.nbytes / cmp / 1e9:.2f} GB/s, np.dot {2 * x.nbytes / dot / 1e9:.1f} GB/s"
 
 
-def dump_both(root, graph, fetches, feeds, precision_mode, dump_mode="output"):
-    """One run of the graph on the NPU (fusion off) and on the golden, both dumped."""
+def dump_both(root, graph, fetches, feeds, precision_mode, dump_mode="output", fusion=False):
+    """One run of the graph on the NPU (fusion off unless asked) and on the golden, both
+    dumped."""
+    config = pt.SessionConfig(precision_mode=precision_mode, fusion_switch=None if fusion else "off")
     for sess in (pt.Session(graph, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(precision_mode=precision_mode, fusion_switch="off"), action="dump",
-            dump_mode=dump_mode, data_dir=root)), hooks.sess_dump(pt.Session(graph), action="dump", data_dir=root)):
+            config, action="dump", dump_mode=dump_mode, data_dir=root)),
+            hooks.sess_dump(pt.Session(graph), action="dump", data_dir=root)):
         sess.run(fetches, feeds)
         sess.close()
+
+
+def dump_transformer_step(root, layers=1, pixel_scale=1.0 / 16):
+    """One training step of the Transformer (batch 32) under allow_mix_precision with fusion
+    on, every tensor of both runs dumped."""
+    m = pt.models.transformer(layers=layers)
+    d = pt.data.digits(scale=pixel_scale)
+    dump_both(root, m.graph, [m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]},
+              "allow_mix_precision", dump_mode="all", fusion=True)
 
 
 def compare_rate(root):
@@ -77,16 +88,7 @@ def small_pairs(root, count, n=256):
 
 
 def small(root, layers):
-    m = pt.models.transformer(layers=layers)
-    d = pt.data.digits()
-    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
-    feed = {m.x: d.x_train[:32], m.y: d.y_train[:32]}
-    npu.run([m.loss, m.train_op], feed)
-    cpu.run([m.loss, m.train_op], feed)
-    npu.close()
-    cpu.close()
+    dump_transformer_step(root, layers)
     rate, rows = compare_rate(root)
     return rate, f"{rows} pairs of one Transformer step ({layers} layers)"
 

@@ -8,7 +8,6 @@
   time includes the writer catching up;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
-import os
 import shutil
 import statistics
 import tempfile

@@ -46,17 +46,10 @@ def vcs_rows(root, rows):
 
     import numpy as np
     import pandas as pd
-    from precision_tool import analysis, hooks
+    from precision_tool import analysis
     from precision_tool.cli import cli
     from precision_tool.dump import Workspace
-    m = pt.models.transformer()
-    d = pt.data.digits(scale=1.0)
-    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run([m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]})
-        sess.close()
+    compare_bench.dump_transformer_step(root, pixel_scale=1.0)
     ws = Workspace(root)
     table = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
     copies = -(-rows // len(table))

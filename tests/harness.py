@@ -1,4 +1,5 @@
-"""Builds a one-op graph for a test case and runs it through the public API."""
+"""Builds a one-op graph for a test case and runs it through the public API; dumps one run of
+a graph on both targets."""
 import numpy as np
 
 import precision_tool as pt
@@ -43,3 +44,15 @@ def round_inputs(case):
     from precision_tool.graph import dtypes
     return [v.astype(dtypes.to_numpy(d)).astype(np.float64) if v.dtype.kind == "f" else v
             for v, d in zip(case.inputs, case.input_dtypes())]
+
+
+def dump_both(root, graph, fetches, feeds, config=None):
+    """One run of the graph on the simulated NPU (config) and on the golden executor, both
+    dumped into the workspace at root."""
+    from precision_tool import hooks
+    npu = pt.Session(graph, target="npu", config=hooks.session_dump_config(
+        config or pt.SessionConfig(), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(graph), action="dump", data_dir=root)
+    for sess in (npu, cpu):
+        sess.run(fetches, feeds)
+        sess.close()

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 import precision_tool as pt
-from precision_tool import analysis, hooks
+from harness import dump_both
+from precision_tool import analysis
 from precision_tool.analysis import engine
 from precision_tool.analysis.metrics import (Totals, add_kl_sums, block_pairs, compare_tensors,
                                              finish, kl_sums, range_totals)
@@ -46,12 +47,8 @@ def test_ranges_merge_into_the_single_pass_result():
 def _workspace(root, layers=1):
     m = pt.models.transformer(layers=layers)
     d = pt.data.digits()
-    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run([m.loss, m.train_op], {m.x: d.x_train[:16], m.y: d.y_train[:16]})
-        sess.close()
+    dump_both(root, m.graph, [m.loss, m.train_op], {m.x: d.x_train[:16], m.y: d.y_train[:16]},
+              pt.SessionConfig(precision_mode="allow_mix_precision"))
     return Workspace(root)
 
 

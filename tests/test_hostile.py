@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import precision_tool as pt
-from precision_tool import analysis, hooks
+from harness import dump_both
+from precision_tool import analysis
 from precision_tool.analysis.metrics import compare_tensors
 from precision_tool.cli import main
 from precision_tool.dump import Workspace
@@ -31,12 +32,7 @@ def pristine(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("pristine"))
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
-    npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run([m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
-        sess.close()
+    dump_both(root, m.graph, [m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
     return root
 
 
@@ -185,11 +181,7 @@ def test_op_names_never_escape_the_workspace(tmp_path, capsys, parts):
             y = pt.ops.mul(x, 2.0, name=name)
     except pt.PrecisionToolError:
         return                               # refused with a reason: fine
-    for sess in (pt.Session(g, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(), action="dump", data_dir=root)),
-            hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)):
-        sess.run(y, {x: np.ones(2, np.float32)})
-        sess.close()
+    dump_both(root, g, y, {x: np.ones(2, np.float32)})
     real_root = os.path.realpath(root)
     for dirpath, dirs, files in os.walk(root):
         for f in files + dirs:

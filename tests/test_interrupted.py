@@ -11,10 +11,10 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 
 import precision_tool as pt
+from harness import dump_both
 from precision_tool import hooks
 from precision_tool.dump import Workspace, writer
 
@@ -82,11 +82,7 @@ def test_two_compares_at_once_write_separate_results(tmp_path):
     root = str(tmp_path / "ws")
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
-    for sess in (pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-            pt.SessionConfig(), action="dump", data_dir=root)),
-            hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)):
-        sess.run([m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
-        sess.close()
+    dump_both(root, m.graph, [m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
     procs = [subprocess.Popen([sys.executable, "-m", "precision_tool", "--data-dir", root,
                                "--json", "vc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]

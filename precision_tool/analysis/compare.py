@@ -20,8 +20,8 @@ from ..fileio import write_text_atomic
 from ..dump import Workspace
 from ..dump.workspace import Run
 from .mapping import TensorMap
-from .engine import UNREADABLE, Pair, Side, compare_pairs, engine_for, logical_tensor
-from .metrics import METRICS, compare_tensors
+from .engine import UNREADABLE, Pair, Side, compare_pairs, engine_for
+from .metrics import METRICS
 
 # A tensor passes when its cosine similarity reaches the threshold (vcs's default). The
 # per-dtype tolerances are for telling an op's own error from fp16 rounding (root cause):

@@ -15,7 +15,7 @@ from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .compare import logical_tensor
+from .engine import logical_tensor
 from .mapping import TensorMap
 from .metrics import compare_tensors
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from .. import numerics
 from ..analysis import TensorMap, compare_tensors
-from ..analysis.compare import logical_tensor
+from ..analysis.engine import logical_tensor
 from ..dump.layout import mangle
 from ..dump.workspace import Run, WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
