@@ -10,6 +10,8 @@ from typing import List, Sequence
 import ml_dtypes
 import numpy as np
 
+from . import native
+
 FP16_MAX = float(np.finfo(np.float16).max)                 # 65504
 BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # 3.3895e38
 FP32_MAX = float(np.finfo(np.float32).max)
@@ -158,6 +160,8 @@ def tensor_stats(x: np.ndarray) -> dict:
     or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64, block
     by block (memory stays bounded whatever the size)."""
     a = np.asarray(x).reshape(-1)
+    if a.size and native.enabled() and native.kind(a):
+        return dict(zip(STAT_FIELDS, _native_rows([a])[0]))
     nan = pos = neg = n = 0
     hi, lo, total, squares = -np.inf, np.inf, 0.0, 0.0
     for start in range(0, a.size, STATS_BLOCK):
@@ -192,9 +196,12 @@ def batch_stats(arrays) -> dict:
     n = len(arrays)
     out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
     out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
-    special, flat, positions = [], [], []
+    fast = native.enabled()
+    special, flat, positions, one_pass = [], [], [], []
     for k, a in enumerate(arrays):
-        if a.size == 0 or a.dtype.kind not in "fiub":
+        if fast and a.size and native.kind(a):
+            one_pass.append(k)
+        elif a.size == 0 or a.dtype.kind not in "fiub":
             special.append(k)
         else:
             flat.append(a.reshape(-1))
@@ -219,4 +226,13 @@ def batch_stats(arrays) -> dict:
     for k in special:
         for field, value in tensor_stats(arrays[k]).items():
             out[field][k] = value
+    if one_pass:
+        rows = native.stats([arrays[k] for k in one_pass])
+        for j, field in enumerate(STAT_FIELDS):
+            out[field][one_pass] = rows[:, j]
     return out
+
+
+def _native_rows(arrays) -> list:
+    """tensor_stats rows from the C module: counts as ints, nan for no finite element."""
+    return [[*row[:4].tolist(), *map(int, row[4:])] for row in native.stats(arrays)]

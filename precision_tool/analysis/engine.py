@@ -7,7 +7,7 @@ shares with the client. A pair of tensors is one task; a pair too large for one 
 read in good time (SPLIT_ELEMENTS, when neither side needs a 5HD conversion) is split into
 ranges: one task per range for everything but KL, whose ranges merge into the totals of the
 whole tensor; then one task per range for KL's second pass, which needs the whole tensor's
-min and max. The split does not depend on where the tasks run and the ranges merge in
+min and max, unless the index's min and max, given to the first pass, proved right. The split does not depend on where the tasks run and the ranges merge in
 order, so every engine gives the same numbers, bit for bit.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 
 from .. import numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
-from .metrics import (Totals, add_kl_sums, block_pairs, compare_many, compare_tensors,
-                      empty_result, finish, kl_sums, range_totals)
+from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,
+                      range_kl, range_totals)
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
 RANGE_ELEMENTS = 1 << 23
@@ -47,12 +47,19 @@ class Side:
     path: str                   # absolute path of the .npy
     fmt: str = ""               # NC1HWC0 is converted to NCHW before comparing
     original_shape: str = ""
+    lo: float = float("nan")    # min and max as the dump index says: a hint that spares
+    hi: float = float("nan")    # KL its second pass when it proves right
 
 
 @dataclass(frozen=True)
 class Pair:
     npu: Side
     golden: Side
+
+    def ranges(self) -> Optional[tuple]:
+        """The KL ranges the index promises (lo_x, hi_x, lo_y, hi_y), or None."""
+        r = (self.npu.lo, self.npu.hi, self.golden.lo, self.golden.hi)
+        return r if all(np.isfinite(r)) else None
 
 
 def _load(ws: Workspace, side: Side) -> np.ndarray:
@@ -96,11 +103,11 @@ def run_task(task):
         return _batch(ws, pair)
     try:
         if kind == "pair":
-            return compare_tensors(_load(ws, pair.npu), _load(ws, pair.golden))
+            return compare_tensors(_load(ws, pair.npu), _load(ws, pair.golden), pair.ranges())
         xs, ys = _flat(ws, pair)
         if kind == "totals":
-            return range_totals(xs, ys, *task[3:5])
-        return kl_sums(block_pairs(xs, ys, *task[3:5]), task[5])
+            return range_totals(xs, ys, *task[3:5], ranges=pair.ranges())
+        return range_kl(xs, ys, *task[3:6])
     except WorkspaceError as e:
         return _failed(str(e))
 
@@ -259,7 +266,9 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
         for part in parts:                 # in range order: the same sums wherever they ran
             t.merge(part)
         totals[p] = t
-        if t.n:
+        if t.early_kl():
+            t.set_kl(t.early_kl())
+        elif t.n:
             for s, e in plan[2]:
                 kl_tasks.append(("kl", root, pairs[p], s, e, t.ranges()))
                 kl_owner.append(p)

@@ -22,7 +22,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .. import numerics
+from .. import native, numerics
 
 EPS = float(np.finfo(np.float32).eps)
 
@@ -34,7 +34,8 @@ class Totals:
     """What the metrics need, accumulated block by block over the finite pairs (float64):
     sums for the dot products, norms, errors and ratios, Chan's combination for the
     standard deviations, the ranges the KL pass needs, and the counts of both sides.
-    Tensors are read once for everything but KL, which reads them a second time. Totals of
+    Tensors are read once for everything but KL, which reads them a second time unless its
+    ranges were known beforehand and the C pass took its sums too (early_kl). Totals of
     two ranges of a tensor merge into the totals of both, so ranges may be read anywhere."""
 
     def __init__(self):
@@ -50,10 +51,38 @@ class Totals:
         self.lo = {"x": np.inf, "y": np.inf}
         self.hi = {"x": -np.inf, "y": -np.inf}
         self.kl = float("nan")
+        # KL sums taken in the same pass with ranges known beforehand (the dump index's min
+        # and max): valid only if the ranges the pass found are those same ranges
+        self.kl_hint, self.kl_early = None, None
+        self.empty = True         # nothing read into these totals yet
         self.reasons: list = []
+
+    @classmethod
+    def from_native(cls, v: tuple, hint=None) -> "Totals":
+        """The totals of one C pass (precision_tool._reduce.compare's tuple)."""
+        t = cls()
+        t.empty = False
+        for k, name in enumerate(("NpuNanCount", "NpuInfCount", "GoldenNanCount",
+                                  "GoldenInfCount", "NpuAtFp16Max")):
+            t.counts[name] = int(v[k])
+        t.live, t.flushed, t.left_out, t.n = (int(c) for c in v[5:9])
+        t.xy, t.xx, t.yy, t.dd, t.abs_d_sum, t.abs_d_max = v[9:15]
+        t.rel_n, t.rel_sum, t.rel_max = int(v[15]), v[16], v[17]
+        t.within_1e3, t.within_5e3 = int(v[18]), int(v[19])
+        t.lo["x"], t.hi["x"], t.lo["y"], t.hi["y"] = v[20:24]
+        if t.n:
+            t.moments = {"x": (t.n, v[24], v[25]), "y": (t.n, v[26], v[27])}
+        if hint is not None:
+            t.kl_hint, t.kl_early = tuple(hint), tuple(v[28:31])
+        return t
+
+    def early_kl(self):
+        """The KL sums of the first pass when its ranges were the right ones, else None."""
+        return self.kl_early if self.kl_hint is not None and self.kl_hint == self.ranges() else None
 
     def add_block(self, xb: np.ndarray, yb: np.ndarray):
         """A block of both tensors as read (float64): counts first, then the finite pairs."""
+        self.empty = False
         _count(self.counts, "Npu", xb)
         _count(self.counts, "Golden", yb)
         live_y = yb != 0
@@ -66,6 +95,13 @@ class Totals:
         self.add(xb, yb)
 
     def merge(self, o: "Totals") -> "Totals":
+        if self.empty:
+            self.kl_hint, self.kl_early = o.kl_hint, o.kl_early
+        elif self.kl_hint is not None and self.kl_hint == o.kl_hint:
+            self.kl_early = add_kl_sums(self.kl_early, o.kl_early)
+        else:                     # a range read without the same hint: KL needs its own pass
+            self.kl_hint = self.kl_early = None
+        self.empty = self.empty and o.empty
         for k in self.counts:
             self.counts[k] += o.counts[k]
         for k in ("live", "flushed", "left_out", "n", "xy", "xx", "yy", "dd", "abs_d_sum",
@@ -218,9 +254,11 @@ def empty_result() -> dict:
     return out
 
 
-def compare_tensors(npu, golden) -> dict:
+def compare_tensors(npu, golden, ranges=None) -> dict:
     """Every metric of METRICS plus the counts, for one pair; never raises on data. The
-    arrays are read block by block (a memory-mapped dump is streamed, never loaded whole)."""
+    arrays are read block by block (a memory-mapped dump is streamed, never loaded whole):
+    once, and a second time for KL unless `ranges` (what the dump index says are the min and
+    max of both sides: lo_x, hi_x, lo_y, hi_y) turn out right."""
     x = np.asarray(npu)
     y = np.asarray(golden)
     out = empty_result()
@@ -237,19 +275,35 @@ def compare_tensors(npu, golden) -> dict:
                    CompareFailReason="empty tensors")
         return out
     xs, ys = x.reshape(-1), y.reshape(-1)
-    t = range_totals(xs, ys)
+    t = range_totals(xs, ys, ranges=ranges)
     if t.n:
-        t.set_kl(kl_sums(block_pairs(xs, ys), t.ranges()))
+        t.set_kl(t.early_kl() or range_kl(xs, ys, 0, xs.size, t.ranges()))
     return finish(t, out)
 
 
+def _one_pass(xs, ys) -> bool:
+    return native.enabled() and bool(native.kind(xs)) and bool(native.kind(ys))
+
+
 def range_totals(xs: np.ndarray, ys: np.ndarray, start: int = 0,
-                 stop: Optional[int] = None) -> Totals:
-    """The totals of xs[start:stop] against ys[start:stop] (flat arrays)."""
+                 stop: Optional[int] = None, ranges=None) -> Totals:
+    """The totals of xs[start:stop] against ys[start:stop] (flat arrays). With `ranges`,
+    the expected (lo_x, hi_x, lo_y, hi_y) of the finite pairs of the whole tensors, the
+    C pass takes KL's sums at the same time (Totals.early_kl tells if they hold)."""
+    stop = xs.size if stop is None else stop
+    if _one_pass(xs, ys):
+        return Totals.from_native(native.compare(xs, ys, start, stop, ranges), ranges)
     t = Totals()
     for xb, yb in block_pairs(xs, ys, start, stop):
         t.add_block(xb, yb)
     return t
+
+
+def range_kl(xs: np.ndarray, ys: np.ndarray, start: int, stop: int, ranges) -> tuple:
+    """KL's sums over xs[start:stop] against ys[start:stop] for the whole tensors' ranges."""
+    if _one_pass(xs, ys):
+        return native.kl(xs, ys, start, stop, ranges)
+    return kl_sums(block_pairs(xs, ys, start, stop), ranges)
 
 
 def block_pairs(xs: np.ndarray, ys: np.ndarray, start: int = 0, stop: Optional[int] = None):

@@ -1,0 +1,464 @@
+/* One-pass reductions over dumped tensors, with the GIL released.
+ *
+ * numpy needs one call, and one pass over memory, per quantity: a tensor's statistics take
+ * ten of them and a comparison's metrics some sixty. These loops read each element once,
+ * convert it to double and feed every sum, extreme and count at the same time. They are an
+ * accelerator, not a definition: precision_tool.numerics and precision_tool.analysis.metrics
+ * hold the numpy code that defines every quantity (and that runs when this module is not
+ * built), and the tests check both against float64 references.
+ *
+ * Element kinds: 'e' float16, 'b' bfloat16 (as its uint16 bits), 'f' float32, 'd' float64.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 1024                       /* elements converted to double at a time: in L1 */
+#define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
+#define FP16_MAX 65504.0
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+/* one build runs everywhere and uses AVX-512 or AVX2 where the CPU has them */
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+/* not fmax/fmin: their nan rules keep loops from vectorising (no nan reaches these) */
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+static inline double as_double(uint64_t b) { double d; memcpy(&d, &b, 8); return d; }
+static inline uint64_t as_bits(double d) { uint64_t b; memcpy(&b, &d, 8); return b; }
+static inline float as_float(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+
+/* float16 bits -> float, exact for every value (zeros, subnormals, inf, nan), branch-free */
+static inline float half_to_float(uint16_t h)
+{
+    uint32_t o = (uint32_t)(h & 0x7fff) << 13;
+    uint32_t exp = o & 0x0f800000u;
+    o += (uint32_t)(127 - 15) << 23;
+    float f;
+    if (exp == 0x0f800000u) {
+        f = as_float(o + ((uint32_t)(128 - 16) << 23));       /* inf / nan */
+    } else if (exp == 0) {
+        f = as_float(o + (1u << 23)) - as_float(113u << 23);  /* zero / subnormal */
+    } else {
+        f = as_float(o);
+    }
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    return as_float(bits | ((uint32_t)(h & 0x8000) << 16));
+}
+
+static int itemsize(char kind)
+{
+    switch (kind) {
+    case 'e': case 'b': return 2;
+    case 'f': return 4;
+    case 'd': return 8;
+    default: return 0;
+    }
+}
+
+CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *dst)
+{
+    Py_ssize_t i;
+    switch (kind) {
+    case 'd': memcpy(dst, src, (size_t)n * 8); break;
+    case 'f': { const float *s = (const float *)src; for (i = 0; i < n; i++) dst[i] = s[i]; } break;
+    case 'e': { const uint16_t *s = (const uint16_t *)src; for (i = 0; i < n; i++) dst[i] = half_to_float(s[i]); } break;
+    case 'b': { const uint16_t *s = (const uint16_t *)src; for (i = 0; i < n; i++) dst[i] = as_float((uint32_t)s[i] << 16); } break;
+    }
+}
+
+/* log of a positive normal double to within an ulp, in straight-line code the compiler can
+ * vectorise (libm's log is a call it cannot): fdlibm's reduction to [sqrt(1/2), sqrt(2))
+ * and its polynomial in s = f / (2 + f). The KL terms' arguments are >= float32 eps. */
+static inline double log_positive(double v)
+{
+    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+    const double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01,
+                 Lg3 = 2.857142874366239149e-01, Lg4 = 2.222219843214978396e-01,
+                 Lg5 = 1.818357216161805012e-01, Lg6 = 1.531383769920937332e-01,
+                 Lg7 = 1.479819860511658591e-01;
+    uint64_t b = as_bits(v);
+    uint64_t t = b - 0x3fe6a09e667f3bcdULL;           /* bits of sqrt(1/2) */
+    int64_t k = (int64_t)t >> 52;
+    double m = as_double(b - ((uint64_t)k << 52));      /* v = 2^k m, m in [sqrt(1/2), sqrt(2)) */
+    double f = m - 1.0;
+    double s = f / (2.0 + f), z = s * s, w = z * z;
+    double r = z * (Lg1 + w * (Lg3 + w * (Lg5 + w * Lg7))) + w * (Lg2 + w * (Lg4 + w * Lg6));
+    double hfsq = 0.5 * f * f, dk = (double)k;
+    return dk * ln2_hi - ((hfsq - (s * (hfsq + r) + dk * ln2_lo)) - f);
+}
+
+/* ---- statistics of one tensor (numerics.tensor_stats) ---------------------------------- */
+
+typedef struct { double hi, lo, sum, squares; int64_t n, nan, pos, neg; } Stats;
+
+CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
+{
+    double hi = -INFINITY, lo = INFINITY, sum = 0, sq = 0, fin = 0, nan = 0, pos = 0, neg = 0;
+    Py_ssize_t i;
+#pragma omp simd reduction(max:hi) reduction(min:lo) reduction(+:sum, sq, fin, nan, pos, neg)
+    for (i = 0; i < n; i++) {
+        double x = v[i];
+        int finite = fabs(x) <= DBL_MAX;
+        double xf = finite ? x : 0.0;
+        hi = MAX(hi, finite ? x : -INFINITY);
+        lo = MIN(lo, finite ? x : INFINITY);
+        sum += xf;
+        sq += xf * xf;
+        fin += finite ? 1.0 : 0.0;
+        nan += x != x ? 1.0 : 0.0;
+        pos += x == INFINITY ? 1.0 : 0.0;
+        neg += x == -INFINITY ? 1.0 : 0.0;
+    }
+    st->hi = fmax(st->hi, hi);
+    st->lo = fmin(st->lo, lo);
+    st->sum += sum;
+    st->squares += sq;
+    st->n += (int64_t)fin;
+    st->nan += (int64_t)nan;
+    st->pos += (int64_t)pos;
+    st->neg += (int64_t)neg;
+}
+
+static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
+{
+    double buf[BLOCK];
+    Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
+    int size = itemsize(kind);
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
+        to_double(data + start * size, kind, m, buf);
+        stats_block(buf, m, &st);
+    }
+    if (st.n) {
+        out[0] = st.hi; out[1] = st.lo; out[2] = st.sum / (double)st.n; out[3] = sqrt(st.squares);
+    } else {
+        out[0] = out[1] = out[2] = out[3] = NAN;
+    }
+    out[4] = (double)st.nan; out[5] = (double)st.pos; out[6] = (double)st.neg;
+}
+
+/* ---- comparison totals (metrics.Totals) ------------------------------------------------- */
+
+enum {
+    T_X_NAN, T_X_INF, T_Y_NAN, T_Y_INF, T_X_AT_MAX, T_LIVE, T_FLUSHED, T_LEFT_OUT,
+    T_N, T_XY, T_XX, T_YY, T_DD, T_ABS_D_SUM, T_ABS_D_MAX, T_REL_N, T_REL_SUM, T_REL_MAX,
+    T_WITHIN_1E3, T_WITHIN_5E3, T_LO_X, T_HI_X, T_LO_Y, T_HI_Y,
+    T_MEAN_X, T_M2_X, T_MEAN_Y, T_M2_Y, T_SP, T_SQ, T_S, T_FIELDS
+};
+
+typedef struct {            /* the KL pass's normalisation: p = max((x - lo) * scale, eps) */
+    int on;
+    double lo_x, scale_x, lo_y, scale_y;
+} Unit;
+
+static Unit make_unit(const double *r)     /* (lo_x, hi_x, lo_y, hi_y) */
+{
+    Unit u = {1, 0.0, 1.0, 0.0, 1.0};
+    if (r[1] > r[0]) { u.lo_x = r[0]; u.scale_x = 1.0 / (r[1] - r[0]); }
+    if (r[3] > r[2]) { u.lo_y = r[2]; u.scale_y = 1.0 / (r[3] - r[2]); }
+    return u;
+}
+
+/* Chan et al.: combine (n, mean, M2) of two sets of elements */
+static void chan(double *n, double *mean, double *m2, double nb, double mb, double m2b)
+{
+    if (nb == 0) return;
+    if (*n == 0) { *n = nb; *mean = mb; *m2 = m2b; return; }
+    double total = *n + nb, delta = mb - *mean;
+    *mean += delta * nb / total;
+    *m2 += m2b + delta * delta * *n * nb / total;
+    *n = total;
+}
+
+/* Everything but the moments' combination over one block; moments are shifted by the
+ * block's first finite pair (kx, ky), which keeps sum (x - k)^2 free of cancellation. */
+CLONES static void compare_block(const double *x, const double *y, Py_ssize_t n,
+                                 double kx, double ky, Unit u, double *t, double *shifted)
+{
+    double x_nan = 0, x_inf = 0, y_nan = 0, y_inf = 0, at_max = 0, live = 0, flushed = 0;
+    double fin = 0, xy = 0, xx = 0, yy = 0, dd = 0, ad_sum = 0, ad_max = 0;
+    double rel_n = 0, rel_sum = 0, rel_max = 0, w1 = 0, w5 = 0;
+    double lo_x = INFINITY, hi_x = -INFINITY, lo_y = INFINITY, hi_y = -INFINITY;
+    double sx = 0, sxx = 0, sy = 0, syy = 0, sp = 0, sq = 0, s = 0;
+    Py_ssize_t i;
+#pragma omp simd reduction(+:x_nan, x_inf, y_nan, y_inf, at_max, live, flushed, fin, xy, xx, yy, dd, ad_sum, rel_n, rel_sum, w1, w5, sx, sxx, sy, syy, sp, sq, s) \
+                 reduction(max:ad_max, rel_max, hi_x, hi_y) reduction(min:lo_x, lo_y)
+    for (i = 0; i < n; i++) {
+        double a = x[i], b = y[i];
+        double abs_a = fabs(a), abs_b = fabs(b);
+        x_nan += a != a ? 1.0 : 0.0;
+        y_nan += b != b ? 1.0 : 0.0;
+        x_inf += abs_a == INFINITY ? 1.0 : 0.0;
+        y_inf += abs_b == INFINITY ? 1.0 : 0.0;
+        at_max += abs_a >= FP16_MAX ? 1.0 : 0.0;
+        live += b != 0.0 ? 1.0 : 0.0;                       /* nan counts as live, as in numpy */
+        flushed += (b != 0.0 && a == 0.0) ? 1.0 : 0.0;
+        int f = abs_a <= DBL_MAX && abs_b <= DBL_MAX;
+        double xf = f ? a : 0.0, yf = f ? b : 0.0;
+        fin += f ? 1.0 : 0.0;
+        xy += xf * yf;
+        xx += xf * xf;
+        yy += yf * yf;
+        double d = xf - yf, ad = fabs(d), ay = fabs(yf);
+        dd += d * d;
+        ad_sum += ad;
+        ad_max = MAX(ad_max, ad);
+        int rel = ay > EPS;
+        double err = rel ? ad / ay : ad;
+        rel_n += rel ? 1.0 : 0.0;
+        rel_sum += rel ? err : 0.0;
+        rel_max = MAX(rel_max, rel ? err : 0.0);
+        w1 += (f && err < 1e-3) ? 1.0 : 0.0;
+        w5 += (f && err < 5e-3) ? 1.0 : 0.0;
+        lo_x = MIN(lo_x, f ? a : INFINITY);
+        hi_x = MAX(hi_x, f ? a : -INFINITY);
+        lo_y = MIN(lo_y, f ? b : INFINITY);
+        hi_y = MAX(hi_y, f ? b : -INFINITY);
+        double cx = f ? a - kx : 0.0, cy = f ? b - ky : 0.0;
+        sx += cx; sxx += cx * cx;
+        sy += cy; syy += cy * cy;
+        if (u.on) {
+            double p = MAX((xf - u.lo_x) * u.scale_x, EPS), q = MAX((yf - u.lo_y) * u.scale_y, EPS);
+            sp += f ? p : 0.0;
+            sq += f ? q : 0.0;
+            s += f ? p * (log_positive(p) - log_positive(q)) : 0.0;
+        }
+    }
+    t[T_X_NAN] += x_nan; t[T_X_INF] += x_inf; t[T_Y_NAN] += y_nan; t[T_Y_INF] += y_inf;
+    t[T_X_AT_MAX] += at_max; t[T_LIVE] += live; t[T_FLUSHED] += flushed;
+    t[T_LEFT_OUT] += (double)n - fin;
+    t[T_XY] += xy; t[T_XX] += xx; t[T_YY] += yy; t[T_DD] += dd;
+    t[T_ABS_D_SUM] += ad_sum; t[T_ABS_D_MAX] = fmax(t[T_ABS_D_MAX], ad_max);
+    t[T_REL_N] += rel_n; t[T_REL_SUM] += rel_sum; t[T_REL_MAX] = fmax(t[T_REL_MAX], rel_max);
+    t[T_WITHIN_1E3] += w1; t[T_WITHIN_5E3] += w5;
+    t[T_LO_X] = fmin(t[T_LO_X], lo_x); t[T_HI_X] = fmax(t[T_HI_X], hi_x);
+    t[T_LO_Y] = fmin(t[T_LO_Y], lo_y); t[T_HI_Y] = fmax(t[T_HI_Y], hi_y);
+    t[T_SP] += sp; t[T_SQ] += sq; t[T_S] += s;
+    shifted[0] = fin; shifted[1] = sx; shifted[2] = sxx; shifted[3] = sy; shifted[4] = syy;
+}
+
+CLONES static void kl_block(const double *x, const double *y, Py_ssize_t n, Unit u, double *t)
+{
+    double sp = 0, sq = 0, s = 0;
+    Py_ssize_t i;
+#pragma omp simd reduction(+:sp, sq, s)
+    for (i = 0; i < n; i++) {
+        double a = x[i], b = y[i];
+        int f = fabs(a) <= DBL_MAX && fabs(b) <= DBL_MAX;
+        double p = MAX(((f ? a : 0.0) - u.lo_x) * u.scale_x, EPS);
+        double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
+        sp += f ? p : 0.0;
+        sq += f ? q : 0.0;
+        s += f ? p * (log_positive(p) - log_positive(q)) : 0.0;
+    }
+    t[0] += sp; t[1] += sq; t[2] += s;
+}
+
+static Py_ssize_t first_finite(const double *x, const double *y, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (fabs(x[i]) <= DBL_MAX && fabs(y[i]) <= DBL_MAX) return i;
+    return -1;
+}
+
+/* totals of x[start:stop] against y[start:stop]; KL sums too when u.on */
+static void compare_range(const char *xd, char xk, const char *yd, char yk,
+                          Py_ssize_t start, Py_ssize_t stop, Unit u, double *t)
+{
+    double xb[BLOCK], yb[BLOCK], shifted[5];
+    double nx = 0, nx_mean = 0, nx_m2 = 0, ny = 0, ny_mean = 0, ny_m2 = 0;
+    int xs = itemsize(xk), ys = itemsize(yk);
+    for (int k = 0; k < T_FIELDS; k++) t[k] = 0.0;
+    t[T_LO_X] = t[T_LO_Y] = INFINITY;
+    t[T_HI_X] = t[T_HI_Y] = -INFINITY;
+    for (Py_ssize_t at = start; at < stop; at += BLOCK) {
+        Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
+        to_double(xd + at * xs, xk, m, xb);
+        to_double(yd + at * ys, yk, m, yb);
+        Py_ssize_t j = first_finite(xb, yb, m);
+        double kx = j < 0 ? 0.0 : xb[j], ky = j < 0 ? 0.0 : yb[j];
+        compare_block(xb, yb, m, kx, ky, u, t, shifted);
+        double nb = shifted[0];
+        if (nb > 0) {
+            double mx = shifted[1] / nb, my = shifted[3] / nb;
+            chan(&nx, &nx_mean, &nx_m2, nb, kx + mx, fmax(shifted[2] - shifted[1] * mx, 0.0));
+            chan(&ny, &ny_mean, &ny_m2, nb, ky + my, fmax(shifted[4] - shifted[3] * my, 0.0));
+        }
+    }
+    t[T_N] = nx;
+    t[T_MEAN_X] = nx_mean; t[T_M2_X] = nx_m2;
+    t[T_MEAN_Y] = ny_mean; t[T_M2_Y] = ny_m2;
+    if (!u.on) t[T_SP] = t[T_SQ] = t[T_S] = NAN;
+}
+
+static void kl_range(const char *xd, char xk, const char *yd, char yk,
+                     Py_ssize_t start, Py_ssize_t stop, Unit u, double *t)
+{
+    double xb[BLOCK], yb[BLOCK];
+    int xs = itemsize(xk), ys = itemsize(yk);
+    t[0] = t[1] = t[2] = 0.0;
+    for (Py_ssize_t at = start; at < stop; at += BLOCK) {
+        Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
+        to_double(xd + at * xs, xk, m, xb);
+        to_double(yd + at * ys, yk, m, yb);
+        kl_block(xb, yb, m, u, t);
+    }
+}
+
+/* ---- the Python interface ---------------------------------------------------------------- */
+
+/* a C-contiguous buffer of `count` elements of `kind` (count < 0: any) */
+static int get_buffer(PyObject *obj, char kind, Py_ssize_t count, Py_buffer *view)
+{
+    int size = itemsize(kind);
+    if (!size) {
+        PyErr_Format(PyExc_ValueError, "unknown element kind %c", kind);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->len % size || (count >= 0 && view->len / size != count)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "buffer size does not match its element kind and count");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *args)
+{
+    PyObject *arrays, *seq;
+    const char *kinds;
+    Py_ssize_t nkinds;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "Os#w*", &arrays, &kinds, &nkinds, &out)) return NULL;
+    seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (!seq) { PyBuffer_Release(&out); return NULL; }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), k, got = 0;
+    Py_buffer *views = NULL;
+    PyObject *result = NULL;
+    if (nkinds != n || out.len != (Py_ssize_t)(n * 7 * sizeof(double))) {
+        PyErr_SetString(PyExc_ValueError, "stats: need one kind per array and 7 doubles per array out");
+        goto done;
+    }
+    views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (!views) { PyErr_NoMemory(); goto done; }
+    for (got = 0; got < n; got++)
+        if (get_buffer(PySequence_Fast_GET_ITEM(seq, got), kinds[got], -1, &views[got]) < 0) goto done;
+    double *o = (double *)out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < n; k++)
+        tensor_stats(views[k].buf, kinds[k], views[k].len / itemsize(kinds[k]), o + 7 * k);
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (k = 0; k < got; k++) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static int parse_pair(PyObject *args, Py_buffer *x, Py_buffer *y, char *kinds,
+                      Py_ssize_t *start, Py_ssize_t *stop, PyObject **ranges)
+{
+    PyObject *xo, *yo;
+    const char *k;
+    Py_ssize_t nk;
+    if (!PyArg_ParseTuple(args, "OOs#nnO", &xo, &yo, &k, &nk, start, stop, ranges)) return -1;
+    if (nk != 2) { PyErr_SetString(PyExc_ValueError, "kinds: two characters"); return -1; }
+    kinds[0] = k[0]; kinds[1] = k[1];
+    if (get_buffer(xo, kinds[0], -1, x) < 0) return -1;
+    if (get_buffer(yo, kinds[1], x->len / itemsize(kinds[0]), y) < 0) { PyBuffer_Release(x); return -1; }
+    Py_ssize_t n = x->len / itemsize(kinds[0]);
+    if (*start < 0 || *stop > n || *start > *stop) {
+        PyBuffer_Release(x); PyBuffer_Release(y);
+        PyErr_SetString(PyExc_ValueError, "range outside the tensors");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_ranges(PyObject *ranges, double *r)
+{
+    if (!PyArg_ParseTuple(ranges, "dddd", &r[0], &r[1], &r[2], &r[3])) return -1;
+    return 0;
+}
+
+static PyObject *py_compare(PyObject *self, PyObject *args)
+{
+    Py_buffer x, y;
+    char kinds[2];
+    Py_ssize_t start, stop;
+    PyObject *ranges;
+    double t[T_FIELDS], r[4];
+    Unit u = {0, 0, 1, 0, 1};
+    if (parse_pair(args, &x, &y, kinds, &start, &stop, &ranges) < 0) return NULL;
+    if (ranges != Py_None) {
+        if (parse_ranges(ranges, r) < 0) { PyBuffer_Release(&x); PyBuffer_Release(&y); return NULL; }
+        u = make_unit(r);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    compare_range(x.buf, kinds[0], y.buf, kinds[1], start, stop, u, t);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    PyObject *out = PyTuple_New(T_FIELDS);
+    if (!out) return NULL;
+    for (int k = 0; k < T_FIELDS; k++) {
+        PyObject *v = PyFloat_FromDouble(t[k]);
+        if (!v) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, k, v);
+    }
+    return out;
+}
+
+static PyObject *py_kl(PyObject *self, PyObject *args)
+{
+    Py_buffer x, y;
+    char kinds[2];
+    Py_ssize_t start, stop;
+    PyObject *ranges;
+    double t[3], r[4];
+    if (parse_pair(args, &x, &y, kinds, &start, &stop, &ranges) < 0) return NULL;
+    if (parse_ranges(ranges, r) < 0) { PyBuffer_Release(&x); PyBuffer_Release(&y); return NULL; }
+    Unit u = make_unit(r);
+    Py_BEGIN_ALLOW_THREADS
+    kl_range(x.buf, kinds[0], y.buf, kinds[1], start, stop, u, t);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
+}
+
+static PyMethodDef methods[] = {
+    {"stats", py_stats, METH_VARARGS,
+     "stats(arrays, kinds, out): per array max, min, mean, l2norm over the finite elements "
+     "and its nan, +inf, -inf counts, into out (7 float64 per array)."},
+    {"compare", py_compare, METH_VARARGS,
+     "compare(x, y, kinds, start, stop, ranges): the comparison totals of one range "
+     "(KL sums too when ranges = (lo_x, hi_x, lo_y, hi_y), else nan)."},
+    {"kl", py_kl, METH_VARARGS,
+     "kl(x, y, kinds, start, stop, ranges): (Sp, Sq, sum p (log p - log q)) of one range."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_reduce", "One-pass reductions over dumped tensors.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__reduce(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "FIELDS", T_FIELDS) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

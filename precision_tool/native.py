@@ -1,0 +1,55 @@
+"""The optional C reductions (precision_tool._reduce) and the arrays they take.
+
+The C module reads a tensor once for all its statistics, or a pair once for all the
+comparison totals, with the GIL released. It is an accelerator only: numerics and
+analysis.metrics keep the numpy code that defines every quantity, which runs where the
+module was not built (no C compiler at install time), for element types it does not take
+(integers, booleans), and when PRECISION_TOOL_NUMPY_ONLY is set (the tests run both).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+try:
+    from . import _reduce
+except ImportError:           # built without a C compiler: the numpy code runs
+    _reduce = None
+
+_KINDS = {"float16": "e", "bfloat16": "b", "float32": "f", "float64": "d"}
+
+
+def enabled() -> bool:
+    return _reduce is not None and not os.environ.get("PRECISION_TOOL_NUMPY_ONLY")
+
+
+def kind(a: np.ndarray) -> Optional[str]:
+    """The C module's element kind of an array, or None when it takes no such array."""
+    return _KINDS.get(a.dtype.name) if a.dtype.isnative else None
+
+
+def flat(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous 1-d view (a copy only when a is strided), in a type every buffer
+    consumer knows: 16-bit floats travel as their bits."""
+    a = np.ascontiguousarray(a).reshape(-1)
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
+def stats(arrays) -> np.ndarray:
+    """(len(arrays), 7) float64: max, min, mean, l2norm, nan, +inf, -inf counts per array
+    (every array must have a kind)."""
+    out = np.empty((len(arrays), 7))
+    _reduce.stats([flat(a) for a in arrays], "".join(kind(a) for a in arrays), out)
+    return out
+
+
+def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) -> tuple:
+    """The comparison totals of x[start:stop] against y[start:stop] (flat arrays of the same
+    size), KL sums included when ranges = (lo_x, hi_x, lo_y, hi_y) is given."""
+    return _reduce.compare(flat(x), flat(y), kind(x) + kind(y), start, stop, ranges)
+
+
+def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> tuple:
+    return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(ranges))
