@@ -1,7 +1,7 @@
 """Compare benchmarks (run by bench/run.py), measured side by side in one run.
 
-- large fp32 tensors: compare_tensors against one np.dot over the same two arrays (the
-  single-pass memory bound), as a fraction;
+- large fp32 tensors: one pair compared as vc does it against one np.dot over the same two
+  memory-mapped arrays (the single-pass memory bound), as a fraction;
 - small tensors: vector_compare over a dump of thousands of small pairs, and over a real
   Transformer step, in pairs per second;
 - scaling: vector_compare with 1 and 2 worker processes;
@@ -31,16 +31,33 @@ def best_of(fn, repeats):
     return min(times)
 
 
-def large(n):
+def large(root, n):
+    """A pair of n-element fp32 tensors as vc compares them (files of a workspace, memory-
+    mapped, through the engine, with the min and max the dump's index holds) against one
+    np.dot over the same mapped arrays."""
+    from precision_tool import native, numerics
+    from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
     rng = np.random.default_rng(0)
     x = rng.normal(size=n).astype(np.float32)
     y = (x + rng.normal(scale=1e-3, size=n)).astype(np.float32)
+    os.makedirs(root, exist_ok=True)
+    sides = []
+    for name, a in (("x", x), ("y", y)):
+        path = os.path.join(root, f"{name}.npy")
+        np.save(path, a)
+        st = numerics.tensor_stats(a)
+        sides.append(Side(path, lo=st["min"], hi=st["max"]))
+    del x, y
+    ws = Workspace(root)
+    xm, ym = ws.load_file(sides[0].path), ws.load_file(sides[1].path)
+    pair = Pair(*sides)
     t_dot, t_cmp = [], []
     for _ in range(3):                          # interleaved: both see the same load
-        t_dot.append(best_of(lambda: np.dot(x, y), 1))
-        t_cmp.append(best_of(lambda: compare_tensors(x, y), 1))
+        t_dot.append(best_of(lambda: np.dot(xm, ym), 1))
+        t_cmp.append(best_of(lambda: compare_pairs(root, [pair], Engine()), 1))
     dot, cmp = min(t_dot), min(t_cmp)
-    return dot / cmp, f"{n * 4 / 2**20:.0f} MiB per side: {2 * x.nbytes / cmp / 1e9:.2f} GB/s, np.dot {2 * x.nbytes / dot / 1e9:.1f} GB/s"
+    return dot / cmp, (f"{n * 4 / 2**20:.0f} MiB per side, as vc reads them, on {native.threads()} "
+                       f"thread(s): {8 * n / cmp / 1e9:.2f} GB/s, np.dot {8 * n / dot / 1e9:.1f} GB/s")
 
 
 def dump_both(root, graph, fetches, feeds, precision_mode, dump_mode="output", fusion=False):
@@ -111,7 +128,9 @@ for workers in (1, 2, 1, 2):
     t[workers] = min(t.get(workers, elapsed), elapsed)
 print(t[1], t[2])
 """
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+    # workers are what scales here: one thread per worker, as the pool's workers have
+    env = dict(os.environ, PRECISION_TOOL_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env)
     if out.returncode:
         raise SystemExit(f"the scaling run failed: {out.stderr.strip().splitlines()[-1]}")
     t1, t2 = map(float, out.stdout.split())

@@ -105,7 +105,7 @@ def main():
     work = tempfile.mkdtemp(prefix="bench-", dir=".")
     digits = pt.data.digits()
     try:
-        frac, how = compare_bench.large(1 << (20 if q else 25))
+        frac, how = compare_bench.large(os.path.join(work, "large"), 1 << (20 if q else 25))
         t.add("compare, large fp32 tensors, fraction of the memory bound (one np.dot pass)",
               f"{frac:.3f}", "≥ 0.5", frac >= 0.5, how)
         rate, how = compare_bench.small_pairs(os.path.join(work, "small"), 500 if q else 5000)

@@ -25,6 +25,18 @@ def enabled() -> bool:
     return _reduce is not None and not os.environ.get("PRECISION_TOOL_NUMPY_ONLY")
 
 
+def threads() -> int:
+    """Threads for one large comparison: PRECISION_TOOL_THREADS, else the cores this process
+    may use (a pool's worker processes are set to 1: the pool already fills the cores)."""
+    wanted = os.environ.get("PRECISION_TOOL_THREADS", "")
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:        # not on Linux
+        return os.cpu_count() or 1
+
+
 def kind(a: np.ndarray) -> Optional[str]:
     """The C module's element kind of an array, or None when it takes no such array."""
     return _KINDS.get(a.dtype.name) if a.dtype.isnative else None

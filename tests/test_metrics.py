@@ -10,6 +10,14 @@ X = np.array([1.0, 2.0, 3.0, -4.0], np.float32)       # "NPU"
 Y = np.array([1.0, 2.5, 3.0, -3.0], np.float32)       # "golden"
 
 
+@pytest.fixture(autouse=True, params=["one C pass", "numpy"])
+def path(request, monkeypatch):
+    """Every test here runs on both implementations of the metrics."""
+    if request.param == "numpy":
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    return request.param
+
+
 def test_each_metric_against_a_hand_computed_value():
     m = compare_tensors(X, Y)
     dot, nx, ny = 1 + 5 + 9 + 12, math.sqrt(1 + 4 + 9 + 16), math.sqrt(1 + 6.25 + 9 + 9)

@@ -148,6 +148,10 @@ class Engine:
         pass
 
 
+def _one_thread():
+    os.environ["PRECISION_TOOL_THREADS"] = "1"     # the pool's workers already fill the cores
+
+
 class ProcessEngine(Engine):
     def __init__(self, workers: int):
         import multiprocessing
@@ -158,7 +162,7 @@ class ProcessEngine(Engine):
         # from a single-threaded process (a dump writer may be running in a training script)
         single = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if single else "spawn")
-        self.pool = ProcessPoolExecutor(workers, mp_context=context)
+        self.pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread)
 
     def _unordered(self, tasks):
         from concurrent.futures import as_completed

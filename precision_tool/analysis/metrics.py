@@ -292,7 +292,10 @@ def range_totals(xs: np.ndarray, ys: np.ndarray, start: int = 0,
     C pass takes KL's sums at the same time (Totals.early_kl tells if they hold)."""
     stop = xs.size if stop is None else stop
     if _one_pass(xs, ys):
-        return Totals.from_native(native.compare(xs, ys, start, stop, ranges), ranges)
+        t = Totals()
+        for part in _in_parts(lambda a, b: native.compare(xs, ys, a, b, ranges), start, stop):
+            t.merge(Totals.from_native(part, ranges))
+        return t
     t = Totals()
     for xb, yb in block_pairs(xs, ys, start, stop):
         t.add_block(xb, yb)
@@ -302,8 +305,27 @@ def range_totals(xs: np.ndarray, ys: np.ndarray, start: int = 0,
 def range_kl(xs: np.ndarray, ys: np.ndarray, start: int, stop: int, ranges) -> tuple:
     """KL's sums over xs[start:stop] against ys[start:stop] for the whole tensors' ranges."""
     if _one_pass(xs, ys):
-        return native.kl(xs, ys, start, stop, ranges)
+        sums = (0.0, 0.0, 0.0)
+        for part in _in_parts(lambda a, b: native.kl(xs, ys, a, b, ranges), start, stop):
+            sums = add_kl_sums(sums, part)
+        return sums
     return kl_sums(block_pairs(xs, ys, start, stop), ranges)
+
+
+PART = 1 << 20       # elements per C call: the unit of work of the threads
+
+
+def _in_parts(job, start: int, stop: int) -> list:
+    """job(a, b) over [start, stop) in parts of PART elements, on native.threads() threads
+    (the C loops release the GIL), results in part order: the parts and the order of their
+    merge do not depend on the number of threads, so neither do the sums."""
+    parts = [(a, min(a + PART, stop)) for a in range(start, stop, PART)] or [(start, stop)]
+    workers = min(native.threads(), len(parts))
+    if workers == 1:
+        return [job(a, b) for a, b in parts]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda ab: job(*ab), parts))
 
 
 def block_pairs(xs: np.ndarray, ys: np.ndarray, start: int = 0, stop: Optional[int] = None):

@@ -1,0 +1,198 @@
+"""The C one-pass reductions against float64 references and against the numpy code that
+defines each quantity: statistics, comparison totals, KL with and without the index's
+ranges, every float16 and bfloat16 bit pattern, and the merge of split ranges."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from precision_tool import native, numerics
+from precision_tool.analysis import metrics
+from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
+
+EPS = float(np.finfo(np.float32).eps)
+
+
+def test_the_c_module_is_built():
+    # an install without a C compiler runs the numpy code; this suite must test both
+    assert native._reduce is not None, "precision_tool._reduce was not built (no C compiler?)"
+
+
+def _hostile(n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(scale=3.0, size=n)
+    a[rng.integers(0, n, 5)] = np.nan
+    a[rng.integers(0, n, 3)] = np.inf
+    a[rng.integers(0, n, 3)] = -np.inf
+    a[rng.integers(0, n, 7)] = 0.0
+    return a.astype(dtype)
+
+
+def _reference_stats(a):
+    f = np.asarray(a, dtype=np.float64).reshape(-1)
+    fin = f[np.isfinite(f)]
+    counts = [int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum())]
+    if not fin.size:
+        return [np.nan] * 4 + counts
+    return [fin.max(), fin.min(), fin.mean(), np.sqrt((fin * fin).sum())] + counts
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+def test_stats_match_float64_reference(dtype):
+    arrays = [_hostile(n, dtype, seed=n) for n in (1, 17, 1023, 1024, 1025, 5000)]
+    arrays.append(np.full(9, np.nan, dtype))           # no finite element
+    arrays.append(np.arange(12, dtype=dtype).reshape(3, 4)[:, ::2])    # strided
+    rows = native.stats(arrays)
+    for a, row in zip(arrays, rows):
+        ref = _reference_stats(a)
+        if np.isnan(ref[0]):
+            assert np.isnan(row[:4]).all() and row[4:].tolist() == ref[4:]
+            continue
+        assert row[0] == ref[0] and row[1] == ref[1]
+        np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-13)
+        assert row[4:].tolist() == ref[4:]
+
+
+def test_batch_stats_is_the_same_on_both_paths(monkeypatch):
+    arrays = [_hostile(300, np.float32, 1), np.arange(7, dtype=np.int32), np.zeros(0, np.float32),
+              np.array([True, False]), _hostile(70000, np.float16, 2)]
+    fast = numerics.batch_stats(arrays)
+    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    slow = numerics.batch_stats(arrays)
+    for field in numerics.STAT_FIELDS:
+        np.testing.assert_allclose(fast[field], slow[field], rtol=1e-13, equal_nan=True)
+    assert numerics.tensor_stats(arrays[0]) == pytest.approx(dict(zip(numerics.STAT_FIELDS, _reference_stats(arrays[0]))))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_every_16_bit_pattern_converts_exactly(dtype):
+    x = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    y = x.astype(np.float32)                       # numpy's (ml_dtypes') conversion
+    t = metrics.range_totals(x, y)
+    finite = np.isfinite(y)
+    assert t.abs_d_max == 0.0 and t.n == finite.sum()
+    assert t.counts["NpuNanCount"] == np.isnan(y).sum() == t.counts["GoldenNanCount"]
+    assert t.counts["NpuInfCount"] == np.isinf(y).sum()
+    assert t.lo["x"] == y[finite].min() and t.hi["x"] == y[finite].max()
+    assert t.xx == pytest.approx(float(np.dot(y[finite].astype(np.float64), y[finite].astype(np.float64))), rel=1e-14)
+
+
+def _pair(n=50000, seed=3):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=n).astype(np.float32)
+    x = (y + rng.normal(scale=1e-2, size=n)).astype(np.float16)
+    x[[5, 70]] = [np.inf, np.nan]
+    y[[9, 70]] = [np.nan, -np.inf]
+    y[100:140] = 0.0
+    x[120:160] = 0.0
+    return x, y
+
+
+def test_comparison_totals_match_float64_reference():
+    x, y = _pair()
+    t = metrics.range_totals(x, y)
+    xf, yf = x.astype(np.float64), y.astype(np.float64)
+    fin = np.isfinite(xf) & np.isfinite(yf)
+    a, b = xf[fin], yf[fin]
+    d = np.abs(a - b)
+    rel = np.abs(b) > EPS
+    err = np.where(rel, d / np.where(rel, np.abs(b), 1.0), d)
+    assert t.n == fin.sum() and t.left_out == (~fin).sum()
+    assert t.counts == {"NpuNanCount": 1, "NpuInfCount": 1, "GoldenNanCount": 1, "GoldenInfCount": 1,
+                        "NpuAtFp16Max": 1}
+    assert t.live == (yf != 0).sum() and t.flushed == ((yf != 0) & (xf == 0)).sum()
+    for got, want in ((t.xy, a @ b), (t.xx, a @ a), (t.yy, b @ b), (t.dd, d @ d), (t.abs_d_sum, d.sum()),
+                      (t.rel_sum, err[rel].sum())):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert t.abs_d_max == d.max() and t.rel_max == pytest.approx(err[rel].max(), rel=1e-15)
+    assert t.rel_n == rel.sum() and t.within_1e3 == (err < 1e-3).sum() and t.within_5e3 == (err < 5e-3).sum()
+    assert t.ranges() == (a.min(), a.max(), b.min(), b.max())
+    for side, v in (("x", a), ("y", b)):
+        n, mean, m2 = t.moments[side]
+        assert n == v.size and mean == pytest.approx(v.mean(), rel=1e-12)
+        assert m2 == pytest.approx(((v - v.mean()) ** 2).sum(), rel=1e-12)
+
+
+def _reference_kl(x, y):
+    xf, yf = x.astype(np.float64), y.astype(np.float64)
+    fin = np.isfinite(xf) & np.isfinite(yf)
+    p, q = xf[fin], yf[fin]
+    p = np.maximum((p - p.min()) / (p.max() - p.min()), EPS)
+    q = np.maximum((q - q.min()) / (q.max() - q.min()), EPS)
+    P, Q = p / p.sum(), q / q.sum()
+    return float((P * np.log(P / Q)).sum())
+
+
+def test_kl_from_the_first_pass_when_the_ranges_hold():
+    x, y = _pair()
+    no_hint = metrics.compare_tensors(x, y)
+    t = metrics.range_totals(x, y)
+    right = metrics.range_totals(x, y, ranges=t.ranges())
+    assert right.early_kl() is not None
+    wrong = metrics.range_totals(x, y, ranges=(t.lo["x"] - 1, t.hi["x"], t.lo["y"], t.hi["y"]))
+    assert wrong.early_kl() is None                    # a stale index never decides KL
+    kl_second_pass = metrics.range_kl(x.reshape(-1), y.reshape(-1), 0, x.size, t.ranges())
+    np.testing.assert_allclose(right.early_kl(), kl_second_pass, rtol=1e-13)
+    hinted = metrics.compare_tensors(x, y, ranges=t.ranges())
+    stale = metrics.compare_tensors(x, y, ranges=wrong.kl_hint)
+    want = _reference_kl(x, y)
+    for row in (no_hint, hinted, stale):
+        assert row["KullbackLeiblerDivergence"] == pytest.approx(want, rel=1e-11)
+    assert stale["KullbackLeiblerDivergence"] == no_hint["KullbackLeiblerDivergence"]
+
+
+def test_both_paths_give_the_same_row(monkeypatch):
+    x, y = _pair()
+    fast = metrics.compare_tensors(x, y)
+    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    slow = metrics.compare_tensors(x, y)
+    assert fast.keys() == slow.keys()
+    for k, v in fast.items():
+        if isinstance(v, str):
+            assert v == slow[k]
+        else:
+            assert v == pytest.approx(slow[k], rel=1e-11, nan_ok=True), k
+
+
+def test_split_ranges_with_the_index_hint_need_no_kl_pass(tmp_path, monkeypatch):
+    from precision_tool.analysis import engine as engine_module
+    monkeypatch.setattr(engine_module, "SPLIT_ELEMENTS", 1000)
+    monkeypatch.setattr(engine_module, "RANGE_ELEMENTS", 3000)
+    monkeypatch.setattr(engine_module, "BATCH_BYTES", 100)
+    x, y = _pair(10000)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    t = metrics.range_totals(x, y)
+    plain = Pair(Side(str(tmp_path / "x.npy")), Side(str(tmp_path / "y.npy")))
+    hinted = Pair(Side(str(tmp_path / "x.npy"), lo=t.lo["x"], hi=t.hi["x"]),
+                  Side(str(tmp_path / "y.npy"), lo=t.lo["y"], hi=t.hi["y"]))
+
+    class Counting(Engine):
+        tasks = []
+
+        def map(self, tasks, done):
+            self.tasks += [task[0] for task in tasks]
+            return super().map(tasks, done)
+
+    rows = {}
+    for name, pair in (("plain", plain), ("hinted", hinted)):
+        engine = Counting()
+        engine.tasks = []
+        rows[name] = compare_pairs(str(tmp_path), [pair], engine)[0]
+        assert engine.tasks.count("totals") == 4
+        assert engine.tasks.count("kl") == (4 if name == "plain" else 0)
+    whole = metrics.compare_tensors(x, y)
+    for row in rows.values():
+        assert row["KullbackLeiblerDivergence"] == pytest.approx(whole["KullbackLeiblerDivergence"], rel=1e-12)
+        assert row["CosineSimilarity"] == pytest.approx(whole["CosineSimilarity"], rel=1e-14)
+
+
+def test_bad_buffers_are_refused():
+    x = np.zeros(4, np.float32)
+    with pytest.raises(ValueError):
+        native._reduce.compare(x, np.zeros(5, np.float32), "ff", 0, 4, None)
+    with pytest.raises(ValueError):
+        native._reduce.compare(x, x, "ff", 0, 5, None)
+    with pytest.raises(ValueError):
+        native._reduce.compare(x, x, "fz", 0, 4, None)
+    with pytest.raises(ValueError):
+        native._reduce.stats([x], "ff", np.empty((1, 7)))
