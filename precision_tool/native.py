@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+import ml_dtypes  # noqa: F401  (registers the name bfloat16 with numpy)
 import numpy as np
 
 try:
@@ -18,7 +19,9 @@ try:
 except ImportError:           # built without a C compiler: the numpy code runs
     _reduce = None
 
-_KINDS = {"float16": "e", "bfloat16": "b", "float32": "f", "float64": "d"}
+# by dtype object: a dict look-up, where dtype.name would cost more than a small tensor's stats
+_KINDS = {np.dtype(t): k for t, k in ((np.float16, "e"), ("bfloat16", "b"), (np.float32, "f"),
+                                      (np.float64, "d"))}
 
 
 def enabled() -> bool:
@@ -39,7 +42,7 @@ def threads() -> int:
 
 def kind(a: np.ndarray) -> Optional[str]:
     """The C module's element kind of an array, or None when it takes no such array."""
-    return _KINDS.get(a.dtype.name) if a.dtype.isnative else None
+    return _KINDS.get(a.dtype)          # a byte-swapped dtype is not among them
 
 
 def flat(a: np.ndarray) -> np.ndarray:
