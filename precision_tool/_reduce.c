@@ -521,7 +521,47 @@ static PyObject *py_kl(PyObject *self, PyObject *args)
     return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
 }
 
+/* The CSV text of stats rows, each "max,min,mean,l2norm,nan,pos,neg" with repr's digits
+ * (the shortest that read back to the same double): what ",".join(map(repr, row)) makes,
+ * without a Python object per number; the index of a step has thousands of them. */
+static PyObject *py_stats_text(PyObject *self, PyObject *args)
+{
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    if (in.len % (7 * sizeof(double))) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "stats_text: 7 float64 per row");
+        return NULL;
+    }
+    Py_ssize_t rows = in.len / (7 * sizeof(double));
+    const double *v = (const double *)in.buf;
+    PyObject *out = PyList_New(rows);
+    char line[7 * 32];
+    for (Py_ssize_t r = 0; out && r < rows; r++) {
+        size_t at = 0;
+        for (int k = 0; k < 7; k++) {
+            double x = v[7 * r + k];
+            if (k < 4) {
+                char *digits = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+                if (!digits) { Py_CLEAR(out); break; }
+                at += (size_t)snprintf(line + at, sizeof line - at, k ? ",%s" : "%s", digits);
+                PyMem_Free(digits);
+            } else {
+                at += (size_t)snprintf(line + at, sizeof line - at, ",%lld", (long long)x);
+            }
+        }
+        if (!out) break;
+        PyObject *text = PyUnicode_FromStringAndSize(line, (Py_ssize_t)at);
+        if (!text) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, r, text);
+    }
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"stats_text", py_stats_text, METH_VARARGS,
+     "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,
      "stats(arrays, kinds, out): per array max, min, mean, l2norm over the finite elements "
      "and its nan, +inf, -inf counts, into out (7 float64 per array)."},

@@ -60,6 +60,12 @@ def stats(arrays) -> np.ndarray:
     return out
 
 
+def stats_text(rows: np.ndarray) -> list:
+    """Per row of stats (max, min, mean, l2norm as repr prints them, then the three counts)
+    its CSV fields, as ",".join(map(repr, ...)) with the counts as ints would give."""
+    return _reduce.stats_text(np.ascontiguousarray(rows, dtype=np.float64))
+
+
 def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) -> tuple:
     """The comparison totals of x[start:stop] against y[start:stop] (flat arrays of the same
     size), KL sums included when ranges = (lo_x, hi_x, lo_y, hi_y) is given."""

@@ -233,6 +233,15 @@ def batch_stats(arrays) -> dict:
     return out
 
 
+def stats_text(stats: dict) -> list:
+    """Per tensor of batch_stats' result, its index fields: the floats as repr prints them
+    (they read back exactly), the counts as ints."""
+    if native.enabled():
+        return native.stats_text(np.column_stack([stats[f] for f in STAT_FIELDS]))
+    columns = [stats[f].tolist() for f in STAT_FIELDS]
+    return [",".join(map(repr, values)) for values in zip(*columns)]
+
+
 def _native_rows(arrays) -> list:
     """tensor_stats rows from the C module: counts as ints, nan for no finite element."""
     return [[*row[:4].tolist(), *map(int, row[4:])] for row in native.stats(arrays)]

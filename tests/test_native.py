@@ -196,3 +196,15 @@ def test_bad_buffers_are_refused():
         native._reduce.compare(x, x, "fz", 0, 4, None)
     with pytest.raises(ValueError):
         native._reduce.stats([x], "ff", np.empty((1, 7)))
+
+
+def test_index_text_of_stats_is_the_same_on_both_paths(monkeypatch):
+    arrays = [np.random.default_rng(i).normal(size=50).astype(np.float32) * 10.0 ** (i - 3) for i in range(40)]
+    arrays += [np.array([np.nan, np.inf, -np.inf, 1.0]), np.full(3, np.nan), np.array([-0.0]),
+               np.array([3.0]), np.arange(5), np.array([1e-310, 2.0 ** 60])]
+    stats = numerics.batch_stats(arrays)
+    fast = numerics.stats_text(stats)
+    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    assert fast == numerics.stats_text(stats)
+    for text, field in zip(fast[-3].split(","), numerics.STAT_FIELDS):   # reads back exactly
+        assert float(text) == stats[field][-3]

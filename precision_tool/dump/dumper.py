@@ -102,6 +102,7 @@ class DumpObserver:
         self.writer = AsyncWriter(max_pending=2)
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
+        self._tail_cache: Dict[tuple, list] = {}   # index row tails, see _tails
         self._replay_graph = None
         self._info = self._run_info(session)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
@@ -205,6 +206,17 @@ class DumpObserver:
                                            _q(node.attrs.get("pass_name", "")), ins, outs)
         return s
 
+    def _tails(self, node, side, specs, values, q_pass) -> list:
+        """The index fields after a row's head (the same every step unless shapes change),
+        cached per node, side and shapes: building them is most of the index's cost."""
+        key = (node.name, side, tuple(v.shape for v in values))
+        tails = self._tail_cache.get(key)
+        if tails is None:
+            tails = self._tail_cache[key] = [
+                f",{side},{k},{q_tensor},{dtype},{fmt},{_dims(v.shape)},{orig},{q_pass}"
+                for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs))]
+        return tails
+
     def _write_step(self, st: _Step):
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
         if os.path.isdir(partial):
@@ -229,20 +241,20 @@ class DumpObserver:
             lines.append((f"{head},{known[0]}", known[1]))
 
         if self.npu:
+            sides = [side for side in ("input", "output") if mode in (side, "all")]
             for node, inputs, outputs, task, stamp in st.records:
                 t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
-                ids = (t_name, n_name, task.task_id, task.stream_id, stamp)
                 head = f"{q_type},{q_name},{task.task_id},{task.stream_id},{stamp}"
                 if task.status:
                     self._opdebug(partial, node, task, st.number)
-                if mode in ("input", "all"):
-                    for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(inputs, ins)):
-                        add(f"{head},input,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
-                            node.inputs[k], value, dtype, layout.npu_file_name(*ids, "input", k))
-                if mode in ("output", "all"):
-                    for k, (value, (q_tensor, dtype, fmt, orig)) in enumerate(zip(outputs, outs)):
-                        add(f"{head},output,{k},{q_tensor},{dtype},{fmt},{dims(value.shape)},{orig},{q_pass}",
-                            f"{node.name}:{k}", value, dtype, layout.npu_file_name(*ids, "output", k))
+                for side in sides:
+                    values, specs = (inputs, ins) if side == "input" else (outputs, outs)
+                    for k, (value, tail) in enumerate(zip(values, self._tails(node, side, specs, values, q_pass))):
+                        # file names only where files are written: a stats dump has none
+                        fname = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
+                                                     stamp, side, k) if tensor_mode else ""
+                        add(head + tail, node.inputs[k] if side == "input" else f"{node.name}:{k}",
+                            value, specs[k][1], fname)
         else:
             stamp0 = st.records[0][4] if st.records else int(time.time() * 1e6)
             feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
@@ -254,8 +266,7 @@ class DumpObserver:
                     add(f"{q_type},{q_name},{stamp},output,{k},{q_tensor},{dtype},{dims(value.shape)}",
                         f"{node.name}:{k}", value, dtype, layout.cpu_file_name(n_name, k, stamp))
         stats = numerics.batch_stats([u[0] for u in unique])
-        columns = [stats[f].tolist() for f in numerics.STAT_FIELDS]
-        stat_text = [",".join(map(repr, values)) for values in zip(*columns)]
+        stat_text = numerics.stats_text(stats)
         if tensor_mode:
             for value, dtype, fname in unique:
                 write_npy(os.path.join(partial, fname), _to_disk(value, dtype))
