@@ -75,27 +75,6 @@ CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *d
     }
 }
 
-/* log of a positive normal double to within an ulp, in straight-line code the compiler can
- * vectorise (libm's log is a call it cannot): fdlibm's reduction to [sqrt(1/2), sqrt(2))
- * and its polynomial in s = f / (2 + f). The KL terms' arguments are >= float32 eps. */
-static inline double log_positive(double v)
-{
-    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-    const double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01,
-                 Lg3 = 2.857142874366239149e-01, Lg4 = 2.222219843214978396e-01,
-                 Lg5 = 1.818357216161805012e-01, Lg6 = 1.531383769920937332e-01,
-                 Lg7 = 1.479819860511658591e-01;
-    uint64_t b = as_bits(v);
-    uint64_t t = b - 0x3fe6a09e667f3bcdULL;           /* bits of sqrt(1/2) */
-    int64_t k = (int64_t)t >> 52;
-    double m = as_double(b - ((uint64_t)k << 52));      /* v = 2^k m, m in [sqrt(1/2), sqrt(2)) */
-    double f = m - 1.0;
-    double s = f / (2.0 + f), z = s * s, w = z * z;
-    double r = z * (Lg1 + w * (Lg3 + w * (Lg5 + w * Lg7))) + w * (Lg2 + w * (Lg4 + w * Lg6));
-    double hfsq = 0.5 * f * f, dk = (double)k;
-    return dk * ln2_hi - ((hfsq - (s * (hfsq + r) + dk * ln2_lo)) - f);
-}
-
 /* ---- statistics of one tensor (numerics.tensor_stats) ---------------------------------- */
 
 typedef struct { double hi, lo, sum, squares; int64_t n, nan, pos, neg; } Stats;
@@ -190,8 +169,11 @@ static inline double reciprocal(double v)
     return r * (2.0 - v * r);
 }
 
-/* log_positive with reciprocal() for its one division: for v in [eps, 1 / eps] */
-static inline double log_fast(double v)
+/* log of a positive normal double to within an ulp, in straight-line code the compiler can
+ * vectorise (libm's log is a call it cannot): fdlibm's reduction to [sqrt(1/2), sqrt(2))
+ * and its polynomial in s = f / (2 + f), the division through reciprocal() when `fast`
+ * (2 + f lies in [1.7, 2.5]). The KL terms' arguments are >= float32 eps. */
+static inline double log_positive(double v, const int fast)
 {
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     const double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01,
@@ -199,9 +181,9 @@ static inline double log_fast(double v)
                  Lg5 = 1.818357216161805012e-01, Lg6 = 1.531383769920937332e-01,
                  Lg7 = 1.479819860511658591e-01;
     uint64_t b = as_bits(v);
-    int64_t k = (int64_t)(b - 0x3fe6a09e667f3bcdULL) >> 52;
-    double f = as_double(b - ((uint64_t)k << 52)) - 1.0;
-    double s = f * reciprocal(2.0 + f), z = s * s, w = z * z;
+    int64_t k = (int64_t)(b - 0x3fe6a09e667f3bcdULL) >> 52;     /* bits of sqrt(1/2) */
+    double f = as_double(b - ((uint64_t)k << 52)) - 1.0;       /* v = 2^k (1 + f) */
+    double s = fast ? f * reciprocal(2.0 + f) : f / (2.0 + f), z = s * s, w = z * z;
     double r = z * (Lg1 + w * (Lg3 + w * (Lg5 + w * Lg7))) + w * (Lg2 + w * (Lg4 + w * Lg6));
     double hfsq = 0.5 * f * f, dk = (double)k;
     return dk * ln2_hi - ((hfsq - (s * (hfsq + r) + dk * ln2_lo)) - f);
@@ -212,7 +194,8 @@ static inline double log_fast(double v)
  * or q may be any magnitude and the two logs are taken apart */
 static inline double kl_term(double p, double q, int normalised)
 {
-    return normalised ? p * log_fast(p * reciprocal(q)) : p * (log_positive(p) - log_positive(q));
+    return normalised ? p * log_positive(p * reciprocal(q), 1)
+                      : p * (log_positive(p, 0) - log_positive(q, 0));
 }
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
