@@ -208,3 +208,27 @@ def test_index_text_of_stats_is_the_same_on_both_paths(monkeypatch):
     assert fast == numerics.stats_text(stats)
     for text, field in zip(fast[-3].split(","), numerics.STAT_FIELDS):   # reads back exactly
         assert float(text) == stats[field][-3]
+
+
+def test_sums_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(metrics, "PART", 4096)        # many parts out of a small pair
+    x, y = _pair(50000)
+    rows = {}
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("PRECISION_TOOL_THREADS", threads)
+        rows[threads] = metrics.compare_tensors(x, y)
+    def same(a, b):          # bit for bit, nan equal to nan
+        return a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b))
+    for threads in ("2", "3"):
+        assert all(same(v, rows[threads][k]) for k, v in rows["1"].items())
+
+
+def test_huge_golden_values_take_the_exact_division():
+    # |golden| >= 1e37 is beyond the float reciprocal's range: such blocks divide exactly
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=3000) * 1e300
+    x = y * (1 + rng.normal(scale=1e-6, size=3000))
+    t = metrics.range_totals(x, y)
+    err = np.abs(x - y) / np.abs(y)
+    assert t.rel_sum == pytest.approx(err.sum(), rel=1e-13) and t.rel_max == err.max()
+    assert t.within_1e3 == 3000
