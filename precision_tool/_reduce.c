@@ -504,9 +504,12 @@ static PyObject *py_kl(PyObject *self, PyObject *args)
     return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
 }
 
-/* The CSV text of stats rows, each "max,min,mean,l2norm,nan,pos,neg" with repr's digits
- * (the shortest that read back to the same double): what ",".join(map(repr, row)) makes,
- * without a Python object per number; the index of a step has thousands of them. */
+/* The CSV text of stats rows, each "max,min,mean,l2norm,nan,pos,neg": the floats with 17
+ * significant digits (they read back exactly), the counts as integers; the same text as
+ * numerics.stats_text's numpy path. Formatting a full-precision double costs about a
+ * microsecond whatever does it, and a step's index has thousands: done here without the
+ * GIL, the training thread runs meanwhile. */
+#define STATS_LINE 256
 static PyObject *py_stats_text(PyObject *self, PyObject *args)
 {
     Py_buffer in;
@@ -518,27 +521,38 @@ static PyObject *py_stats_text(PyObject *self, PyObject *args)
     }
     Py_ssize_t rows = in.len / (7 * sizeof(double));
     const double *v = (const double *)in.buf;
-    PyObject *out = PyList_New(rows);
-    char line[7 * 32];
-    for (Py_ssize_t r = 0; out && r < rows; r++) {
-        size_t at = 0;
+    char *text = PyMem_RawMalloc((size_t)(rows ? rows : 1) * STATS_LINE);
+    int *length = PyMem_RawMalloc((size_t)(rows ? rows : 1) * sizeof(int));
+    if (!text || !length) {
+        PyMem_RawFree(text); PyMem_RawFree(length); PyBuffer_Release(&in);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        char *line = text + r * STATS_LINE;
+        int at = 0;
         for (int k = 0; k < 7; k++) {
             double x = v[7 * r + k];
-            if (k < 4) {
-                char *digits = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-                if (!digits) { Py_CLEAR(out); break; }
-                at += (size_t)snprintf(line + at, sizeof line - at, k ? ",%s" : "%s", digits);
-                PyMem_Free(digits);
-            } else {
-                at += (size_t)snprintf(line + at, sizeof line - at, ",%lld", (long long)x);
-            }
+            const char *sep = k ? "," : "";
+            if (k >= 4)
+                at += snprintf(line + at, STATS_LINE - at, "%s%lld", sep, (long long)x);
+            else if (x != x)                    /* never "-nan" */
+                at += snprintf(line + at, STATS_LINE - at, "%snan", sep);
+            else
+                at += snprintf(line + at, STATS_LINE - at, "%s%.17g", sep, x);
         }
-        if (!out) break;
-        PyObject *text = PyUnicode_FromStringAndSize(line, (Py_ssize_t)at);
-        if (!text) { Py_CLEAR(out); break; }
-        PyList_SET_ITEM(out, r, text);
+        length[r] = at;
     }
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
+    PyObject *out = PyList_New(rows);
+    for (Py_ssize_t r = 0; out && r < rows; r++) {
+        PyObject *line = PyUnicode_FromStringAndSize(text + r * STATS_LINE, length[r]);
+        if (!line) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, r, line);
+    }
+    PyMem_RawFree(text);
+    PyMem_RawFree(length);
     return out;
 }
 

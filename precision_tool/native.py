@@ -61,8 +61,8 @@ def stats(arrays) -> np.ndarray:
 
 
 def stats_text(rows: np.ndarray) -> list:
-    """Per row of stats (max, min, mean, l2norm as repr prints them, then the three counts)
-    its CSV fields, as ",".join(map(repr, ...)) with the counts as ints would give."""
+    """Per row of stats (max, min, mean, l2norm with 17 significant digits, then the three
+    counts as integers) its CSV fields."""
     return _reduce.stats_text(np.ascontiguousarray(rows, dtype=np.float64))
 
 

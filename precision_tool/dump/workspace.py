@@ -186,6 +186,9 @@ class Workspace:
                                      f"{int(bad.index[0]) + 2} is not a tensor row")
             table["index"] = table["index"].astype(int)
             table["file"] = table["file"].fillna("").astype(str)
+            for column in ("max", "min", "mean", "l2norm"):   # floats even where all look integral
+                if column in table:
+                    table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
         else:
             table = _index_from_names(sd.path, target)
         table["step"] = step
