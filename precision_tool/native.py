@@ -46,8 +46,10 @@ def kind(a: np.ndarray) -> Optional[str]:
 
 
 def flat(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous 1-d view (a copy only when a is strided), in a type every buffer
-    consumer knows: 16-bit floats travel as their bits."""
+    """The array as a C-contiguous buffer the C module reads (a copy only when a is
+    strided): numpy's floats as they are, bfloat16 (which exports no buffer) as its bits."""
+    if a.dtype.kind == "f" and a.flags.c_contiguous:
+        return a                  # numpy's own floats export their buffer as they are
     a = np.ascontiguousarray(a).reshape(-1)
     return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 

@@ -56,6 +56,33 @@ def test_dump_step_selects_steps_and_index_matches_files_exactly(tmp_path):
     assert sorted(os.listdir(tmp_path / "npu" / "debug_0" / "replay")) == ["0", "2"]
 
 
+def test_later_steps_reuse_the_index_plan_with_their_own_timestamps(tmp_path, monkeypatch):
+    from precision_tool.dump import dumper, layout
+    plans = []
+    build = dumper.DumpObserver._npu_plan
+    monkeypatch.setattr(dumper.DumpObserver, "_npu_plan",
+                        lambda self, *a: plans.append(1) or build(self, *a))
+    m = pt.models.mlp()
+    npu, _ = _train(m, str(tmp_path), steps=3, dump_step="0-2")
+    npu.close()
+    assert len(plans) == 1                      # built for step 0, filled in for steps 1 and 2
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    stamps = []
+    for step in range(3):
+        table = ws.index(run, step)
+        assert set(table["file"]) == _tensor_files(ws.step_path(run, step))
+        out = table[table.io == "output"]
+        assert len(out) and all(
+            r.file == layout.npu_file_name(layout.mangle(r.op_type), layout.mangle(r.op_name), r.task_id,
+                                           r.stream_id, r.timestamp, r.io, r.index)
+            for r in out.itertuples())
+        for r in table.itertuples():            # an input names the file its producer wrote
+            assert f".{r.timestamp}." in r.file or r.io == "input"
+        stamps.append(set(table["timestamp"]))
+    assert not stamps[0] & stamps[1] and not stamps[1] & stamps[2]
+
+
 def test_npu_file_names_follow_ascend(tmp_path):
     m = pt.models.mlp()
     _train(m, str(tmp_path), steps=1)

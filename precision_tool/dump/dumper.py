@@ -42,6 +42,7 @@ NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", 
 CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
                "file"] + _STATS
 PARTIAL = ".partial"
+_STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
 
 
 def _to_disk(value: np.ndarray, dtype: str) -> np.ndarray:
@@ -103,6 +104,7 @@ class DumpObserver:
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
         self._tail_cache: Dict[tuple, list] = {}   # index row tails, see _tails
+        self._plan = None                           # the last NPU step's plan, see _npu_rows
         self._replay_graph = None
         self._info = self._run_info(session)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
@@ -217,6 +219,50 @@ class DumpObserver:
                 for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs))]
         return tails
 
+    def _npu_rows(self, records, mode, tensor_mode):
+        """The NPU step's index lines (without statistics) with the position of their tensor
+        in `unique`, and `unique`: (value, dtype, file name) per distinct tensor. Everything
+        but the timestamps and the values is the same from step to step while the kernels and
+        shapes are: that is computed once (_npu_plan) and filled in here."""
+        key = (mode, tensor_mode, tuple((id(node), task.task_id, task.stream_id)
+                                        + tuple(v.shape for v in inputs) + tuple(v.shape for v in outputs)
+                                        for node, inputs, outputs, task, _ in records))
+        if self._plan is None or self._plan[0] != key:
+            self._plan = (key, self._npu_plan(records, mode, tensor_mode))
+        rows, sources = self._plan[1]
+        stamps = [str(r[4]) for r in records]
+        unique, files = [], []
+        for r, side, k, dtype, fpre, fpost, quote in sources:
+            fname = fpre + stamps[r] + fpost if tensor_mode else ""
+            unique.append((records[r][side][k], dtype, fname))
+            files.append(_q(fname) if quote else fname)
+        return [(pre + stamps[r] + tail + "," + files[pos], pos) for r, pre, tail, pos in rows], unique
+
+    def _npu_plan(self, records, mode, tensor_mode):
+        """(rows, sources): per index line (record, text before the timestamp, text after it,
+        position of its tensor); per distinct tensor (record, 1 for inputs or 2 for outputs,
+        index, dtype, file name before and after the timestamp, whether it needs quotes). A
+        tensor that several kernels read is one source; the rows of its readers name it."""
+        rows, sources, position = [], [], {}
+        sides = [side for side in ("input", "output") if mode in (side, "all")]
+        for r, (node, inputs, outputs, task, _) in enumerate(records):
+            t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
+            pre = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
+            for side in sides:
+                values, specs = (inputs, ins) if side == "input" else (outputs, outs)
+                for k, tail in enumerate(self._tails(node, side, specs, values, q_pass)):
+                    tensor = node.inputs[k] if side == "input" else f"{node.name}:{k}"
+                    pos = position.get(tensor)
+                    if pos is None:
+                        pos = position[tensor] = len(sources)
+                        # file names only where files are written: a stats dump has none
+                        fpre, _, fpost = layout.npu_file_name(
+                            t_name, n_name, task.task_id, task.stream_id, _STAMP, side, k).partition(_STAMP)
+                        sources.append((r, 1 if side == "input" else 2, k, specs[k][1], fpre, fpost,
+                                        tensor_mode and _q(fpre + "0" + fpost) != fpre + "0" + fpost))
+                    rows.append((r, pre, tail, pos))
+        return rows, sources
+
     def _write_step(self, st: _Step):
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
         if os.path.isdir(partial):
@@ -241,20 +287,10 @@ class DumpObserver:
             lines.append((f"{head},{known[0]}", known[1]))
 
         if self.npu:
-            sides = [side for side in ("input", "output") if mode in (side, "all")]
-            for node, inputs, outputs, task, stamp in st.records:
-                t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
-                head = f"{q_type},{q_name},{task.task_id},{task.stream_id},{stamp}"
+            for node, _, _, task, _ in st.records:
                 if task.status:
                     self._opdebug(partial, node, task, st.number)
-                for side in sides:
-                    values, specs = (inputs, ins) if side == "input" else (outputs, outs)
-                    for k, (value, tail) in enumerate(zip(values, self._tails(node, side, specs, values, q_pass))):
-                        # file names only where files are written: a stats dump has none
-                        fname = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
-                                                     stamp, side, k) if tensor_mode else ""
-                        add(head + tail, node.inputs[k] if side == "input" else f"{node.name}:{k}",
-                            value, specs[k][1], fname)
+            lines, unique = self._npu_rows(st.records, mode, tensor_mode)
         else:
             stamp0 = st.records[0][4] if st.records else int(time.time() * 1e6)
             feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
