@@ -71,8 +71,9 @@ def stats_text(rows: np.ndarray) -> list:
 def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) -> tuple:
     """The comparison totals of x[start:stop] against y[start:stop] (flat arrays of the same
     size), KL sums included when ranges = (lo_x, hi_x, lo_y, hi_y) is given."""
+    ranges = None if ranges is None else tuple(map(float, ranges))
     return _reduce.compare(flat(x), flat(y), kind(x) + kind(y), start, stop, ranges)
 
 
 def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> tuple:
-    return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(ranges))
+    return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(map(float, ranges)))

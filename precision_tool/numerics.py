@@ -161,7 +161,8 @@ def tensor_stats(x: np.ndarray) -> dict:
     by block (memory stays bounded whatever the size)."""
     a = np.asarray(x).reshape(-1)
     if a.size and native.enabled() and native.kind(a):
-        return dict(zip(STAT_FIELDS, _native_rows([a])[0]))
+        row = native.stats([a])[0]
+        return dict(zip(STAT_FIELDS, [*row[:4].tolist(), *map(int, row[4:])]))
     nan = pos = neg = n = 0
     hi, lo, total, squares = -np.inf, np.inf, 0.0, 0.0
     for start in range(0, a.size, STATS_BLOCK):
@@ -190,9 +191,10 @@ def tensor_stats(x: np.ndarray) -> dict:
 
 
 def batch_stats(arrays) -> dict:
-    """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): one
-    concatenation and a few reductions over it (numpy releases the GIL for them), with
-    tensor_stats for the rare tensor that is empty or holds inf/nan. Same values, float64."""
+    """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): the
+    C module's one pass per tensor, GIL released, where it is built (see native); otherwise
+    one concatenation and a few numpy reductions over it, with tensor_stats for the rare
+    tensor that is empty or holds inf/nan. Same values, float64."""
     n = len(arrays)
     out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
     out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
@@ -242,7 +244,3 @@ def stats_text(stats: dict) -> list:
     columns = [stats[f].tolist() for f in STAT_FIELDS]
     return ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % values for values in zip(*columns)]
 
-
-def _native_rows(arrays) -> list:
-    """tensor_stats rows from the C module: counts as ints, nan for no finite element."""
-    return [[*row[:4].tolist(), *map(int, row[4:])] for row in native.stats(arrays)]

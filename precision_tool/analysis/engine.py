@@ -7,8 +7,9 @@ shares with the client. A pair of tensors is one task; a pair too large for one 
 read in good time (SPLIT_ELEMENTS, when neither side needs a 5HD conversion) is split into
 ranges: one task per range for everything but KL, whose ranges merge into the totals of the
 whole tensor; then one task per range for KL's second pass, which needs the whole tensor's
-min and max, unless the index's min and max, given to the first pass, proved right. The split does not depend on where the tasks run and the ranges merge in
-order, so every engine gives the same numbers, bit for bit.
+min and max (unless the index's min and max, given to the first pass, proved right). The
+split does not depend on where the tasks run and the ranges merge in order, so every engine
+gives the same numbers, bit for bit.
 """
 from __future__ import annotations
 

@@ -103,7 +103,6 @@ class DumpObserver:
         self.writer = AsyncWriter(max_pending=2)
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
-        self._tail_cache: Dict[tuple, list] = {}   # index row tails, see _tails
         self._plan = None                           # the last NPU step's plan, see _npu_rows
         self._replay_graph = None
         self._info = self._run_info(session)
@@ -208,17 +207,6 @@ class DumpObserver:
                                            _q(node.attrs.get("pass_name", "")), ins, outs)
         return s
 
-    def _tails(self, node, side, specs, values, q_pass) -> list:
-        """The index fields after a row's head (the same every step unless shapes change),
-        cached per node, side and shapes: building them is most of the index's cost."""
-        key = (node.name, side, tuple(v.shape for v in values))
-        tails = self._tail_cache.get(key)
-        if tails is None:
-            tails = self._tail_cache[key] = [
-                f",{side},{k},{q_tensor},{dtype},{fmt},{_dims(v.shape)},{orig},{q_pass}"
-                for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs))]
-        return tails
-
     def _npu_rows(self, records, mode, tensor_mode):
         """The NPU step's index lines (without statistics) with the position of their tensor
         in `unique`, and `unique`: (value, dtype, file name) per distinct tensor. Everything
@@ -250,7 +238,8 @@ class DumpObserver:
             pre = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
             for side in sides:
                 values, specs = (inputs, ins) if side == "input" else (outputs, outs)
-                for k, tail in enumerate(self._tails(node, side, specs, values, q_pass)):
+                for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs)):
+                    tail = f",{side},{k},{q_tensor},{dtype},{fmt},{_dims(v.shape)},{orig},{q_pass}"
                     tensor = node.inputs[k] if side == "input" else f"{node.name}:{k}"
                     pos = position.get(tensor)
                     if pos is None:
@@ -258,7 +247,7 @@ class DumpObserver:
                         # file names only where files are written: a stats dump has none
                         fpre, _, fpost = layout.npu_file_name(
                             t_name, n_name, task.task_id, task.stream_id, _STAMP, side, k).partition(_STAMP)
-                        sources.append((r, 1 if side == "input" else 2, k, specs[k][1], fpre, fpost,
+                        sources.append((r, 1 if side == "input" else 2, k, dtype, fpre, fpost,
                                         tensor_mode and _q(fpre + "0" + fpost) != fpre + "0" + fpost))
                     rows.append((r, pre, tail, pos))
         return rows, sources
