@@ -1,4 +1,5 @@
-/* One-pass reductions over dumped tensors, with the GIL released.
+/* One-pass reductions over dumped tensors, and the dump's bulk text and file writing, with
+ * the GIL released.
  *
  * numpy needs one call, and one pass over memory, per quantity: a tensor's statistics take
  * ten of them and a comparison's metrics some sixty. These loops read each element once,
@@ -15,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
@@ -556,7 +560,97 @@ static PyObject *py_stats_text(PyObject *self, PyObject *args)
     return out;
 }
 
+/* ---- files --------------------------------------------------------------------------- */
+
+static int write_all(int fd, const char *data, Py_ssize_t n)
+{
+    while (n > 0) {
+        ssize_t done = write(fd, data, (size_t)n);
+        if (done < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        data += done;
+        n -= done;
+    }
+    return 0;
+}
+
+/* write_files(paths, headers, arrays): each file is its header then the array's bytes, all
+ * written with the GIL released (a tensor dump writes hundreds of files a step, and the
+ * training thread needs the GIL meanwhile). The first failure raises OSError naming its
+ * file; the directory they go into is renamed into place only when all are written. */
+static PyObject *py_write_files(PyObject *self, PyObject *args)
+{
+    PyObject *paths, *headers, *arrays, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOO", &paths, &headers, &arrays)) return NULL;
+    PyObject *p = PySequence_Fast(paths, "paths"), *h = PySequence_Fast(headers, "headers"),
+             *a = PySequence_Fast(arrays, "arrays");
+    Py_ssize_t n = p ? PySequence_Fast_GET_SIZE(p) : 0, got = 0, k;
+    PyObject **names = NULL;
+    Py_buffer *heads = NULL, *datas = NULL;
+    if (!p || !h || !a) goto done;
+    if (PySequence_Fast_GET_SIZE(h) != n || PySequence_Fast_GET_SIZE(a) != n) {
+        PyErr_SetString(PyExc_ValueError, "write_files: one header and one array per path");
+        goto done;
+    }
+    names = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    heads = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    datas = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (!names || !heads || !datas) { PyErr_NoMemory(); goto done; }
+    for (got = 0; got < n; got++) {
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(p, got), &names[got])) goto done;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(h, got), &heads[got], PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(names[got]);
+            goto done;
+        }
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(a, got), &datas[got], PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&heads[got]);
+            Py_CLEAR(names[got]);
+            goto done;
+        }
+    }
+    Py_ssize_t failed = -1;
+    int error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < n && failed < 0; k++) {
+        int fd = open(PyBytes_AS_STRING(names[k]), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || write_all(fd, heads[k].buf, heads[k].len) < 0 ||
+            write_all(fd, datas[k].buf, datas[k].len) < 0) {
+            failed = k;
+            error = errno;
+        }
+        if (fd >= 0 && close(fd) < 0 && failed < 0) {
+            failed = k;
+            error = errno;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (failed >= 0) {
+        errno = error;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PySequence_Fast_GET_ITEM(p, failed));
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (k = 0; k < got; k++) {
+        Py_XDECREF(names[k]);
+        PyBuffer_Release(&heads[k]);
+        PyBuffer_Release(&datas[k]);
+    }
+    PyMem_Free(names);
+    PyMem_Free(heads);
+    PyMem_Free(datas);
+    Py_XDECREF(p);
+    Py_XDECREF(h);
+    Py_XDECREF(a);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"write_files", py_write_files, METH_VARARGS,
+     "write_files(paths, headers, arrays): each file its header and its array's bytes."},
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,

@@ -1,7 +1,8 @@
-"""The optional C reductions (precision_tool._reduce) and the arrays they take.
+"""The optional C module (precision_tool._reduce) and the arrays it takes.
 
 The C module reads a tensor once for all its statistics, or a pair once for all the
-comparison totals, with the GIL released. It is an accelerator only: numerics and
+comparison totals, formats the index's numbers and writes a step's tensor files, all with
+the GIL released. It is an accelerator only: numerics and
 analysis.metrics keep the numpy code that defines every quantity, which runs where the
 module was not built (no C compiler at install time), for element types it does not take
 (integers, booleans), and when PRECISION_TOOL_NUMPY_ONLY is set (the tests run both).
@@ -77,3 +78,8 @@ def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) ->
 
 def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> tuple:
     return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(map(float, ranges)))
+
+
+def write_files(paths, headers, arrays) -> None:
+    """Each path gets its header then its array's bytes (OSError names the file that failed)."""
+    _reduce.write_files(paths, headers, arrays)

@@ -128,17 +128,16 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
     """ENOSPC from the writer's write call on the third tensor file of step 1: the error names
     the file, step 0 stays whole, step 1 is never read."""
     root = str(tmp_path / "ws")
-    real = writer.write_npy
-    calls = {"n": 0, "path": None}
+    real = writer.write_npys
+    calls = {"path": None}
 
-    def full_disk(path, array):
-        if "/.1.partial/" in path.replace(os.sep, "/") and calls["path"] is None:
-            calls["n"] += 1
-            if calls["n"] == 3:
-                calls["path"] = path
-                raise OSError(errno.ENOSPC, "No space left on device", path)
-        return real(path, array)
-    monkeypatch.setattr("precision_tool.dump.dumper.write_npy", full_disk)
+    def full_disk(paths, arrays):
+        if "/.1.partial/" in paths[0].replace(os.sep, "/") and calls["path"] is None:
+            real(paths[:2], arrays[:2])
+            calls["path"] = paths[2]
+            raise OSError(errno.ENOSPC, "No space left on device", paths[2])
+        return real(paths, arrays)
+    monkeypatch.setattr("precision_tool.dump.dumper.write_npys", full_disk)
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
     sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(

@@ -1,6 +1,8 @@
 """The C one-pass reductions against float64 references and against the numpy code that
 defines each quantity: statistics, comparison totals, KL with and without the index's
 ranges, every float16 and bfloat16 bit pattern, and the merge of split ranges."""
+import errno
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -232,3 +234,21 @@ def test_huge_golden_values_take_the_exact_division():
     err = np.abs(x - y) / np.abs(y)
     assert t.rel_sum == pytest.approx(err.sum(), rel=1e-13) and t.rel_max == err.max()
     assert t.within_1e3 == 3000
+
+
+@pytest.mark.parametrize("path", ["one C call", "numpy"])
+def test_npy_files_written_in_one_call_read_back(tmp_path, monkeypatch, path):
+    from precision_tool.dump.writer import write_npys
+    if path == "numpy":
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    arrays = [np.arange(12, dtype=np.float16).reshape(3, 4), np.array(2.5, np.float32),
+              np.zeros((0, 3), np.int32), np.arange(10.0)[::3], np.array([True, False])]
+    paths = [str(tmp_path / f"t{k}.npy") for k in range(len(arrays))]
+    write_npys(paths, arrays)
+    for p, a in zip(paths, arrays):
+        b = np.load(p, allow_pickle=False)
+        assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b)
+    missing = str(tmp_path / "no-such-dir" / "x.npy")
+    with pytest.raises(OSError) as err:
+        write_npys([paths[0], missing], arrays[:2])
+    assert err.value.filename == missing and err.value.errno == errno.ENOENT

@@ -33,7 +33,7 @@ from .. import __version__, numerics
 from ..graph import graph_to_json
 from . import layout
 from ..fileio import write_text_atomic as save_text
-from .writer import AsyncWriter, write_npy
+from .writer import AsyncWriter, write_npys
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(numerics.STAT_FIELDS)
@@ -293,8 +293,8 @@ class DumpObserver:
         stats = numerics.batch_stats([u[0] for u in unique])
         stat_text = numerics.stats_text(stats)
         if tensor_mode:
-            for value, dtype, fname in unique:
-                write_npy(os.path.join(partial, fname), _to_disk(value, dtype))
+            write_npys([os.path.join(partial, fname) for _, _, fname in unique],
+                       [_to_disk(value, dtype) for value, dtype, _ in unique])
         header = ",".join(NPU_COLUMNS if self.npu else CPU_COLUMNS)
         text = "\n".join([header] + [f"{line},{stat_text[pos]}" for line, pos in lines]) + "\n"
         with open(os.path.join(partial, layout.INDEX_FILE), "w", encoding="utf-8", newline="") as f:

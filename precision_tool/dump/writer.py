@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 
+from .. import native
 from ..errors import PrecisionToolError
 
 
@@ -51,6 +52,18 @@ def write_npy(path: str, array: np.ndarray) -> None:
             view = view[written:]
     finally:
         os.close(fd)
+
+
+def write_npys(paths, arrays) -> None:
+    """write_npy for many files (same rules): in one call of the C module that writes them
+    all with the GIL released where it is built, one by one otherwise."""
+    arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
+    headers = [npy_bytes_header(a) for a in arrays]
+    if native.enabled():
+        native.write_files(paths, headers, arrays)
+        return
+    for path, array in zip(paths, arrays):
+        write_npy(path, array)
 
 
 class AsyncWriter:
