@@ -14,6 +14,13 @@ from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
 EPS = float(np.finfo(np.float32).eps)
 
 
+@pytest.fixture(autouse=True)
+def c_module(monkeypatch):
+    """These tests are of the C module: on, whatever the environment; the tests that compare
+    it with the numpy code switch that on themselves."""
+    monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
+
+
 def test_the_c_module_is_built():
     # an install without a C compiler runs the numpy code; this suite must test both
     assert native._reduce is not None, "precision_tool._reduce was not built (no C compiler?)"
