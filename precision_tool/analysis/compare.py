@@ -114,14 +114,6 @@ def _by_original(ws: Workspace, run: Run, step: int):
     return table, rows
 
 
-def _number(value) -> float:
-    """An index statistic as a float (nan when missing or unreadable)."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold: float = COSINE_THRESHOLD,
                    progress: Optional[Callable[[int, int], None]] = None,
@@ -169,11 +161,11 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                     pair_of[key] = len(pairs)
                     pairs.append(Pair(
                         Side(os.path.join(npu_dir, r.file), r.format or "", r.original_shape or "",
-                             _number(r.min), _number(r.max)),
+                             r.min, r.max),
                         Side(os.path.join(gold_dir, grow["file"]),
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
-                             _number(grow["min"]), _number(grow["max"]))))
+                             grow["min"], grow["max"])))
                 row["_pair"] = pair_of[key]
         rows.append(row)
     engine = engine_for(workers, scheduler)

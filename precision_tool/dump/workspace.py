@@ -26,6 +26,7 @@ class WorkspaceError(PrecisionToolError, ValueError):
 
 
 MMAP_BYTES = 64 * 2 ** 20
+STAT_COLUMNS = ("max", "min", "mean", "l2norm")    # every index has them, as floats
 INDEX_COLUMNS = ("op_type", "op_name", "io", "index", "tensor", "dtype", "shape", "file")
 ASCEND_NPU_NAME = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>[^.]+)\.(?P<task_id>\d+)(?:\.(?P<stream_id>\d+))?"
@@ -186,11 +187,11 @@ class Workspace:
                                      f"{int(bad.index[0]) + 2} is not a tensor row")
             table["index"] = table["index"].astype(int)
             table["file"] = table["file"].fillna("").astype(str)
-            for column in ("max", "min", "mean", "l2norm"):   # floats even where all look integral
-                if column in table:
-                    table[column] = pd.to_numeric(table[column], errors="coerce").astype(float)
         else:
             table = _index_from_names(sd.path, target)
+        for column in STAT_COLUMNS:     # floats even where all look integral; nan where unknown
+            table[column] = (pd.to_numeric(table[column], errors="coerce").astype(float)
+                             if column in table else np.nan)
         table["step"] = step
         return table
 
