@@ -508,12 +508,28 @@ static PyObject *py_kl(PyObject *self, PyObject *args)
     return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
 }
 
-/* The CSV text of stats rows, each "max,min,mean,l2norm,nan,pos,neg": the floats with 17
+/* The CSV text of one stats row "max,min,mean,l2norm,nan,pos,neg": the floats with 17
  * significant digits (they read back exactly), the counts as integers; the same text as
- * numerics.stats_text's numpy path. Formatting a full-precision double costs about a
- * microsecond whatever does it, and a step's index has thousands: done here without the
- * GIL, the training thread runs meanwhile. */
+ * numerics.stats_text's numpy path. Returns its length (at most STATS_LINE - 1). */
 #define STATS_LINE 256
+static int format_stats(const double *v, char *line)
+{
+    int at = 0;
+    for (int k = 0; k < 7; k++) {
+        double x = v[k];
+        const char *sep = k ? "," : "";
+        if (k >= 4)
+            at += snprintf(line + at, STATS_LINE - at, "%s%lld", sep, (long long)x);
+        else if (x != x)                    /* never "-nan" */
+            at += snprintf(line + at, STATS_LINE - at, "%snan", sep);
+        else
+            at += snprintf(line + at, STATS_LINE - at, "%s%.17g", sep, x);
+    }
+    return at;
+}
+
+/* Formatting a full-precision double costs about a microsecond whatever does it, and a
+ * step's index has thousands: done here without the GIL, the training thread runs meanwhile. */
 static PyObject *py_stats_text(PyObject *self, PyObject *args)
 {
     Py_buffer in;
@@ -532,21 +548,8 @@ static PyObject *py_stats_text(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        char *line = text + r * STATS_LINE;
-        int at = 0;
-        for (int k = 0; k < 7; k++) {
-            double x = v[7 * r + k];
-            const char *sep = k ? "," : "";
-            if (k >= 4)
-                at += snprintf(line + at, STATS_LINE - at, "%s%lld", sep, (long long)x);
-            else if (x != x)                    /* never "-nan" */
-                at += snprintf(line + at, STATS_LINE - at, "%snan", sep);
-            else
-                at += snprintf(line + at, STATS_LINE - at, "%s%.17g", sep, x);
-        }
-        length[r] = at;
-    }
+    for (Py_ssize_t r = 0; r < rows; r++)
+        length[r] = format_stats(v + 7 * r, text + r * STATS_LINE);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     PyObject *out = PyList_New(rows);
@@ -558,6 +561,92 @@ static PyObject *py_stats_text(PyObject *self, PyObject *args)
     PyMem_RawFree(text);
     PyMem_RawFree(length);
     return out;
+}
+
+/* index_text(arrays, kinds, stats, stamps, literal, cuts, refs) -> bytes: a dump step's
+ * whole index in one call without the GIL. Each array's statistics go into `stats` (7
+ * float64 per array, as stats() writes them; for an array given as None they are already
+ * there: the caller computed them, for a kind this module does not take); the text is the template's literal pieces
+ * (piece i starts at cuts[i] and ends where the next starts, the last at the literal's
+ * end) with, between piece i and i+1, refs[i] filled in: a stamp
+ * (refs[i] >= 0: stamps[refs[i]] in decimal) or an array's statistics (refs[i] < 0: the
+ * CSV fields of array -1 - refs[i]). The template is the same from step to step; only the
+ * stamps and the values change. */
+static PyObject *py_index_text(PyObject *self, PyObject *args)
+{
+    PyObject *arrays, *seq, *result = NULL;
+    const char *kinds;
+    Py_ssize_t nkinds, k, got = 0;
+    Py_buffer stats, stamps, literal, cuts, refs;
+    if (!PyArg_ParseTuple(args, "Os#w*y*y*y*y*", &arrays, &kinds, &nkinds, &stats, &stamps,
+                          &literal, &cuts, &refs)) return NULL;
+    seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
+    Py_ssize_t nrefs = refs.len / 8, nstamps = stamps.len / 8;
+    const int64_t *ref = refs.buf, *cut = cuts.buf, *stamp = stamps.buf;
+    Py_buffer *views = NULL;
+    char *text = NULL, *lines = NULL;
+    int *length = NULL;
+    if (!seq) goto done;
+    if (nkinds != n || stats.len != (Py_ssize_t)(n * 7 * sizeof(double)) || refs.len % 8 ||
+        stamps.len % 8 || cuts.len != (nrefs + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "index_text: one kind and 7 stats per array, "
+                        "int64 stamps and refs, one cut more than refs");
+        goto done;
+    }
+    for (k = 0; k <= nrefs; k++)
+        if (cut[k] < 0 || cut[k] > literal.len || (k && cut[k] < cut[k - 1])) {
+            PyErr_SetString(PyExc_ValueError, "index_text: cuts outside the literal");
+            goto done;
+        }
+    for (k = 0; k < nrefs; k++)
+        if (ref[k] >= nstamps || -1 - ref[k] >= n) {
+            PyErr_SetString(PyExc_ValueError, "index_text: a ref names no stamp or array");
+            goto done;
+        }
+    views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    lines = PyMem_RawMalloc((size_t)(n ? n : 1) * STATS_LINE);
+    length = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int));
+    /* the largest text: every ref a stats line (a stamp is shorter) */
+    text = PyMem_RawMalloc((size_t)literal.len + (size_t)nrefs * STATS_LINE + 1);
+    if (!views || !lines || !length || !text) { PyErr_NoMemory(); goto done; }
+    for (got = 0; got < n; got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, got);
+        if (item != Py_None &&
+            get_buffer(item, kinds[got], -1, &views[got]) < 0) goto done;
+    }
+    double *o = (double *)stats.buf;
+    Py_ssize_t at = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < n; k++) {
+        if (views[k].obj)          /* None: its statistics are given */
+            tensor_stats(views[k].buf, kinds[k], views[k].len / itemsize(kinds[k]), o + 7 * k);
+        length[k] = format_stats(o + 7 * k, lines + k * STATS_LINE);
+    }
+    const char *lit = literal.buf;
+    for (k = 0; k <= nrefs; k++) {
+        memcpy(text + at, lit + cut[k], (size_t)((k < nrefs ? cut[k + 1] : literal.len) - cut[k]));
+        at += (k < nrefs ? cut[k + 1] : literal.len) - cut[k];
+        if (k == nrefs) break;
+        if (ref[k] >= 0) {
+            at += snprintf(text + at, 24, "%lld", (long long)stamp[ref[k]]);
+        } else {
+            memcpy(text + at, lines + (-1 - ref[k]) * STATS_LINE, (size_t)length[-1 - ref[k]]);
+            at += length[-1 - ref[k]];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyBytes_FromStringAndSize(text, at);
+done:
+    for (k = 0; k < got; k++) if (views[k].obj) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_RawFree(lines);
+    PyMem_RawFree(length);
+    PyMem_RawFree(text);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&stats); PyBuffer_Release(&stamps); PyBuffer_Release(&literal);
+    PyBuffer_Release(&cuts); PyBuffer_Release(&refs);
+    return result;
 }
 
 /* ---- files --------------------------------------------------------------------------- */
@@ -576,24 +665,79 @@ static int write_all(int fd, const char *data, Py_ssize_t n)
     return 0;
 }
 
-/* write_files(paths, headers, arrays): each file is its header then the array's bytes, all
- * written with the GIL released (a tensor dump writes hundreds of files a step, and the
- * training thread needs the GIL meanwhile). The first failure raises OSError naming its
- * file; the directory they go into is renamed into place only when all are written. */
+/* float32 bits -> float16 bits, rounding to nearest even as numpy's astype does: overflow
+ * to inf, gradual underflow to subnormals and zero. nan stays a quiet nan of its sign (numpy
+ * builds differ on nan payloads: the dump converts arrays holding nan with numpy itself). */
+static inline uint16_t float_to_half_bits(uint32_t f)
+{
+    uint16_t sign = (uint16_t)((f >> 16) & 0x8000);
+    uint32_t exp = (f >> 23) & 0xff, mant = f & 0x7fffff;
+    if (exp == 0xff)
+        return sign | (mant ? (uint16_t)(0x7e00 | (mant >> 13)) : 0x7c00);
+    if (exp >= 143)                       /* |x| >= 2^16: beyond every half */
+        return sign | 0x7c00;
+    if (exp >= 113) {                     /* a normal half: exponent exp - 112 */
+        uint32_t h = ((exp - 112) << 10) | (mant >> 13), rest = mant & 0x1fff;
+        if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;   /* may carry up to inf */
+        return sign | (uint16_t)h;
+    }
+    if (exp < 102)                        /* below half the smallest subnormal: zero */
+        return sign;
+    uint32_t m = mant | 0x800000, shift = 126 - exp;       /* units of 2^-24 */
+    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) h++;
+    return sign | (uint16_t)h;
+}
+
+CLONES static void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t *dst)
+{
+    for (Py_ssize_t i = 0; i < n; i++) dst[i] = float_to_half_bits(src[i]);
+}
+
+/* write as float16 the float32 array (n elements) in chunks: memory stays small */
+#define HALF_CHUNK 16384
+static int write_halves(int fd, const uint32_t *src, Py_ssize_t n)
+{
+    uint16_t chunk[HALF_CHUNK];
+    for (Py_ssize_t at = 0; at < n; at += HALF_CHUNK) {
+        Py_ssize_t m = MIN(n - at, HALF_CHUNK);
+        floats_to_halves(src + at, m, chunk);
+        if (write_all(fd, (const char *)chunk, m * 2) < 0) return -1;
+    }
+    return 0;
+}
+
+/* write_files(paths, headers, arrays[, converts]): each file is its header then the array's
+ * bytes, all written with the GIL released (a tensor dump writes hundreds of files a step,
+ * and the training thread needs the GIL meanwhile). converts, one character per file: '.'
+ * the bytes as they are, 'e' a float32 array written as float16 (the NPU's fp16 values are
+ * held in float32; converting here saves an astype per tensor). The first failure raises
+ * OSError naming its file; the directory they go into is renamed into place only when all
+ * are written. */
 static PyObject *py_write_files(PyObject *self, PyObject *args)
 {
     PyObject *paths, *headers, *arrays, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOO", &paths, &headers, &arrays)) return NULL;
+    const char *converts = NULL;
+    Py_ssize_t nconverts = 0;
+    if (!PyArg_ParseTuple(args, "OOO|z#", &paths, &headers, &arrays, &converts, &nconverts))
+        return NULL;
     PyObject *p = PySequence_Fast(paths, "paths"), *h = PySequence_Fast(headers, "headers"),
              *a = PySequence_Fast(arrays, "arrays");
     Py_ssize_t n = p ? PySequence_Fast_GET_SIZE(p) : 0, got = 0, k;
     PyObject **names = NULL;
     Py_buffer *heads = NULL, *datas = NULL;
     if (!p || !h || !a) goto done;
-    if (PySequence_Fast_GET_SIZE(h) != n || PySequence_Fast_GET_SIZE(a) != n) {
-        PyErr_SetString(PyExc_ValueError, "write_files: one header and one array per path");
+    if (PySequence_Fast_GET_SIZE(h) != n || PySequence_Fast_GET_SIZE(a) != n ||
+        (converts && nconverts != n)) {
+        PyErr_SetString(PyExc_ValueError, "write_files: one header, one array (and one "
+                        "conversion) per path");
         goto done;
     }
+    for (k = 0; converts && k < n; k++)
+        if (converts[k] != '.' && converts[k] != 'e') {
+            PyErr_SetString(PyExc_ValueError, "write_files: conversions are '.' or 'e'");
+            goto done;
+        }
     names = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
     heads = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
     datas = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
@@ -609,6 +753,11 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
             Py_CLEAR(names[got]);
             goto done;
         }
+        if (converts && converts[got] == 'e' && (datas[got].itemsize != 4 || datas[got].len % 4)) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "write_files: 'e' converts float32 arrays only");
+            goto done;
+        }
     }
     Py_ssize_t failed = -1;
     int error = 0;
@@ -616,7 +765,9 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
     for (k = 0; k < n && failed < 0; k++) {
         int fd = open(PyBytes_AS_STRING(names[k]), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0 || write_all(fd, heads[k].buf, heads[k].len) < 0 ||
-            write_all(fd, datas[k].buf, datas[k].len) < 0) {
+            (converts && converts[k] == 'e'
+             ? write_halves(fd, datas[k].buf, datas[k].len / 4)
+             : write_all(fd, datas[k].buf, datas[k].len)) < 0) {
             failed = k;
             error = errno;
         }
@@ -627,8 +778,10 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS
     if (failed >= 0) {
+        PyObject *name = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(names[failed]));
         errno = error;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, PySequence_Fast_GET_ITEM(p, failed));
+        if (name) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+        Py_XDECREF(name);
         goto done;
     }
     Py_INCREF(Py_None);
@@ -650,7 +803,11 @@ done:
 
 static PyMethodDef methods[] = {
     {"write_files", py_write_files, METH_VARARGS,
-     "write_files(paths, headers, arrays): each file its header and its array's bytes."},
+     "write_files(paths, headers, arrays[, converts]): each file its header and its array's "
+     "bytes ('e' in converts: a float32 array written as float16)."},
+    {"index_text", py_index_text, METH_VARARGS,
+     "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
+     "the template filled with stamps and stats text, as bytes."},
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,

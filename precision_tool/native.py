@@ -80,6 +80,20 @@ def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> tuple:
     return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(map(float, ranges)))
 
 
-def write_files(paths, headers, arrays) -> None:
-    """Each path gets its header then its array's bytes (OSError names the file that failed)."""
-    _reduce.write_files(paths, headers, arrays)
+def index_text(arrays, kinds: str, stats: np.ndarray, stamps: np.ndarray, template) -> bytes:
+    """A frozen dump template (see dump.template) filled: stamps (int64, one per record)
+    and the statistics of arrays (flat, as flat() gives them, with their kinds) written into
+    stats ((len(arrays), 7) float64) and formatted as stats_text does. An array given as None
+    keeps the statistics already in its row of stats (its kind character is not read)."""
+    return _reduce.index_text(arrays, kinds, stats, stamps, template.literal, template.cuts,
+                              template.refs)
+
+
+def write_files(paths, headers, arrays, converts=None) -> None:
+    """Each path gets its header then its array's bytes (OSError names the file that failed);
+    converts, one character per path: '.' the bytes as they are, 'e' a float32 array written
+    as float16, rounded to nearest even as astype does (an array holding nan: use astype)."""
+    if converts is None:
+        _reduce.write_files(paths, headers, arrays)
+    else:
+        _reduce.write_files(paths, headers, arrays, converts)

@@ -1,4 +1,5 @@
 """Dump hooks, the precision_data workspace, the writer, the reader and replay bundles."""
+import io
 import json
 import os
 import signal
@@ -59,13 +60,13 @@ def test_dump_step_selects_steps_and_index_matches_files_exactly(tmp_path):
 def test_later_steps_reuse_the_index_plan_with_their_own_timestamps(tmp_path, monkeypatch):
     from precision_tool.dump import dumper, layout
     plans = []
-    build = dumper.DumpObserver._npu_plan
-    monkeypatch.setattr(dumper.DumpObserver, "_npu_plan",
-                        lambda self, *a: plans.append(1) or build(self, *a))
+    build = dumper.DumpObserver._build_plan
+    monkeypatch.setattr(dumper.DumpObserver, "_build_plan",
+                        lambda self, *a: plans.append(self.target) or build(self, *a))
     m = pt.models.mlp()
     npu, _ = _train(m, str(tmp_path), steps=3, dump_step="0-2")
     npu.close()
-    assert len(plans) == 1                      # built for step 0, filled in for steps 1 and 2
+    assert sorted(plans) == ["cpu", "npu"]      # built for step 0, filled in for steps 1 and 2
     ws = Workspace(str(tmp_path))
     run = ws.run("npu")
     stamps = []
@@ -430,3 +431,75 @@ def test_the_default_run_is_the_newest_that_dumped_something(tmp_path):
     ws = Workspace(str(tmp_path))
     assert [r.name for r in ws.runs("npu")] == ["debug_0", "debug_1"]
     assert ws.run("npu").name == "debug_0" and ws.run("npu", "debug_1").steps == []
+
+
+def _plan_step():
+    """A step of three kernels whose values cover every way a file is written: fp16 held in
+    float32 (nan included), bf16, ints, an empty tensor, a strided view, a tensor read twice,
+    names that need CSV quotes or are not ASCII."""
+    import ml_dtypes
+    from precision_tool.dump.dumper import _q
+    from precision_tool.dump.stepplan import Row, StepPlan, disk_dtype
+    rng = np.random.default_rng(3)
+    half = rng.normal(size=(4, 5)).astype(np.float16).astype(np.float32)
+    half[1, 2] = np.nan
+    bf = rng.normal(size=6).astype(ml_dtypes.bfloat16)
+    strided = rng.normal(size=(6, 4)).astype(np.float32)[:, ::2]
+    records = [(None, [half], [bf], None, 1700000000000001),
+               (None, [bf, np.arange(5, dtype=np.int32)], [np.zeros((0, 3), np.float32)], None, 5),
+               (None, [], [strided, np.array(2.5, np.float64)], None, 1700000000000333)]
+    specs = {(0, 1, 0): ("x", "float16"), (0, 2, 0): ('MatMul,"a":0', "bfloat16"),
+             (1, 1, 0): ('MatMul,"a":0', "bfloat16"), (1, 1, 1): ("ids", "int32"),
+             (1, 2, 0): ("ünï:0", "float32"), (2, 2, 0): ("t:0", "float32"), (2, 2, 1): ("t:1", "float64")}
+    rows = []
+    for (r, side, k), (tensor, dtype) in specs.items():
+        value = records[r][side][k]
+        rows.append(Row(r, side, k, tensor, f"op{r},", f",{side},{k},{_q(tensor)},{dtype}",
+                        (f"{tensor}.", f".{side}.{k}.npy"), disk_dtype(value, dtype)))
+    values = [records[r.record][r.side][r.k] for r in rows]
+    return StepPlan("key", "head", rows, values, True), records
+
+
+def test_the_c_and_python_paths_write_the_same_step(tmp_path, monkeypatch):
+    written = {}
+    for path in ("c", "numpy"):
+        if path == "numpy":
+            monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+        plan, records = _plan_step()
+        out = tmp_path / path
+        out.mkdir()
+        values = plan.gather(records)
+        assert plan.fits(values)
+        plan.write(str(out), [r[4] for r in records], values)
+        written[path] = {f: (out / f).read_bytes() for f in sorted(os.listdir(out))}
+    assert written["c"] == written["numpy"]
+    files = written["c"]
+    assert len(files) == 7              # six distinct tensors and the index
+    lines = files["index.csv"].decode("utf-8").splitlines()
+    assert lines[0] == "head" and len(lines) == 8
+    # the bf16 tensor read by op1 is op0's file, named with op0's timestamp, quoted for CSV
+    assert lines[3].startswith('op1,5,1,0,"MatMul,""a"":0",bfloat16,'
+                               '"MatMul,""a"":0.1700000000000001.2.0.npy",')
+    index = pd.read_csv(io.BytesIO(files["index.csv"]), header=None, skiprows=1,
+                        keep_default_na=False)
+    assert len(index.columns) == 14 and set(index[6]) == {f for f in files if f.endswith(".npy")}
+    _, records = _plan_step()
+    half = np.load(tmp_path / "c" / "x.1700000000000001.1.0.npy", allow_pickle=False)
+    assert half.dtype == np.float16 and np.array_equal(half, records[0][1][0].astype(np.float16),
+                                                       equal_nan=True)
+    bf = np.load(tmp_path / "c" / 'MatMul,"a":0.1700000000000001.output.0.npy', allow_pickle=False)
+    assert bf.dtype == np.float32 and np.array_equal(bf, records[0][2][0].astype(np.float32))
+    strided = np.load(tmp_path / "c" / "t:0.1700000000000333.2.0.npy", allow_pickle=False)
+    assert np.array_equal(strided, records[2][2][0])
+
+
+def test_a_plan_does_not_fit_other_shapes_or_dtypes():
+    plan, records = _plan_step()
+    values = plan.gather(records)
+    assert plan.fits(values)
+    other = list(values)
+    other[-1] = np.array([2.5])
+    assert not plan.fits(other)
+    other = list(values)
+    other[3] = other[3].astype(np.int64)
+    assert not plan.fits(other)

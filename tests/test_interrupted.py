@@ -131,13 +131,14 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
     real = writer.write_npys
     calls = {"path": None}
 
-    def full_disk(paths, arrays):
+    def full_disk(paths, arrays, headers, halves):
+        paths = [os.fsdecode(p) for p in paths]
         if "/.1.partial/" in paths[0].replace(os.sep, "/") and calls["path"] is None:
-            real(paths[:2], arrays[:2])
+            real(paths[:2], arrays[:2], headers[:2], halves[:2])
             calls["path"] = paths[2]
             raise OSError(errno.ENOSPC, "No space left on device", paths[2])
-        return real(paths, arrays)
-    monkeypatch.setattr("precision_tool.dump.dumper.write_npys", full_disk)
+        return real(paths, arrays, headers, halves)
+    monkeypatch.setattr("precision_tool.dump.stepplan.write_npys", full_disk)
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
     sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(

@@ -259,3 +259,87 @@ def test_npy_files_written_in_one_call_read_back(tmp_path, monkeypatch, path):
     with pytest.raises(OSError) as err:
         write_npys([paths[0], missing], arrays[:2])
     assert err.value.filename == missing and err.value.errno == errno.ENOENT
+
+
+def _half_boundaries():
+    """float32 bit patterns where float32 -> float16 rounding decides: every half value, the
+    midpoints to its neighbours and one float32 ulp either side of them, plus a strided
+    sample of all 2^32 patterns (the whole space was checked once; it takes minutes)."""
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = halves[np.isfinite(halves)].astype(np.float64)
+    h = np.unique(h)
+    mids = ((h[1:] + h[:-1]) / 2).astype(np.float32).view(np.uint32)   # exact in float32
+    near = np.concatenate([mids - 1, mids, mids + 1, h.astype(np.float32).view(np.uint32)])
+    edges = np.array([0x477fefff, 0x477ff000, 0x477ff001, 0x33000000, 0x33000001, 0x32ffffff,
+                      0x7f800000, 0xff800000, 0x7f7fffff], dtype=np.uint32)
+    sample = np.arange(0, 1 << 32, 65521, dtype=np.uint64).astype(np.uint32)
+    bits = np.concatenate([near, near | 0x80000000, edges, sample])
+    return bits.view(np.float32)
+
+
+def test_float32_written_as_float16_rounds_as_astype(tmp_path):
+    from precision_tool.dump.writer import npy_header
+    x = _half_boundaries()
+    path = str(tmp_path / "h.npy")
+    native.write_files([path], [npy_header(np.dtype(np.float16), x.shape)], [x], "e")
+    got = np.load(path, allow_pickle=False)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    assert got.dtype == np.float16 and got.shape == x.shape
+    nan = np.isnan(x)
+    assert np.isnan(got[nan]).all()           # nan stays nan (its payload is numpy's business)
+    assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+
+
+def test_write_files_refuses_bad_conversions(tmp_path):
+    from precision_tool.dump.writer import npy_header
+    path = str(tmp_path / "x.npy")
+    x = np.zeros(3, np.float64)
+    head = npy_header(np.dtype(np.float16), x.shape)
+    with pytest.raises(ValueError, match="float32"):
+        native.write_files([path], [head], [x], "e")
+    with pytest.raises(ValueError, match="'.' or 'e'"):
+        native.write_files([path], [head], [x.astype(np.float32)], "x")
+    with pytest.raises(ValueError, match="one conversion"):
+        native.write_files([path], [head], [x.astype(np.float32)], "ee")
+
+
+def _stamped_template():
+    from precision_tool.dump.template import Template
+    t = Template().text("op_type,name,timestamp,stats\n")
+    for k, name in enumerate(["MatMul,a", '"q"', "ünï"]):
+        t.text(f"{name},").stamp(k % 2).text(",").stats(k).text("\n")
+    return t.stats(0).text("|").stamp(1).freeze()
+
+
+def test_index_text_fills_the_template_as_python_does():
+    t = _stamped_template()
+    arrays = [_hostile(1000, np.float32), np.arange(7, dtype=np.int32),
+              _hostile(300, np.float16)]
+    stats = np.full((3, 7), -1.0)
+    stats[1] = [6, 0, 3, 9.539392014169456, 0, 0, 0]      # an int array: given, as numerics would
+    stamps = np.array([1700000000123456, 7], dtype=np.int64)
+    text = native.index_text([arrays[0], None, arrays[2]], "f.e", stats, stamps, t)
+    want = numerics.batch_stats(arrays)
+    lines = ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % tuple(want[f][k] for f in numerics.STAT_FIELDS)
+             for k in range(3)]
+    assert text == t.fill([1700000000123456, 7], lines)
+    assert text.decode("utf-8").splitlines()[3].startswith("ünï,1700000000123456,")
+    for k in (0, 2):                         # stats written back for the arrays it computed
+        assert stats[k, 4:].tolist() == [want[f][k] for f in ("nan_count", "pos_inf_count",
+                                                              "neg_inf_count")]
+        assert stats[k, 0] == want["max"][k] and stats[k, 3] == pytest.approx(want["l2norm"][k])
+
+
+def test_index_text_refuses_a_template_that_does_not_fit():
+    t = _stamped_template()
+    stats = np.zeros((3, 7))
+    good = [None, None, None]
+    stamps = np.zeros(2, dtype=np.int64)
+    with pytest.raises(ValueError, match="names no stamp"):
+        native.index_text(good, "fff", stats, stamps[:1], t)
+    with pytest.raises(ValueError, match="7 stats per array"):
+        native.index_text(good[:2], "ff", stats, stamps, t)
+    t.cuts[2] = len(t.literal) + 1
+    with pytest.raises(ValueError, match="cuts outside"):
+        native.index_text(good, "fff", stats, stamps, t)

@@ -33,7 +33,8 @@ from .. import __version__, numerics
 from ..graph import graph_to_json
 from . import layout
 from ..fileio import write_text_atomic as save_text
-from .writer import AsyncWriter, write_npys
+from .stepplan import Row, StepPlan, disk_dtype
+from .writer import AsyncWriter
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(numerics.STAT_FIELDS)
@@ -43,16 +44,6 @@ CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtyp
                "file"] + _STATS
 PARTIAL = ".partial"
 _STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
-
-
-def _to_disk(value: np.ndarray, dtype: str) -> np.ndarray:
-    """The array as the dump stores it: fp16 in fp16; bf16 (which .npy cannot name) as its
-    exact float32 values, the index recording 'bfloat16'."""
-    if dtype == "float16":
-        return value.astype(np.float16)
-    if dtype == "bfloat16":
-        return value.astype(np.float32)
-    return value
 
 
 def _json(data) -> str:
@@ -103,7 +94,7 @@ class DumpObserver:
         self.writer = AsyncWriter(max_pending=2)
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
-        self._plan = None                           # the last NPU step's plan, see _npu_rows
+        self._plan = None                           # the last step's StepPlan
         self._replay_graph = None
         self._info = self._run_info(session)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
@@ -207,98 +198,68 @@ class DumpObserver:
                                            _q(node.attrs.get("pass_name", "")), ins, outs)
         return s
 
-    def _npu_rows(self, records, mode, tensor_mode):
-        """The NPU step's index lines (without statistics) with the position of their tensor
-        in `unique`, and `unique`: (value, dtype, file name) per distinct tensor. Everything
-        but the timestamps and the values is the same from step to step while the kernels and
-        shapes are: that is computed once (_npu_plan) and filled in here."""
-        key = (mode, tensor_mode, tuple((id(node), task.task_id, task.stream_id)
-                                        + tuple(v.shape for v in inputs) + tuple(v.shape for v in outputs)
-                                        for node, inputs, outputs, task, _ in records))
-        if self._plan is None or self._plan[0] != key:
-            self._plan = (key, self._npu_plan(records, mode, tensor_mode))
-        rows, sources = self._plan[1]
-        stamps = [str(r[4]) for r in records]
-        unique, files = [], []
-        for r, side, k, dtype, fpre, fpost, quote in sources:
-            fname = fpre + stamps[r] + fpost if tensor_mode else ""
-            unique.append((records[r][side][k], dtype, fname))
-            files.append(_q(fname) if quote else fname)
-        return [(pre + stamps[r] + tail + "," + files[pos], pos) for r, pre, tail, pos in rows], unique
-
-    def _npu_plan(self, records, mode, tensor_mode):
-        """(rows, sources): per index line (record, text before the timestamp, text after it,
-        position of its tensor); per distinct tensor (record, 1 for inputs or 2 for outputs,
-        index, dtype, file name before and after the timestamp, whether it needs quotes). A
-        tensor that several kernels read is one source; the rows of its readers name it."""
-        rows, sources, position = [], [], {}
+    def _rows(self, records, mode, tensor_mode) -> List[Row]:
+        """The step's index lines, in order (see stepplan.Row). An NPU kernel's inputs name
+        the file of the tensor they read: written once, by its first line."""
+        rows = []
+        if not self.npu:
+            for r, (node, _, outputs, _, _) in enumerate(records):
+                _, n_name, q_type, q_name, _, _, outs = self._statics(node)
+                for k, (value, (q_tensor, _, _, _)) in enumerate(zip(outputs, outs)):
+                    # the golden holds every float in its golden dtype: that is what it dumps
+                    dtype = value.dtype.name
+                    rows.append(Row(r, 2, k, f"{node.name}:{k}", f"{q_type},{q_name},",
+                                    f",output,{k},{q_tensor},{dtype},{_dims(value.shape)}",
+                                    tuple(layout.cpu_file_name(n_name, k, _STAMP).split(_STAMP)),
+                                    value.dtype))
+            return rows
         sides = [side for side in ("input", "output") if mode in (side, "all")]
         for r, (node, inputs, outputs, task, _) in enumerate(records):
             t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
-            pre = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
+            before = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
             for side in sides:
                 values, specs = (inputs, ins) if side == "input" else (outputs, outs)
                 for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs)):
-                    tail = f",{side},{k},{q_tensor},{dtype},{fmt},{_dims(v.shape)},{orig},{q_pass}"
-                    tensor = node.inputs[k] if side == "input" else f"{node.name}:{k}"
-                    pos = position.get(tensor)
-                    if pos is None:
-                        pos = position[tensor] = len(sources)
-                        # file names only where files are written: a stats dump has none
-                        fpre, _, fpost = layout.npu_file_name(
-                            t_name, n_name, task.task_id, task.stream_id, _STAMP, side, k).partition(_STAMP)
-                        sources.append((r, 1 if side == "input" else 2, k, dtype, fpre, fpost,
-                                        tensor_mode and _q(fpre + "0" + fpost) != fpre + "0" + fpost))
-                    rows.append((r, pre, tail, pos))
-        return rows, sources
+                    file = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
+                                                _STAMP, side, k).split(_STAMP)
+                    rows.append(Row(r, 1 if side == "input" else 2, k,
+                                    node.inputs[k] if side == "input" else f"{node.name}:{k}",
+                                    before, f",{side},{k},{q_tensor},{dtype},{fmt},"
+                                            f"{_dims(v.shape)},{orig},{q_pass}",
+                                    tuple(file), disk_dtype(v, dtype)))
+        return rows
+
+    def _build_plan(self, key, records, mode, tensor_mode) -> StepPlan:
+        rows = self._rows(records, mode, tensor_mode)
+        header = ",".join(NPU_COLUMNS if self.npu else CPU_COLUMNS)
+        return StepPlan(key, header, rows, [records[r.record][r.side][r.k] for r in rows],
+                        tensor_mode)
 
     def _write_step(self, st: _Step):
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
         if os.path.isdir(partial):
             shutil.rmtree(partial)
         os.makedirs(partial)
-        lines, unique, files = [], [], {}    # files: tensor -> (file, position in unique)
         tensor_mode = self.settings.data == "tensor"
         mode = self.settings.mode if st.dump else "all"
-        shapes = {}
-
-        def dims(shape):
-            d = shapes.get(shape)
-            if d is None:
-                d = shapes[shape] = _dims(shape)
-            return d
-
-        def add(head, tensor, value, dtype, fname):
-            known = files.get(tensor)
-            if known is None:
-                known = files[tensor] = (_q(fname) if tensor_mode else "", len(unique))
-                unique.append((value, dtype, fname))
-            lines.append((f"{head},{known[0]}", known[1]))
-
+        records = st.records
         if self.npu:
-            for node, _, _, task, _ in st.records:
+            for node, _, _, task, _ in records:
                 if task.status:
                     self._opdebug(partial, node, task, st.number)
-            lines, unique = self._npu_rows(st.records, mode, tensor_mode)
-        else:
-            stamp0 = st.records[0][4] if st.records else int(time.time() * 1e6)
-            feeds = [(self.graph.tensor(t).node, None, [v], None, stamp0) for t, v in st.feeds.items()]
-            for node, _, outputs, _, stamp in feeds + st.records:
-                t_name, n_name, q_type, q_name, _, _, outs = self._statics(node)
-                for k, (value, (q_tensor, _, _, _)) in enumerate(zip(outputs, outs)):
-                    # the golden holds every float in its golden dtype: that is what it dumps
-                    dtype = value.dtype.name
-                    add(f"{q_type},{q_name},{stamp},output,{k},{q_tensor},{dtype},{dims(value.shape)}",
-                        f"{node.name}:{k}", value, dtype, layout.cpu_file_name(n_name, k, stamp))
-        stats = numerics.batch_stats([u[0] for u in unique])
-        stat_text = numerics.stats_text(stats)
-        if tensor_mode:
-            write_npys([os.path.join(partial, fname) for _, _, fname in unique],
-                       [_to_disk(value, dtype) for value, dtype, _ in unique])
-        header = ",".join(NPU_COLUMNS if self.npu else CPU_COLUMNS)
-        text = "\n".join([header] + [f"{line},{stat_text[pos]}" for line, pos in lines]) + "\n"
-        with open(os.path.join(partial, layout.INDEX_FILE), "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+            key = (mode, tensor_mode, [(id(node), task.task_id, task.stream_id)
+                                       for node, _, _, task, _ in records])
+        else:       # fed placeholders do not run: they are dumped as records of their own
+            stamp0 = records[0][4] if records else int(time.time() * 1e6)
+            records = [(self.graph.tensor(t).node, None, [v], None, stamp0)
+                       for t, v in st.feeds.items()] + records
+            key = (tensor_mode, [id(node) for node, *_ in records])
+        plan = self._plan
+        values = plan.gather(records) if plan is not None and plan.key == key else None
+        if values is None or not plan.fits(values):
+            plan = self._plan = self._build_plan(key, records, mode, tensor_mode)
+            values = plan.gather(records)
+        plan.write(partial, [r[4] for r in records], values)
         if os.path.isdir(st.path):          # a replayed step into a named run replaces its dump
             shutil.rmtree(st.path)
         os.replace(partial, st.path)        # the step appears whole, index included

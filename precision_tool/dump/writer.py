@@ -25,15 +25,17 @@ class DumpWriteError(PrecisionToolError, OSError):
 _HEADERS = {}
 
 
-def npy_bytes_header(array: np.ndarray) -> bytes:
-    """The .npy header of an array (cached per dtype and shape: the dump writes thousands)."""
-    key = (array.dtype.str, array.shape)
+def npy_header(dtype: np.dtype, shape: tuple) -> bytes:
+    """The .npy header of an array of this dtype and shape (cached: a dump writes thousands)."""
+    key = (dtype.str, shape)
     header = _HEADERS.get(key)
     if header is None:
-        if array.dtype.hasobject:
+        if dtype.hasobject:
             raise ValueError("object arrays are never dumped (they would need pickling)")
         buf = io.BytesIO()
-        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+        np.lib.format.write_array_header_1_0(
+            buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                  "shape": tuple(shape)})
         header = _HEADERS[key] = buf.getvalue()
     return header
 
@@ -45,7 +47,7 @@ def write_npy(path: str, array: np.ndarray) -> None:
         array = array.copy(order="C")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, npy_bytes_header(array))
+        os.write(fd, npy_header(array.dtype, array.shape))
         view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
         while view:
             written = os.write(fd, view)
@@ -54,16 +56,23 @@ def write_npy(path: str, array: np.ndarray) -> None:
         os.close(fd)
 
 
-def write_npys(paths, arrays) -> None:
-    """write_npy for many files (same rules): in one call of the C module that writes them
-    all with the GIL released where it is built, one by one otherwise."""
+def write_npys(paths, arrays, headers=None, halves: str = "") -> None:
+    """write_npy for many files (same rules), in one call of the C module that writes them
+    all with the GIL released where it is built, one by one otherwise. headers: each file's
+    (npy_header of what it holds) when the caller has them. halves, one character per file
+    when given: 'e' writes that float32 array as float16 (rounded as astype rounds; an array
+    holding nan goes through astype, which decides its payload), '.' as it is."""
     arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
-    headers = [npy_bytes_header(a) for a in arrays]
-    if native.enabled():
-        native.write_files(paths, headers, arrays)
+    if not native.enabled():
+        if halves:
+            arrays = [a.astype(np.float16) if h == "e" else a for a, h in zip(arrays, halves)]
+        for path, array in zip(paths, arrays):
+            write_npy(path, array)
         return
-    for path, array in zip(paths, arrays):
-        write_npy(path, array)
+    if headers is None:
+        headers = [npy_header(np.dtype(np.float16) if h == "e" else a.dtype, a.shape)
+                   for a, h in zip(arrays, halves or "." * len(arrays))]
+    native.write_files(paths, headers, arrays, halves or None)
 
 
 class AsyncWriter:

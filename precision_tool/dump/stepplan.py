@@ -1,0 +1,147 @@
+"""What a dumped step writes, worked out once and filled in every step.
+
+While the kernels and the shapes stay the same (they do in a training loop), every index
+line and file name is fixed text but for a timestamp and a tensor's statistics, and each
+tensor file's header and dtype conversion are fixed too. A StepPlan holds all of that; a
+step then gathers its values, fills the index in one C call (statistics included, GIL
+released) and writes its files in another. A step whose kernels or shapes differ gets a
+new plan. Without the C module the same plan is filled in Python, to the same bytes.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .. import native, numerics
+from . import layout
+from .template import Template
+from .writer import npy_header, write_npys
+
+_HALF = np.dtype(np.float16)
+_SINGLE = np.dtype(np.float32)
+
+
+class Row(NamedTuple):
+    """One index line: the value is records[record][side][k] (side 1 inputs, 2 outputs);
+    the line is before + record's timestamp + after + "," + file + "," + statistics."""
+    record: int
+    side: int
+    k: int
+    tensor: str            # lines naming the same tensor share its file and statistics
+    before: str
+    after: str
+    file: tuple            # (name before the timestamp, after it): the file of a first line
+    disk: np.dtype         # what the file holds (see disk_dtype)
+
+
+def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
+    """What the dump stores: fp16 as fp16 (the NPU holds its fp16 values in float32); bf16,
+    which .npy cannot name, as its exact float32 values (the index says 'bfloat16')."""
+    if spec_dtype == "float16":
+        return _HALF
+    if spec_dtype == "bfloat16":
+        return _SINGLE
+    return value.dtype
+
+
+def _quoted(before: str, after: str) -> tuple:
+    """A CSV field made of two pieces around a timestamp (digits: never needs quoting)."""
+    whole = before + "0" + after
+    if any(c in whole for c in ',"\n\r') or whole[:1].isspace():
+        return '"' + before.replace('"', '""'), after.replace('"', '""') + '"'
+    return before, after
+
+
+class StepPlan:
+    def __init__(self, key, header: str, rows: Sequence[Row], values: Sequence[np.ndarray],
+                 files: bool):
+        self.key = key
+        self.where = [(r.record, r.side, r.k) for r in rows]
+        self.shapes = [v.shape for v in values]
+        first, position = [], {}
+        index = Template().text(header + "\n")
+        names = Template()
+        for i, row in enumerate(rows):
+            pos = position.get(row.tensor)
+            if pos is None:
+                pos = position[row.tensor] = len(first)
+                first.append(i)
+                if files:
+                    names.text("\0" if pos else "").text(row.file[0]).stamp(row.record) \
+                        .text(row.file[1])
+            index.text(row.before).stamp(row.record).text(row.after + ",")
+            if files:
+                quoted = _quoted(*rows[first[pos]].file)
+                index.text(quoted[0]).stamp(rows[first[pos]].record).text(quoted[1])
+            index.text(",").stats(pos).text("\n")
+        self.first = first
+        self.index = index.freeze()
+        self.names = names.freeze() if files else None
+        unique = [values[i] for i in first]
+        self.dtypes = [v.dtype for v in unique]
+        # the C module's statistics where it takes the kind; the rest (ints, bools, empty)
+        # is computed by numerics and handed in
+        kinds = [native.kind(v) if v.size else None for v in unique]
+        self.kinds = "".join(k or "." for k in kinds)
+        self.in_c = [k is not None for k in kinds]
+        self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
+        disk = [rows[i].disk for i in first]
+        self.headers = [npy_header(d, v.shape) for d, v in zip(disk, unique)]
+        self.halves = "".join("e" if d == _HALF and v.dtype == _SINGLE else "."
+                              for d, v in zip(disk, unique))
+        self.casts = {i: d for i, (d, v) in enumerate(zip(disk, unique))
+                      if d != v.dtype and self.halves[i] == "."}
+
+    def gather(self, records) -> List[np.ndarray]:
+        """Each line's value, in line order."""
+        return [records[r][side][k] for r, side, k in self.where]
+
+    def fits(self, values) -> bool:
+        """Whether these values (gather's) have the shapes and dtypes the plan was made for."""
+        return [v.shape for v in values] == self.shapes and \
+            [values[i].dtype for i in self.first] == self.dtypes
+
+    def write(self, directory: str, stamps: Sequence[int], values) -> None:
+        """index.csv and, for a tensor dump, the tensor files, into directory."""
+        unique = [values[i] for i in self.first]
+        text, nans = (self._native_index if native.enabled() else self._numpy_index)(stamps, unique)
+        if self.names is not None:
+            self._write_files(directory, stamps, unique, nans)
+        with open(os.path.join(directory, layout.INDEX_FILE), "wb") as f:
+            f.write(text)
+
+    def _native_index(self, stamps, unique):
+        stats = np.empty((len(unique), 7))
+        if self.numpy_stats:
+            some = numerics.batch_stats([unique[i] for i in self.numpy_stats])
+            stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
+        arrays = [native.flat(v) if c else None for v, c in zip(unique, self.in_c)]
+        stamps = np.asarray(stamps, dtype=np.int64)
+        return native.index_text(arrays, self.kinds, stats, stamps, self.index), stats[:, 4]
+
+    def _numpy_index(self, stamps, unique):
+        stats = numerics.batch_stats(unique)
+        return self.index.fill(stamps, numerics.stats_text(stats)), stats["nan_count"]
+
+    def _write_files(self, directory, stamps, unique, nans) -> None:
+        if native.enabled():
+            blob = native.index_text([], "", np.empty((0, 7)), np.asarray(stamps, np.int64),
+                                     self.names)
+            prefix = os.fsencode(directory) + b"/"
+            paths = [prefix + name for name in blob.split(b"\0")] if unique else []
+        else:
+            blob = self.names.fill(stamps, ())
+            paths = [os.path.join(directory, n) for n in blob.decode("utf-8").split("\0")] \
+                if unique else []
+        arrays, halves = unique, self.halves
+        if self.casts or ("e" in halves and nans.any()):
+            arrays, halves = list(unique), list(halves)
+            for i, dtype in self.casts.items():
+                arrays[i] = unique[i].astype(dtype)
+            for i in np.flatnonzero(nans):     # nan payloads: as numpy converts them
+                if halves[i] == "e":
+                    arrays[i], halves[i] = unique[i].astype(_HALF), "."
+            halves = "".join(halves)
+        write_npys(paths, arrays, self.headers, halves)
