@@ -487,7 +487,7 @@ def test_the_c_and_python_paths_write_the_same_step(tmp_path, monkeypatch):
     half = np.load(tmp_path / "c" / "x.1700000000000001.1.0.npy", allow_pickle=False)
     assert half.dtype == np.float16 and np.array_equal(half, records[0][1][0].astype(np.float16),
                                                        equal_nan=True)
-    bf = np.load(tmp_path / "c" / 'MatMul,"a":0.1700000000000001.output.0.npy', allow_pickle=False)
+    bf = np.load(tmp_path / "c" / 'MatMul,"a":0.1700000000000001.2.0.npy', allow_pickle=False)
     assert bf.dtype == np.float32 and np.array_equal(bf, records[0][2][0].astype(np.float32))
     strided = np.load(tmp_path / "c" / "t:0.1700000000000333.2.0.npy", allow_pickle=False)
     assert np.array_equal(strided, records[2][2][0])
