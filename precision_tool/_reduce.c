@@ -83,8 +83,33 @@ CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *d
 
 typedef struct { double hi, lo, sum, squares; int64_t n, nan, pos, neg; } Stats;
 
+/* The common block: every element finite. Four sums instead of eight; returns 0 (and
+ * leaves st alone) when an inf or nan is there, for stats_block to count them. */
+CLONES static int finite_block(const double *v, Py_ssize_t n, Stats *st)
+{
+    double hi = -INFINITY, lo = INFINITY, sum = 0, sq = 0, check = 0;
+    Py_ssize_t i;
+#pragma omp simd reduction(max:hi) reduction(min:lo) reduction(+:sum, sq, check)
+    for (i = 0; i < n; i++) {
+        double x = v[i];
+        hi = MAX(hi, x);
+        lo = MIN(lo, x);
+        sum += x;
+        sq += x * x;
+        check += x - x;             /* 0 for a finite x, nan for inf and nan */
+    }
+    if (check != check) return 0;
+    st->hi = fmax(st->hi, hi);
+    st->lo = fmin(st->lo, lo);
+    st->sum += sum;
+    st->squares += sq;
+    st->n += n;
+    return 1;
+}
+
 CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
 {
+    if (finite_block(v, n, st)) return;
     double hi = -INFINITY, lo = INFINITY, sum = 0, sq = 0, fin = 0, nan = 0, pos = 0, neg = 0;
     Py_ssize_t i;
 #pragma omp simd reduction(max:hi) reduction(min:lo) reduction(+:sum, sq, fin, nan, pos, neg)

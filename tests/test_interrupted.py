@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 import precision_tool as pt
@@ -164,3 +165,30 @@ def _check_reads_whole_complete(ws, run):
             for f in ws.index(run, s.step).file:
                 if f:
                     ws.load(run, s.step, f)
+
+
+def test_buffers_written_in_short_writes_arrive_whole(tmp_path, monkeypatch):
+    """writev may write less than asked (a signal, a nearly full disk): the rest follows."""
+    from precision_tool import fileio
+    real = os.writev
+    calls = []
+
+    def short(fd, views):
+        calls.append(len(views))
+        return real(fd, [bytes(views[0])[:5]])
+    monkeypatch.setattr(fileio.os, "writev", short)
+    buffers = [np.arange(n, dtype=np.uint8) for n in (0, 3, 17, 1, 0, 40)]
+    path = tmp_path / "b.bin"
+    fileio.write_buffers(str(path), buffers)
+    assert path.read_bytes() == b"".join(b.tobytes() for b in buffers)
+    assert len(calls) > 3
+    monkeypatch.setattr(fileio.os, "writev", lambda fd, views: 0)
+    with pytest.raises(OSError, match="accepted no bytes"):   # never a silent endless loop
+        fileio.write_buffers(str(path), buffers)
+
+
+def test_a_bundle_that_cannot_be_written_names_its_file(tmp_path):
+    from precision_tool import fileio
+    with pytest.raises(OSError) as err:
+        fileio.write_buffers(str(tmp_path / "missing" / "b.bin"), [b"abc"])
+    assert err.value.errno == errno.ENOENT and "b.bin" in err.value.filename

@@ -123,6 +123,29 @@ def test_a_torn_step_history_loses_only_its_last_line(tmp_path):
         loss_scale_history(Workspace(str(tmp_path)), ws.run("npu"))
 
 
+def test_the_step_history_grows_by_appending_and_a_named_run_starts_it_afresh(tmp_path):
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    feed = {m.x: d.x_train[:8], m.y: d.y_train[:8]}
+
+    def history(runs, debug_dir=None):
+        cfg = hooks.session_dump_config(action="overflow", data_dir=str(tmp_path),
+                                        debug_dir=debug_dir)
+        sess = pt.Session(m.graph, target="npu", config=cfg)
+        for n in runs:
+            for _ in range(n):
+                sess.run(m.train_op, feed)
+            sess.close()                      # each close appends the rows since the last
+        ws = Workspace(str(tmp_path))
+        run = ws.run("npu", "debug_0")
+        return ws.step_history(run), open(run.path + "/step_history.csv").read()
+
+    table, text = history([3, 2])
+    assert table["step"].tolist() == [0, 1, 2, 3, 4] and text.count("step,") == 1
+    table, text = history([1], debug_dir="debug_0")     # the same run directory, dumped again
+    assert table["step"].tolist() == [0] and text.count("step,") == 1
+
+
 def test_auto_check_reports_the_loss_scale_history(tmp_path):
     from precision_tool.analysis import auto_check
     m, d, sess = _loss_scaled_mlp(tmp_path)

@@ -18,6 +18,7 @@ written before its run() returns; otherwise close() (or the end of the process) 
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
 import os
 import platform
@@ -91,6 +92,8 @@ class DumpObserver:
         self.source = session.graph
         self.dumped_steps: List[int] = []
         self.history: List[str] = []       # step_history.csv rows of every observed step
+        self._history_written = 0          # how many of them are in the file
+        self._history_at = 0.0             # when they were last appended (time.monotonic)
         self.writer = AsyncWriter(max_pending=2)
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
@@ -172,15 +175,31 @@ class DumpObserver:
         self._step = None              # nothing of the failed step is written
 
     def close(self):
-        """Wait until every dumped step is on disk; raise the first write error."""
-        if self.history:
-            self.writer.put(self._write_history)
+        """Wait until every dumped step is on disk, with the step history and run.json's
+        list of dumped steps; raise the first write error."""
+        self.writer.put(self._finish)
         self.writer.flush()
 
+    def _finish(self):
+        self._write_history()
+        if self._info["dumped_steps"] != self.dumped_steps:
+            self._info["dumped_steps"] = list(self.dumped_steps)
+            save_text(os.path.join(self.run_dir, "run.json"), _json(self._info), durable=False)
+
     def _write_history(self):
-        rows = list(self.history)             # a snapshot: the main thread appends
-        save_text(os.path.join(self.run_dir, layout.HISTORY_FILE),
-                  layout.HISTORY_HEADER + "\n" + "\n".join(rows) + "\n", durable=False)
+        """Append the rows observed since the last call (a named run's old history is
+        replaced by the first). Called at most once a second while steps are written, and
+        at close: a killed run loses a second of history at most (a torn last line is
+        skipped by the reader); rewriting it all each step would grow with the run."""
+        rows = self.history[self._history_written:]     # a snapshot: the main thread appends
+        self._history_at = time.monotonic()
+        if not rows:
+            return
+        with open(os.path.join(self.run_dir, layout.HISTORY_FILE),
+                  "a" if self._history_written else "w", encoding="utf-8", newline="") as f:
+            f.write(("" if self._history_written else layout.HISTORY_HEADER + "\n")
+                    + "\n".join(rows) + "\n")
+        self._history_written += len(rows)
 
     # -- the writer thread -------------------------------------------------------------------
     def _statics(self, node):
@@ -263,10 +282,9 @@ class DumpObserver:
         if os.path.isdir(st.path):          # a replayed step into a named run replaces its dump
             shutil.rmtree(st.path)
         os.replace(partial, st.path)        # the step appears whole, index included
-        self.dumped_steps.append(st.number)
-        self._info["dumped_steps"] = sorted(self.dumped_steps)
-        save_text(os.path.join(self.run_dir, "run.json"), _json(self._info), durable=False)
-        self._write_history()
+        bisect.insort(self.dumped_steps, st.number)
+        if time.monotonic() - self._history_at >= 1.0:
+            self._write_history()
 
     def _opdebug(self, directory, node, task, step):
         record = {"op_name": node.name, "op_type": node.type, "task_id": task.task_id,
@@ -280,7 +298,8 @@ class DumpObserver:
     def _replay(self, session, feeds, fetch_tensors, fetch_nodes):
         from .replay import bundle_job, config_dict
         if self._replay_graph is None:       # the same for every step: made once
-            self._replay_graph = (graph_to_json(session.graph) + "\n", config_dict(session))
+            self._replay_graph = (graph_to_json(session.graph) + "\n",
+                                  json.dumps(config_dict(session)))
         path = os.path.join(self.run_dir, "replay", str(session.step))
         self.writer.put(bundle_job(path, session, feeds, fetch_tensors, fetch_nodes,
                                    *self._replay_graph))

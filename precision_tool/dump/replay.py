@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import PrecisionToolError
-from ..fileio import load_json
+from ..fileio import load_json, write_buffers
 from ..graph import Graph
 from ..runtime import Session, SessionConfig
 
@@ -51,30 +51,32 @@ def config_dict(session) -> dict:
 
 def _save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> List[dict]:
     """Arrays back to back in one raw file; their names, dtypes, shapes and offsets go into
-    replay.json. One write per bundle (a zip per step cost more than the step itself), and
-    reading back is np.frombuffer: nothing to unpickle."""
-    entries, offset = [], 0
-    with open(path, "wb") as f:
-        for name, value in arrays.items():
-            a = np.asarray(value)
+    replay.json. One write call per bundle (a zip per step cost more than the step itself),
+    and reading back is np.frombuffer: nothing to unpickle."""
+    entries, buffers, offset = [], [], 0
+    for name, a in arrays.items():
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            a = np.asarray(a)
             if a.dtype.hasobject:
                 raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
             a = a if a.flags.c_contiguous else a.copy(order="C")
-            f.write(a.reshape(-1).view(np.uint8).data if a.size else b"")
-            entries.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
-                            "offset": offset, "nbytes": a.nbytes})
-            offset += a.nbytes
+        # numpy's own types export their buffer; bfloat16 exports its bytes through a view
+        buffers.append(a if a.dtype.kind in "biuf" else a.reshape(-1).view(np.uint8))
+        entries.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
+                        "offset": offset, "nbytes": a.nbytes})
+        offset += a.nbytes
+    write_buffers(path, buffers)
     return entries
 
 
 def bundle_job(path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, fetch_nodes,
-               graph_json: str, config: dict):
+               graph_json: str, config_json: str):
     """What the step's bundle needs, taken now (references: nothing is modified later), and
-    a job that writes it into a partial directory renamed into place when complete."""
+    a job that writes it into a partial directory renamed into place when complete.
+    config_json: json.dumps(config_dict(session)), the same every step."""
     variables = session.variables(copy=False)
-    meta = {"version": BUNDLE_VERSION, "session_step": session.step, "target": session.target,
-            "fetch_tensors": list(fetch_tensors), "fetch_nodes": list(fetch_nodes),
-            "config": config}
+    head = {"version": BUNDLE_VERSION, "session_step": session.step, "target": session.target,
+            "fetch_tensors": list(fetch_tensors), "fetch_nodes": list(fetch_nodes)}
     feeds = dict(feeds)
 
     def job():
@@ -84,10 +86,11 @@ def bundle_job(path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, 
         os.makedirs(partial)
         with open(os.path.join(partial, "graph.json"), "w", encoding="utf-8") as f:
             f.write(graph_json)
-        meta["variables"] = _save_arrays(os.path.join(partial, "variables.bin"), variables)
-        meta["feeds"] = _save_arrays(os.path.join(partial, "feeds.bin"), feeds)
+        head["variables"] = _save_arrays(os.path.join(partial, "variables.bin"), variables)
+        head["feeds"] = _save_arrays(os.path.join(partial, "feeds.bin"), feeds)
         with open(os.path.join(partial, "replay.json"), "w", encoding="utf-8") as f:
-            f.write(json.dumps(meta) + "\n")     # no indent: the C encoder, 10x faster
+            # no indent: the C encoder; the config, the same every step, is spliced in as text
+            f.write(json.dumps(head)[:-1] + ', "config": ' + config_json + "}\n")
         if os.path.isdir(path):
             shutil.rmtree(path)
         os.replace(partial, path)

@@ -85,7 +85,9 @@ class StepPlan:
         # is computed by numerics and handed in
         kinds = [native.kind(v) if v.size else None for v in unique]
         self.kinds = "".join(k or "." for k in kinds)
-        self.in_c = [k is not None for k in kinds]
+        # 0: statistics from numerics; 1: a numpy float, passed as it is when contiguous;
+        # 2: bfloat16, passed as its bits (native.flat)
+        self.in_c = [0 if k is None else 1 if k in "efd" else 2 for k in kinds]
         self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
         disk = [rows[i].disk for i in first]
         self.headers = [npy_header(d, v.shape) for d, v in zip(disk, unique)]
@@ -117,7 +119,9 @@ class StepPlan:
         if self.numpy_stats:
             some = numerics.batch_stats([unique[i] for i in self.numpy_stats])
             stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
-        arrays = [native.flat(v) if c else None for v, c in zip(unique, self.in_c)]
+        # numpy's own floats go as they are when contiguous (flat() would return them)
+        arrays = [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
+                  for v, c in zip(unique, self.in_c)]
         stamps = np.asarray(stamps, dtype=np.int64)
         return native.index_text(arrays, self.kinds, stats, stamps, self.index), stats[:, 4]
 
