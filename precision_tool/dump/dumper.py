@@ -7,9 +7,9 @@ under the golden names.
 
 Off the hot path: during a run the observer only keeps references to the tensors it will
 write (executors never modify an array after producing it). When the run ends the whole step
-goes to the writer thread, which names the files, computes the statistics in one vectorised
-pass, writes the files into a hidden partial directory and renames it into place last, with
-its index: a step directory exists whole or not at all. A tensor that several kernels read
+goes to the writer thread, which fills in the step's plan (stepplan: names, statistics and
+index text worked out once per layout), writes the files into a hidden partial directory and
+renames it into place last, with its index: a step directory exists whole or not at all. A tensor that several kernels read
 is written once; the index rows of its readers name that file.
 
 The writer works while the next step computes. The last step of a finite dump_step is

@@ -55,6 +55,10 @@ def _quoted(before: str, after: str) -> tuple:
 
 
 class StepPlan:
+    """key: whatever identifies the step's kernels for the caller; header: the index's first
+    line; rows: its lines; values: each line's value in the step the plan is made from;
+    files: whether tensor files are written (a tensor dump) or statistics only."""
+
     def __init__(self, key, header: str, rows: Sequence[Row], values: Sequence[np.ndarray],
                  files: bool):
         self.key = key
@@ -68,7 +72,7 @@ class StepPlan:
             if pos is None:
                 pos = position[row.tensor] = len(first)
                 first.append(i)
-                if files:
+                if files:       # names apart by NUL, which no file name holds
                     names.text("\0" if pos else "").text(row.file[0]).stamp(row.record) \
                         .text(row.file[1])
             index.text(row.before).stamp(row.record).text(row.after + ",")
