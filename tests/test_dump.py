@@ -438,8 +438,7 @@ def _plan_step():
     float32 (nan included), bf16, ints, an empty tensor, a strided view, a tensor read twice,
     names that need CSV quotes or are not ASCII."""
     import ml_dtypes
-    from precision_tool.dump.dumper import _q
-    from precision_tool.dump.stepplan import Row, StepPlan, disk_dtype
+    from precision_tool.dump.stepplan import Row, StepPlan, csv_field as _q, disk_dtype
     rng = np.random.default_rng(3)
     half = rng.normal(size=(4, 5)).astype(np.float16).astype(np.float32)
     half[1, 2] = np.nan

@@ -9,8 +9,9 @@ Off the hot path: during a run the observer only keeps references to the tensors
 write (executors never modify an array after producing it). When the run ends the whole step
 goes to the writer thread, which fills in the step's plan (stepplan: names, statistics and
 index text worked out once per layout), writes the files into a hidden partial directory and
-renames it into place last, with its index: a step directory exists whole or not at all. A tensor that several kernels read
-is written once; the index rows of its readers name that file.
+renames it into place last, with its index: a step directory exists whole or not at all. A
+tensor that several kernels read is written once; the index rows of its readers name that
+file.
 
 The writer works while the next step computes. The last step of a finite dump_step is
 written before its run() returns; otherwise close() (or the end of the process) waits.
@@ -34,7 +35,7 @@ from .. import __version__, numerics
 from ..graph import graph_to_json
 from . import layout
 from ..fileio import write_text_atomic as save_text
-from .stepplan import Row, StepPlan, disk_dtype
+from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
 from .writer import AsyncWriter
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
@@ -53,13 +54,6 @@ def _json(data) -> str:
 
 def _dims(shape) -> str:
     return " ".join(map(str, shape))
-
-
-def _q(text: str) -> str:
-    """A CSV field: quoted when it holds a separator, a quote or a line break."""
-    if any(c in text for c in ',"\n\r') or text[:1].isspace():
-        return '"' + text.replace('"', '""') + '"'
-    return text
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,17 @@ def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
     return value.dtype
 
 
+def csv_field(text: str) -> str:
+    """A CSV field: quoted when it holds a separator, a quote or a line break."""
+    if any(c in text for c in ',"\n\r') or text[:1].isspace():
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def _quoted(before: str, after: str) -> tuple:
-    """A CSV field made of two pieces around a timestamp (digits: never needs quoting)."""
-    whole = before + "0" + after
-    if any(c in whole for c in ',"\n\r') or whole[:1].isspace():
+    """csv_field of a field made of two pieces around a timestamp (digits: they never need
+    quoting), as the two pieces."""
+    if csv_field(before + "0" + after) != before + "0" + after:
         return '"' + before.replace('"', '""'), after.replace('"', '""') + '"'
     return before, after
 
