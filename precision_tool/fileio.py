@@ -30,12 +30,20 @@ def write_atomic(path: str, write, durable: bool = True) -> None:
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") and hasattr(os, "writev") else 1
 
 
+def _exportable(b):
+    """numpy's own types export their buffer; an extension dtype (bfloat16) through a byte
+    view."""
+    if getattr(b, "dtype", None) is not None and b.dtype.kind not in "biufc":
+        return b.reshape(-1).view("u1")
+    return b
+
+
 def write_buffers(path: str, buffers) -> None:
     """A new file holding the buffers (C-contiguous) back to back, in as few system calls as
     the kernel allows (os.writev where it exists). Each call releases the GIL once: a writer
     thread writing a buffer at a time would take the GIL back from the training thread as
     often."""
-    views = [memoryview(b) for b in buffers]
+    views = [memoryview(_exportable(b)) for b in buffers]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         while views:

@@ -60,8 +60,7 @@ def _save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> List[dict]:
             if a.dtype.hasobject:
                 raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
             a = a if a.flags.c_contiguous else a.copy(order="C")
-        # numpy's own types export their buffer; bfloat16 exports its bytes through a view
-        buffers.append(a if a.dtype.kind in "biuf" else a.reshape(-1).view(np.uint8))
+        buffers.append(a)
         entries.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
                         "offset": offset, "nbytes": a.nbytes})
         offset += a.nbytes

@@ -10,7 +10,7 @@ new plan. Without the C module the same plan is filled in Python, to the same by
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Sequence
 
 import numpy as np
 

@@ -8,7 +8,6 @@ its final name is always whole.
 from __future__ import annotations
 
 import io
-import os
 import queue
 import threading
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from .. import native
 from ..errors import PrecisionToolError
+from ..fileio import write_buffers
 
 
 class DumpWriteError(PrecisionToolError, OSError):
@@ -45,15 +45,7 @@ def write_npy(path: str, array: np.ndarray) -> None:
     are renamed into place when complete (a step's partial directory)."""
     if not array.flags.c_contiguous:     # (np.ascontiguousarray would make a 0-d array 1-d)
         array = array.copy(order="C")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, npy_header(array.dtype, array.shape))
-        view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else b""
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-    finally:
-        os.close(fd)
+    write_buffers(path, [npy_header(array.dtype, array.shape), array])
 
 
 def write_npys(paths, arrays, headers=None, halves: str = "") -> None:
