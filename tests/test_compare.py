@@ -136,6 +136,28 @@ def test_root_cause_finds_the_planted_fused_layer_norm(tmp_path):
     assert all(p.order > rc.first_origin.order for p in rc.propagators)
 
 
+def test_ops_are_taken_in_execution_order_whatever_the_row_order():
+    """A table whose rows are not in execution order (an op's rows apart, a later op first)
+    and an op named "nan", which a CSV reader turns into a missing value."""
+    from precision_tool.analysis import root_cause, summarize
+    rows = [
+        {"NPUDump": "c", "TensorIndex": "c:output:0", "CosineSimilarity": 0.3, "Verdict": "fail"},
+        {"NPUDump": "b", "TensorIndex": "b:output:0", "CosineSimilarity": 0.4, "Verdict": "fail"},
+        {"NPUDump": float("nan"), "TensorIndex": "nan:output:0", "CosineSimilarity": 0.2,
+         "Verdict": "fail"},
+        {"NPUDump": "c", "TensorIndex": "c:input:0", "CosineSimilarity": 0.4},
+        {"NPUDump": "b", "TensorIndex": "b:input:0", "CosineSimilarity": 1.0},
+    ]
+    table = _table(rows).assign(Index=[5, 3, 9, 4, 2])
+    ops = summarize(table, 0.98, limit=0)
+    assert [o.op_name for o in ops[:2]] == ["b", "c"] and [o.order for o in ops] == [2, 4, 9]
+    assert ops[2].op_name != ops[2].op_name                        # the nan-named op, apart
+    assert ops[0].input_cosines == [1.0] and ops[1].input_cosines == [0.4]
+    rc = root_cause(table, 0.98)
+    assert [o.op_name for o in rc.origins][:1] == ["b"] and len(rc.origins) == 2
+    assert [p.op_name for p in rc.propagators] == ["c"]
+
+
 def test_an_empty_table_has_no_summary_and_no_cause():
     from precision_tool.analysis import root_cause, summarize
     from precision_tool.analysis.compare import COLUMNS

@@ -28,50 +28,63 @@ PRODUCTS = frozenset({"Mul", "MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2
 
 
 class OpRows:
-    """A result table's columns as numpy arrays, its divergence evaluated once for every row,
-    and the row positions of each op that has a diverging output, in execution order: what
-    root cause and the summary walk (per-op pandas selections made a 100,000-row table take
-    minutes)."""
+    """A result table's columns as Python lists, its divergence evaluated once for every row,
+    and, in execution order, each op that has a diverging output as (name, row positions,
+    execution order): what root cause and the summary walk, op by op (per-op pandas or numpy
+    selections cost microseconds each, and a 100,000-row table has thousands of such ops)."""
 
     def __init__(self, table: pd.DataFrame, threshold: float):
+        n = len(table)
+
         def col(name, default):
-            return table[name].to_numpy() if name in table else np.full(len(table), default, object)
-        self.name = table.NPUDump.to_numpy()
-        self.tensor = table.TensorIndex.astype(str).to_numpy()
-        self.is_out = table.TensorIndex.astype(str).str.contains(":output:", regex=False).to_numpy()
-        self.bad = diverging(table, threshold).to_numpy(dtype=bool)
-        self.verdict = table.Verdict.to_numpy()
-        self.order = table.Index.to_numpy()
-        self.op_type = table.OpType.astype(str).to_numpy()
+            return table[name].tolist() if name in table else [default] * n
+        self.tensor = table.TensorIndex.astype(str).tolist()
+        self.is_out = [":output:" in s for s in self.tensor]
+        bad = diverging(table, threshold).to_numpy(dtype=bool)
+        self.bad = bad.tolist()
+        self.verdict = table.Verdict.tolist()
+        self.op_type = table.OpType.astype(str).tolist()
         self.pass_name = col("PassName", "")
         self.golden_op = col("GroundTruth", "")
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
-        self.golden_norm = table.GoldenNorm.to_numpy(dtype=float) if "GoldenNorm" in table else None
+        self.golden_norm = table.GoldenNorm.to_numpy(dtype=float).tolist() \
+            if "GoldenNorm" in table else None
         self.dtype = col("NpuDataType", "")
-        self.cosine = table.CosineSimilarity.to_numpy(dtype=float)
-        groups = table.groupby("NPUDump", sort=False).indices if len(table) else {}
-        bad_ops = set(self.name[self.bad & self.is_out])
-        ordered = bool(np.all(np.diff(self.order) >= 0)) if len(table) else True
-        self.first = ((lambda pos: int(self.order[pos[0]])) if ordered else
-                      (lambda pos: int(self.order[pos].min())))    # an op's execution order
-        self.ops = sorted(((n, groups[n]) for n in bad_ops), key=lambda kv: self.first(kv[1]))
+        self.cosine = table.CosineSimilarity.to_numpy(dtype=float).tolist()
+        self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
+                                  bad & np.array(self.is_out, dtype=bool))
 
 
-def is_cancellation(t: OpRows, rows: np.ndarray, bad_out: np.ndarray) -> bool:
+def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
+    """(name, row positions, execution order of its first row) of each op with a row in
+    bad_out, sorted by that order; an op's rows in table order."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=False)   # a nan name too
+    wanted = np.zeros(len(uniques), dtype=bool)
+    wanted[codes[bad_out]] = True
+    rows = np.flatnonzero(wanted[codes])
+    rows = rows[np.argsort(codes[rows], kind="stable")]       # grouped by op, in table order
+    starts = np.flatnonzero(np.r_[True, np.diff(codes[rows]) != 0])
+    first = np.minimum.reduceat(order[rows], starts) if len(rows) else order[:0]
+    groups = np.split(rows, starts[1:]) if len(rows) else []
+    return [(uniques[codes[g[0]]], g.tolist(), f)
+            for f, g in sorted(zip(first.tolist(), groups), key=lambda fg: fg[0])]
+
+
+def is_cancellation(t: OpRows, rows: list, bad_out: list) -> bool:
     """See the module doc; rows are one op's positions, bad_out its diverging outputs'. Never
     for nan/inf outputs (those are real), other op types, or without the norms."""
     op_type = t.op_type[rows[0]]
-    if t.golden_norm is None or (t.verdict[bad_out] == "nan").any() or \
+    if t.golden_norm is None or any(t.verdict[i] == "nan" for i in bad_out) or \
             op_type not in SUMS | PRODUCTS:
         return False
-    inputs = rows[~t.is_out[rows]]
-    norms = sorted((v for v in t.golden_norm[inputs] if v == v), reverse=True)
+    norms = sorted((v for v in (t.golden_norm[i] for i in rows if not t.is_out[i]) if v == v),
+                   reverse=True)
     if not norms:
         return False
-    bound = norms[0] if op_type in SUMS else float(np.prod(norms[:2]))
-    tol = max(TOLERANCE.get(str(d), 1e-3) for d in t.dtype[rows])
-    return bool(bound > 0 and (t.golden_norm[bad_out] <= tol * bound).all())
+    bound = norms[0] if op_type in SUMS else norms[0] * (norms[1] if len(norms) > 1 else 1.0)
+    tol = max(TOLERANCE.get(str(t.dtype[i]), 1e-3) for i in rows)
+    return bound > 0 and all(t.golden_norm[i] <= tol * bound for i in bad_out)
 
 
 @dataclass
@@ -109,20 +122,20 @@ def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
     t = rows if rows is not None else OpRows(table, threshold)
     found = {"origin": [], "propagator": [], "cancellation": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
-    for op_name, pos in t.ops:
-        out = t.is_out[pos]
-        bad = t.bad[pos]
-        bad_out, bad_in = pos[out & bad], pos[~out & bad]
+    for op_name, pos, order in t.ops:
+        bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
+        bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]]
         pass_name = t.pass_name[pos[0]]
-        d = Divergence(op_name, t.op_type[pos[0]], t.first(pos),
+        d = Divergence(op_name, t.op_type[pos[0]], order,
                        pass_name if isinstance(pass_name, str) else "",
-                       list(t.tensor[bad_out]), list(t.tensor[bad_in]))
-        carries_noise = len(bad_in) > 0 and t.has_golden and \
-            set(t.golden_tensor[bad_in]) <= noise and (t.verdict[bad_out] != "nan").all()
+                       [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in])
+        carries_noise = bool(bad_in) and t.has_golden and \
+            all(t.golden_tensor[i] in noise for i in bad_in) and \
+            all(t.verdict[i] != "nan" for i in bad_out)
         if carries_noise or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
-                noise.update(t.golden_tensor[bad_out])
+                noise.update(t.golden_tensor[i] for i in bad_out)
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)

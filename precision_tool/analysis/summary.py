@@ -49,17 +49,18 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     noise = cause.noise_ops
     found = []
-    for op_name, pos in t.ops:                 # the ops with a diverging output
-        outputs, inputs = pos[t.is_out[pos]], pos[~t.is_out[pos]]
-        nan = (t.verdict[outputs] == "nan").any()
+    for op_name, pos, order in t.ops:          # the ops with a diverging output
+        outputs = [i for i in pos if t.is_out[i]]
         pass_name = t.pass_name[pos[0]]
         found.append(OpSummary(
-            op_name=op_name, op_type=t.op_type[pos[0]], order=t.first(pos),
-            golden_ops=sorted({g for g in t.golden_op[outputs] if isinstance(g, str) and g}),
+            op_name=op_name, op_type=t.op_type[pos[0]], order=order,
+            golden_ops=sorted({g for g in (t.golden_op[i] for i in outputs)
+                               if isinstance(g, str) and g}),
             pass_name=pass_name if isinstance(pass_name, str) else "",
-            input_cosines=[float(c) for c in t.cosine[inputs]],
-            output_cosines=[float(c) for c in t.cosine[outputs]],
-            category="nan" if nan else "cancellation" if op_name in noise else "under threshold",
+            input_cosines=[t.cosine[i] for i in pos if not t.is_out[i]],
+            output_cosines=[t.cosine[i] for i in outputs],
+            category="nan" if any(t.verdict[i] == "nan" for i in outputs) else
+            "cancellation" if op_name in noise else "under threshold",
             role=roles.get(op_name, "")))
     if by_cosine:
         found.sort(key=lambda s: (s.worst_output if s.worst_output == s.worst_output else -np.inf))
