@@ -363,6 +363,237 @@ static Py_ssize_t first_finite(const double *x, const double *y, Py_ssize_t n)
     return -1;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512dq")))
+
+/* ---- pairs on AVX-512 ------------------------------------------------------------------------
+ * compare_loop's plain case, reading the tensors where they lie (float16, bfloat16 and float32
+ * widen exactly to float32): the comparisons and extremes that are exact in float32 (fp16
+ * max, zeros, min and max) take sixteen lanes at a time, the rest is the same arithmetic in
+ * double on eight, with reciprocals from rcp14 and two Newton steps (14 -> 28 -> 56 bits:
+ * within an ulp, as reciprocal() is) where compare_loop divides a float.
+ *
+ * KL's term p log(p / q): where p and q are within 1/64 of each other (close tensors: nearly
+ * every element) it is p log1p(d) with d = (p - q) / q, p - q exact (Sterbenz), and log1p
+ * the series to d^9 (its remainder < 2^-53 d there): to a few ulps of the term, where
+ * log(p / q) loses the ratio's rounding error, absolute, to a result of the size of d. A
+ * block with a term outside that range takes both and keeps the right one per element. */
+
+/* 2^-1022 < |v| < 2^1022: every float32, bfloat16 and float16 */
+AVX512 static inline __m512d rcp_pd(__m512d v)
+{
+    const __m512d two = _mm512_set1_pd(2.0);
+    __m512d r = _mm512_rcp14_pd(v);
+    r = _mm512_mul_pd(r, _mm512_fnmadd_pd(v, r, two));
+    return _mm512_mul_pd(r, _mm512_fnmadd_pd(v, r, two));
+}
+
+AVX512 static inline __m512d log_pd(__m512d v)          /* log_positive(), eight at a time */
+{
+    const __m512d one = _mm512_set1_pd(1.0), half = _mm512_set1_pd(0.5);
+    __m512i b = _mm512_castpd_si512(v);
+    __m512i k = _mm512_srai_epi64(_mm512_sub_epi64(b, _mm512_set1_epi64(0x3fe6a09e667f3bcdLL)), 52);
+    __m512d f = _mm512_sub_pd(_mm512_castsi512_pd(_mm512_sub_epi64(b, _mm512_slli_epi64(k, 52))), one);
+    __m512d s = _mm512_mul_pd(f, rcp_pd(_mm512_add_pd(_mm512_set1_pd(2.0), f)));
+    __m512d z = _mm512_mul_pd(s, s), w = _mm512_mul_pd(z, z);
+    __m512d odd = _mm512_fmadd_pd(w, _mm512_set1_pd(1.479819860511658591e-01), _mm512_set1_pd(1.818357216161805012e-01));
+    odd = _mm512_fmadd_pd(w, odd, _mm512_set1_pd(2.857142874366239149e-01));
+    odd = _mm512_fmadd_pd(w, odd, _mm512_set1_pd(6.666666666666735130e-01));
+    __m512d even = _mm512_fmadd_pd(w, _mm512_set1_pd(1.531383769920937332e-01), _mm512_set1_pd(2.222219843214978396e-01));
+    even = _mm512_fmadd_pd(w, even, _mm512_set1_pd(3.999999999940941908e-01));
+    __m512d r = _mm512_fmadd_pd(z, odd, _mm512_mul_pd(w, even));
+    __m512d hfsq = _mm512_mul_pd(_mm512_mul_pd(half, f), f), dk = _mm512_cvtepi64_pd(k);
+    __m512d inner = _mm512_fmadd_pd(s, _mm512_add_pd(hfsq, r),
+                                    _mm512_mul_pd(dk, _mm512_set1_pd(1.90821492927058770002e-10)));
+    return _mm512_sub_pd(_mm512_mul_pd(dk, _mm512_set1_pd(6.93147180369123816490e-01)),
+                         _mm512_sub_pd(_mm512_sub_pd(hfsq, inner), f));
+}
+
+AVX512 static inline __m512d log1p_pd(__m512d d)        /* |d| < 1/64 */
+{
+    __m512d r = _mm512_set1_pd(1.0 / 9);
+    for (int k = 8; k >= 1; k--)                          /* 1 - d/2 + d^2/3 - ... + d^8/9 */
+        r = _mm512_fmadd_pd(r, d, _mm512_set1_pd((k % 2 ? 1.0 : -1.0) / k));
+    return _mm512_mul_pd(r, d);
+}
+
+#define LOG1P_RANGE (1.0 / 64)
+
+/* log(p / q) as above; *wide gathers |d| (>= LOG1P_RANGE: the block needs kl_term_wide) */
+AVX512 static inline __m512d kl_log_near(__m512d p, __m512d q, __m512d *wide)
+{
+    __m512d d = _mm512_mul_pd(_mm512_sub_pd(p, q), rcp_pd(q));
+    *wide = _mm512_max_pd(*wide, _mm512_abs_pd(d));
+    return log1p_pd(d);
+}
+
+AVX512 static inline __m512d kl_log_any(__m512d p, __m512d q)
+{
+    __m512d d = _mm512_mul_pd(_mm512_sub_pd(p, q), rcp_pd(q));
+    __mmask8 near = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(LOG1P_RANGE), _CMP_LT_OQ);
+    return _mm512_mask_blend_pd(near, log_pd(_mm512_mul_pd(p, rcp_pd(q))), log1p_pd(d));
+}
+
+/* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */
+AVX512 static inline __m512 load16(const char *data, char kind, Py_ssize_t i)
+{
+    if (kind == 'f') return _mm512_loadu_ps((const float *)data + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)data + i));
+    if (kind == 'e') return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+AVX512 static inline __m512d half_pd(__m512 v, int h)        /* lanes 8h .. 8h+7 in double */
+{
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), h)));
+}
+
+typedef struct { __m512d p, q; } PQ;
+
+AVX512 static inline PQ unit_pd(__m512d a, __m512d b, Unit u)
+{
+    const __m512d eps = _mm512_set1_pd(EPS);
+    PQ r = {_mm512_max_pd(_mm512_mul_pd(_mm512_sub_pd(a, _mm512_set1_pd(u.lo_x)), _mm512_set1_pd(u.scale_x)), eps),
+            _mm512_max_pd(_mm512_mul_pd(_mm512_sub_pd(b, _mm512_set1_pd(u.lo_y)), _mm512_set1_pd(u.scale_y)), eps)};
+    return r;
+}
+
+/* KL's sum over a block whose terms are not all near: both logs, per element the right one */
+AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u)
+{
+    __m512d s = _mm512_setzero_pd();
+    for (Py_ssize_t i = 0; i < n; i += 16) {
+        __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
+        for (int h = 0; h < 2; h++) {
+            PQ pq = unit_pd(half_pd(a16, h), half_pd(b16, h), u);
+            s = _mm512_fmadd_pd(pq.p, kl_log_any(pq.p, pq.q), s);
+        }
+    }
+    return _mm512_reduce_add_pd(s);
+}
+
+/* n a multiple of 16; u.on: KL sums too (both sides normalised). Returns 0, leaving t alone,
+ * when the block holds an inf or nan: compare_loop takes it. The
+ * moments are shifted by the block's first pair, as compare_range expects. */
+AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
+                               Unit u, double *t, double *shifted)
+{
+    const __m512 zero = _mm512_setzero_ps(), fp16_max = _mm512_set1_ps((float)FP16_MAX);
+    const __m512i count = _mm512_set1_epi32(1);
+    const __m512d one = _mm512_set1_pd(1.0), eps = _mm512_set1_pd(EPS);
+    const __m512d e3 = _mm512_set1_pd(1e-3), e5 = _mm512_set1_pd(5e-3);
+    __m512 first_x = load16(x, xk, 0), first_y = load16(y, yk, 0);
+    const __m512d kx = _mm512_set1_pd(_mm512_cvtss_f32(first_x)), ky = _mm512_set1_pd(_mm512_cvtss_f32(first_y));
+    __m512 check = zero, xlo = _mm512_set1_ps(INFINITY), xhi = _mm512_set1_ps(-INFINITY);
+    __m512 ylo = xlo, yhi = xhi;
+    __m512i at_max = _mm512_setzero_si512(), live = at_max, flushed = at_max;
+    __m512d xy = _mm512_setzero_pd(), xx = xy, yy = xy, dd = xy, ad_sum = xy, ad_max = xy;
+    __m512d rel_n = xy, rel_sum = xy, rel_max = xy, w1 = xy, w5 = xy;
+    __m512d sx = xy, sxx = xy, sy = xy, syy = xy, sp = xy, sq = xy, s = xy, wide = xy;
+    for (Py_ssize_t i = 0; i < n; i += 16) {
+        __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
+        check = _mm512_fmadd_ps(a16, zero, _mm512_fmadd_ps(b16, zero, check));  /* nan if not finite */
+        xlo = _mm512_min_ps(xlo, a16); xhi = _mm512_max_ps(xhi, a16);
+        ylo = _mm512_min_ps(ylo, b16); yhi = _mm512_max_ps(yhi, b16);
+        at_max = _mm512_mask_add_epi32(at_max, _mm512_cmp_ps_mask(_mm512_abs_ps(a16), fp16_max, _CMP_GE_OQ), at_max, count);
+        __mmask16 nonzero = _mm512_cmp_ps_mask(b16, zero, _CMP_NEQ_UQ);
+        live = _mm512_mask_add_epi32(live, nonzero, live, count);
+        flushed = _mm512_mask_add_epi32(flushed, _mm512_mask_cmp_ps_mask(nonzero, a16, zero, _CMP_EQ_OQ), flushed, count);
+        for (int h = 0; h < 2; h++) {
+            __m512d a = half_pd(a16, h), b = half_pd(b16, h);
+            xy = _mm512_fmadd_pd(a, b, xy);
+            xx = _mm512_fmadd_pd(a, a, xx);
+            yy = _mm512_fmadd_pd(b, b, yy);
+            __m512d d = _mm512_sub_pd(a, b), ad = _mm512_abs_pd(d), ay = _mm512_abs_pd(b);
+            dd = _mm512_fmadd_pd(d, d, dd);
+            ad_sum = _mm512_add_pd(ad_sum, ad);
+            ad_max = _mm512_max_pd(ad_max, ad);
+            __mmask8 rel = _mm512_cmp_pd_mask(ay, eps, _CMP_GT_OQ);
+            __m512d err = _mm512_mask_mul_pd(ad, rel, ad, rcp_pd(ay));
+            rel_n = _mm512_mask_add_pd(rel_n, rel, rel_n, one);
+            rel_sum = _mm512_mask_add_pd(rel_sum, rel, rel_sum, err);
+            rel_max = _mm512_mask_max_pd(rel_max, rel, rel_max, err);
+            w1 = _mm512_mask_add_pd(w1, _mm512_cmp_pd_mask(err, e3, _CMP_LT_OQ), w1, one);
+            w5 = _mm512_mask_add_pd(w5, _mm512_cmp_pd_mask(err, e5, _CMP_LT_OQ), w5, one);
+            __m512d cx = _mm512_sub_pd(a, kx), cy = _mm512_sub_pd(b, ky);
+            sx = _mm512_add_pd(sx, cx); sxx = _mm512_fmadd_pd(cx, cx, sxx);
+            sy = _mm512_add_pd(sy, cy); syy = _mm512_fmadd_pd(cy, cy, syy);
+            if (u.on) {
+                PQ pq = unit_pd(a, b, u);
+                sp = _mm512_add_pd(sp, pq.p);
+                sq = _mm512_add_pd(sq, pq.q);
+                s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &wide), s);
+            }
+        }
+    }
+    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
+    t[T_X_AT_MAX] += _mm512_reduce_add_epi32(at_max);
+    t[T_LIVE] += _mm512_reduce_add_epi32(live);
+    t[T_FLUSHED] += _mm512_reduce_add_epi32(flushed);
+    t[T_XY] += _mm512_reduce_add_pd(xy); t[T_XX] += _mm512_reduce_add_pd(xx);
+    t[T_YY] += _mm512_reduce_add_pd(yy); t[T_DD] += _mm512_reduce_add_pd(dd);
+    t[T_ABS_D_SUM] += _mm512_reduce_add_pd(ad_sum);
+    t[T_ABS_D_MAX] = fmax(t[T_ABS_D_MAX], _mm512_reduce_max_pd(ad_max));
+    t[T_REL_N] += _mm512_reduce_add_pd(rel_n); t[T_REL_SUM] += _mm512_reduce_add_pd(rel_sum);
+    t[T_REL_MAX] = fmax(t[T_REL_MAX], _mm512_reduce_max_pd(rel_max));
+    t[T_WITHIN_1E3] += _mm512_reduce_add_pd(w1); t[T_WITHIN_5E3] += _mm512_reduce_add_pd(w5);
+    t[T_LO_X] = fmin(t[T_LO_X], _mm512_reduce_min_ps(xlo));
+    t[T_HI_X] = fmax(t[T_HI_X], _mm512_reduce_max_ps(xhi));
+    t[T_LO_Y] = fmin(t[T_LO_Y], _mm512_reduce_min_ps(ylo));
+    t[T_HI_Y] = fmax(t[T_HI_Y], _mm512_reduce_max_ps(yhi));
+    if (u.on) {
+        t[T_SP] += _mm512_reduce_add_pd(sp); t[T_SQ] += _mm512_reduce_add_pd(sq);
+        t[T_S] += _mm512_reduce_max_pd(wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(s)
+                                                            : kl_wide(x, xk, y, yk, n, u);
+    }
+    shifted[0] = (double)n;
+    shifted[1] = _mm512_reduce_add_pd(sx); shifted[2] = _mm512_reduce_add_pd(sxx);
+    shifted[3] = _mm512_reduce_add_pd(sy); shifted[4] = _mm512_reduce_add_pd(syy);
+    return 1;
+}
+
+/* kl_loop's plain case: n a multiple of 16, both sides normalised; 0 when not plain */
+AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+                          double *t)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 check = zero;
+    __m512d sp = _mm512_setzero_pd(), sq = sp, s = sp, wide = sp;
+    for (Py_ssize_t i = 0; i < n; i += 16) {
+        __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
+        check = _mm512_fmadd_ps(a16, zero, _mm512_fmadd_ps(b16, zero, check));
+        for (int h = 0; h < 2; h++) {
+            PQ pq = unit_pd(half_pd(a16, h), half_pd(b16, h), u);
+            sp = _mm512_add_pd(sp, pq.p);
+            sq = _mm512_add_pd(sq, pq.q);
+            s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &wide), s);
+        }
+    }
+    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
+    t[0] += _mm512_reduce_add_pd(sp);
+    t[1] += _mm512_reduce_add_pd(sq);
+    t[2] += _mm512_reduce_max_pd(wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(s)
+                                                      : kl_wide(x, xk, y, yk, n, u);
+    return 1;
+}
+
+/* Does this CPU run the AVX-512 loops (and are they not turned off, as the tests do to test
+ * the portable ones)? Asked per call. */
+static int use_simd(void)
+{
+    static int cpu = -1;
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return cpu && !getenv("PRECISION_TOOL_NO_AVX512");
+}
+#else
+static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+                        double *t, double *shifted) { return 0; }
+static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+                   double *t) { return 0; }
+static int use_simd(void) { return 0; }
+#endif
+
 /* totals of x[start:stop] against y[start:stop]; KL sums too when u.on */
 static void compare_range(const char *xd, char xk, const char *yd, char yk,
                           Py_ssize_t start, Py_ssize_t stop, Unit u, double *t)
@@ -373,13 +604,20 @@ static void compare_range(const char *xd, char xk, const char *yd, char yk,
     for (int k = 0; k < T_FIELDS; k++) t[k] = 0.0;
     t[T_LO_X] = t[T_LO_Y] = INFINITY;
     t[T_HI_X] = t[T_HI_Y] = -INFINITY;
+    int simd = xk != 'd' && yk != 'd' && (!u.on || u.normalised) && use_simd();
     for (Py_ssize_t at = start; at < stop; at += BLOCK) {
         Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
-        to_double(xd + at * xs, xk, m, xb);
-        to_double(yd + at * ys, yk, m, yb);
-        Py_ssize_t j = first_finite(xb, yb, m);
-        double kx = j < 0 ? 0.0 : xb[j], ky = j < 0 ? 0.0 : yb[j];
-        compare_block(xb, yb, m, kx, ky, u, t, shifted);
+        double kx, ky;
+        if (simd && m % 16 == 0 && compare_simd(xd + at * xs, xk, yd + at * ys, yk, m, u, t, shifted)) {
+            to_double(xd + at * xs, xk, 1, &kx);          /* the shift compare_simd took */
+            to_double(yd + at * ys, yk, 1, &ky);
+        } else {
+            to_double(xd + at * xs, xk, m, xb);
+            to_double(yd + at * ys, yk, m, yb);
+            Py_ssize_t j = first_finite(xb, yb, m);
+            kx = j < 0 ? 0.0 : xb[j]; ky = j < 0 ? 0.0 : yb[j];
+            compare_block(xb, yb, m, kx, ky, u, t, shifted);
+        }
         double nb = shifted[0];
         if (nb > 0) {
             double mx = shifted[1] / nb, my = shifted[3] / nb;
@@ -399,8 +637,10 @@ static void kl_range(const char *xd, char xk, const char *yd, char yk,
     double xb[BLOCK], yb[BLOCK];
     int xs = itemsize(xk), ys = itemsize(yk);
     t[0] = t[1] = t[2] = 0.0;
+    int simd = xk != 'd' && yk != 'd' && u.normalised && use_simd();
     for (Py_ssize_t at = start; at < stop; at += BLOCK) {
         Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
+        if (simd && m % 16 == 0 && kl_simd(xd + at * xs, xk, yd + at * ys, yk, m, u, t)) continue;
         to_double(xd + at * xs, xk, m, xb);
         to_double(yd + at * ys, yk, m, yb);
         kl_block(xb, yb, m, u, t);
@@ -826,7 +1066,15 @@ done:
     return result;
 }
 
+static PyObject *py_simd(PyObject *self, PyObject *args)
+{
+    return PyBool_FromLong(use_simd());
+}
+
 static PyMethodDef methods[] = {
+    {"simd", py_simd, METH_NOARGS,
+     "simd(): do comparisons of 16- and 32-bit floats run the AVX-512 loops here (the CPU has "
+     "them and PRECISION_TOOL_NO_AVX512 is not set)?"},
     {"write_files", py_write_files, METH_VARARGS,
      "write_files(paths, headers, arrays[, converts]): each file its header and its array's "
      "bytes ('e' in converts: a float32 array written as float16)."},

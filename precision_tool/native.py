@@ -41,6 +41,13 @@ def threads() -> int:
         return os.cpu_count() or 1
 
 
+def simd() -> bool:
+    """Do comparisons of float16, bfloat16 and float32 tensors run the AVX-512 loops here?
+    (the CPU has them and PRECISION_TOOL_NO_AVX512 is not set; the tests set it to test the
+    portable loops too)"""
+    return enabled() and _reduce.simd()
+
+
 def kind(a: np.ndarray) -> Optional[str]:
     """The C module's element kind of an array, or None when it takes no such array."""
     return _KINDS.get(a.dtype)          # a byte-swapped dtype is not among them

@@ -14,16 +14,32 @@ from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
 EPS = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(autouse=True)
-def c_module(monkeypatch):
-    """These tests are of the C module: on, whatever the environment; the tests that compare
-    it with the numpy code switch that on themselves."""
+@pytest.fixture(autouse=True, params=["avx512", "portable"])
+def c_module(monkeypatch, request):
+    """These tests are of the C module: on, whatever the environment (the tests that compare
+    it with the numpy code switch that on themselves), and each runs twice: with the AVX-512
+    loops where the CPU has them, and with the portable loops only."""
     monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
+    if request.param == "portable":
+        monkeypatch.setenv("PRECISION_TOOL_NO_AVX512", "1")
+    else:
+        monkeypatch.delenv("PRECISION_TOOL_NO_AVX512", raising=False)
+    return request.param
 
 
 def test_the_c_module_is_built():
     # an install without a C compiler runs the numpy code; this suite must test both
     assert native._reduce is not None, "precision_tool._reduce was not built (no C compiler?)"
+
+
+def test_the_avx512_loops_run_where_the_cpu_has_them(c_module):
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next(line for line in f if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo to tell what this CPU has")
+    has = {"avx512f", "avx512dq"} <= flags
+    assert native.simd() == (has and c_module == "avx512")
 
 
 def _hostile(n, dtype, seed=0):
@@ -85,19 +101,30 @@ def test_every_16_bit_pattern_converts_exactly(dtype):
     assert t.xx == pytest.approx(float(np.dot(y[finite].astype(np.float64), y[finite].astype(np.float64))), rel=1e-14)
 
 
-def _pair(n=50000, seed=3):
+def _pair(n=50000, seed=3, x_dtype=np.float16, y_dtype=np.float32):
+    """Close tensors with nan, inf and zeros in the first block; blocks after it are plain
+    (as most are), and the last is not a whole block."""
     rng = np.random.default_rng(seed)
-    y = rng.normal(size=n).astype(np.float32)
-    x = (y + rng.normal(scale=1e-2, size=n)).astype(np.float16)
+    y = rng.normal(size=n).astype(y_dtype)
+    x = (y.astype(np.float64) + rng.normal(scale=1e-2, size=n)).astype(x_dtype)
     x[[5, 70]] = [np.inf, np.nan]
     y[[9, 70]] = [np.nan, -np.inf]
     y[100:140] = 0.0
     x[120:160] = 0.0
+    y[2048 + 10:2048 + 30] = 0.0        # and in a plain block
+    x[2048 + 20:2048 + 50] = 0.0
     return x, y
 
 
-def test_comparison_totals_match_float64_reference():
-    x, y = _pair()
+PAIRS = [(np.float16, np.float32), (np.float32, np.float32), (ml_dtypes.bfloat16, np.float32),
+         (np.float32, np.float16), (np.float64, np.float32)]
+
+
+@pytest.mark.parametrize("x_dtype,y_dtype", PAIRS)
+def test_comparison_totals_match_float64_reference(x_dtype, y_dtype):
+    x, y = _pair(x_dtype=x_dtype, y_dtype=y_dtype)
+    if y.dtype == np.float32:
+        y[3000] = 3e38                  # past reciprocal()'s range: the portable loops' general case
     t = metrics.range_totals(x, y)
     xf, yf = x.astype(np.float64), y.astype(np.float64)
     fin = np.isfinite(xf) & np.isfinite(yf)
@@ -119,6 +146,43 @@ def test_comparison_totals_match_float64_reference():
         n, mean, m2 = t.moments[side]
         assert n == v.size and mean == pytest.approx(v.mean(), rel=1e-12)
         assert m2 == pytest.approx(((v - v.mean()) ** 2).sum(), rel=1e-12)
+
+
+def _close_pair(n, seed=5):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=n).astype(np.float32)
+    return (y * (1 + rng.normal(scale=1e-4, size=n))).astype(np.float32), y
+
+
+def test_kl_of_close_tensors_to_a_few_ulps(c_module):
+    """KL's raw sums against an extended-precision sum over the same p and q. In the third
+    block x is zero where y is not: terms far from p = q, which the AVX-512 loops take apart."""
+    if np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
+        pytest.skip("no extended precision long double here for the reference")
+    x, y = _close_pair(8192)
+    x[2048 + 100:2048 + 140] = 0.0
+    ranges = (float(x.min()), float(x.max()), float(y.min()), float(y.max()))
+    unit = [np.maximum((v.astype(np.float64) - lo) * (1.0 / (hi - lo)), EPS)
+            for v, lo, hi in ((x, *ranges[:2]), (y, *ranges[2:]))]
+    p, q = (u.astype(np.longdouble) for u in unit)
+    want = float((p * np.log(p / q)).sum())
+    for sums in (native.compare(x, y, 0, x.size, ranges)[-3:], native.kl(x, y, 0, x.size, ranges)):
+        assert sums[0] == pytest.approx(float(p.sum()), rel=1e-15)
+        assert sums[1] == pytest.approx(float(q.sum()), rel=1e-15)
+        # the portable loops take log(p / q) and with it the ratio's rounding, absolute
+        assert sums[2] == pytest.approx(want, rel=1e-14 if native.simd() else 1e-11)
+
+
+def test_kl_terms_at_the_edge_of_the_series():
+    """p / q - 1 just under 1/64, where the AVX-512 loops' log1p series needs its last term:
+    ranges (0, 1) make p = x and q = y."""
+    if np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
+        pytest.skip("no extended precision long double here for the reference")
+    x = np.random.default_rng(6).uniform(0.1, 1.0, 4096).astype(np.float32)
+    y = (x / np.float32(1.0155)).astype(np.float32)
+    p, q = x.astype(np.longdouble), y.astype(np.longdouble)
+    want = float((p * np.log(p / q)).sum())
+    assert native.kl(x, y, 0, x.size, (0.0, 1.0, 0.0, 1.0))[2] == pytest.approx(want, rel=1e-14)
 
 
 def _reference_kl(x, y):
