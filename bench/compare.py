@@ -51,13 +51,27 @@ def large(root, n):
     ws = Workspace(root)
     xm, ym = ws.load_file(sides[0].path), ws.load_file(sides[1].path)
     pair = Pair(*sides)
-    t_dot, t_cmp = [], []
-    for _ in range(3):                          # interleaved: both see the same load
+    simd = native.simd()
+
+    def portable():                             # the loops CPUs without AVX-512 run
+        os.environ["PRECISION_TOOL_NO_AVX512"] = "1"
+        try:
+            compare_pairs(root, [pair], Engine())
+        finally:
+            del os.environ["PRECISION_TOOL_NO_AVX512"]
+    t_dot, t_cmp, t_portable = [], [], []
+    for _ in range(3):                          # interleaved: all see the same load
         t_dot.append(best_of(lambda: np.dot(xm, ym), 1))
         t_cmp.append(best_of(lambda: compare_pairs(root, [pair], Engine()), 1))
+        if simd:
+            t_portable.append(best_of(portable, 1))
     dot, cmp = min(t_dot), min(t_cmp)
-    return dot / cmp, (f"{n * 4 / 2**20:.0f} MiB per side, as vc reads them, on {native.threads()} "
-                       f"thread(s): {8 * n / cmp / 1e9:.2f} GB/s, np.dot {8 * n / dot / 1e9:.1f} GB/s")
+    how = (f"{n * 4 / 2**20:.0f} MiB per side, as vc reads them, on {native.threads()} thread(s)"
+           f"{' with the AVX-512 loops' if simd else ''}: {8 * n / cmp / 1e9:.2f} GB/s, np.dot "
+           f"{8 * n / dot / 1e9:.1f} GB/s")
+    if simd:
+        how += f"; the portable loops {dot / min(t_portable):.3f}"
+    return dot / cmp, how
 
 
 def dump_both(root, graph, fetches, feeds, precision_mode, dump_mode="output", fusion=False):
