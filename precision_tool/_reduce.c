@@ -420,7 +420,7 @@ AVX512 static inline __m512d log1p_pd(__m512d d)        /* |d| < 1/64 */
 
 #define LOG1P_RANGE (1.0 / 64)
 
-/* log(p / q) as above; *wide gathers |d| (>= LOG1P_RANGE: the block needs kl_term_wide) */
+/* log(p / q) as above; *wide gathers |d| (>= LOG1P_RANGE: the block needs kl_wide) */
 AVX512 static inline __m512d kl_log_near(__m512d p, __m512d q, __m512d *wide)
 {
     __m512d d = _mm512_mul_pd(_mm512_sub_pd(p, q), rcp_pd(q));
@@ -459,6 +459,36 @@ AVX512 static inline PQ unit_pd(__m512d a, __m512d b, Unit u)
     return r;
 }
 
+/* a block's KL sums (Sp, Sq, S) and the largest |p / q - 1| of its terms */
+typedef struct { __m512d sp, sq, s, wide; } KLSums;
+
+AVX512 static inline void kl_add(KLSums *k, __m512d a, __m512d b, Unit u)
+{
+    PQ pq = unit_pd(a, b, u);
+    k->sp = _mm512_add_pd(k->sp, pq.p);
+    k->sq = _mm512_add_pd(k->sq, pq.q);
+    k->s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &k->wide), k->s);
+}
+
+AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u);
+
+/* the block's sums added to sums[0..2]; S again through kl_wide when a term was not near */
+AVX512 static void kl_commit(const KLSums *k, double *sums, const char *x, char xk,
+                             const char *y, char yk, Py_ssize_t n, Unit u)
+{
+    sums[0] += _mm512_reduce_add_pd(k->sp);
+    sums[1] += _mm512_reduce_add_pd(k->sq);
+    sums[2] += _mm512_reduce_max_pd(k->wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(k->s)
+                                                          : kl_wide(x, xk, y, yk, n, u);
+}
+
+/* nan where an element of a or b is not finite */
+AVX512 static inline __m512 finite_check(__m512 check, __m512 a, __m512 b)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    return _mm512_fmadd_ps(a, zero, _mm512_fmadd_ps(b, zero, check));
+}
+
 /* KL's sum over a block whose terms are not all near: both logs, per element the right one */
 AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u)
 {
@@ -474,26 +504,25 @@ AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_
 }
 
 /* n a multiple of 16; u.on: KL sums too (both sides normalised). Returns 0, leaving t alone,
- * when the block holds an inf or nan: compare_loop takes it. The
- * moments are shifted by the block's first pair, as compare_range expects. */
+ * when the block holds an inf or nan: compare_loop takes it. Moments shifted by (kx, ky). */
 AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
-                               Unit u, double *t, double *shifted)
+                               double kx_, double ky_, Unit u, double *t, double *shifted)
 {
     const __m512 zero = _mm512_setzero_ps(), fp16_max = _mm512_set1_ps((float)FP16_MAX);
     const __m512i count = _mm512_set1_epi32(1);
     const __m512d one = _mm512_set1_pd(1.0), eps = _mm512_set1_pd(EPS);
     const __m512d e3 = _mm512_set1_pd(1e-3), e5 = _mm512_set1_pd(5e-3);
-    __m512 first_x = load16(x, xk, 0), first_y = load16(y, yk, 0);
-    const __m512d kx = _mm512_set1_pd(_mm512_cvtss_f32(first_x)), ky = _mm512_set1_pd(_mm512_cvtss_f32(first_y));
+    const __m512d kx = _mm512_set1_pd(kx_), ky = _mm512_set1_pd(ky_);
     __m512 check = zero, xlo = _mm512_set1_ps(INFINITY), xhi = _mm512_set1_ps(-INFINITY);
     __m512 ylo = xlo, yhi = xhi;
     __m512i at_max = _mm512_setzero_si512(), live = at_max, flushed = at_max;
     __m512d xy = _mm512_setzero_pd(), xx = xy, yy = xy, dd = xy, ad_sum = xy, ad_max = xy;
     __m512d rel_n = xy, rel_sum = xy, rel_max = xy, w1 = xy, w5 = xy;
-    __m512d sx = xy, sxx = xy, sy = xy, syy = xy, sp = xy, sq = xy, s = xy, wide = xy;
+    __m512d sx = xy, sxx = xy, sy = xy, syy = xy;
+    KLSums kl = {xy, xy, xy, xy};
     for (Py_ssize_t i = 0; i < n; i += 16) {
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
-        check = _mm512_fmadd_ps(a16, zero, _mm512_fmadd_ps(b16, zero, check));  /* nan if not finite */
+        check = finite_check(check, a16, b16);
         xlo = _mm512_min_ps(xlo, a16); xhi = _mm512_max_ps(xhi, a16);
         ylo = _mm512_min_ps(ylo, b16); yhi = _mm512_max_ps(yhi, b16);
         at_max = _mm512_mask_add_epi32(at_max, _mm512_cmp_ps_mask(_mm512_abs_ps(a16), fp16_max, _CMP_GE_OQ), at_max, count);
@@ -519,12 +548,7 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
             __m512d cx = _mm512_sub_pd(a, kx), cy = _mm512_sub_pd(b, ky);
             sx = _mm512_add_pd(sx, cx); sxx = _mm512_fmadd_pd(cx, cx, sxx);
             sy = _mm512_add_pd(sy, cy); syy = _mm512_fmadd_pd(cy, cy, syy);
-            if (u.on) {
-                PQ pq = unit_pd(a, b, u);
-                sp = _mm512_add_pd(sp, pq.p);
-                sq = _mm512_add_pd(sq, pq.q);
-                s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &wide), s);
-            }
+            if (u.on) kl_add(&kl, a, b, u);
         }
     }
     if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
@@ -542,11 +566,7 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
     t[T_HI_X] = fmax(t[T_HI_X], _mm512_reduce_max_ps(xhi));
     t[T_LO_Y] = fmin(t[T_LO_Y], _mm512_reduce_min_ps(ylo));
     t[T_HI_Y] = fmax(t[T_HI_Y], _mm512_reduce_max_ps(yhi));
-    if (u.on) {
-        t[T_SP] += _mm512_reduce_add_pd(sp); t[T_SQ] += _mm512_reduce_add_pd(sq);
-        t[T_S] += _mm512_reduce_max_pd(wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(s)
-                                                            : kl_wide(x, xk, y, yk, n, u);
-    }
+    if (u.on) kl_commit(&kl, t + T_SP, x, xk, y, yk, n, u);     /* T_SP, T_SQ, T_S */
     shifted[0] = (double)n;
     shifted[1] = _mm512_reduce_add_pd(sx); shifted[2] = _mm512_reduce_add_pd(sxx);
     shifted[3] = _mm512_reduce_add_pd(sy); shifted[4] = _mm512_reduce_add_pd(syy);
@@ -557,24 +577,15 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
 AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                           double *t)
 {
-    const __m512 zero = _mm512_setzero_ps();
-    __m512 check = zero;
-    __m512d sp = _mm512_setzero_pd(), sq = sp, s = sp, wide = sp;
+    __m512 check = _mm512_setzero_ps();
+    KLSums kl = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
     for (Py_ssize_t i = 0; i < n; i += 16) {
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
-        check = _mm512_fmadd_ps(a16, zero, _mm512_fmadd_ps(b16, zero, check));
-        for (int h = 0; h < 2; h++) {
-            PQ pq = unit_pd(half_pd(a16, h), half_pd(b16, h), u);
-            sp = _mm512_add_pd(sp, pq.p);
-            sq = _mm512_add_pd(sq, pq.q);
-            s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &wide), s);
-        }
+        check = finite_check(check, a16, b16);
+        for (int h = 0; h < 2; h++) kl_add(&kl, half_pd(a16, h), half_pd(b16, h), u);
     }
     if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
-    t[0] += _mm512_reduce_add_pd(sp);
-    t[1] += _mm512_reduce_add_pd(sq);
-    t[2] += _mm512_reduce_max_pd(wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(s)
-                                                      : kl_wide(x, xk, y, yk, n, u);
+    kl_commit(&kl, t, x, xk, y, yk, n, u);
     return 1;
 }
 
@@ -587,8 +598,8 @@ static int use_simd(void)
     return cpu && !getenv("PRECISION_TOOL_NO_AVX512");
 }
 #else
-static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
-                        double *t, double *shifted) { return 0; }
+static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
+                        double kx, double ky, Unit u, double *t, double *shifted) { return 0; }
 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                    double *t) { return 0; }
 static int use_simd(void) { return 0; }
@@ -607,11 +618,11 @@ static void compare_range(const char *xd, char xk, const char *yd, char yk,
     int simd = xk != 'd' && yk != 'd' && (!u.on || u.normalised) && use_simd();
     for (Py_ssize_t at = start; at < stop; at += BLOCK) {
         Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
-        double kx, ky;
-        if (simd && m % 16 == 0 && compare_simd(xd + at * xs, xk, yd + at * ys, yk, m, u, t, shifted)) {
-            to_double(xd + at * xs, xk, 1, &kx);          /* the shift compare_simd took */
-            to_double(yd + at * ys, yk, 1, &ky);
-        } else {
+        double kx, ky;                  /* the moments' shift: the block's first finite pair */
+        to_double(xd + at * xs, xk, 1, &kx);
+        to_double(yd + at * ys, yk, 1, &ky);
+        if (!(simd && m % 16 == 0 &&
+              compare_simd(xd + at * xs, xk, yd + at * ys, yk, m, kx, ky, u, t, shifted))) {
             to_double(xd + at * xs, xk, m, xb);
             to_double(yd + at * ys, yk, m, yb);
             Py_ssize_t j = first_finite(xb, yb, m);
