@@ -136,13 +136,17 @@ CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
     st->neg += (int64_t)neg;
 }
 
+static int use_simd(void);
+static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st);
+
 static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
     double buf[BLOCK];
     Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
-    int size = itemsize(kind);
+    int size = itemsize(kind), simd = kind != 'd' && use_simd();
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
+        if (simd && m % 16 == 0 && stats_simd(data + start * size, kind, m, &st)) continue;
         to_double(data + start * size, kind, m, buf);
         stats_block(buf, m, &st);
     }
@@ -446,7 +450,8 @@ AVX512 static inline __m512 load16(const char *data, char kind, Py_ssize_t i)
 
 AVX512 static inline __m512d half_pd(__m512 v, int h)        /* lanes 8h .. 8h+7 in double */
 {
-    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), h)));
+    __m512d w = _mm512_castps_pd(v);       /* the lane index must be a constant, inlined or not */
+    return _mm512_cvtps_pd(_mm256_castpd_ps(h ? _mm512_extractf64x4_pd(w, 1) : _mm512_extractf64x4_pd(w, 0)));
 }
 
 typedef struct { __m512d p, q; } PQ;
@@ -573,6 +578,32 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
     return 1;
 }
 
+/* finite_block on sixteen lanes, reading the tensor where it lies: min and max in float32
+ * (exact), the sums in double. n a multiple of 16; returns 0, leaving st alone, when the
+ * block holds an inf or nan (stats_block counts them). */
+AVX512 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 check = zero, lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+    __m512d sum0 = _mm512_setzero_pd(), sum1 = sum0, sq0 = sum0, sq1 = sum0;
+    for (Py_ssize_t i = 0; i < n; i += 16) {
+        __m512 v = load16(data, kind, i);
+        check = _mm512_fmadd_ps(v, zero, check);        /* nan once an inf or nan passes */
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+        __m512d a = half_pd(v, 0), b = half_pd(v, 1);
+        sum0 = _mm512_add_pd(sum0, a); sq0 = _mm512_fmadd_pd(a, a, sq0);
+        sum1 = _mm512_add_pd(sum1, b); sq1 = _mm512_fmadd_pd(b, b, sq1);
+    }
+    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
+    st->hi = fmax(st->hi, _mm512_reduce_max_ps(hi));
+    st->lo = fmin(st->lo, _mm512_reduce_min_ps(lo));
+    st->sum += _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    st->squares += _mm512_reduce_add_pd(_mm512_add_pd(sq0, sq1));
+    st->n += n;
+    return 1;
+}
+
 /* kl_loop's plain case: n a multiple of 16, both sides normalised; 0 when not plain */
 AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                           double *t)
@@ -602,6 +633,7 @@ static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize
                         double kx, double ky, Unit u, double *t, double *shifted) { return 0; }
 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                    double *t) { return 0; }
+static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st) { return 0; }
 static int use_simd(void) { return 0; }
 #endif
 
@@ -784,6 +816,115 @@ static PyObject *py_kl(PyObject *self, PyObject *args)
     return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
 }
 
+/* ---- text ------------------------------------------------------------------------------ */
+
+/* n in decimal; returns its length */
+static int format_int(long long n, char *out)
+{
+    char digits[24];
+    int len = 0, at = 0;
+    unsigned long long u = n < 0 ? 0ULL - (unsigned long long)n : (unsigned long long)n;
+    do { digits[len++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (n < 0) out[at++] = '-';
+    while (len) out[at++] = digits[--len];
+    return at;
+}
+
+#ifdef __SIZEOF_INT128__
+typedef unsigned __int128 u128;
+
+static u128 pow10_128(int k)            /* 0 <= k <= 38 */
+{
+    u128 p = 1;
+    while (k--) p *= 10;
+    return p;
+}
+
+#define G17_LOW 1e16
+#define G17_HIGH 1e17
+
+/* The 17 significant digits of |x| (in [1e-6, 1e38)) as an integer D in [1e16, 1e17), and
+ * its decimal exponent, rounded from the exact binary value half to even as printf rounds:
+ * x = m 2^e scaled by 10^s in 128-bit integers is exact over that range (m < 2^53, 10^s <
+ * 2^74). Returns 0 where it would not be exact (the caller asks snprintf). */
+static int g17_digits(double ax, uint64_t *digits, int *exponent)
+{
+    uint64_t bits = as_bits(ax);
+    uint64_t m = (bits & ((1ULL << 52) - 1)) | (1ULL << 52);
+    int e = (int)(bits >> 52) - 1075, X = (int)floor(log10(ax));
+    u128 q, r, d;
+    for (int tries = 0; tries < 4; tries++) {
+        int s = 16 - X;                  /* D = round(|x| 10^s) */
+        if (s > 22 || s < -22) return 0;
+        if (s >= 0) {
+            u128 num = (u128)m * pow10_128(s);
+            if (e >= 0) {
+                if (e > 10) return 0;
+                q = num << e; r = 0; d = 1;
+            } else {
+                if (-e >= 127) return 0;
+                d = (u128)1 << -e; q = num >> -e; r = num & (d - 1);
+            }
+        } else {
+            if (e < 0 || e > 74) return 0;
+            d = pow10_128(-s);
+            u128 num = (u128)m << e;
+            q = num / d; r = num % d;
+        }
+        if (q >= (u128)G17_HIGH) { X++; continue; }    /* log10's estimate was one off */
+        if (q < (u128)G17_LOW) { X--; continue; }
+        uint64_t D = (uint64_t)q;
+        if (r > d - r || (r == d - r && (D & 1))) D++;
+        if (D == (uint64_t)G17_HIGH) { D = (uint64_t)G17_LOW; X++; }
+        *digits = D;
+        *exponent = X;
+        return 1;
+    }
+    return 0;
+}
+#else
+static int g17_digits(double ax, uint64_t *digits, int *exponent) { return 0; }
+#endif
+
+/* "%.17g" of x (not nan); returns the length. snprintf's own takes about a microsecond a
+ * value (its exact multi-precision path), and a dump step's index has a thousand or more. */
+static int format_g17(double x, char *out)
+{
+    double ax = fabs(x);
+    uint64_t D;
+    int X;
+    if (!(ax >= 1e-6 && ax < 1e38) || !g17_digits(ax, &D, &X))
+        return snprintf(out, 32, "%.17g", x);
+    char dig[17];
+    for (int k = 16; k >= 0; k--) { dig[k] = (char)('0' + D % 10); D /= 10; }
+    int nd = 17, at = 0;                 /* %g drops trailing zeros (and a bare point) */
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    if (x < 0) out[at++] = '-';
+    if (X < -4 || X >= 17) {             /* d.ddde+XX */
+        out[at++] = dig[0];
+        if (nd > 1) {
+            out[at++] = '.';
+            memcpy(out + at, dig + 1, (size_t)(nd - 1)); at += nd - 1;
+        }
+        out[at++] = 'e';
+        out[at++] = X < 0 ? '-' : '+';
+        int ax10 = X < 0 ? -X : X;
+        if (ax10 < 10) out[at++] = '0';
+        at += format_int(ax10, out + at);
+    } else if (X >= 0) {                 /* ddd.ddd */
+        memcpy(out + at, dig, (size_t)(X + 1)); at += X + 1;
+        if (nd > X + 1) {
+            out[at++] = '.';
+            memcpy(out + at, dig + X + 1, (size_t)(nd - X - 1)); at += nd - X - 1;
+        }
+    } else {                             /* 0.000ddd */
+        out[at++] = '0'; out[at++] = '.';
+        for (int k = 0; k < -X - 1; k++) out[at++] = '0';
+        memcpy(out + at, dig, (size_t)nd); at += nd;
+    }
+    return at;
+}
+
 /* The CSV text of one stats row "max,min,mean,l2norm,nan,pos,neg": the floats with 17
  * significant digits (they read back exactly), the counts as integers; the same text as
  * numerics.stats_text's numpy path. Returns its length (at most STATS_LINE - 1). */
@@ -793,13 +934,13 @@ static int format_stats(const double *v, char *line)
     int at = 0;
     for (int k = 0; k < 7; k++) {
         double x = v[k];
-        const char *sep = k ? "," : "";
+        if (k) line[at++] = ',';
         if (k >= 4)
-            at += snprintf(line + at, STATS_LINE - at, "%s%lld", sep, (long long)x);
-        else if (x != x)                    /* never "-nan" */
-            at += snprintf(line + at, STATS_LINE - at, "%snan", sep);
-        else
-            at += snprintf(line + at, STATS_LINE - at, "%s%.17g", sep, x);
+            at += format_int((long long)x, line + at);
+        else if (x != x) {                  /* never "-nan" */
+            memcpy(line + at, "nan", 3); at += 3;
+        } else
+            at += format_g17(x, line + at);
     }
     return at;
 }
@@ -905,7 +1046,7 @@ static PyObject *py_index_text(PyObject *self, PyObject *args)
         at += (k < nrefs ? cut[k + 1] : literal.len) - cut[k];
         if (k == nrefs) break;
         if (ref[k] >= 0) {
-            at += snprintf(text + at, 24, "%lld", (long long)stamp[ref[k]]);
+            at += format_int((long long)stamp[ref[k]], text + at);
         } else {
             memcpy(text + at, lines + (-1 - ref[k]) * STATS_LINE, (size_t)length[-1 - ref[k]]);
             at += length[-1 - ref[k]];

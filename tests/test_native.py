@@ -283,6 +283,36 @@ def test_index_text_of_stats_is_the_same_on_both_paths(monkeypatch):
         assert float(text) == stats[field][-3]
 
 
+def _doubles_to_format():
+    """Doubles across every exponent (random bit patterns), log-uniform over the range the
+    exact integer path takes, short dyadic fractions (their exact expansions end in a 5 at
+    the 18th digit: ties), powers of ten and their neighbours, and the edges."""
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2 ** 63, 20000, dtype=np.int64).view(np.float64)
+    spread = 10.0 ** rng.uniform(-8, 40, 40000)
+    dyadic = rng.integers(1, 2 ** 24, 20000) / 2.0 ** rng.integers(0, 70, 20000)
+    tens = 10.0 ** np.arange(-9, 40)
+    near = np.concatenate([np.nextafter(tens, 0), np.nextafter(tens, np.inf), tens])
+    edges = np.array([0.0, -0.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
+                      np.inf, -np.inf, 2.0 ** 53, 2.0 ** 53 + 2, 2.0 ** 56, 2.0 ** 57,
+                      9.9999999999999995e16, 99999999999999999.0, 0.1, 1 / 3, 1e-6, 1e-5,
+                      9.99999999999999e-5, 123456789012345678.0, 2.0 ** 127, 2.0 ** 126])
+    x = np.concatenate([bits, spread, dyadic, near, edges])
+    x = x[np.isfinite(x) | np.isinf(x)]
+    return np.concatenate([x, -x])
+
+
+def test_stats_text_is_printf_17g():
+    # reference: Python's %-formatting (correctly rounded, half to even on exact ties)
+    x = _doubles_to_format()
+    rows = np.zeros((x.size, 7))
+    rows[:, 0] = x
+    rows[:, 4:] = [[3, 0, 12345678901]]
+    got = [line.split(",") for line in native.stats_text(rows)]
+    assert [g[0] for g in got] == ["%.17g" % v for v in x.tolist()]
+    assert {tuple(g[4:]) for g in got} == {("3", "0", "12345678901")}
+
+
 def test_sums_do_not_depend_on_the_thread_count(monkeypatch):
     monkeypatch.setattr(metrics, "PART", 4096)        # many parts out of a small pair
     x, y = _pair(50000)
