@@ -101,6 +101,14 @@ def compare_stats(npu: dict, golden: dict, five_hd: bool = False) -> dict:
     return out
 
 
+def records(table: pd.DataFrame) -> list:
+    """The table's rows as dicts of Python values, column by column: pandas' own row
+    iteration (itertuples, to_dict) takes each string element through its array's
+    __getitem__, ten times slower on a dump of thousands of small tensors."""
+    columns = list(table.columns)
+    return [dict(zip(columns, values)) for values in zip(*(table[c].tolist() for c in columns))]
+
+
 def _by_original(ws: Workspace, run: Run, step: int):
     """A step's index and, per original (golden) tensor name, the row that holds it. An NPU
     run's tensors map through its compiled graph; where several do (a tensor and the Cast the
@@ -133,17 +141,18 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if column not in npu:          # a golden run on the left: golden against golden
             npu[column] = default
     gold, gold_by_tensor = _by_original(ws, golden_run, gold_step)
-    gold_rows = gold.to_dict("records")          # row access by position, without pandas' cost
+    gold_rows = records(gold)
     tmap = TensorMap(graph if graph is not None else ws.graph_json(npu_run) or {})
     gold_format = "format" in gold.columns
     npu_dir, gold_dir = ws.step_path(npu_run, step), ws.step_path(golden_run, gold_step)
     rows, pairs = [], []
     pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
-    for k, r in enumerate(npu.itertuples(index=False)):
-        golden_tensor = tmap.golden_tensor(r.tensor)
-        row = {"Index": k, "OpType": r.op_type, "NPUDump": r.op_name, "NpuDataType": r.dtype,
-               "GroundTruth": "", "GoldenDataType": "", "TensorIndex": f"{r.op_name}:{r.io}:{r.index}",
-               "Shape": r.shape, "OverFlow": "", "TaskId": r.task_id, "PassName": r.pass_name or "",
+    for k, r in enumerate(records(npu)):
+        golden_tensor = tmap.golden_tensor(r["tensor"])
+        row = {"Index": k, "OpType": r["op_type"], "NPUDump": r["op_name"],
+               "NpuDataType": r["dtype"], "GroundTruth": "", "GoldenDataType": "",
+               "TensorIndex": f"{r['op_name']}:{r['io']}:{r['index']}", "Shape": r["shape"],
+               "OverFlow": "", "TaskId": r["task_id"], "PassName": r["pass_name"] or "",
                "GoldenTensor": golden_tensor or ""}
         g = gold_by_tensor.get(golden_tensor) if golden_tensor else None
         if g is None:
@@ -155,15 +164,15 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             grow = gold_rows[g]
             row["GroundTruth"] = grow["op_name"]
             row["GoldenDataType"] = grow["dtype"]
-            if not r.file or not grow["file"]:       # a side dumped statistics only
-                row.update(compare_stats(r._asdict(), grow, r.format == "NC1HWC0"))
+            if not r["file"] or not grow["file"]:        # a side dumped statistics only
+                row.update(compare_stats(r, grow, r["format"] == "NC1HWC0"))
             else:
-                key = (r.file, grow["file"])
+                key = (r["file"], grow["file"])
                 if key not in pair_of:
                     pair_of[key] = len(pairs)
                     pairs.append(Pair(
-                        Side(os.path.join(npu_dir, r.file), r.format or "", r.original_shape or "",
-                             r.min, r.max),
+                        Side(os.path.join(npu_dir, r["file"]), r["format"] or "",
+                             r["original_shape"] or "", r["min"], r["max"]),
                         Side(os.path.join(gold_dir, grow["file"]),
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
