@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/uio.h>
 
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
@@ -138,6 +139,7 @@ CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
 
 static int use_simd(void);
 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st);
+static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst);
 
 static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
@@ -604,6 +606,18 @@ AVX512 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *s
     return 1;
 }
 
+/* float32 -> float16 sixteen at a time, rounding to nearest even in hardware as
+ * float_to_half_bits does (overflow to inf, subnormals); returns how many it converted. */
+AVX512 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst)
+{
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return i;
+}
+
 /* kl_loop's plain case: n a multiple of 16, both sides normalised; 0 when not plain */
 AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                           double *t)
@@ -634,6 +648,7 @@ static int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize
 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                    double *t) { return 0; }
 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st) { return 0; }
+static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst) { return 0; }
 static int use_simd(void) { return 0; }
 #endif
 
@@ -1082,6 +1097,17 @@ static int write_all(int fd, const char *data, Py_ssize_t n)
     return 0;
 }
 
+/* the header then the data, in one system call where the kernel takes both */
+static int write_two(int fd, const char *a, Py_ssize_t na, const char *b, Py_ssize_t nb)
+{
+    struct iovec v[2] = {{(void *)a, (size_t)na}, {(void *)b, (size_t)nb}};
+    ssize_t done;
+    do done = writev(fd, v, 2); while (done < 0 && errno == EINTR);
+    if (done < 0) return -1;
+    if (done < na) return write_all(fd, a + done, na - done) < 0 ? -1 : write_all(fd, b, nb);
+    return write_all(fd, b + (done - na), nb - (done - na));
+}
+
 /* float32 bits -> float16 bits, rounding to nearest even as numpy's astype does: overflow
  * to inf, gradual underflow to subnormals and zero. nan stays a quiet nan of its sign (numpy
  * builds differ on nan payloads: the dump converts arrays holding nan with numpy itself). */
@@ -1108,7 +1134,8 @@ static inline uint16_t float_to_half_bits(uint32_t f)
 
 CLONES static void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t *dst)
 {
-    for (Py_ssize_t i = 0; i < n; i++) dst[i] = float_to_half_bits(src[i]);
+    Py_ssize_t i = use_simd() ? halves_simd((const float *)src, n, dst) : 0;
+    for (; i < n; i++) dst[i] = float_to_half_bits(src[i]);
 }
 
 /* write as float16 the float32 array (n elements) in chunks: memory stays small */
@@ -1181,10 +1208,11 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     for (k = 0; k < n && failed < 0; k++) {
         int fd = open(PyBytes_AS_STRING(names[k]), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0 || write_all(fd, heads[k].buf, heads[k].len) < 0 ||
-            (converts && converts[k] == 'e'
-             ? write_halves(fd, datas[k].buf, datas[k].len / 4)
-             : write_all(fd, datas[k].buf, datas[k].len)) < 0) {
+        int half = converts && converts[k] == 'e';
+        if (fd < 0 ||
+            (half ? write_all(fd, heads[k].buf, heads[k].len) < 0 ||
+                    write_halves(fd, datas[k].buf, datas[k].len / 4) < 0
+                  : write_two(fd, heads[k].buf, heads[k].len, datas[k].buf, datas[k].len) < 0)) {
             failed = k;
             error = errno;
         }
