@@ -39,6 +39,19 @@ def spawn(root):
     return child
 
 
+def _children(pid):
+    """The processes whose parent is pid (from /proc)."""
+    kids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
 def test_the_shell_in_a_terminal(workspace):
     child = spawn(workspace)
     # tab completion of an option: --by-c<TAB> becomes --by-cosine
@@ -61,12 +74,15 @@ def test_the_shell_in_a_terminal(workspace):
     child.send("run echo hello-from-run\r")
     child.expect_exact("hello-from-run")
     child.expect_exact(PROMPT.strip())
-    # Ctrl-C during vc cancels the command, not the shell
-    child.send("vc\r")
+    # Ctrl-C during vc cancels the command, not the shell, and leaves no worker behind (two
+    # workers: starting them makes vc outlast the key press, however fast comparing gets)
+    child.send("vc -w 2\r")
     child.expect("comparing")
     child.sendintr()
     child.expect_exact("interrupted")
     child.expect_exact(PROMPT.strip())
+    if os.path.isdir("/proc"):
+        assert _children(child.pid) == []
     child.send("ls -f Softmax\r")
     child.expect_exact("4 op(s) in npu/debug_0")
     child.expect_exact(PROMPT.strip())
