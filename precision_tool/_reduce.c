@@ -453,7 +453,8 @@ AVX512 static inline __m512 load16(const char *data, char kind, Py_ssize_t i)
 AVX512 static inline __m512d half_pd(__m512 v, int h)        /* lanes 8h .. 8h+7 in double */
 {
     __m512d w = _mm512_castps_pd(v);       /* the lane index must be a constant, inlined or not */
-    return _mm512_cvtps_pd(_mm256_castpd_ps(h ? _mm512_extractf64x4_pd(w, 1) : _mm512_extractf64x4_pd(w, 0)));
+    __m256d lanes = h ? _mm512_extractf64x4_pd(w, 1) : _mm512_extractf64x4_pd(w, 0);
+    return _mm512_cvtps_pd(_mm256_castpd_ps(lanes));
 }
 
 typedef struct { __m512d p, q; } PQ;

@@ -285,8 +285,8 @@ def test_index_text_of_stats_is_the_same_on_both_paths(monkeypatch):
 
 def _doubles_to_format():
     """Doubles across every exponent (random bit patterns), log-uniform over the range the
-    exact integer path takes, short dyadic fractions (their exact expansions end in a 5 at
-    the 18th digit: ties), powers of ten and their neighbours, and the edges."""
+    exact integer path takes, short dyadic fractions (exact expansions of few digits: some
+    end in a 5 at the 18th digit, a tie), powers of ten and their neighbours, and the edges."""
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 2 ** 63, 20000, dtype=np.int64).view(np.float64)
     spread = 10.0 ** rng.uniform(-8, 40, 40000)
