@@ -197,6 +197,40 @@ def test_cancellation_noise_is_not_an_origin_and_neither_is_what_carries_it():
                     "sum": "under threshold", "exp": "under threshold", "nan": "nan"}
 
 
+def test_a_short_summary_is_the_head_of_the_whole_one():
+    """summarize builds only the ops it returns: with a limit, by cosine or not, noise last or
+    not, they are the head of the whole list in that order; count_findings counts the whole
+    list's findings."""
+    from precision_tool.analysis import count_findings, root_cause, summarize
+    def row(op, io, cos, norm, op_type, verdict="fail"):
+        return {"NPUDump": op, "OpType": op_type, "TensorIndex": f"{op}:{io}", "CosineSimilarity": cos,
+                "GoldenNorm": norm, "GoldenTensor": f"{op}:0", "NpuDataType": "float16",
+                "Verdict": "pass" if cos >= 0.98 else verdict}
+    table = _table([
+        row("bgrad", "input:0", 1.0, 10.0, "BiasAddGrad"),
+        row("bgrad", "output:0", 0.1, 5e-3, "BiasAddGrad"),            # noise, worst cosine
+        row("mul", "input:0", 1.0, 2.0, "Mul"),
+        row("mul", "output:0", 0.5, 0.1, "Mul"),
+        row("nan", "input:0", 1.0, 10.0, "Add"),
+        row("nan", "output:0", float("nan"), 1e-9, "Add", verdict="nan"),
+        row("sum", "input:0", 1.0, 10.0, "ReduceSum"),
+        row("sum", "output:0", 0.7, 0.02, "ReduceSum"),
+    ])
+    cause = root_cause(table)
+    assert cause.noise_ops == {"bgrad"}
+    same = lambda a, b: list(map(repr, a)) == list(map(repr, b))      # nan cosines compare equal
+    for by_cosine in (False, True):
+        whole = summarize(table, limit=0, by_cosine=by_cosine, cause=cause)
+        findings_first = sorted(whole, key=lambda s: not s.is_finding)
+        for limit in (1, 2, 3):
+            assert same(summarize(table, limit=limit, by_cosine=by_cosine), whole[:limit])
+            assert same(summarize(table, limit=limit, by_cosine=by_cosine, cause=cause,
+                                  noise_last=True), findings_first[:limit])
+    assert [s.op_name for s in summarize(table, limit=0, by_cosine=True)] == ["nan", "bgrad", "mul", "sum"]
+    assert [s.op_name for s in summarize(table, limit=2, noise_last=True)] == ["mul", "nan"]
+    assert count_findings(table) == count_findings(table, cause=cause) == 3
+
+
 def _planted_layer_norm():
     """An fp16 input of mean 100 and std 1 straight into a LayerNorm, then a dense head."""
     g = pt.Graph("planted")

@@ -9,10 +9,10 @@ from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
 from .replay_op import OpReplay, ReplayOpError, replay_op
 from .rootcause import Divergence, RootCause, root_cause
-from .summary import OpSummary, summarize
+from .summary import OpSummary, count_findings, summarize
 
 __all__ = ["AutoCheck", "auto_check", "LossScaleHistory", "loss_scale_history", "METRICS", "compare_tensors", "TensorMap", "vector_compare", "verdict", "write_result",
            "OverflowReport", "OverflowTask", "overflow_report",
-           "OpSummary", "summarize", "Divergence", "RootCause", "root_cause",
+           "OpSummary", "count_findings", "summarize", "Divergence", "RootCause", "root_cause",
            "OpReplay", "ReplayOpError", "replay_op",
            "FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"]

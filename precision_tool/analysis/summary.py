@@ -38,32 +38,64 @@ class OpSummary:
 
 
 def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: int = 3,
-              by_cosine: bool = False, cause: Optional[RootCause] = None) -> List[OpSummary]:
+              by_cosine: bool = False, cause: Optional[RootCause] = None,
+              noise_last: bool = False) -> List[OpSummary]:
     """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
-    (all when limit <= 0), in execution order or, with by_cosine, worst first. Pass `cause`
-    when the table's root cause is already at hand (computed with the same threshold)."""
-    t = cause.rows if cause is not None and cause.rows is not None else OpRows(table, threshold)
-    cause = cause if cause is not None else root_cause(table, threshold, rows=t)
+    (all when limit <= 0), in execution order or, with by_cosine, worst first, and with
+    noise_last the cancellation noise after the findings. Pass `cause` when the table's root
+    cause is already at hand (computed with the same threshold). Only the ops returned are
+    summarised: a 100,000-row table has thousands, and vcs shows a few."""
+    t, cause = _rows_and_cause(table, threshold, cause)
+    noise = cause.noise_ops
+    ops = t.ops                                 # the ops with a diverging output, in order
+    if by_cosine:
+        ops = sorted(ops, key=lambda op: _worst_output(t, op[1]))
+    if noise_last:
+        ops = sorted(ops, key=lambda op: _category(t, op, noise) == "cancellation")
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
+    return [_summary(t, op, noise, roles) for op in (ops if limit <= 0 else ops[:limit])]
+
+
+def count_findings(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
+                   cause: Optional[RootCause] = None) -> int:
+    """How many ops summarize would list as findings (all but cancellation noise)."""
+    t, cause = _rows_and_cause(table, threshold, cause)
     noise = cause.noise_ops
-    found = []
-    for op_name, pos, order in t.ops:          # the ops with a diverging output
-        outputs = [i for i in pos if t.is_out[i]]
-        pass_name = t.pass_name[pos[0]]
-        found.append(OpSummary(
-            op_name=op_name, op_type=t.op_type[pos[0]], order=order,
-            golden_ops=sorted({g for g in (t.golden_op[i] for i in outputs)
-                               if isinstance(g, str) and g}),
-            pass_name=pass_name if isinstance(pass_name, str) else "",
-            input_cosines=[t.cosine[i] for i in pos if not t.is_out[i]],
-            output_cosines=[t.cosine[i] for i in outputs],
-            category="nan" if any(t.verdict[i] == "nan" for i in outputs) else
-            "cancellation" if op_name in noise else "under threshold",
-            role=roles.get(op_name, "")))
-    if by_cosine:
-        found.sort(key=lambda s: (s.worst_output if s.worst_output == s.worst_output else -np.inf))
-    else:
-        found.sort(key=lambda s: s.order)
-    return found if limit <= 0 else found[:limit]
+    return sum(_category(t, op, noise) != "cancellation" for op in t.ops)
+
+
+def _rows_and_cause(table, threshold, cause):
+    t = cause.rows if cause is not None and cause.rows is not None else OpRows(table, threshold)
+    return t, cause if cause is not None else root_cause(table, threshold, rows=t)
+
+
+def _outputs(t: OpRows, pos: list) -> list:
+    return [i for i in pos if t.is_out[i]]
+
+
+def _category(t: OpRows, op: tuple, noise) -> str:
+    name, pos, _ = op
+    return "nan" if any(t.verdict[i] == "nan" for i in _outputs(t, pos)) else \
+        "cancellation" if name in noise else "under threshold"
+
+
+def _worst_output(t: OpRows, pos: list) -> float:
+    """The lowest finite output cosine (OpSummary.worst_output); -inf when none is, so that
+    such ops sort first."""
+    finite = [c for c in (t.cosine[i] for i in _outputs(t, pos)) if c == c]
+    return min(finite) if finite else -np.inf
+
+
+def _summary(t: OpRows, op: tuple, noise, roles: dict) -> OpSummary:
+    op_name, pos, order = op
+    outputs = _outputs(t, pos)
+    pass_name = t.pass_name[pos[0]]
+    return OpSummary(
+        op_name=op_name, op_type=t.op_type[pos[0]], order=order,
+        golden_ops=sorted({g for g in (t.golden_op[i] for i in outputs) if isinstance(g, str) and g}),
+        pass_name=pass_name if isinstance(pass_name, str) else "",
+        input_cosines=[t.cosine[i] for i in pos if not t.is_out[i]],
+        output_cosines=[t.cosine[i] for i in outputs],
+        category=_category(t, op, noise), role=roles.get(op_name, ""))

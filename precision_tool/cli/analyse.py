@@ -155,16 +155,16 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                                         progress=lambda k, n: bar.update(task, completed=k, total=n),
                                         workers=workers, scheduler=scheduler)
     path = analysis.write_result(app.ws, table)
-    found = [s for s in analysis.summarize(table, threshold, limit=0) if s.is_finding]
+    found = analysis.count_findings(table, threshold)
     counts = table.Verdict.value_counts().to_dict()
     payload = {"result_file": path, "npu_run": f"{npu.target}/{npu.name}",
                "golden_run": f"{golden.target}/{golden.name}", "step": step, "rows": len(table),
-               "verdicts": counts, "ops_under_threshold": len(found)}
+               "verdicts": counts, "ops_under_threshold": found}
 
     def render():
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         app.console.print(f"{npu.target}/{npu.name} against {golden.target}/{golden.name}, step {step}: "
-                          f"{len(table)} tensors ({parts}); {len(found)} op(s) under {fmt(threshold)}")
+                          f"{len(table)} tensors ({parts}); {found} op(s) under {fmt(threshold)}")
         app.console.print(f"result: {path}")
         if found:
             app.console.print("summary: precision-tool vcs" + ("" if threshold == COSINE_THRESHOLD
@@ -198,13 +198,13 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
     for path in paths:
         table = _read_result(path)
         cause = analysis.root_cause(table, threshold)
-        ops = analysis.summarize(table, threshold, limit=0, by_cosine=by_cosine, cause=cause)
+        ops = analysis.summarize(table, threshold, limit=limit, by_cosine=by_cosine, cause=cause,
+                                 noise_last=True)
         origin = cause.first_origin
-        ops.sort(key=lambda s: not s.is_finding)          # noise last, order kept otherwise
         reports.append({"file": path, "threshold": threshold,
-                        "under_threshold": sum(s.is_finding for s in ops),
+                        "under_threshold": analysis.count_findings(table, threshold, cause),
                         "origin": origin.op_name if origin else None,
-                        "ops": [vars(s) for s in (ops if limit <= 0 else ops[:limit])]})
+                        "ops": [vars(s) for s in ops]})
 
     def render():
         for rep in reports:
