@@ -2,6 +2,10 @@
 defines each quantity: statistics, comparison totals, KL with and without the index's
 ranges, every float16 and bfloat16 bit pattern, and the merge of split ranges."""
 import errno
+import os
+import signal
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -396,6 +400,33 @@ def test_write_files_refuses_bad_conversions(tmp_path):
         native.write_files([path], [head], [x.astype(np.float32)], "x")
     with pytest.raises(ValueError, match="one conversion"):
         native.write_files([path], [head], [x.astype(np.float32)], "ee")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="POSIX file size limit")
+@pytest.mark.parametrize("convert", [".", "e"])
+def test_a_file_the_size_limit_cuts_short_fails_naming_it(tmp_path, convert):
+    """The kernel takes part of a write and then refuses the rest (here RLIMIT_FSIZE, in a
+    child process): the short write is followed up, and the refusal is an OSError naming
+    the file, never a file that looks whole."""
+    path = str(tmp_path / "t.npy")
+    child = f"""
+import resource, signal, numpy as np
+from precision_tool import native
+from precision_tool.dump.writer import npy_header
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (300, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+x = np.arange(1000, dtype=np.float32)
+dtype = np.dtype(np.float16 if {convert!r} == "e" else np.float32)
+try:
+    native.write_files([{path!r}], [npy_header(dtype, x.shape)], [x], {convert!r})
+    print("written")
+except OSError as e:
+    print(e.errno, e.filename)
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         env={**os.environ, "PRECISION_TOOL_NUMPY_ONLY": ""})
+    assert out.stdout.split() == [str(errno.EFBIG), path], out.stderr
+    assert (tmp_path / "t.npy").stat().st_size == 300        # what the limit let through
 
 
 def _stamped_template():
