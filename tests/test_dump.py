@@ -122,6 +122,46 @@ def test_stats_only_dump_writes_rows_and_no_tensor_files(tmp_path):
             ws.load(run, 0, "")
 
 
+def _reference_stats(a: np.ndarray) -> list:
+    """max, min, mean, l2norm over the finite elements in float64 (nan without any) and the
+    nan, +inf, -inf counts: the index's statistics, computed independently."""
+    f = a.astype(np.float64).reshape(-1)
+    counts = [int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum())]
+    fin = f[np.isfinite(f)]
+    if fin.size == 0:
+        return [np.nan] * 4 + counts
+    return [fin.max(), fin.min(), fin.mean(), np.sqrt((fin * fin).sum())] + counts
+
+
+def test_index_statistics_are_the_files_and_a_stats_dump_writes_the_same(tmp_path):
+    """Every index row of a tensor dump holds the statistics of the file it names (float64
+    reference, as the index text reads back); a statistics-only dump of the same step holds
+    the same numbers."""
+    m = pt.models.transformer()
+    _train(m, str(tmp_path / "tensor"), steps=1, cpu_action=None)
+    _train(m, str(tmp_path / "stats"), steps=1, cpu_action=None, dump_data="stats")
+    stats = ["max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count"]
+    tensor_ws, stats_ws = Workspace(str(tmp_path / "tensor")), Workspace(str(tmp_path / "stats"))
+    table = tensor_ws.index(tensor_ws.run("npu"), 0)
+    only = stats_ws.index(stats_ws.run("npu"), 0)
+    assert list(table.tensor) == list(only.tensor) and len(table) > 300
+    pd.testing.assert_frame_equal(table[stats], only[stats])
+    checked = set()
+    for row in table.itertuples():
+        if row.file in checked:
+            continue
+        checked.add(row.file)
+        want = _reference_stats(tensor_ws.load(tensor_ws.run("npu"), 0, row.file))
+        got = [getattr(row, f) for f in stats]
+        assert got[4:] == want[4:], row.file
+        if np.isnan(want[0]):
+            assert np.isnan(got[:4]).all(), row.file
+            continue
+        assert got[:2] == want[:2], row.file                  # extremes: exact
+        np.testing.assert_allclose(got[2:4], want[2:4], rtol=1e-12, err_msg=row.file)
+    assert len(checked) > 200
+
+
 def test_golden_and_npu_dumps_share_op_names(tmp_path):
     m = pt.models.transformer()
     npu, _ = _train(m, str(tmp_path), steps=1)
