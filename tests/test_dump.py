@@ -313,6 +313,38 @@ def test_pickled_or_outside_files_are_refused(tmp_path):
         ws.load(run, 0, "evil.npy")
     with pytest.raises(pt.PrecisionToolError, match="outside the workspace"):
         ws.load_file(str(tmp_path / ".." / "x.npy"))
+    # a file that is a link: followed inside the workspace, refused when it leads out
+    table = ws.index(run, 0)
+    step_dir = ws.step_path(run, 0)
+    inside = os.path.join(step_dir, "inside.npy")
+    os.symlink(os.path.join(step_dir, table.file[0]), inside)
+    assert np.array_equal(ws.load(run, 0, "inside.npy"), ws.load(run, 0, table.file[0]))
+    outside = tmp_path.parent / "outside.npy"
+    np.save(outside, np.zeros(3, np.float32))
+    os.symlink(outside, os.path.join(step_dir, "out.npy"))
+    with pytest.raises(pt.PrecisionToolError, match="outside the workspace"):
+        ws.load(run, 0, "out.npy")
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_tensor_files_read_back_exactly_mapped_or_not(tmp_path, monkeypatch, mapped):
+    """Small files are read whole, large ones memory-mapped (the threshold lowered here):
+    the same values, shapes and orders, empty ones included; a mapped one is read-only."""
+    from precision_tool.dump import workspace
+    if mapped:
+        monkeypatch.setattr(workspace, "MMAP_BYTES", 0)
+    arrays = {"f.npy": np.arange(12, dtype=np.float32).reshape(3, 4),
+              "h.npy": np.linspace(-2, 2, 7).astype(np.float16),
+              "fortran.npy": np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3)),
+              "empty.npy": np.zeros((0, 5), np.float32), "scalar.npy": np.array(2.5)}
+    for name, a in arrays.items():
+        np.save(tmp_path / name, a)
+    ws = Workspace(str(tmp_path))
+    for name, a in arrays.items():
+        got = ws.load_file(str(tmp_path / name))
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a), name
+        if mapped and a.size:
+            assert isinstance(got, np.memmap) and not got.flags.writeable
 
 
 # -- replay ----------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ stream id) are indexed from their file names and .npy headers.
 """
 from __future__ import annotations
 
+import errno
+import io
 import json
 import math
 import os
@@ -208,10 +210,13 @@ class Workspace:
         return self.load_file(os.path.join(self.step_path(run, step), file))
 
     def load_file(self, path: str) -> np.ndarray:
-        real = self._inside(path)
         try:
-            # a large tensor is memory-mapped: compares stream it block by block
-            return read_npy(real, mmap=os.path.getsize(real) > MMAP_BYTES)
+            fd = self._open_inside(path)
+            try:
+                # a large tensor is memory-mapped: compares stream it block by block
+                return read_npy(fd, mmap_over=MMAP_BYTES)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             raise WorkspaceError(f"tensor file {path} is missing") from None
         except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
@@ -220,22 +225,35 @@ class Workspace:
         except OSError as e:
             raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
 
-    def _inside(self, path: str) -> str:
-        """The path, checked to resolve inside the workspace. A directory is resolved once (a
-        compare opens thousands of files in a few); a file that is itself a link is resolved
-        every time."""
+    def _open_inside(self, path: str) -> int:
+        """A read-only descriptor of the file, checked to resolve inside the workspace. Its
+        directory is resolved once (a compare opens thousands of files in a few); the file is
+        opened without following a link (no lstat per file), and one that is a link is
+        resolved and checked before it is opened."""
         directory, name = os.path.split(path if os.path.isabs(path) else os.path.abspath(path))
         real_dir = self._real_dirs.get(directory)
         if real_dir is None:
             real_dir = self._real_dirs[directory] = os.path.realpath(directory)
         real = os.path.join(real_dir, name)
-        if os.path.islink(real):
-            real = os.path.realpath(real)
+        if _NOFOLLOW:
+            self._check_inside(path, real)
+            try:
+                return os.open(real, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+        real = os.path.realpath(real)
+        self._check_inside(path, real)
+        return os.open(real, os.O_RDONLY | _CLOEXEC)
+
+    def _check_inside(self, path: str, real: str) -> None:
         if not real.startswith(self._real_root + os.sep):
             raise WorkspaceError(f"{path} is outside the workspace {self.root}")
-        return real
 
 
+_HEADER_BYTES = 1 << 16        # more than numpy's parser accepts in a header
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                          r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*$")
 
@@ -265,29 +283,51 @@ def _npy_header(f):
                          f"{e})") from None
 
 
-def read_npy(path: str, mmap: bool = False) -> np.ndarray:
-    """An .npy file, never unpickling: a header that is not a plain numeric array (objects,
-    records) is refused, and the data length must be what the header claims, checked before
-    anything is allocated (a header may claim terabytes). mmap=True maps it read-only."""
-    with open(path, "rb") as f:
-        shape, fortran, dtype = _npy_header(f)
-        if dtype.hasobject:
-            raise ValueError("it holds Python objects, which only unpickling could read "
-                             "(refused: allow_pickle=False)")
-        if dtype.kind not in "biufc":
-            raise ValueError(f"its dtype {dtype} is not a numeric tensor")
-        want = math.prod(shape) * dtype.itemsize
-        have = os.fstat(f.fileno()).st_size - f.tell()
-        if have != want:
-            raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data bytes, the "
-                             f"file holds {have}")
-        order = "F" if fortran else "C"
-        if mmap and want:
-            return np.memmap(f, dtype=dtype, mode="r", offset=f.tell(), shape=shape, order=order)
-        data = bytearray(want)                       # writable, no copy
-        if f.readinto(data) != want:
+def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
+    """The .npy file open on fd, never unpickling: a header that is not a plain numeric array
+    (objects, records) is refused, and the data length must be what the header claims,
+    checked before anything is allocated (a header may claim terabytes). A file larger than
+    mmap_over bytes is mapped read-only; a smaller one is read whole, header and data, in
+    one call (a compare reads thousands of small files)."""
+    size = os.fstat(fd).st_size
+    if size > mmap_over:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            shape, fortran, dtype = _npy_header(f)
+            offset = f.tell()
+            want = _checked(shape, dtype, size - offset)
+            if want:
+                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
+                                 order="F" if fortran else "C")
+        return np.zeros(shape, dtype, order="F" if fortran else "C")
+    raw = bytearray(size)                        # writable: the array is a view of it
+    got, view = 0, memoryview(raw)
+    while got < size:                            # one call but for a signal's short read
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
             raise ValueError("the file changed while it was read")
-        return np.frombuffer(data, dtype).reshape(shape, order=order)
+        got += n
+    header = io.BytesIO(memoryview(raw)[:_HEADER_BYTES])   # a copy of the header's bytes only
+    shape, fortran, dtype = _npy_header(header)
+    offset = header.tell()
+    want = _checked(shape, dtype, size - offset)
+    array = np.frombuffer(raw, dtype, count=want // dtype.itemsize, offset=offset)
+    if offset % 16:                              # a foreign header: keep the data aligned
+        array = array.copy()
+    return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _checked(shape, dtype, have: int) -> int:
+    """The data bytes the header claims, refused unless a plain numeric array of `have`."""
+    if dtype.hasobject:
+        raise ValueError("it holds Python objects, which only unpickling could read "
+                         "(refused: allow_pickle=False)")
+    if dtype.kind not in "biufc":
+        raise ValueError(f"its dtype {dtype} is not a numeric tensor")
+    want = math.prod(shape) * dtype.itemsize
+    if have != want:
+        raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data bytes, the "
+                         f"file holds {have}")
+    return want
 
 
 def _read_json(path: str) -> dict:
