@@ -217,6 +217,8 @@ class Workspace:
                 return read_npy(fd, mmap_over=MMAP_BYTES)
             finally:
                 os.close(fd)
+        except WorkspaceError:           # outside the workspace: said as it is
+            raise
         except FileNotFoundError:
             raise WorkspaceError(f"tensor file {path} is missing") from None
         except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
