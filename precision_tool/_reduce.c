@@ -924,9 +924,9 @@ static int format_g17(double x, char *out)
         }
         out[at++] = 'e';
         out[at++] = X < 0 ? '-' : '+';
-        int ax10 = X < 0 ? -X : X;
-        if (ax10 < 10) out[at++] = '0';
-        at += format_int(ax10, out + at);
+        int magnitude = X < 0 ? -X : X;            /* two digits at least */
+        if (magnitude < 10) out[at++] = '0';
+        at += format_int(magnitude, out + at);
     } else if (X >= 0) {                 /* ddd.ddd */
         memcpy(out + at, dig, (size_t)(X + 1)); at += X + 1;
         if (nd > X + 1) {

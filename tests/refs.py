@@ -212,3 +212,14 @@ def to_5hd(x, c0=16):
     for i, j, k, m in itertools.product(range(n), range(c), range(h), range(w)):
         out[i, j // c0, k, m, j % c0] = x[i, j, k, m]
     return out
+
+
+def tensor_stats(a):
+    """max, min, mean, l2norm over the finite elements (nan without any), then the nan, +inf
+    and -inf counts: what a dump index row holds, from float64 numpy."""
+    f = np.asarray(a, dtype=np.float64).reshape(-1)
+    fin = f[np.isfinite(f)]
+    counts = [int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum())]
+    if not fin.size:
+        return [np.nan] * 4 + counts
+    return [fin.max(), fin.min(), fin.mean(), np.sqrt((fin * fin).sum())] + counts

@@ -16,6 +16,8 @@ import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.dump import DumpConfigError, Workspace, load_bundle, parse_steps, replay
 
+import refs
+
 
 def _train(model, root, steps=3, npu_action="dump", cpu_action="dump", **kw):
     d = pt.data.digits()
@@ -122,17 +124,6 @@ def test_stats_only_dump_writes_rows_and_no_tensor_files(tmp_path):
             ws.load(run, 0, "")
 
 
-def _reference_stats(a: np.ndarray) -> list:
-    """max, min, mean, l2norm over the finite elements in float64 (nan without any) and the
-    nan, +inf, -inf counts: the index's statistics, computed independently."""
-    f = a.astype(np.float64).reshape(-1)
-    counts = [int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum())]
-    fin = f[np.isfinite(f)]
-    if fin.size == 0:
-        return [np.nan] * 4 + counts
-    return [fin.max(), fin.min(), fin.mean(), np.sqrt((fin * fin).sum())] + counts
-
-
 def test_index_statistics_are_the_files_and_a_stats_dump_writes_the_same(tmp_path):
     """Every index row of a tensor dump holds the statistics of the file it names (float64
     reference, as the index text reads back); a statistics-only dump of the same step holds
@@ -151,7 +142,7 @@ def test_index_statistics_are_the_files_and_a_stats_dump_writes_the_same(tmp_pat
         if row.file in checked:
             continue
         checked.add(row.file)
-        want = _reference_stats(tensor_ws.load(tensor_ws.run("npu"), 0, row.file))
+        want = refs.tensor_stats(tensor_ws.load(tensor_ws.run("npu"), 0, row.file))
         got = [getattr(row, f) for f in stats]
         assert got[4:] == want[4:], row.file
         if np.isnan(want[0]):

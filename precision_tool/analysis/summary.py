@@ -46,24 +46,23 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
     cause is already at hand (computed with the same threshold). Only the ops returned are
     summarised: a 100,000-row table has thousands, and vcs shows a few."""
     t, cause = _rows_and_cause(table, threshold, cause)
-    noise = cause.noise_ops
-    ops = t.ops                                 # the ops with a diverging output, in order
+    ops = list(zip(t.ops, _categories(t, cause)))  # the ops with a diverging output, in order
     if by_cosine:
-        ops = sorted(ops, key=lambda op: _worst_output(t, op[1]))
+        ops.sort(key=lambda oc: _worst_output(t, oc[0][1]))
     if noise_last:
-        ops = sorted(ops, key=lambda op: _category(t, op, noise) == "cancellation")
+        ops.sort(key=lambda oc: oc[1] == "cancellation")
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
-    return [_summary(t, op, noise, roles) for op in (ops if limit <= 0 else ops[:limit])]
+    return [_summary(t, op, category, roles)
+            for op, category in (ops if limit <= 0 else ops[:limit])]
 
 
 def count_findings(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
                    cause: Optional[RootCause] = None) -> int:
     """How many ops summarize would list as findings (all but cancellation noise)."""
     t, cause = _rows_and_cause(table, threshold, cause)
-    noise = cause.noise_ops
-    return sum(_category(t, op, noise) != "cancellation" for op in t.ops)
+    return sum(c != "cancellation" for c in _categories(t, cause))
 
 
 def _rows_and_cause(table, threshold, cause):
@@ -75,10 +74,12 @@ def _outputs(t: OpRows, pos: list) -> list:
     return [i for i in pos if t.is_out[i]]
 
 
-def _category(t: OpRows, op: tuple, noise) -> str:
-    name, pos, _ = op
-    return "nan" if any(t.verdict[i] == "nan" for i in _outputs(t, pos)) else \
-        "cancellation" if name in noise else "under threshold"
+def _categories(t: OpRows, cause: RootCause) -> List[str]:
+    """Per op of t.ops: "nan" when an output holds nan/inf the golden lacks (whatever else),
+    "cancellation" when it is noise, else "under threshold"."""
+    noise = cause.noise_ops
+    return ["nan" if any(t.verdict[i] == "nan" for i in _outputs(t, pos)) else
+            "cancellation" if name in noise else "under threshold" for name, pos, _ in t.ops]
 
 
 def _worst_output(t: OpRows, pos: list) -> float:
@@ -88,7 +89,7 @@ def _worst_output(t: OpRows, pos: list) -> float:
     return min(finite) if finite else -np.inf
 
 
-def _summary(t: OpRows, op: tuple, noise, roles: dict) -> OpSummary:
+def _summary(t: OpRows, op: tuple, category: str, roles: dict) -> OpSummary:
     op_name, pos, order = op
     outputs = _outputs(t, pos)
     pass_name = t.pass_name[pos[0]]
@@ -98,4 +99,4 @@ def _summary(t: OpRows, op: tuple, noise, roles: dict) -> OpSummary:
         pass_name=pass_name if isinstance(pass_name, str) else "",
         input_cosines=[t.cosine[i] for i in pos if not t.is_out[i]],
         output_cosines=[t.cosine[i] for i in outputs],
-        category=_category(t, op, noise), role=roles.get(op_name, ""))
+        category=category, role=roles.get(op_name, ""))

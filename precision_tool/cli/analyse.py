@@ -155,22 +155,22 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                                         progress=lambda k, n: bar.update(task, completed=k, total=n),
                                         workers=workers, scheduler=scheduler)
     path = analysis.write_result(app.ws, table)
-    found = analysis.count_findings(table, threshold)
+    under = analysis.count_findings(table, threshold)
     counts = table.Verdict.value_counts().to_dict()
     payload = {"result_file": path, "npu_run": f"{npu.target}/{npu.name}",
                "golden_run": f"{golden.target}/{golden.name}", "step": step, "rows": len(table),
-               "verdicts": counts, "ops_under_threshold": found}
+               "verdicts": counts, "ops_under_threshold": under}
 
     def render():
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         app.console.print(f"{npu.target}/{npu.name} against {golden.target}/{golden.name}, step {step}: "
-                          f"{len(table)} tensors ({parts}); {found} op(s) under {fmt(threshold)}")
+                          f"{len(table)} tensors ({parts}); {under} op(s) under {fmt(threshold)}")
         app.console.print(f"result: {path}")
-        if found:
+        if under:
             app.console.print("summary: precision-tool vcs" + ("" if threshold == COSINE_THRESHOLD
                                                                else f" -c {threshold}"))
     app.emit(payload, render)
-    return EXIT_FINDINGS if found else EXIT_OK
+    return EXIT_FINDINGS if under else EXIT_OK
 
 
 # -- vcs --------------------------------------------------------------------------------------

@@ -296,11 +296,10 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
         with os.fdopen(os.dup(fd), "rb") as f:
             shape, fortran, dtype = _npy_header(f)
             offset = f.tell()
-            want = _checked(shape, dtype, size - offset)
-            if want:
+            if _checked(shape, dtype, size - offset):
                 return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
                                  order="F" if fortran else "C")
-        return np.zeros(shape, dtype, order="F" if fortran else "C")
+        return np.zeros(shape, dtype)                # no data: an empty array
     raw = bytearray(size)                        # writable: the array is a view of it
     got, view = 0, memoryview(raw)
     while got < size:                            # one call but for a signal's short read
@@ -308,7 +307,7 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
         if n == 0:
             raise ValueError("the file changed while it was read")
         got += n
-    header = io.BytesIO(memoryview(raw)[:_HEADER_BYTES])   # a copy of the header's bytes only
+    header = io.BytesIO(view[:_HEADER_BYTES])    # a copy of the header's bytes only
     shape, fortran, dtype = _npy_header(header)
     offset = header.tell()
     want = _checked(shape, dtype, size - offset)
