@@ -46,6 +46,25 @@ def test_demo_trains_dumps_and_ends_with_the_ac_report(demo):
     assert [r.name for r in ws.runs("npu")] == ["debug_0"] and ws.runs("cpu")
 
 
+def test_demo_moves_an_old_workspace_aside_but_not_the_shipped_readme(tmp_path):
+    from precision_tool.cli.jobs import _move_aside
+    root = tmp_path / "precision_data"
+    root.mkdir()
+    (root / "README.md").write_text("the layout")
+    assert _move_aside(str(root)) is None            # a fresh clone's workspace: nothing to move
+    (root / "npu" / "debug_0").mkdir(parents=True)
+    (root / "npu" / "debug_0" / "run.json").write_text("{}")
+    (root / "temp").mkdir()
+    aside = _move_aside(str(root))
+    assert sorted(os.listdir(root)) == ["README.md"]
+    assert sorted(os.listdir(aside)) == ["npu", "temp"]
+    assert (tmp_path / os.path.basename(aside) / "npu" / "debug_0" / "run.json").read_text() == "{}"
+    (root / "cpu").mkdir()
+    again = _move_aside(str(root))                   # in the same second: a name of its own
+    assert again != aside and os.listdir(again) == ["cpu"] and os.listdir(aside)
+    assert _move_aside(str(tmp_path / "missing")) is None
+
+
 def test_vcs_exit_codes_and_the_origin_first(demo):
     root, _ = demo
     result = invoke(root, "vcs", "-c", "0.98", "-l", "10")

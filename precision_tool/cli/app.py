@@ -37,7 +37,9 @@ class App:
     as_json: bool = False
     log_level: int = 1
     console: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    # messages are not wrapped by rich: a path broken over two lines cannot be copied
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False,
+                                                         soft_wrap=True))
     in_shell: bool = False
     _ws: Optional[Workspace] = None
 

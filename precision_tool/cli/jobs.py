@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Optional
 
 import click
 
@@ -52,6 +53,23 @@ def replay_cmd(app: App, device, action, step):
     return EXIT_OK
 
 
+def _move_aside(root: str) -> Optional[str]:
+    """Move what a workspace holds into root.<timestamp> (renamed, never deleted) and say
+    where; None when it holds nothing. Its README, which the project ships, stays."""
+    entries = [e for e in os.listdir(root) if e != "README.md"] if os.path.isdir(root) else []
+    if not entries:
+        return None
+    aside = stamp = f"{root}.{time.strftime('%Y%m%d%H%M%S')}"
+    k = 0
+    while os.path.lexists(aside):          # two demos in the same second
+        k += 1
+        aside = f"{stamp}-{k}"
+    os.makedirs(aside)
+    for e in entries:
+        os.rename(os.path.join(root, e), os.path.join(aside, e))
+    return aside
+
+
 @command("demo", "demo", short_help="The main job: train, dump both runs, auto check.")
 @click.option("--steps", type=click.IntRange(1, 500), default=100, show_default=True,
               help="Training steps on each executor.")
@@ -68,10 +86,10 @@ def demo_cmd(ctx, app: App, steps, fresh):
 
     from .. import Session, data, models
     root = app.ws_root()
-    if fresh and os.path.exists(root) and os.listdir(root):
-        aside = f"{root}.{time.strftime('%Y%m%d%H%M%S')}"
-        os.rename(root, aside)
-        app.info(f"the existing workspace was moved to {aside}")
+    if fresh:
+        aside = _move_aside(root)
+        if aside:
+            app.info(f"the existing workspace was moved to {aside}")
     app.refresh()
     digits = data.digits(scale=1.0)                      # raw pixels: the planted problem
     model = models.transformer()
