@@ -69,8 +69,12 @@ def test_vcs_exit_codes_and_the_origin_first(demo):
     root, _ = demo
     result = invoke(root, "vcs", "-c", "0.98", "-l", "10")
     assert result.exit_code == 1
-    panels = [line for line in result.stdout.splitlines() if line.startswith("╭")]
+    lines = result.stdout.splitlines()
+    panels = [line for line in lines if line.startswith("╭")]
     assert len(panels) == 10 and SOFTMAX in panels[0] and "[origin]" in panels[0]
+    # the result file's path is on one line, whole, however narrow the terminal
+    assert len(lines[0]) > 80 and lines[0].startswith(str(root)) and \
+        os.path.isfile(lines[0].split(".csv:")[0] + ".csv")
     assert invoke(root, "vcs", "-c", "0").exit_code == 0
     code, data = as_json(root, "vcs", "-l", "0")
     table = pd.read_csv(data["file"], keep_default_na=False, na_values=["nan", ""])

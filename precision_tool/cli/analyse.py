@@ -165,7 +165,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         app.console.print(f"{npu.target}/{npu.name} against {golden.target}/{golden.name}, step {step}: "
                           f"{len(table)} tensors ({parts}); {under} op(s) under {fmt(threshold)}")
-        app.console.print(f"result: {path}")
+        app.line(f"result: {path}")
         if under:
             app.console.print("summary: precision-tool vcs" + ("" if threshold == COSINE_THRESHOLD
                                                                else f" -c {threshold}"))
@@ -208,8 +208,8 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
 
     def render():
         for rep in reports:
-            app.console.print(f"{rep['file']}: {rep['under_threshold']} op(s) under {fmt(threshold)}"
-                              + (f", origin {rep['origin']}" if rep["origin"] else ""))
+            app.line(f"{rep['file']}: {rep['under_threshold']} op(s) under {fmt(threshold)}"
+                     + (f", origin {rep['origin']}" if rep["origin"] else ""))
             for s in rep["ops"]:
                 _render_op(app, s)
     app.emit(reports if len(reports) > 1 else reports[0], render)

@@ -57,6 +57,11 @@ class App:
     def refresh(self):
         self._ws = None
 
+    def line(self, text: str):
+        """A line of the result that names a path: not wrapped by rich (a path broken over two
+        lines cannot be copied); panels and tables still fit the terminal."""
+        self.console.print(text, soft_wrap=True, markup=False)
+
     def info(self, message: str):
         if self.log_level <= 1 and not self.as_json:
             self.err.print(message, markup=False)

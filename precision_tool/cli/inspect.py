@@ -165,11 +165,11 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
                           fmt(d.get("min"), 6), fmt(d.get("mean"), 6), d.get("file") or "(stats only)")
             app.console.print(t)
         for g in info["golden"]:
-            app.console.print(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
+            app.line(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
         if show_all:
             app.console.print(f"attrs: {attrs}", markup=False)
         if "dot_file" in info:
-            app.console.print(f"subgraph: {info['dot_file']}")
+            app.line(f"subgraph: {info['dot_file']}")
     app.emit(info, render)
     return EXIT_OK
 
@@ -266,7 +266,7 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
                  "head: " + " ".join(fmt(v, 6) for v in info["head"])]
         app.console.print(Panel("\n".join(lines), title=label, title_align="left"))
         if copy:
-            app.console.print(f"text copy: {info['copy']}")
+            app.line(f"text copy: {info['copy']}")
     app.emit(info, render)
     return EXIT_OK
 
@@ -358,5 +358,5 @@ def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
     array = np.ascontiguousarray(value)
     write_atomic(path, lambda f: np.save(f, array, allow_pickle=False))
     info = {"tensor": label, "from": fmt_in or "NCHW", "to": target, "shape": list(value.shape), "file": path}
-    app.emit(info, lambda: app.console.print(f"{label}: {info['from']} -> {target} {info['shape']}\n{path}"))
+    app.emit(info, lambda: app.line(f"{label}: {info['from']} -> {target} {info['shape']}\n{path}"))
     return EXIT_OK

@@ -115,6 +115,6 @@ def demo_cmd(ctx, app: App, steps, fresh):
         app.console.print(f"after {steps} steps  loss: golden {losses['cpu'][-1]:.6f}, NPU "
                           f"{losses['npu'][-1]:.6f}\n{'':{len(str(steps)) + 14}}held-out accuracy: "
                           f"golden {acc['cpu']:.4f}, NPU {acc['npu']:.4f}")
-        app.console.print(f"dumps: {root}\n")
+        app.line(f"dumps: {root}\n")
     from .analyse import auto_check_cmd
     return ctx.invoke(auto_check_cmd, compare=True, limit=3, threshold=0.98, step=0)
