@@ -371,6 +371,34 @@ def test_replaying_a_bundle_reproduces_the_dumped_tensors_bit_for_bit(tmp_path, 
         assert want[key].dtype == got[key].dtype and want[key].tobytes() == got[key].tobytes(), key
 
 
+def test_each_bundle_holds_its_own_steps_feeds_and_variables(tmp_path):
+    """The bundle's layout is worked out once and reused while the arrays keep their shapes:
+    a step fed another batch size gets a layout of its own."""
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", dump_step="all", data_dir=str(tmp_path)))
+    fed, held = [], []
+    for batch in (32, 32, 7, 32):
+        feed = {m.x: d.x_train[:batch] * (1 + len(fed)), m.y: d.y_train[:batch]}
+        fed.append(feed)
+        held.append(sess.variables())
+        sess.run([m.loss, m.train_op], feed)
+    sess.close()
+    run = Workspace(str(tmp_path)).run("npu")
+    for step, (feed, variables) in enumerate(zip(fed, held)):
+        bundle = load_bundle(os.path.join(run.path, "replay", str(step)))
+        assert bundle.meta["session_step"] == step
+        assert bundle.feeds.keys() == {t.name for t in feed}
+        for tensor, value in feed.items():
+            got = bundle.feeds[tensor.name]
+            assert got.shape == value.shape and got.tobytes() == \
+                np.asarray(value, dtype=got.dtype).tobytes()
+        assert bundle.variables.keys() == variables.keys()
+        for name, value in variables.items():
+            assert bundle.variables[name].tobytes() == value.tobytes(), (step, name)
+
+
 # -- the script runner and interrupted dumps -------------------------------------------------
 SCRIPT = textwrap.dedent("""
     import sys, numpy as np, precision_tool as pt

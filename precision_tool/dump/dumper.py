@@ -92,7 +92,7 @@ class DumpObserver:
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
         self._plan = None                           # the last step's StepPlan
-        self._replay_graph = None
+        self._bundles = None                        # replay.BundleWriter, made at the first dump
         self._info = self._run_info(session)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
         if self.npu:
@@ -290,13 +290,11 @@ class DumpObserver:
             f.write(_json(record))
 
     def _replay(self, session, feeds, fetch_tensors, fetch_nodes):
-        from .replay import bundle_job, config_dict
-        if self._replay_graph is None:       # the same for every step: made once
-            self._replay_graph = (graph_to_json(session.graph) + "\n",
-                                  json.dumps(config_dict(session)))
+        if self._bundles is None:
+            from .replay import BundleWriter
+            self._bundles = BundleWriter(session)
         path = os.path.join(self.run_dir, "replay", str(session.step))
-        self.writer.put(bundle_job(path, session, feeds, fetch_tensors, fetch_nodes,
-                                   *self._replay_graph))
+        self.writer.put(self._bundles.job(path, session, feeds, fetch_tensors, fetch_nodes))
 
 
 _OPEN = weakref.WeakSet()

@@ -15,13 +15,13 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, fields
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
 from ..errors import PrecisionToolError
 from ..fileio import load_json, write_buffers
-from ..graph import Graph
+from ..graph import Graph, graph_to_json
 from ..runtime import Session, SessionConfig
 
 BUNDLE_VERSION = 1
@@ -49,11 +49,10 @@ def config_dict(session) -> dict:
     return out
 
 
-def _save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> List[dict]:
-    """Arrays back to back in one raw file; their names, dtypes, shapes and offsets go into
-    replay.json. One write call per bundle (a zip per step cost more than the step itself),
-    and reading back is np.frombuffer: nothing to unpickle."""
-    entries, buffers, offset = [], [], 0
+def _layout(arrays: Dict[str, np.ndarray]):
+    """The arrays as the .bin file holds them (C-contiguous numbers) and a key that is the
+    same while their names, dtypes and shapes are."""
+    key, buffers = [], []
     for name, a in arrays.items():
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             a = np.asarray(a)
@@ -61,39 +60,63 @@ def _save_arrays(path: str, arrays: Dict[str, np.ndarray]) -> List[dict]:
                 raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
             a = a if a.flags.c_contiguous else a.copy(order="C")
         buffers.append(a)
-        entries.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape),
-                        "offset": offset, "nbytes": a.nbytes})
+        key.append((name, a.dtype.str, a.shape))
+    return tuple(key), buffers
+
+
+def _entries_json(key, buffers) -> str:
+    """replay.json's list of the arrays: name, dtype, shape, offset and size in the .bin."""
+    entries, offset = [], 0
+    for (name, dtype, shape), a in zip(key, buffers):
+        entries.append({"name": name, "dtype": dtype, "shape": list(shape), "offset": offset,
+                        "nbytes": a.nbytes})
         offset += a.nbytes
-    write_buffers(path, buffers)
-    return entries
+    return json.dumps(entries)
 
 
-def bundle_job(path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, fetch_nodes,
-               graph_json: str, config_json: str):
-    """What the step's bundle needs, taken now (references: nothing is modified later), and
-    a job that writes it into a partial directory renamed into place when complete.
-    config_json: json.dumps(config_dict(session)), the same every step."""
-    variables = session.variables(copy=False)
-    head = {"version": BUNDLE_VERSION, "session_step": session.step, "target": session.target,
-            "fetch_tensors": list(fetch_tensors), "fetch_nodes": list(fetch_nodes)}
-    feeds = dict(feeds)
+class BundleWriter:
+    """Writes the replay bundle of each dumped step of a session. Arrays go back to back
+    into one raw file each (variables.bin, feeds.bin) and their names, dtypes, shapes and
+    offsets into replay.json: one write call per file (a zip per step cost more than the
+    step itself), and reading back is np.frombuffer, nothing to unpickle. What is the same
+    every step (the graph, the config, the arrays' layout) is encoded once."""
 
-    def job():
-        partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
-        if os.path.isdir(partial):
-            shutil.rmtree(partial)
-        os.makedirs(partial)
-        with open(os.path.join(partial, "graph.json"), "w", encoding="utf-8") as f:
-            f.write(graph_json)
-        head["variables"] = _save_arrays(os.path.join(partial, "variables.bin"), variables)
-        head["feeds"] = _save_arrays(os.path.join(partial, "feeds.bin"), feeds)
-        with open(os.path.join(partial, "replay.json"), "w", encoding="utf-8") as f:
-            # no indent: the C encoder; the config, the same every step, is spliced in as text
-            f.write(json.dumps(head)[:-1] + ', "config": ' + config_json + "}\n")
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        os.replace(partial, path)
-    return job
+    def __init__(self, session):
+        self.graph = (graph_to_json(session.graph) + "\n").encode("utf-8")
+        self.config = json.dumps(config_dict(session))
+        self._entries: Dict[str, tuple] = {}       # "variables", "feeds" -> (key, JSON)
+
+    def _entries_of(self, kind: str, key, buffers) -> str:
+        known = self._entries.get(kind)
+        if known is None or known[0] != key:
+            known = self._entries[kind] = (key, _entries_json(key, buffers))
+        return known[1]
+
+    def job(self, path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, fetch_nodes):
+        """What the step's bundle needs, taken now (references: nothing is modified later),
+        and a job that writes it into a partial directory renamed into place when complete."""
+        head = {"version": BUNDLE_VERSION, "session_step": session.step,
+                "target": session.target, "fetch_tensors": list(fetch_tensors),
+                "fetch_nodes": list(fetch_nodes)}
+        variables, feeds = session.variables(copy=False), dict(feeds)
+
+        def job():
+            laid_out = {"variables": _layout(variables), "feeds": _layout(feeds)}
+            entries = "".join(f', "{kind}": {self._entries_of(kind, *arrays)}'
+                              for kind, arrays in laid_out.items())
+            meta = f'{json.dumps(head)[:-1]}{entries}, "config": {self.config}}}\n'
+            partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
+            if os.path.isdir(partial):
+                shutil.rmtree(partial)
+            os.makedirs(partial)
+            write_buffers(os.path.join(partial, "graph.json"), [self.graph])
+            for kind, (_, buffers) in laid_out.items():
+                write_buffers(os.path.join(partial, f"{kind}.bin"), buffers)
+            write_buffers(os.path.join(partial, "replay.json"), [meta.encode("utf-8")])
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            os.replace(partial, path)
+        return job
 
 
 @dataclass
