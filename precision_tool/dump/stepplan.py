@@ -69,8 +69,6 @@ class StepPlan:
     def __init__(self, key, header: str, rows: Sequence[Row], values: Sequence[np.ndarray],
                  files: bool):
         self.key = key
-        self.where = [(r.record, r.side, r.k) for r in rows]
-        self.shapes = [v.shape for v in values]
         first, position = [], {}
         index = Template().text(header + "\n")
         names = Template()
@@ -88,6 +86,9 @@ class StepPlan:
                 index.text(quoted[0]).stamp(rows[first[pos]].record).text(quoted[1])
             index.text(",").stats(pos).text("\n")
         self.first = first
+        # where each tensor's value is (its first line): the lines after it read the same array
+        self.where = [(rows[i].record, rows[i].side, rows[i].k) for i in first]
+        self.shapes = [values[i].shape for i in first]
         self.index = index.freeze()
         self.names = names.freeze() if files else None
         unique = [values[i] for i in first]
@@ -108,20 +109,19 @@ class StepPlan:
                       if d != v.dtype and self.halves[i] == "."}
 
     def gather(self, records) -> List[np.ndarray]:
-        """Each line's value, in line order."""
+        """Each tensor's value, in the order of their first lines."""
         return [records[r][side][k] for r, side, k in self.where]
 
     def fits(self, values) -> bool:
         """Whether these values (gather's) have the shapes and dtypes the plan was made for."""
-        return [v.shape for v in values] == self.shapes and \
-            [values[i].dtype for i in self.first] == self.dtypes
+        return [v.shape for v in values] == self.shapes and [v.dtype for v in values] == self.dtypes
 
     def write(self, directory: str, stamps: Sequence[int], values) -> None:
-        """index.csv and, for a tensor dump, the tensor files, into directory."""
-        unique = [values[i] for i in self.first]
-        text, nans = (self._native_index if native.enabled() else self._numpy_index)(stamps, unique)
+        """index.csv and, for a tensor dump, the tensor files, into directory; values:
+        gather's."""
+        text, nans = (self._native_index if native.enabled() else self._numpy_index)(stamps, values)
         if self.names is not None:
-            self._write_files(directory, stamps, unique, nans)
+            self._write_files(directory, stamps, values, nans)
         with open(os.path.join(directory, layout.INDEX_FILE), "wb") as f:
             f.write(text)
 
