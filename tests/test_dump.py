@@ -434,10 +434,11 @@ def test_a_plain_run_writes_nothing_and_the_runner_dumps_the_same_script(tmp_pat
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "ws").exists() and not (tmp_path / "precision_data").exists()
-    for cmd in (["npu-dump", "--dump-step", "0|1"], ["tf_dump"]):
-        out = subprocess.run([sys.executable, "-m", "precision_tool", *cmd, "--",
-                              sys.executable, str(script)], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
+    # the script as a command, or only its file name (it runs with this Python)
+    for cmd, command in ((["npu-dump", "--dump-step", "0|1"], [sys.executable, str(script)]),
+                         (["tf_dump"], [script.name])):
+        out = subprocess.run([sys.executable, "-m", "precision_tool", *cmd, "--", *command],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         assert "debug_0: steps [" in out.stdout
     ws = Workspace(str(tmp_path / "ws"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import click
 
@@ -36,11 +37,21 @@ def _debug_dirs(root):
     return found
 
 
+def _command(script) -> list:
+    """The command to run: a .py file named first runs with this Python (users type
+    `npu-dump train.py` as often as `npu-dump python train.py`)."""
+    script = list(script)
+    if script[0].endswith(".py") and os.path.isfile(script[0]):
+        return [sys.executable] + script
+    return script
+
+
 def make_runner(name: str):
     env_var, action, help_text = RUNNERS[name]
 
-    @click.command(name=name, short_help=SHORT[name], help=f"{help_text}\n\nRuns SCRIPT... (e.g. python train.py) with "
-                                   f"the hooks of precision_tool.hooks switched on.",
+    @click.command(name=name, short_help=SHORT[name], help=f"{help_text}\n\nRuns SCRIPT... (e.g. python train.py, or "
+                                   f"train.py, which runs with this Python) with the hooks of "
+                                   f"precision_tool.hooks switched on.",
                    context_settings={"ignore_unknown_options": True})
     @click.option("--dump-step", default=None, help='Steps to dump: "0|5|10" or "0|3-5|10" '
                                                      '(default: 0; every step for npu-overflow).')
@@ -63,11 +74,12 @@ def make_runner(name: str):
             if value is not None:
                 env[var] = value
         before = _debug_dirs(root)
-        click.echo(f"running {' '.join(script)} with {env_var}={env[env_var]}", err=True)
+        command = _command(script)
+        click.echo(f"running {' '.join(command)} with {env_var}={env[env_var]}", err=True)
         try:
-            rc = subprocess.call(list(script), env=env)
+            rc = subprocess.call(command, env=env)
         except OSError as e:
-            raise click.UsageError(f"cannot run {script[0]!r}: {e.strerror}") from None
+            raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
         new = sorted(_debug_dirs(root) - before)
         if rc != 0:
             raise CommandError(f"error: the script exited with status {rc}")
