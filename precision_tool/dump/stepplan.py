@@ -85,7 +85,6 @@ class StepPlan:
                 quoted = _quoted(*rows[first[pos]].file)
                 index.text(quoted[0]).stamp(rows[first[pos]].record).text(quoted[1])
             index.text(",").stats(pos).text("\n")
-        self.first = first
         # where each tensor's value is (its first line): the lines after it read the same array
         self.where = [(rows[i].record, rows[i].side, rows[i].k) for i in first]
         self.shapes = [values[i].shape for i in first]
