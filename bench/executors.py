@@ -5,7 +5,7 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up;
+  time includes the writer catching up; and the writer thread's CPU time per step;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
 import shutil
@@ -63,6 +63,47 @@ def dump_overhead(digits, where, batch):
         t = {k: statistics.median(v) for k, v in samples.items()}
         return t["tensor"] / t["none"], t["stats"] / t["none"]
     finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def writer_cpu(digits, where, batch, steps=40):
+    """CPU time of the dump's writer thread per Transformer step, (tensor dump, stats dump):
+    time.thread_time around each job it runs (a step's index and files, its replay bundle),
+    summed over `steps` steps after two of warm-up. What the writer costs in CPU, whatever
+    else the machine is doing: wall-time ratios move by 10-20% from run to run here."""
+    from precision_tool.dump import writer
+    m = pt.models.transformer()
+    root = tempfile.mkdtemp(prefix="bench-writer-", dir=where)
+    spent = []
+    put = writer.AsyncWriter.put
+
+    def timed_put(self, job):
+        def timed():
+            start = time.thread_time()
+            try:
+                job()
+            finally:
+                spent.append(time.thread_time() - start)
+        put(self, timed)
+    writer.AsyncWriter.put = timed_put
+    try:
+        out = []
+        for data in ("tensor", "stats"):
+            cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", dump_step="all",
+                                            dump_data=data, data_dir=root)
+            sess = pt.Session(m.graph, target="npu", config=cfg)
+            feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
+            for _ in range(2):
+                sess.run([m.loss, m.train_op], feed)
+            sess.close()
+            spent.clear()
+            for _ in range(steps):
+                sess.run([m.loss, m.train_op], feed)
+            sess.close()
+            out.append(sum(spent[:-1]) / steps)       # the last job: close()'s run.json
+        return tuple(out)
+    finally:
+        writer.AsyncWriter.put = put
         shutil.rmtree(root, ignore_errors=True)
 
 

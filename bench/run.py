@@ -130,6 +130,11 @@ def main():
                           f"{tensor:.2f}", "≤ 1.5", tensor <= 1.5)
                     t.add(f"dump overhead, {what}, stats dump ÷ none, {label}",
                           f"{stats:.2f}", "≤ 1.1", stats <= 1.1)
+        tensor, stats = executors.writer_cpu(digits, "/dev/shm" if os.path.isdir("/dev/shm")
+                                             else ".", 32, 10 if q else 40)
+        t.add("dump writer thread's CPU per Transformer step at batch 32, tensor dump / stats dump",
+              f"{tensor * 1e3:.2f} ms / {stats * 1e3:.2f} ms",
+              note="thread_time of its jobs (index, files, replay bundle); workspace on tmpfs")
         for name, ratio, how in executors.step_ratios(digits, q):
             t.add(name, f"{ratio:.2f}", "≤ 1.5", ratio <= 1.5, how)
         peer = executors.torch_ratio(digits)
