@@ -215,6 +215,23 @@ def test_fo_names_the_pass_and_leaves_the_default_run_alone(demo):
     assert Workspace(str(root)).run("npu").name == "debug_0"     # analyses still default to it
 
 
+def test_replaying_the_overflow_check_says_what_overflowed(demo, tmp_path):
+    root, _ = demo
+    code, made = as_json(root, "train", "-d", "npu", "-a", "overflow")
+    assert code == 1 and made["overflow"] == {"kernels": 1, "first": SOFTMAX}
+    text = invoke(root, "train", "-d", "npu", "-a", "overflow")
+    assert text.exit_code == 1 and f"1 overflowing kernel(s), the first {SOFTMAX}" in text.stdout
+    # a step that does not overflow: said so, exit 0
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", dump_step="0", data_dir=str(tmp_path)))
+    sess.run([m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+    code, made = as_json(tmp_path, "train", "-d", "npu", "-a", "overflow")
+    assert code == 0 and made["overflow"] == {"kernels": 0, "first": None}
+    assert "no overflow" in invoke(tmp_path, "train", "-d", "npu", "-a", "overflow").stdout
+
+
 def test_log_level_and_internal_errors(demo, monkeypatch, capsys):
     root, _ = demo
     quiet = invoke(root, "--log-level", "4", "ac", "-c")

@@ -12,15 +12,16 @@ from .. import hooks
 from ..dump import load_bundle, replay
 from ..runtime.config import SessionConfig
 from ..dump.workspace import WorkspaceError
-from .app import EXIT_OK, App, command
+from .app import EXIT_FINDINGS, EXIT_OK, App, command
 
 
 @command("train", "replay", short_help="Replay a dumped step on the NPU, the golden, or both.")
 @click.option("-d", "--device", type=click.Choice(["all", "npu", "cpu"]), default="all", show_default=True,
               help="Where to rerun the step.")
 @click.option("-a", "--action", type=click.Choice(["dump", "overflow", "fusion_off"]), default="dump",
-              show_default=True, help="dump: dump it again; overflow: the overflow check; "
-                                      "fusion_off: dump it with every fusion pass off (NPU).")
+              show_default=True, help="dump: dump it again; overflow: the overflow check (exit 1 "
+                                      "when a kernel overflows); fusion_off: dump it with every "
+                                      "fusion pass off (NPU).")
 @click.option("-s", "--step", type=int, default=None, help="The dumped step (default: the first).")
 def replay_cmd(app: App, device, action, step):
     """Rerun a dumped step from its replay bundle (graph, variables and feeds as they were),
@@ -36,7 +37,7 @@ def replay_cmd(app: App, device, action, step):
         raise WorkspaceError(f"no replay bundle for step {step}; bundles: {steps}")
     bundle = load_bundle(os.path.join(npu.path, "replay", str(step)))
     made = []
-    for target in (["npu", "cpu"] if device == "all" else [device]):
+    for target in _targets(device):
         act = action
         if action == "fusion_off":     # fusion only exists on the NPU: the golden just dumps
             act = "dump|fusion_off" if target == "npu" else "dump"
@@ -48,9 +49,35 @@ def replay_cmd(app: App, device, action, step):
         sess.close()
         app.refresh()
         made.append(f"{target}/{app.ws.runs(target)[-1].name}")
-    app.emit({"step": step, "runs": made},
-             lambda: app.console.print(f"step {step} replayed into {', '.join(made)}"))
-    return EXIT_OK
+    result = {"step": step, "runs": made}
+    if action == "overflow" and "npu" in _targets(device):
+        result["overflow"] = _overflow_found(app, step)
+    app.emit(result, lambda: app.line(f"step {step} replayed into {', '.join(made)}"
+                                      + _overflow_text(result.get("overflow"))))
+    return EXIT_FINDINGS if result.get("overflow", {}).get("kernels") else EXIT_OK
+
+
+def _targets(device: str) -> list:
+    return ["npu", "cpu"] if device == "all" else [device]
+
+
+def _overflow_found(app: App, step: int) -> dict:
+    """What the overflow check of the replayed step found: the overflowing kernels, the first."""
+    from ..analysis import overflow_report
+    run = app.ws.runs("npu")[-1]
+    if step not in [s.step for s in run.steps]:       # a check writes only steps that overflowed
+        return {"kernels": 0, "first": None}
+    report = overflow_report(app.ws, run, step)
+    return {"kernels": len(report.tasks), "first": report.first.op_name if report.first else None}
+
+
+def _overflow_text(found) -> str:
+    if found is None:
+        return ""
+    if not found["kernels"]:
+        return ": no overflow"
+    return (f": {found['kernels']} overflowing kernel(s)"
+            + (f", the first {found['first']}" if found["first"] else ""))
 
 
 def _move_aside(root: str) -> Optional[str]:
