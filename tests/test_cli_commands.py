@@ -150,6 +150,12 @@ def test_ni_shows_the_op_its_files_and_exports_dot(demo):
     assert dot.startswith("digraph") and "encoder/layer_0/attention/Mul" in dot
     result = invoke(root, "ni", "Softmax")                   # inexact: the candidates
     assert result.exit_code == 2 and "matches several ops" in result.stderr and SOFTMAX in result.stderr
+    for typo in ("Softmx", "encoder/layer_0/atention/Softmax"):   # mistyped: the closest names
+        result = invoke(root, "ni", typo)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1
+        assert f"no op {typo!r}" in result.stderr and f"did you mean {SOFTMAX}" in result.stderr
+    result = invoke(root, "ni", "zzz")
+    assert result.exit_code == 2 and "did you mean" not in result.stderr
 
 
 def test_pt_prints_the_statistics_of_the_file(demo):

@@ -2,6 +2,7 @@
 step's index (read once); tensors are named by dump file or by op name."""
 from __future__ import annotations
 
+import difflib
 import os
 from collections import Counter
 from typing import List
@@ -95,6 +96,19 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
 
 
 # -- ni ---------------------------------------------------------------------------------------
+def _close_names(name: str, names) -> list:
+    """Op names close to a mistyped one: whole names first, then by their last part
+    ('Softmx' finds 'encoder/layer_0/attention/Softmax')."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+    if close:
+        return close
+    by_last = {}
+    for full in names:
+        by_last.setdefault(full.rpartition("/")[2], []).append(full)
+    lasts = difflib.get_close_matches(name.rpartition("/")[2], list(by_last), n=3, cutoff=0.75)
+    return [full for last in lasts for full in by_last[last]][:3]
+
+
 def _find_node(app: App, run: Run, name: str) -> dict:
     nodes = _nodes(app, run)
     for n in nodes:
@@ -104,7 +118,9 @@ def _find_node(app: App, run: Run, name: str) -> dict:
     if len(candidates) == 1:
         return next(n for n in nodes if n["name"] == candidates[0])
     if not candidates:
-        raise WorkspaceError(f"no op {name!r} in {run.target}/{run.name}")
+        close = _close_names(name, [n["name"] for n in nodes])
+        raise WorkspaceError(f"no op {name!r} in {run.target}/{run.name}"
+                             + (f"; did you mean {', '.join(close)}?" if close else ""))
     shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
     raise WorkspaceError(f"{name!r} matches several ops: {shown}")
 
