@@ -160,6 +160,8 @@ def test_ni_shows_the_op_its_files_and_exports_dot(demo):
 
 def test_pt_prints_the_statistics_of_the_file(demo):
     root, _ = demo
+    result = invoke(root, "pt", "Softmx:output:0")          # mistyped: the closest op names
+    assert result.exit_code == 2 and f"did you mean {SOFTMAX}" in result.stderr
     code, info = as_json(root, "pt", SOFTMAX, "-c")
     ws = Workspace(str(root))
     table = ws.index(ws.run("npu"), 0)

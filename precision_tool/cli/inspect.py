@@ -242,7 +242,9 @@ def _tensor(app: App, ref: str, run_spec, step):
     if hit.empty:
         if os.path.isfile(ref):        # a file given by path, outside any index
             return app.ws.load_file(ref), ref, None
-        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}")
+        close = _close_names(ref.split(":")[0], sorted(set(table.op_name)))
+        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}"
+                             + (f"; did you mean {', '.join(close)}?" if close else ""))
     row = hit.iloc[0]
     if not row["file"]:
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
