@@ -96,17 +96,17 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
 
 
 # -- ni ---------------------------------------------------------------------------------------
-def _close_names(name: str, names) -> list:
-    """Op names close to a mistyped one: whole names first, then by their last part
-    ('Softmx' finds 'encoder/layer_0/attention/Softmax')."""
+def _did_you_mean(name: str, names) -> str:
+    """'; did you mean ...?' with the op names close to a mistyped one (whole names first,
+    then by their last part: 'Softmx' finds 'encoder/layer_0/attention/Softmax'), or ''."""
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
-    if close:
-        return close
-    by_last = {}
-    for full in names:
-        by_last.setdefault(full.rpartition("/")[2], []).append(full)
-    lasts = difflib.get_close_matches(name.rpartition("/")[2], list(by_last), n=3, cutoff=0.75)
-    return [full for last in lasts for full in by_last[last]][:3]
+    if not close:
+        by_last = {}
+        for full in names:
+            by_last.setdefault(full.rpartition("/")[2], []).append(full)
+        lasts = difflib.get_close_matches(name.rpartition("/")[2], list(by_last), n=3, cutoff=0.75)
+        close = [full for last in lasts for full in by_last[last]][:3]
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def _find_node(app: App, run: Run, name: str) -> dict:
@@ -118,9 +118,8 @@ def _find_node(app: App, run: Run, name: str) -> dict:
     if len(candidates) == 1:
         return next(n for n in nodes if n["name"] == candidates[0])
     if not candidates:
-        close = _close_names(name, [n["name"] for n in nodes])
         raise WorkspaceError(f"no op {name!r} in {run.target}/{run.name}"
-                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+                             + _did_you_mean(name, [n["name"] for n in nodes]))
     shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
     raise WorkspaceError(f"{name!r} matches several ops: {shown}")
 
@@ -242,9 +241,8 @@ def _tensor(app: App, ref: str, run_spec, step):
     if hit.empty:
         if os.path.isfile(ref):        # a file given by path, outside any index
             return app.ws.load_file(ref), ref, None
-        close = _close_names(ref.split(":")[0], sorted(set(table.op_name)))
         raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}"
-                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+                             + _did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
     row = hit.iloc[0]
     if not row["file"]:
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")

@@ -36,8 +36,8 @@ def replay_cmd(app: App, device, action, step):
     if step not in steps:
         raise WorkspaceError(f"no replay bundle for step {step}; bundles: {steps}")
     bundle = load_bundle(os.path.join(npu.path, "replay", str(step)))
-    made = []
-    for target in _targets(device):
+    made = {}                          # target -> the run the replay wrote
+    for target in (["npu", "cpu"] if device == "all" else [device]):
         act = action
         if action == "fusion_off":     # fusion only exists on the NPU: the golden just dumps
             act = "dump|fusion_off" if target == "npu" else "dump"
@@ -48,23 +48,19 @@ def replay_cmd(app: App, device, action, step):
         sess, _ = replay(bundle, target, cfg)
         sess.close()
         app.refresh()
-        made.append(f"{target}/{app.ws.runs(target)[-1].name}")
-    result = {"step": step, "runs": made}
-    if action == "overflow" and "npu" in _targets(device):
-        result["overflow"] = _overflow_found(app, step)
-    app.emit(result, lambda: app.line(f"step {step} replayed into {', '.join(made)}"
+        made[target] = app.ws.runs(target)[-1]
+    names = [f"{r.target}/{r.name}" for r in made.values()]
+    result = {"step": step, "runs": names}
+    if action == "overflow" and "npu" in made:
+        result["overflow"] = _overflow_found(app, made["npu"], step)
+    app.emit(result, lambda: app.line(f"step {step} replayed into {', '.join(names)}"
                                       + _overflow_text(result.get("overflow"))))
     return EXIT_FINDINGS if result.get("overflow", {}).get("kernels") else EXIT_OK
 
 
-def _targets(device: str) -> list:
-    return ["npu", "cpu"] if device == "all" else [device]
-
-
-def _overflow_found(app: App, step: int) -> dict:
+def _overflow_found(app: App, run, step: int) -> dict:
     """What the overflow check of the replayed step found: the overflowing kernels, the first."""
     from ..analysis import overflow_report
-    run = app.ws.runs("npu")[-1]
     if step not in [s.step for s in run.steps]:       # a check writes only steps that overflowed
         return {"kernels": 0, "first": None}
     report = overflow_report(app.ws, run, step)

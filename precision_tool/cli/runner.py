@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ..analysis import overflow_report
 from ..dump import Workspace, layout
 from .app import CommandError
 
@@ -92,8 +93,7 @@ def make_runner(name: str):
         for path in new:
             target, name = path.split(os.sep)
             run = ws.run(target, name)
-            records = sum(1 for s in run.steps for f in os.listdir(s.path)
-                          if f.startswith("Opdebug."))
+            records = sum(len(overflow_report(ws, run, s.step).tasks) for s in run.steps)
             overflowing += records
             click.echo(f"{path}: steps {[s.step for s in run.steps]} dumped"
                        + (f", {records} overflowing kernel(s)" if action == "overflow" else ""))
