@@ -24,6 +24,7 @@
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
 #define FP16_MAX 65504.0
+#define KL_SERIES (1.0 / 64)              /* |p / q - 1| under which KL's terms use a series */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 /* one build runs everywhere and uses AVX-512 or AVX2 where the CPU has them */
@@ -233,6 +234,25 @@ static inline double kl_term(double p, double q, int normalised)
                       : p * (log_positive(p, 0) - log_positive(q, 0));
 }
 
+/* phi(d) = sum over k >= 2 of (-1)^k d^(k - 2) / (k (k - 1)), to k = 10: where |d| < KL_SERIES
+ * the next term is under 2^-59 of the first */
+static inline double kl_series(double d)
+{
+    double r = 1.0 / 90;
+    for (int k = 9; k >= 2; k--) r = r * d + (k % 2 ? -1.0 : 1.0) / (k * (k - 1));
+    return r;
+}
+
+/* KL's excess term p log(p / q) - (p - q) >= 0 (metrics.set_kl says why KL is summed so):
+ * with d = (p - q) / q it is (p - q) d phi(d), p - q exact where p and q are within a factor
+ * of two (Sterbenz), so near p = q (close tensors: nearly every element) the term is good to
+ * a few ulps; elsewhere the log less p - q, which cancels at most log2(2 / |d|) < 7 bits. */
+static inline double kl_excess(double p, double q, int normalised)
+{
+    double diff = p - q, d = diff * (normalised ? reciprocal(q) : 1.0 / q);
+    return fabs(d) < KL_SERIES ? diff * d * kl_series(d) : kl_term(p, q, normalised) - diff;
+}
+
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Everything but the moments' combination over one block; moments are shifted by the
@@ -293,7 +313,7 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
             double p = MAX((xf - u.lo_x) * u.scale_x, EPS), q = MAX((yf - u.lo_y) * u.scale_y, EPS);
             sp += f ? p : 0.0;
             sq += f ? q : 0.0;
-            s += f ? kl_term(p, q, ratio) : 0.0;
+            s += f ? kl_excess(p, q, ratio) : 0.0;
         }
     }
     if (fast) fin = (double)n;
@@ -323,7 +343,7 @@ ALWAYS_INLINE void kl_loop(const double *x, const double *y, Py_ssize_t n, Unit 
         double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
         sp += f ? p : 0.0;
         sq += f ? q : 0.0;
-        s += f ? kl_term(p, q, ratio) : 0.0;
+        s += f ? kl_excess(p, q, ratio) : 0.0;
     }
     t[0] += sp; t[1] += sq; t[2] += s;
 }
@@ -380,11 +400,9 @@ static Py_ssize_t first_finite(const double *x, const double *y, Py_ssize_t n)
  * double on eight, with reciprocals from rcp14 and two Newton steps (14 -> 28 -> 56 bits:
  * within an ulp, as reciprocal() is) where compare_loop divides a float.
  *
- * KL's term p log(p / q): where p and q are within 1/64 of each other (close tensors: nearly
- * every element) it is p log1p(d) with d = (p - q) / q, p - q exact (Sterbenz), and log1p
- * the series to d^9 (its remainder < 2^-53 d there): to a few ulps of the term, where
- * log(p / q) loses the ratio's rounding error, absolute, to a result of the size of d. A
- * block with a term outside that range takes both and keeps the right one per element. */
+ * KL's excess term as kl_excess() takes it: the series where |p / q - 1| < KL_SERIES (close
+ * tensors: nearly every element); a block with a term outside that range takes both the
+ * series and the log and keeps the right one per element (kl_wide). */
 
 /* 2^-1022 < |v| < 2^1022: every float32, bfloat16 and float16 */
 AVX512 static inline __m512d rcp_pd(__m512d v)
@@ -416,29 +434,28 @@ AVX512 static inline __m512d log_pd(__m512d v)          /* log_positive(), eight
                          _mm512_sub_pd(_mm512_sub_pd(hfsq, inner), f));
 }
 
-AVX512 static inline __m512d log1p_pd(__m512d d)        /* |d| < 1/64 */
+AVX512 static inline __m512d series_pd(__m512d d)       /* kl_series(), eight at a time */
 {
-    __m512d r = _mm512_set1_pd(1.0 / 9);
-    for (int k = 8; k >= 1; k--)                          /* 1 - d/2 + d^2/3 - ... + d^8/9 */
-        r = _mm512_fmadd_pd(r, d, _mm512_set1_pd((k % 2 ? 1.0 : -1.0) / k));
-    return _mm512_mul_pd(r, d);
+    __m512d r = _mm512_set1_pd(1.0 / 90);
+    for (int k = 9; k >= 2; k--)
+        r = _mm512_fmadd_pd(r, d, _mm512_set1_pd((k % 2 ? -1.0 : 1.0) / (k * (k - 1))));
+    return r;
 }
 
-#define LOG1P_RANGE (1.0 / 64)
-
-/* log(p / q) as above; *wide gathers |d| (>= LOG1P_RANGE: the block needs kl_wide) */
-AVX512 static inline __m512d kl_log_near(__m512d p, __m512d q, __m512d *wide)
+/* kl_excess() where |d| < KL_SERIES; *wide gathers |d| (the block needs kl_wide if not) */
+AVX512 static inline __m512d kl_excess_near(__m512d p, __m512d q, __m512d *wide)
 {
-    __m512d d = _mm512_mul_pd(_mm512_sub_pd(p, q), rcp_pd(q));
+    __m512d diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, rcp_pd(q));
     *wide = _mm512_max_pd(*wide, _mm512_abs_pd(d));
-    return log1p_pd(d);
+    return _mm512_mul_pd(_mm512_mul_pd(diff, d), series_pd(d));
 }
 
-AVX512 static inline __m512d kl_log_any(__m512d p, __m512d q)
+AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
 {
-    __m512d d = _mm512_mul_pd(_mm512_sub_pd(p, q), rcp_pd(q));
-    __mmask8 near = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(LOG1P_RANGE), _CMP_LT_OQ);
-    return _mm512_mask_blend_pd(near, log_pd(_mm512_mul_pd(p, rcp_pd(q))), log1p_pd(d));
+    __m512d r = rcp_pd(q), diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, r);
+    __mmask8 near = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(KL_SERIES), _CMP_LT_OQ);
+    __m512d far = _mm512_fmsub_pd(p, log_pd(_mm512_mul_pd(p, r)), diff);
+    return _mm512_mask_blend_pd(near, far, _mm512_mul_pd(_mm512_mul_pd(diff, d), series_pd(d)));
 }
 
 /* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */
@@ -475,7 +492,7 @@ AVX512 static inline void kl_add(KLSums *k, __m512d a, __m512d b, Unit u)
     PQ pq = unit_pd(a, b, u);
     k->sp = _mm512_add_pd(k->sp, pq.p);
     k->sq = _mm512_add_pd(k->sq, pq.q);
-    k->s = _mm512_fmadd_pd(pq.p, kl_log_near(pq.p, pq.q, &k->wide), k->s);
+    k->s = _mm512_add_pd(k->s, kl_excess_near(pq.p, pq.q, &k->wide));
 }
 
 AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u);
@@ -486,7 +503,7 @@ AVX512 static void kl_commit(const KLSums *k, double *sums, const char *x, char 
 {
     sums[0] += _mm512_reduce_add_pd(k->sp);
     sums[1] += _mm512_reduce_add_pd(k->sq);
-    sums[2] += _mm512_reduce_max_pd(k->wide) < LOG1P_RANGE ? _mm512_reduce_add_pd(k->s)
+    sums[2] += _mm512_reduce_max_pd(k->wide) < KL_SERIES ? _mm512_reduce_add_pd(k->s)
                                                           : kl_wide(x, xk, y, yk, n, u);
 }
 
@@ -505,7 +522,7 @@ AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
         for (int h = 0; h < 2; h++) {
             PQ pq = unit_pd(half_pd(a16, h), half_pd(b16, h), u);
-            s = _mm512_fmadd_pd(pq.p, kl_log_any(pq.p, pq.q), s);
+            s = _mm512_add_pd(s, kl_excess_any(pq.p, pq.q));
         }
     }
     return _mm512_reduce_add_pd(s);

@@ -6,6 +6,8 @@ import pytest
 
 from precision_tool.analysis import METRICS, compare_tensors
 
+import refs
+
 X = np.array([1.0, 2.0, 3.0, -4.0], np.float32)       # "NPU"
 Y = np.array([1.0, 2.5, 3.0, -3.0], np.float32)       # "golden"
 
@@ -53,6 +55,24 @@ def test_golden_against_itself_is_perfect():
         assert m[name] == 0.0
     assert abs(m["KullbackLeiblerDivergence"]) < 1e-15
     assert m["RatioRelError<0.001"] == 1.0
+
+
+def test_kl_of_close_tensors_keeps_its_digits():
+    """The KL of tensors 1e-5 apart is ~5e-11, made of terms of the second order in p - q:
+    against an extended-precision reference over the same p and q (min 0 and max 1 on both
+    sides make p = x and q = y exactly) it holds 12 digits. The textbook sum / Sp - log Sp +
+    log Sq kept 4 here."""
+    rng = np.random.default_rng(7)
+    y = rng.uniform(0.0, 1.0, 1 << 16).astype(np.float32)
+    x = np.clip(y * (1 + rng.normal(scale=1e-5, size=y.size)), 0.0, 1.0).astype(np.float32)
+    for v in (x, y):
+        v[:2] = 0.0, 1.0
+    eps = float(np.finfo(np.float32).eps)
+    want = refs.kl_divergence(np.maximum(x.astype(float), eps), np.maximum(y.astype(float), eps))
+    assert 1e-11 < want < 1e-10
+    assert compare_tensors(x, y)["KullbackLeiblerDivergence"] == pytest.approx(want, rel=1e-12)
+    # a scaled copy is the same pdf once normalised: KL 0, where the terms cancel exactly
+    assert compare_tensors(2 * y, y)["KullbackLeiblerDivergence"] == pytest.approx(0.0, abs=1e-16)
 
 
 def test_zero_norms():
