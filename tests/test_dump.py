@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -369,6 +370,35 @@ def test_replaying_a_bundle_reproduces_the_dumped_tensors_bit_for_bit(tmp_path, 
     assert want.keys() == got.keys()
     for key in want:
         assert want[key].dtype == got[key].dtype and want[key].tobytes() == got[key].tobytes(), key
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_bundles_of_a_run_share_one_graph_file_and_each_stands_alone(tmp_path, monkeypatch,
+                                                                     links):
+    """Later bundles hard-link the first one's graph.json; where the file system refuses
+    links, each bundle gets its own copy. Either way every bundle loads by itself, also once
+    the others are removed."""
+    if not links:
+        def refuse(src, dst):
+            raise OSError(1, "Operation not permitted", src)
+        monkeypatch.setattr(os, "link", refuse)
+    m = pt.models.mlp()
+    npu, cpu = _train(m, str(tmp_path), steps=3, dump_step="all")
+    npu.close(), cpu.close()
+    for target in ("npu", "cpu"):
+        replays = os.path.join(Workspace(str(tmp_path)).run(target).path, "replay")
+        graphs = [os.path.join(replays, str(step), "graph.json") for step in range(3)]
+        with open(graphs[0], "rb") as f:
+            first = f.read()
+        for path in graphs[1:]:
+            with open(path, "rb") as f:
+                assert f.read() == first
+            assert os.path.samefile(path, graphs[0]) is links
+        shutil.rmtree(os.path.join(replays, "0"))
+        for step in (1, 2):
+            bundle = load_bundle(os.path.join(replays, str(step)))
+            assert bundle.meta["session_step"] == step
+            assert [n.name for n in bundle.graph.nodes] == [n.name for n in m.graph.nodes]
 
 
 def test_each_bundle_holds_its_own_steps_feeds_and_variables(tmp_path):

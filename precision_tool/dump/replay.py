@@ -1,6 +1,7 @@
 """Replay bundles: everything needed to rerun one dumped step without the training script.
 
-    replay/<step>/graph.json      the original (uncompiled) graph
+    replay/<step>/graph.json      the original (uncompiled) graph; within a run, a hard link
+                                  to the previous bundle's where the file system allows
     replay/<step>/variables.bin   every variable's value at the start of the step
     replay/<step>/feeds.bin       the step's feeds, by placeholder
     replay/<step>/replay.json     session step (it seeds Dropout), fetches, target, config,
@@ -79,12 +80,27 @@ class BundleWriter:
     into one raw file each (variables.bin, feeds.bin) and their names, dtypes, shapes and
     offsets into replay.json: one write call per file (a zip per step cost more than the
     step itself), and reading back is np.frombuffer, nothing to unpickle. What is the same
-    every step (the graph, the config, the arrays' layout) is encoded once."""
+    every step (the graph, the config, the arrays' layout) is encoded once, and the graph is
+    written once: later bundles hard-link the previous bundle's graph.json (a directory entry,
+    not a new file: an identical 100 KB copy per dumped step otherwise, and creating a file
+    is what costs most on a slow file system). Each bundle stays whole on its own: removing
+    one leaves the others' links. Where linking fails (no hard links here, the file gone), the
+    graph is written."""
 
     def __init__(self, session):
         self.graph = (graph_to_json(session.graph) + "\n").encode("utf-8")
         self.config = json.dumps(config_dict(session))
         self._entries: Dict[str, tuple] = {}       # "variables", "feeds" -> (key, JSON)
+        self._graph_file: Optional[str] = None     # the last bundle's graph.json
+
+    def _write_graph(self, path: str) -> None:
+        if self._graph_file is not None:
+            try:
+                os.link(self._graph_file, path)
+                return
+            except OSError:
+                self._graph_file = None
+        write_buffers(path, [self.graph])
 
     def _entries_of(self, kind: str, key, buffers) -> str:
         known = self._entries.get(kind)
@@ -109,13 +125,14 @@ class BundleWriter:
             if os.path.isdir(partial):
                 shutil.rmtree(partial)
             os.makedirs(partial)
-            write_buffers(os.path.join(partial, "graph.json"), [self.graph])
+            self._write_graph(os.path.join(partial, "graph.json"))
             for kind, (_, buffers) in laid_out.items():
                 write_buffers(os.path.join(partial, f"{kind}.bin"), buffers)
             write_buffers(os.path.join(partial, "replay.json"), [meta.encode("utf-8")])
             if os.path.isdir(path):
                 shutil.rmtree(path)
             os.replace(partial, path)
+            self._graph_file = os.path.join(path, "graph.json")
         return job
 
 
