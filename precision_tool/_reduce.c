@@ -234,13 +234,13 @@ static inline double kl_term(double p, double q, int normalised)
                       : p * (log_positive(p, 0) - log_positive(q, 0));
 }
 
-/* phi(d) = sum over k >= 2 of (-1)^k d^(k - 2) / (k (k - 1)), to k = 10: where |d| < KL_SERIES
- * the next term is under 2^-59 of the first */
-static inline double kl_series(double d)
+/* the excess term (below) where |d| < KL_SERIES: diff d phi(d), phi(d) = sum over k >= 2 of
+ * (-1)^k d^(k - 2) / (k (k - 1)) to k = 10 (the next term is under 2^-59 of the first) */
+static inline double kl_series(double diff, double d)
 {
     double r = 1.0 / 90;
     for (int k = 9; k >= 2; k--) r = r * d + (k % 2 ? -1.0 : 1.0) / (k * (k - 1));
-    return r;
+    return diff * d * r;
 }
 
 /* KL's excess term p log(p / q) - (p - q) >= 0 (metrics.set_kl says why KL is summed so):
@@ -250,7 +250,7 @@ static inline double kl_series(double d)
 static inline double kl_excess(double p, double q, int normalised)
 {
     double diff = p - q, d = diff * (normalised ? reciprocal(q) : 1.0 / q);
-    return fabs(d) < KL_SERIES ? diff * d * kl_series(d) : kl_term(p, q, normalised) - diff;
+    return fabs(d) < KL_SERIES ? kl_series(diff, d) : kl_term(p, q, normalised) - diff;
 }
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -434,12 +434,12 @@ AVX512 static inline __m512d log_pd(__m512d v)          /* log_positive(), eight
                          _mm512_sub_pd(_mm512_sub_pd(hfsq, inner), f));
 }
 
-AVX512 static inline __m512d series_pd(__m512d d)       /* kl_series(), eight at a time */
+AVX512 static inline __m512d series_pd(__m512d diff, __m512d d)   /* kl_series(), by eight */
 {
     __m512d r = _mm512_set1_pd(1.0 / 90);
     for (int k = 9; k >= 2; k--)
         r = _mm512_fmadd_pd(r, d, _mm512_set1_pd((k % 2 ? -1.0 : 1.0) / (k * (k - 1))));
-    return r;
+    return _mm512_mul_pd(_mm512_mul_pd(diff, d), r);
 }
 
 /* kl_excess() where |d| < KL_SERIES; *wide gathers |d| (the block needs kl_wide if not) */
@@ -447,7 +447,7 @@ AVX512 static inline __m512d kl_excess_near(__m512d p, __m512d q, __m512d *wide)
 {
     __m512d diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, rcp_pd(q));
     *wide = _mm512_max_pd(*wide, _mm512_abs_pd(d));
-    return _mm512_mul_pd(_mm512_mul_pd(diff, d), series_pd(d));
+    return series_pd(diff, d);
 }
 
 AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
@@ -455,7 +455,7 @@ AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
     __m512d r = rcp_pd(q), diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, r);
     __mmask8 near = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(KL_SERIES), _CMP_LT_OQ);
     __m512d far = _mm512_fmsub_pd(p, log_pd(_mm512_mul_pd(p, r)), diff);
-    return _mm512_mask_blend_pd(near, far, _mm512_mul_pd(_mm512_mul_pd(diff, d), series_pd(d)));
+    return _mm512_mask_blend_pd(near, far, series_pd(diff, d));
 }
 
 /* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */

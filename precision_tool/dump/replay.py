@@ -99,7 +99,7 @@ class BundleWriter:
                 os.link(self._graph_file, path)
                 return
             except OSError:
-                self._graph_file = None
+                pass                # written instead; the next bundle tries this one
         write_buffers(path, [self.graph])
 
     def _entries_of(self, kind: str, key, buffers) -> str:
