@@ -195,6 +195,36 @@ def test_cp_compares_two_tensors_and_refuses_a_size_mismatch(demo):
     assert mismatch.exit_code == 2 and "sizes differ" in mismatch.stderr
 
 
+@pytest.mark.parametrize("with_workspace", [False, True])
+def test_pt_cp_and_dc_take_any_npy_file_by_its_path(demo, tmp_path, with_workspace):
+    # files of the user's own, outside any workspace: read as dumps are, never confined to one
+    root = demo[0] if with_workspace else tmp_path / "none"
+    rng = np.random.default_rng(3)
+    left = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    right = left + np.float32(1e-2) * rng.standard_normal(left.shape).astype(np.float32)
+    np.save(tmp_path / "left.npy", left)
+    np.save(tmp_path / "right.npy", right)
+    code, r = as_json(root, "cp", str(tmp_path / "left.npy"), str(tmp_path / "right.npy"))
+    a, b = left.astype(np.float64).ravel(), right.astype(np.float64).ravel()
+    assert code == 1 and r["elements"] == a.size
+    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12)
+    assert r["error_count"] == int((np.abs(a - b) > 1e-3 + 1e-3 * np.abs(b)).sum())
+    code, info = as_json(root, "pt", str(tmp_path / "left.npy"), "-c")
+    assert code == 0 and info["max"] == float(left.max())
+    where = os.path.join(str(root), "temp", "print_tensor") if with_workspace else str(tmp_path)
+    assert os.path.dirname(info["copy"]) == where
+    assert np.array_equal(np.loadtxt(info["copy"]), a)
+    code, info = as_json(root, "dc", str(tmp_path / "left.npy"), "-f", "NHWC")
+    assert code == 0 and np.array_equal(np.load(info["file"]), left.transpose(0, 2, 3, 1))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "left.npy").read_bytes()[:200])
+    for args in (("pt", str(tmp_path / "cut.npy")), ("cp", str(tmp_path / "cut.npy"), str(tmp_path / "right.npy"))):
+        result = invoke(root, *args)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "corrupt" in result.stderr
+    assert not (tmp_path / "none").exists()          # nothing made where no workspace was
+    missing = invoke(root, "pt", str(tmp_path / "nothing.npy"))
+    assert missing.exit_code == 2 and "Traceback" not in missing.stderr
+
+
 def test_dc_converts_a_5hd_dump_to_nchw_and_nhwc(tmp_path):
     m = pt.models.cnn()
     d = pt.data.digits()

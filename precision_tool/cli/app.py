@@ -47,8 +47,9 @@ class App:
     def ws(self) -> Workspace:
         """Opened once; a command that writes runs calls refresh()."""
         if self._ws is None or self._ws.root != layout.resolve_root(self.data_dir):
-            self._ws = Workspace(self.data_dir)
-            self._ws.runs()                     # a missing workspace fails here, in one line
+            ws = Workspace(self.data_dir)
+            ws.runs()                  # a missing workspace fails here, in one line, every time
+            self._ws = ws
         return self._ws
 
     def ws_root(self) -> str:

@@ -16,7 +16,7 @@ from .. import numerics
 from ..analysis import TensorMap, compare_tensors
 from ..analysis.engine import logical_tensor
 from ..dump.layout import mangle
-from ..dump.workspace import Run, WorkspaceError
+from ..dump.workspace import Run, WorkspaceError, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
@@ -224,9 +224,18 @@ def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
 
 
 # -- pt ---------------------------------------------------------------------------------------
-def _tensor(app: App, ref: str, run_spec, step):
-    """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0)."""
-    run = app.run(run_spec, "npu")
+def _tensor(app: App, ref: str, run_spec, step, target: str = "npu"):
+    """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0) in
+    the run, or any .npy file given by its path (row None: no index row describes it). A
+    path is read as dump files are (no unpickling) but need not lie in a workspace: the
+    user named it."""
+    is_file = os.path.isfile(ref)
+    try:
+        run = app.run(run_spec, target)
+    except WorkspaceError:
+        if is_file and run_spec is None:          # no workspace or no such run: the file alone
+            return read_tensor_file(ref), ref, None
+        raise
     s = first_step(run, step)
     table = app.ws.index(run, s)
     base = os.path.basename(ref)
@@ -239,8 +248,8 @@ def _tensor(app: App, ref: str, run_spec, step):
             op, _, k = ref.rpartition(":") if ref.rpartition(":")[2].isdigit() else (ref, "", "0")
             hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
     if hit.empty:
-        if os.path.isfile(ref):        # a file given by path, outside any index
-            return app.ws.load_file(ref), ref, None
+        if is_file:                    # a file given by path, outside the run's index
+            return read_tensor_file(ref), ref, None
         raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}"
                              + _did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
     row = hit.iloc[0]
@@ -248,6 +257,19 @@ def _tensor(app: App, ref: str, run_spec, step):
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
     value = app.ws.load(run, s, row["file"])
     return value, f"{run.target}/{run.name} {row['op_name']}:{row['io']}:{row['index']}", row
+
+
+def _output_path(app: App, kind: str, ref: str, name: str) -> str:
+    """Where pt -c and dc write: the workspace's temp/<kind>/, or beside the file given when
+    there is no workspace (a file compared on its own)."""
+    try:
+        directory = os.path.join(app.ws.root, "temp", kind)
+    except WorkspaceError:
+        if not os.path.isfile(ref):
+            raise
+        directory = os.path.dirname(os.path.abspath(ref))
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, name)
 
 
 @command("pt", "print-tensor", short_help="A tensor's summary and first values.")
@@ -267,9 +289,8 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
             "format": (row["format"] if row is not None and "format" in row else ""),
             **stats, "head": flat[:head].astype(np.float64).tolist() if flat.dtype.kind in "fiub" else []}
     if copy:
-        path = os.path.join(app.ws.root, "temp", "print_tensor",
+        path = _output_path(app, "print_tensor", ref,
                             os.path.basename(row["file"] if row is not None else ref) + ".txt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         text = "\n".join(repr(float(v)) for v in flat.astype(np.float64)) + "\n"
         write_text_atomic(path, text)
         info["copy"] = path
@@ -288,6 +309,15 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
 
 
 # -- cp ---------------------------------------------------------------------------------------
+def _golden_or_npu(app: App) -> str:
+    """RIGHT's default target: the newest golden run, else the newest NPU run (or no
+    workspace at all: then only files given by path are compared)."""
+    try:
+        return "cpu" if app.ws.runs("cpu") else "npu"
+    except WorkspaceError:
+        return "npu"
+
+
 @command("cp", "compare-pair", short_help="Two tensors side by side: errors, cosine, allclose.")
 @click.argument("left", metavar="LEFT")
 @click.argument("right", metavar="RIGHT")
@@ -300,11 +330,11 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
 @click.option("-rr", "--right-run", default=None, metavar="RUN", help="Run of RIGHT (default: newest golden).")
 @STEP_LONG
 def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run, right_run, step):
-    """Compare two tensors (dump files or tensor names) element by element: the items out of
+    """Compare two tensors (dump files, tensor names, or any .npy files by path) element by element: the items out of
     tolerance, the largest errors, cosine similarity, allclose, and the error ratio with its
     formula. Tensors of different sizes are refused. Exit code 1 when allclose fails."""
     x, xl, xrow = _tensor(app, left, left_run, step)
-    y, yl, _ = _tensor(app, right, right_run or (app.run(None, "cpu").path if app.ws.runs("cpu") else None), step)
+    y, yl, _ = _tensor(app, right, right_run, step, target=_golden_or_npu(app))
     if xrow is not None and "format" in xrow:
         x = logical_tensor(x, xrow["format"], xrow["original_shape"])
     if x.size != y.size:
@@ -369,8 +399,7 @@ def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
     if target == "NHWC":
         value = np.transpose(value, (0, 2, 3, 1))
     name = os.path.basename(row["file"] if row is not None else ref)
-    path = os.path.join(app.ws.root, "temp", "convert", f"{name[:-4] if name.endswith('.npy') else name}.{target}.npy")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    path = _output_path(app, "convert", ref, f"{name[:-4] if name.endswith('.npy') else name}.{target}.npy")
     array = np.ascontiguousarray(value)
     write_atomic(path, lambda f: np.save(f, array, allow_pickle=False))
     info = {"tensor": label, "from": fmt_in or "NCHW", "to": target, "shape": list(value.shape), "file": path}

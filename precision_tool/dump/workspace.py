@@ -210,22 +210,8 @@ class Workspace:
         return self.load_file(os.path.join(self.step_path(run, step), file))
 
     def load_file(self, path: str) -> np.ndarray:
-        try:
-            fd = self._open_inside(path)
-            try:
-                # a large tensor is memory-mapped: compares stream it block by block
-                return read_npy(fd, mmap_over=MMAP_BYTES)
-            finally:
-                os.close(fd)
-        except WorkspaceError:           # outside the workspace: said as it is
-            raise
-        except FileNotFoundError:
-            raise WorkspaceError(f"tensor file {path} is missing") from None
-        except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
-            raise WorkspaceError(f"tensor file {path} cannot be loaded without unpickling or is "
-                                 f"corrupt: {e or 'no data'}") from None
-        except OSError as e:
-            raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
+        """A tensor file that must resolve inside the workspace (an index names it)."""
+        return read_tensor_file(path, self._open_inside)
 
     def _open_inside(self, path: str) -> int:
         """A read-only descriptor of the file, checked to resolve inside the workspace. Its
@@ -251,6 +237,31 @@ class Workspace:
     def _check_inside(self, path: str, real: str) -> None:
         if not real.startswith(self._real_root + os.sep):
             raise WorkspaceError(f"{path} is outside the workspace {self.root}")
+
+
+def read_tensor_file(path: str, opener=None) -> np.ndarray:
+    """An .npy file read as read_npy reads it (allow_pickle=False, sizes checked, a large one
+    memory-mapped), its failures as one-line WorkspaceErrors. opener(path) -> descriptor:
+    the workspace passes one that refuses paths outside it; a path the user typed
+    (pt, cp, dc) is opened as it is."""
+    try:
+        fd = opener(path) if opener else os.open(path, os.O_RDONLY | _CLOEXEC)
+        try:
+            # a large tensor is memory-mapped: compares stream it block by block
+            return read_npy(fd, mmap_over=MMAP_BYTES)
+        finally:
+            os.close(fd)
+    except WorkspaceError:           # outside the workspace: said as it is
+        raise
+    except FileNotFoundError:
+        raise WorkspaceError(f"tensor file {path} is missing") from None
+    except IsADirectoryError:
+        raise WorkspaceError(f"{path} is a directory, not a tensor file") from None
+    except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
+        raise WorkspaceError(f"tensor file {path} cannot be loaded without unpickling or is "
+                             f"corrupt: {e or 'no data'}") from None
+    except OSError as e:
+        raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
 
 
 _HEADER_BYTES = 1 << 16        # more than numpy's parser accepts in a header
