@@ -10,6 +10,7 @@ import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.cli.app import App
 from precision_tool.cli.shell import PROMPT, completions, execute
+from precision_tool.cli import main
 
 SOFTMAX = "encoder/layer_0/attention/Softmax"
 
@@ -112,3 +113,7 @@ def test_lines_run_on_one_app(workspace, capsys):
     assert execute(app, "exit") is None
     assert execute(app, 'ni "unterminated') == 2
     assert execute(app, "bogus") == 2 and "unknown command" in capsys.readouterr().err
+    app.in_shell = True                      # as run_shell sets it: help is `help CMD` there
+    assert execute(app, "pt") == 2 and "(see help pt)" in capsys.readouterr().err
+    assert main(["--data-dir", str(workspace), "pt"]) == 2
+    assert "(see precision-tool pt --help)" in capsys.readouterr().err

@@ -125,7 +125,11 @@ def main(argv=None, app=None):
         click.echo("interrupted", err=True)
         return EXIT_INTERRUPTED
     except click.UsageError as e:     # one line: the reason, and where to look
-        hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        hint = ""
+        if e.ctx is not None:       # in the shell the way to a command's help is `help CMD`
+            shell = app is not None and app.in_shell and e.ctx.command_path != "precision-tool"
+            hint = (f" (see help {e.ctx.info_name})" if shell
+                    else f" (see {e.ctx.command_path} --help)")
         click.echo(f"error: {e.format_message()}{hint}", err=True)
         return e.exit_code
     except click.ClickException as e:
