@@ -25,6 +25,7 @@
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
 #define FP16_MAX 65504.0
 #define KL_SERIES (1.0 / 64)              /* |p / q - 1| under which KL's terms use a series */
+#define KL_NEAR (1.0 / 256)                /* ... and under which the AVX-512 loop's shorter one does */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 /* one build runs everywhere and uses AVX-512 or AVX2 where the CPU has them */
@@ -225,13 +226,22 @@ static inline double log_positive(double v, const int fast)
     return dk * ln2_hi - ((hfsq - (s * (hfsq + r) + dk * ln2_lo)) - f);
 }
 
-/* p log(p / q): where both sides are normalised, p / q lies in [eps, 1 / eps] and one log of
- * the ratio is exact to an ulp (and free of the cancellation of log p - log q); otherwise p
- * or q may be any magnitude and the two logs are taken apart */
-static inline double kl_term(double p, double q, int normalised)
+/* log(1 + d) for 1 + d = p / q in [eps, 1 / eps]: the log of u = 1 + d, rounded, corrected
+ * by its rounding (d - (u - 1)) / u (u - 1 is exact where it matters, u in [1/2, 2]), so that
+ * the error is an ulp of the log, not an ulp of u: the log of a rounded ratio would be off by
+ * 2^-53 absolute, 64 times its ulp where d = 1/64, before the excess term cancels more. */
+static inline double log_ratio(double d)
 {
-    return normalised ? p * log_positive(p * reciprocal(q), 1)
-                      : p * (log_positive(p, 0) - log_positive(q, 0));
+    double u = 1.0 + d;
+    return log_positive(u, 1) + (d - (u - 1.0)) * reciprocal(u);
+}
+
+/* p log(p / q), d = (p - q) / q: where both sides are normalised through log_ratio (free of
+ * the cancellation of log p - log q); otherwise p or q may be any magnitude (1 + d may round
+ * to 0) and the two logs are taken apart */
+static inline double kl_term(double p, double q, double d, int normalised)
+{
+    return normalised ? p * log_ratio(d) : p * (log_positive(p, 0) - log_positive(q, 0));
 }
 
 /* the excess term (below) where |d| < KL_SERIES: diff d phi(d), phi(d) = sum over k >= 2 of
@@ -250,7 +260,7 @@ static inline double kl_series(double diff, double d)
 static inline double kl_excess(double p, double q, int normalised)
 {
     double diff = p - q, d = diff * (normalised ? reciprocal(q) : 1.0 / q);
-    return fabs(d) < KL_SERIES ? kl_series(diff, d) : kl_term(p, q, normalised) - diff;
+    return fabs(d) < KL_SERIES ? kl_series(diff, d) : kl_term(p, q, d, normalised) - diff;
 }
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -391,20 +401,25 @@ static Py_ssize_t first_finite(const double *x, const double *y, Py_ssize_t n)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
 #include <immintrin.h>
-#define AVX512 __attribute__((target("avx512f,avx512dq")))
+#define AVX512 __attribute__((target("avx512f,avx512dq,popcnt")))
 
 /* ---- pairs on AVX-512 ------------------------------------------------------------------------
  * compare_loop's plain case, reading the tensors where they lie (float16, bfloat16 and float32
  * widen exactly to float32): the comparisons and extremes that are exact in float32 (fp16
  * max, zeros, min and max) take sixteen lanes at a time, the rest is the same arithmetic in
- * double on eight, with reciprocals from rcp14 and two Newton steps (14 -> 28 -> 56 bits:
- * within an ulp, as reciprocal() is) where compare_loop divides a float.
+ * double on eight. The vector units bound this loop, so work goes elsewhere where it can:
+ * quotients are hardware divisions (the divider works beside the multiply-add units, where
+ * reciprocal()'s Newton steps would cost four operations a quotient), counts are popcounts
+ * of the comparisons' masks on the integer units, and an inf or nan is found in the sums of
+ * squares rather than by a check of its own.
  *
- * KL's excess term as kl_excess() takes it: the series where |p / q - 1| < KL_SERIES (close
- * tensors: nearly every element); a block with a term outside that range takes both the
- * series and the log and keeps the right one per element (kl_wide). */
+ * KL's excess term as kl_excess() takes it, the series where |p / q - 1| < KL_SERIES and the
+ * log elsewhere; the loop itself runs a shorter series, exact to an ulp where |p / q - 1| <
+ * KL_NEAR (close tensors: nearly every element), and a block with a term outside that range
+ * is summed again through kl_wide, which takes both the full series and the log and keeps
+ * the right one per element. */
 
-/* 2^-1022 < |v| < 2^1022: every float32, bfloat16 and float16 */
+/* 2^-1022 < |v| < 2^1022: every float32, bfloat16 and float16; 14 -> 28 -> 56 bits */
 AVX512 static inline __m512d rcp_pd(__m512d v)
 {
     const __m512d two = _mm512_set1_pd(2.0);
@@ -434,28 +449,32 @@ AVX512 static inline __m512d log_pd(__m512d v)          /* log_positive(), eight
                          _mm512_sub_pd(_mm512_sub_pd(hfsq, inner), f));
 }
 
-AVX512 static inline __m512d series_pd(__m512d diff, __m512d d)   /* kl_series(), by eight */
+/* kl_series() by eight, to k = last: last = 10 where |d| < KL_SERIES, as kl_series(); 7
+ * where |d| < KL_NEAR (the next term is under 2^-52 of the first there) */
+AVX512 static inline __m512d series_pd(__m512d diff, __m512d d, const int last)
 {
-    __m512d r = _mm512_set1_pd(1.0 / 90);
-    for (int k = 9; k >= 2; k--)
+    __m512d r = _mm512_set1_pd((last % 2 ? -1.0 : 1.0) / (last * (last - 1)));
+    for (int k = last - 1; k >= 2; k--)
         r = _mm512_fmadd_pd(r, d, _mm512_set1_pd((k % 2 ? -1.0 : 1.0) / (k * (k - 1))));
     return _mm512_mul_pd(_mm512_mul_pd(diff, d), r);
 }
 
-/* kl_excess() where |d| < KL_SERIES; *wide gathers |d| (the block needs kl_wide if not) */
+/* kl_excess() where |d| < KL_NEAR; *wide gathers |d| (the block needs kl_wide if not) */
 AVX512 static inline __m512d kl_excess_near(__m512d p, __m512d q, __m512d *wide)
 {
-    __m512d diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, rcp_pd(q));
+    __m512d diff = _mm512_sub_pd(p, q), d = _mm512_div_pd(diff, q);
     *wide = _mm512_max_pd(*wide, _mm512_abs_pd(d));
-    return series_pd(diff, d);
+    return series_pd(diff, d, 7);
 }
 
 AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
 {
-    __m512d r = rcp_pd(q), diff = _mm512_sub_pd(p, q), d = _mm512_mul_pd(diff, r);
+    __m512d diff = _mm512_sub_pd(p, q), d = _mm512_div_pd(diff, q);
     __mmask8 near = _mm512_cmp_pd_mask(_mm512_abs_pd(d), _mm512_set1_pd(KL_SERIES), _CMP_LT_OQ);
-    __m512d far = _mm512_fmsub_pd(p, log_pd(_mm512_mul_pd(p, r)), diff);
-    return _mm512_mask_blend_pd(near, far, series_pd(diff, d));
+    __m512d u = _mm512_add_pd(_mm512_set1_pd(1.0), d);             /* log_ratio(d) */
+    __m512d c = _mm512_sub_pd(d, _mm512_sub_pd(u, _mm512_set1_pd(1.0)));
+    __m512d far = _mm512_fmsub_pd(p, _mm512_add_pd(log_pd(u), _mm512_div_pd(c, u)), diff);
+    return _mm512_mask_blend_pd(near, far, series_pd(diff, d, 10));
 }
 
 /* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */
@@ -503,7 +522,7 @@ AVX512 static void kl_commit(const KLSums *k, double *sums, const char *x, char 
 {
     sums[0] += _mm512_reduce_add_pd(k->sp);
     sums[1] += _mm512_reduce_add_pd(k->sq);
-    sums[2] += _mm512_reduce_max_pd(k->wide) < KL_SERIES ? _mm512_reduce_add_pd(k->s)
+    sums[2] += _mm512_reduce_max_pd(k->wide) < KL_NEAR ? _mm512_reduce_add_pd(k->s)
                                                           : kl_wide(x, xk, y, yk, n, u);
 }
 
@@ -534,59 +553,58 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
                                double kx_, double ky_, Unit u, double *t, double *shifted)
 {
     const __m512 zero = _mm512_setzero_ps(), fp16_max = _mm512_set1_ps((float)FP16_MAX);
-    const __m512i count = _mm512_set1_epi32(1);
-    const __m512d one = _mm512_set1_pd(1.0), eps = _mm512_set1_pd(EPS);
+    const __m512d eps = _mm512_set1_pd(EPS);
     const __m512d e3 = _mm512_set1_pd(1e-3), e5 = _mm512_set1_pd(5e-3);
     const __m512d kx = _mm512_set1_pd(kx_), ky = _mm512_set1_pd(ky_);
-    __m512 check = zero, xlo = _mm512_set1_ps(INFINITY), xhi = _mm512_set1_ps(-INFINITY);
+    __m512 xlo = _mm512_set1_ps(INFINITY), xhi = _mm512_set1_ps(-INFINITY);
     __m512 ylo = xlo, yhi = xhi;
-    __m512i at_max = _mm512_setzero_si512(), live = at_max, flushed = at_max;
+    long long at_max = 0, live = 0, flushed = 0, rel_n = 0, w1 = 0, w5 = 0;
     __m512d xy = _mm512_setzero_pd(), xx = xy, yy = xy, dd = xy, ad_sum = xy, ad_max = xy;
-    __m512d rel_n = xy, rel_sum = xy, rel_max = xy, w1 = xy, w5 = xy;
+    __m512d rel_sum = xy, rel_max = xy;
     __m512d sx = xy, sxx = xy, sy = xy, syy = xy;
     KLSums kl = {xy, xy, xy, xy};
     for (Py_ssize_t i = 0; i < n; i += 16) {
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
-        check = finite_check(check, a16, b16);
         xlo = _mm512_min_ps(xlo, a16); xhi = _mm512_max_ps(xhi, a16);
         ylo = _mm512_min_ps(ylo, b16); yhi = _mm512_max_ps(yhi, b16);
-        at_max = _mm512_mask_add_epi32(at_max, _mm512_cmp_ps_mask(_mm512_abs_ps(a16), fp16_max, _CMP_GE_OQ), at_max, count);
+        at_max += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_abs_ps(a16), fp16_max, _CMP_GE_OQ));
         __mmask16 nonzero = _mm512_cmp_ps_mask(b16, zero, _CMP_NEQ_UQ);
-        live = _mm512_mask_add_epi32(live, nonzero, live, count);
-        flushed = _mm512_mask_add_epi32(flushed, _mm512_mask_cmp_ps_mask(nonzero, a16, zero, _CMP_EQ_OQ), flushed, count);
+        live += __builtin_popcount(nonzero);
+        flushed += __builtin_popcount(_mm512_mask_cmp_ps_mask(nonzero, a16, zero, _CMP_EQ_OQ));
         for (int h = 0; h < 2; h++) {
             __m512d a = half_pd(a16, h), b = half_pd(b16, h);
             xy = _mm512_fmadd_pd(a, b, xy);
-            xx = _mm512_fmadd_pd(a, a, xx);
+            xx = _mm512_fmadd_pd(a, a, xx);     /* inf or nan once an inf or nan passes */
             yy = _mm512_fmadd_pd(b, b, yy);
             __m512d d = _mm512_sub_pd(a, b), ad = _mm512_abs_pd(d), ay = _mm512_abs_pd(b);
             dd = _mm512_fmadd_pd(d, d, dd);
             ad_sum = _mm512_add_pd(ad_sum, ad);
             ad_max = _mm512_max_pd(ad_max, ad);
             __mmask8 rel = _mm512_cmp_pd_mask(ay, eps, _CMP_GT_OQ);
-            __m512d err = _mm512_mask_mul_pd(ad, rel, ad, rcp_pd(ay));
-            rel_n = _mm512_mask_add_pd(rel_n, rel, rel_n, one);
+            __m512d err = _mm512_mask_div_pd(ad, rel, ad, ay);
+            rel_n += __builtin_popcount(rel);
             rel_sum = _mm512_mask_add_pd(rel_sum, rel, rel_sum, err);
             rel_max = _mm512_mask_max_pd(rel_max, rel, rel_max, err);
-            w1 = _mm512_mask_add_pd(w1, _mm512_cmp_pd_mask(err, e3, _CMP_LT_OQ), w1, one);
-            w5 = _mm512_mask_add_pd(w5, _mm512_cmp_pd_mask(err, e5, _CMP_LT_OQ), w5, one);
+            w1 += __builtin_popcount(_mm512_cmp_pd_mask(err, e3, _CMP_LT_OQ));
+            w5 += __builtin_popcount(_mm512_cmp_pd_mask(err, e5, _CMP_LT_OQ));
             __m512d cx = _mm512_sub_pd(a, kx), cy = _mm512_sub_pd(b, ky);
             sx = _mm512_add_pd(sx, cx); sxx = _mm512_fmadd_pd(cx, cx, sxx);
             sy = _mm512_add_pd(sy, cy); syy = _mm512_fmadd_pd(cy, cy, syy);
             if (u.on) kl_add(&kl, a, b, u);
         }
     }
-    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
-    t[T_X_AT_MAX] += _mm512_reduce_add_epi32(at_max);
-    t[T_LIVE] += _mm512_reduce_add_epi32(live);
-    t[T_FLUSHED] += _mm512_reduce_add_epi32(flushed);
-    t[T_XY] += _mm512_reduce_add_pd(xy); t[T_XX] += _mm512_reduce_add_pd(xx);
-    t[T_YY] += _mm512_reduce_add_pd(yy); t[T_DD] += _mm512_reduce_add_pd(dd);
+    double sum_xx = _mm512_reduce_add_pd(xx), sum_yy = _mm512_reduce_add_pd(yy);
+    if (!(fabs(sum_xx) <= DBL_MAX && fabs(sum_yy) <= DBL_MAX)) return 0;
+    t[T_X_AT_MAX] += (double)at_max;
+    t[T_LIVE] += (double)live;
+    t[T_FLUSHED] += (double)flushed;
+    t[T_XY] += _mm512_reduce_add_pd(xy); t[T_XX] += sum_xx;
+    t[T_YY] += sum_yy; t[T_DD] += _mm512_reduce_add_pd(dd);
     t[T_ABS_D_SUM] += _mm512_reduce_add_pd(ad_sum);
     t[T_ABS_D_MAX] = fmax(t[T_ABS_D_MAX], _mm512_reduce_max_pd(ad_max));
-    t[T_REL_N] += _mm512_reduce_add_pd(rel_n); t[T_REL_SUM] += _mm512_reduce_add_pd(rel_sum);
+    t[T_REL_N] += (double)rel_n; t[T_REL_SUM] += _mm512_reduce_add_pd(rel_sum);
     t[T_REL_MAX] = fmax(t[T_REL_MAX], _mm512_reduce_max_pd(rel_max));
-    t[T_WITHIN_1E3] += _mm512_reduce_add_pd(w1); t[T_WITHIN_5E3] += _mm512_reduce_add_pd(w5);
+    t[T_WITHIN_1E3] += (double)w1; t[T_WITHIN_5E3] += (double)w5;
     t[T_LO_X] = fmin(t[T_LO_X], _mm512_reduce_min_ps(xlo));
     t[T_HI_X] = fmax(t[T_HI_X], _mm512_reduce_max_ps(xhi));
     t[T_LO_Y] = fmin(t[T_LO_Y], _mm512_reduce_min_ps(ylo));

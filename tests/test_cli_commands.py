@@ -184,7 +184,7 @@ def test_cp_compares_two_tensors_and_refuses_a_size_mismatch(demo):
     x = ws.load(ws.run("npu"), 0, npu_t[(npu_t.op_name == SOFTMAX) & (npu_t.io == "output")].file.iloc[0])
     y = ws.load(ws.run("cpu"), 0, cpu_t[cpu_t.tensor == f"{SOFTMAX}:0"].file.iloc[0])
     a, b = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
-    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12)
+    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12, abs=0)
     assert r["error_count"] == int((np.abs(a - b) > 1e-3 + 1e-3 * np.abs(b)).sum())
     assert r["top_items"][0]["abs_error"] == pytest.approx(np.abs(a - b).max())
     assert "|left - right| > atol + rtol * |right|" in invoke(root, "cp", f"{SOFTMAX}:0", f"{SOFTMAX}:0",
@@ -207,7 +207,7 @@ def test_pt_cp_and_dc_take_any_npy_file_by_its_path(demo, tmp_path, with_workspa
     code, r = as_json(root, "cp", str(tmp_path / "left.npy"), str(tmp_path / "right.npy"))
     a, b = left.astype(np.float64).ravel(), right.astype(np.float64).ravel()
     assert code == 1 and r["elements"] == a.size
-    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12)
+    assert r["cosine"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12, abs=0)
     assert r["error_count"] == int((np.abs(a - b) > 1e-3 + 1e-3 * np.abs(b)).sum())
     code, info = as_json(root, "pt", str(tmp_path / "left.npy"), "-c")
     assert code == 0 and info["max"] == float(left.max())

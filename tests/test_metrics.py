@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from precision_tool.analysis import METRICS, compare_tensors
+from precision_tool.analysis import METRICS, compare_tensors, metrics
 
 import refs
 
@@ -23,15 +23,15 @@ def path(request, monkeypatch):
 def test_each_metric_against_a_hand_computed_value():
     m = compare_tensors(X, Y)
     dot, nx, ny = 1 + 5 + 9 + 12, math.sqrt(1 + 4 + 9 + 16), math.sqrt(1 + 6.25 + 9 + 9)
-    assert m["CosineSimilarity"] == pytest.approx(dot / (nx * ny), rel=1e-15)
+    assert m["CosineSimilarity"] == pytest.approx(dot / (nx * ny), rel=1e-15, abs=0)
     assert m["MaxAbsoluteError"] == 1.0
     rel = [0.0, 0.5 / 2.5, 0.0, 1.0 / 3.0]
-    assert m["AccumulatedRelativeError"] == pytest.approx(sum(rel), rel=1e-15)
-    assert m["MaxRelativeError"] == pytest.approx(1 / 3, rel=1e-15)
-    assert m["MeanRelativeError"] == pytest.approx(sum(rel) / 4, rel=1e-15)
-    assert m["RelativeEuclideanDistance"] == pytest.approx(math.sqrt(1.25 / 25.25), rel=1e-15)
-    assert m["MeanAbsoluteError"] == pytest.approx(1.5 / 4, rel=1e-15)
-    assert m["RootMeanSquareError"] == pytest.approx(math.sqrt(1.25 / 4), rel=1e-15)
+    assert m["AccumulatedRelativeError"] == pytest.approx(sum(rel), rel=1e-15, abs=0)
+    assert m["MaxRelativeError"] == pytest.approx(1 / 3, rel=1e-15, abs=0)
+    assert m["MeanRelativeError"] == pytest.approx(sum(rel) / 4, rel=1e-15, abs=0)
+    assert m["RelativeEuclideanDistance"] == pytest.approx(math.sqrt(1.25 / 25.25), rel=1e-15, abs=0)
+    assert m["MeanAbsoluteError"] == pytest.approx(1.5 / 4, rel=1e-15, abs=0)
+    assert m["RootMeanSquareError"] == pytest.approx(math.sqrt(1.25 / 4), rel=1e-15, abs=0)
     mx = sum(X.astype(float)) / 4
     assert m["StandardDeviation"] == pytest.approx(math.sqrt(sum((v - mx) ** 2 for v in X.astype(float)) / 4))
     assert m["RatioRelError<0.001"] == 0.5 and m["RatioRelError<0.005"] == 0.5
@@ -43,7 +43,7 @@ def test_each_metric_against_a_hand_computed_value():
     P, Q = pdf(list(X.astype(float))), pdf(list(Y.astype(float)))
     assert m["KullbackLeiblerDivergence"] == pytest.approx(sum(p * math.log(p / q) for p, q in zip(P, Q)))
     assert m["CompareFailReason"] == "" and m["NpuNanCount"] == 0 and m["FlushedToZeroRatio"] == 0
-    assert m["NpuNorm"] == pytest.approx(nx, rel=1e-15) and m["GoldenNorm"] == pytest.approx(ny, rel=1e-15)
+    assert m["NpuNorm"] == pytest.approx(nx, rel=1e-15, abs=0) and m["GoldenNorm"] == pytest.approx(ny, rel=1e-15, abs=0)
 
 
 def test_golden_against_itself_is_perfect():
@@ -70,9 +70,24 @@ def test_kl_of_close_tensors_keeps_its_digits():
     eps = float(np.finfo(np.float32).eps)
     want = refs.kl_divergence(np.maximum(x.astype(float), eps), np.maximum(y.astype(float), eps))
     assert 1e-11 < want < 1e-10
-    assert compare_tensors(x, y)["KullbackLeiblerDivergence"] == pytest.approx(want, rel=1e-12)
+    assert compare_tensors(x, y)["KullbackLeiblerDivergence"] == pytest.approx(want, rel=1e-12, abs=0)
     # a scaled copy is the same pdf once normalised: KL 0, where the terms cancel exactly
     assert compare_tensors(2 * y, y)["KullbackLeiblerDivergence"] == pytest.approx(0.0, abs=1e-16)
+
+
+def test_kl_terms_either_side_of_the_series_in_numpy():
+    """numpy's excess terms against an extended-precision reference where p / q - 1 is just
+    under 1/64 (the series' last term counts) and just over (the log: log1p of d keeps an ulp
+    of the log where the log of the rounded ratio lost 6 bits of it)."""
+    if np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
+        pytest.skip("no extended precision long double here for the reference")
+    x = np.random.default_rng(6).uniform(0.1, 1.0, 4096)
+    for ratio in (1.0155, 1.0158, 0.9842, 0.984, 3.0, 0.2):
+        y = x / ratio
+        want = refs.kl_excess(x.astype(np.longdouble), y.astype(np.longdouble))
+        got = metrics.kl_excess(x, y)
+        assert float(got.sum()) == pytest.approx(float(want.sum()), rel=1e-14, abs=0), ratio
+        np.testing.assert_allclose(got, want.astype(np.float64), rtol=1e-12, atol=0)
 
 
 def test_zero_norms():
@@ -122,7 +137,7 @@ def test_dtypes_are_compared_in_float64():
     x = np.array([1.0, 2.0], np.float16)
     y = np.array([1.0, 2.0001], np.float64)
     m = compare_tensors(x, y)
-    assert m["MaxAbsoluteError"] == pytest.approx(1e-4, rel=1e-6)
+    assert m["MaxAbsoluteError"] == pytest.approx(1e-4, rel=1e-6, abs=0)
     import ml_dtypes
     b = compare_tensors(np.array([1.5], ml_dtypes.bfloat16), np.array([1.5], np.float32))
     assert b["MaxAbsoluteError"] == 0.0
@@ -164,7 +179,7 @@ def test_blockwise_metrics_match_whole_array_float64_formulas():
         "NpuNorm": np.linalg.norm(xf), "GoldenNorm": np.linalg.norm(yf),
     }
     for name, value in want.items():
-        assert m[name] == pytest.approx(value, rel=1e-9), name
+        assert m[name] == pytest.approx(value, rel=1e-9, abs=0), name
     def pdf(v):
         v = np.maximum((v - v.min()) / (v.max() - v.min()), EPS)
         return v / v.sum()

@@ -5,11 +5,12 @@ The work is a list of tasks that name files, never arrays: a worker opens the du
 through the same reader (allow_pickle=False, nothing outside the workspace), from storage it
 shares with the client. A pair of tensors is one task; a pair too large for one worker to
 read in good time (SPLIT_ELEMENTS, when neither side needs a 5HD conversion) is split into
-ranges: one task per range for everything but KL, whose ranges merge into the totals of the
-whole tensor; then one task per range for KL's second pass, which needs the whole tensor's
-min and max (unless the index's min and max, given to the first pass, proved right). The
-split does not depend on where the tasks run and the ranges merge in order, so every engine
-gives the same numbers, bit for bit.
+ranges: tasks of ranges for everything but KL, whose ranges merge into the totals of the
+whole tensor; then tasks of ranges for KL's second pass, which needs the whole tensor's min
+and max (unless the index's min and max, given to the first pass, proved right). Workers
+take one range a task; this process takes all of a tensor's ranges in one task, whose parts
+keep its threads busy to the end. The split does not depend on where the tasks run and the
+ranges merge in order, so every engine gives the same numbers, bit for bit.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 from .. import numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,
-                      range_kl, range_totals)
+                      span_kl, span_totals)
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
 RANGE_ELEMENTS = 1 << 23
@@ -95,9 +96,9 @@ def _batch(ws: Workspace, pairs: List[Pair]) -> List[dict]:
 
 def run_task(task):
     """One task, anywhere: ("batch", root, [pairs]) -> result rows; ("pair", root, pair) ->
-    result row; ("totals", root, pair, start, stop) -> Totals; ("kl", root, pair, start,
-    stop, ranges) -> KL sums. An unreadable file is a result with its reason, not an
-    exception."""
+    result row; ("totals", root, pair, spans) -> Totals per (start, stop) of spans; ("kl",
+    root, pair, spans, ranges) -> KL sums per span. An unreadable file is a result with its
+    reason, not an exception."""
     kind, root, pair = task[:3]
     ws = Workspace(root)          # the reader's checks, wherever the task runs
     if kind == "batch":
@@ -107,8 +108,8 @@ def run_task(task):
             return compare_tensors(_load(ws, pair.npu), _load(ws, pair.golden), pair.ranges())
         xs, ys = _flat(ws, pair)
         if kind == "totals":
-            return range_totals(xs, ys, *task[3:5], ranges=pair.ranges())
-        return range_kl(xs, ys, *task[3:6])
+            return span_totals(xs, ys, task[3], ranges=pair.ranges())
+        return span_kl(xs, ys, task[3], task[4])
     except WorkspaceError as e:
         return _failed(str(e))
 
@@ -134,6 +135,11 @@ def _size(side: Side) -> Optional[int]:
 class Engine:
     """map(tasks) -> results in task order; subclasses decide where tasks run."""
 
+    def tasks_of(self, spans: List[tuple]) -> List[List[tuple]]:
+        """A split tensor's ranges grouped into tasks: here all in one (their parts share
+        this process's threads); an engine with workers gives each range a task."""
+        return [spans]
+
     def map(self, tasks: List[tuple], done: Callable[[int], None]) -> List:
         results = [None] * len(tasks)
         for k, result in self._unordered(tasks):
@@ -153,7 +159,12 @@ def _one_thread():
     os.environ["PRECISION_TOOL_THREADS"] = "1"     # the pool's workers already fill the cores
 
 
-class ProcessEngine(Engine):
+class _WorkerEngine(Engine):
+    def tasks_of(self, spans: List[tuple]) -> List[List[tuple]]:
+        return [[span] for span in spans]          # one range a task: the workers share them
+
+
+class ProcessEngine(_WorkerEngine):
     def __init__(self, workers: int):
         import multiprocessing
         import threading
@@ -175,7 +186,7 @@ class ProcessEngine(Engine):
         self.pool.shutdown()
 
 
-class DaskEngine(Engine):
+class DaskEngine(_WorkerEngine):
     def __init__(self, scheduler):
         try:
             from distributed import Client
@@ -235,9 +246,10 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             continue
         n = _size(pair.npu)
         if n is not None and n > SPLIT_ELEMENTS and _size(pair.golden) == n:
-            ranges = [(s, min(s + RANGE_ELEMENTS, n)) for s in range(0, n, RANGE_ELEMENTS)]
-            plans[p] = ("split", list(range(len(tasks), len(tasks) + len(ranges))), ranges)
-            tasks += [("totals", root, pair, s, e) for s, e in ranges]
+            groups = engine.tasks_of([(s, min(s + RANGE_ELEMENTS, n))
+                                      for s in range(0, n, RANGE_ELEMENTS)])
+            plans[p] = ("split", list(range(len(tasks), len(tasks) + len(groups))), groups)
+            tasks += [("totals", root, pair, spans) for spans in groups]
         else:
             plans[p] = ("pair", len(tasks), None)
             tasks.append(("pair", root, pair))
@@ -262,29 +274,30 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             result = first[plan[1]]
             results[p] = result if plan[2] is None else result[plan[2]]
             continue
-        parts = [first[k] for k in plan[1]]
-        failed = next((r for r in parts if isinstance(r, dict)), None)
+        failed = next((first[k] for k in plan[1] if isinstance(first[k], dict)), None)
         if failed is not None:
             results[p] = failed
             continue
         t = Totals()
-        for part in parts:                 # in range order: the same sums wherever they ran
-            t.merge(part)
+        for k in plan[1]:                  # in range order: the same sums wherever they ran
+            for part in first[k]:
+                t.merge(part)
         totals[p] = t
         if t.early_kl():
             t.set_kl(t.early_kl())
         elif t.n:
-            for s, e in plan[2]:
-                kl_tasks.append(("kl", root, pairs[p], s, e, t.ranges()))
+            for spans in plan[2]:
+                kl_tasks.append(("kl", root, pairs[p], spans, t.ranges()))
                 kl_owner.append(p)
     if kl_tasks:
         sums = engine.map(kl_tasks, lambda k: None)
         per_pair: Dict[int, tuple] = {}
-        for p, part in zip(kl_owner, sums):
-            if isinstance(part, dict):
-                results[p] = part
+        for p, parts in zip(kl_owner, sums):
+            if isinstance(parts, dict):
+                results[p] = parts
                 continue
-            per_pair[p] = add_kl_sums(per_pair[p], part) if p in per_pair else part
+            for part in parts:
+                per_pair[p] = add_kl_sums(per_pair[p], part) if p in per_pair else part
         for p, s in per_pair.items():
             totals[p].set_kl(s)
     for p, t in totals.items():

@@ -19,7 +19,7 @@ reason). Every edge case has a defined result:
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -206,7 +206,12 @@ def kl_excess(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     out *= diff
     if far is not None:
         pf, qf = p[far], q[far]
-        out[far] = pf * np.log(pf / qf) - (pf - qf)
+        df = (pf - qf) / qf
+        # log1p: an ulp of the log, where the log of the rounded ratio would be off by an ulp
+        # of the ratio (64 of the log's at d = 1/64); under 1/2 the ratio itself is exact
+        # enough and 1 + d might round to 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[far] = pf * np.where(df > -0.5, np.log1p(df), np.log(pf / qf)) - (pf - qf)
     return out
 
 
@@ -346,42 +351,71 @@ def range_totals(xs: np.ndarray, ys: np.ndarray, start: int = 0,
     """The totals of xs[start:stop] against ys[start:stop] (flat arrays). With `ranges`,
     the expected (lo_x, hi_x, lo_y, hi_y) of the finite pairs of the whole tensors, the
     C pass takes KL's sums at the same time (Totals.early_kl tells if they hold)."""
-    stop = xs.size if stop is None else stop
+    return span_totals(xs, ys, [(start, xs.size if stop is None else stop)], ranges)[0]
+
+
+def span_totals(xs: np.ndarray, ys: np.ndarray, spans, ranges=None) -> List[Totals]:
+    """range_totals of each (start, stop) of spans, their parts sharing the threads: a
+    tensor's spans in one call keep both cores busy to the end, where one call per span
+    would wait for its last part each time."""
     if _one_pass(xs, ys):
+        out = []
+        for results in _in_parts(lambda a, b: native.compare(xs, ys, a, b, ranges), spans):
+            t = Totals()
+            for part in results:
+                t.merge(Totals.from_native(part, ranges))
+            out.append(t)
+        return out
+    out = []
+    for start, stop in spans:
         t = Totals()
-        for part in _in_parts(lambda a, b: native.compare(xs, ys, a, b, ranges), start, stop):
-            t.merge(Totals.from_native(part, ranges))
-        return t
-    t = Totals()
-    for xb, yb in block_pairs(xs, ys, start, stop):
-        t.add_block(xb, yb)
-    return t
+        for xb, yb in block_pairs(xs, ys, start, stop):
+            t.add_block(xb, yb)
+        out.append(t)
+    return out
 
 
 def range_kl(xs: np.ndarray, ys: np.ndarray, start: int, stop: int, ranges) -> tuple:
     """KL's sums over xs[start:stop] against ys[start:stop] for the whole tensors' ranges."""
+    return span_kl(xs, ys, [(start, stop)], ranges)[0]
+
+
+def span_kl(xs: np.ndarray, ys: np.ndarray, spans, ranges) -> List[tuple]:
+    """range_kl of each (start, stop) of spans, their parts sharing the threads."""
     if _one_pass(xs, ys):
-        sums = (0.0, 0.0, 0.0)
-        for part in _in_parts(lambda a, b: native.kl(xs, ys, a, b, ranges), start, stop):
-            sums = add_kl_sums(sums, part)
-        return sums
-    return kl_sums(block_pairs(xs, ys, start, stop), ranges)
+        out = []
+        for results in _in_parts(lambda a, b: native.kl(xs, ys, a, b, ranges), spans):
+            sums = (0.0, 0.0, 0.0)
+            for part in results:
+                sums = add_kl_sums(sums, part)
+            out.append(sums)
+        return out
+    return [kl_sums(block_pairs(xs, ys, start, stop), ranges) for start, stop in spans]
 
 
 PART = 1 << 20       # elements per C call: the unit of work of the threads
 
 
-def _in_parts(job, start: int, stop: int) -> list:
-    """job(a, b) over [start, stop) in parts of PART elements, on native.threads() threads
-    (the C loops release the GIL), results in part order: the parts and the order of their
-    merge do not depend on the number of threads, so neither do the sums."""
-    parts = [(a, min(a + PART, stop)) for a in range(start, stop, PART)] or [(start, stop)]
-    workers = min(native.threads(), len(parts))
+def _in_parts(job, spans) -> List[list]:
+    """job(a, b) over each (start, stop) of spans in parts of PART elements, on
+    native.threads() threads (the C loops release the GIL): per span its parts' results,
+    in order. The parts and the order of their merge do not depend on the number of
+    threads, nor on which spans share a call, so neither do the sums."""
+    parts = [[(a, min(a + PART, stop)) for a in range(start, stop, PART)] or [(start, stop)]
+             for start, stop in spans]
+    flat = [ab for span in parts for ab in span]
+    workers = min(native.threads(), len(flat))
     if workers == 1:
-        return [job(a, b) for a, b in parts]
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda ab: job(*ab), parts))
+        results = [job(a, b) for a, b in flat]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda ab: job(*ab), flat))
+    out, k = [], 0
+    for span in parts:
+        out.append(results[k:k + len(span)])
+        k += len(span)
+    return out
 
 
 def block_pairs(xs: np.ndarray, ys: np.ndarray, start: int = 0, stop: Optional[int] = None):
