@@ -196,21 +196,10 @@ static void chan(double *n, double *mean, double *m2, double nb, double mb, doub
     *n = total;
 }
 
-/* 1 / v for 1e-37 < |v| < 1e37, to within an ulp: a float division (twice the lanes of a
- * double one, and cheaper each) refined by two Newton steps (24 -> 48 -> 96 bits). Double
- * division is what bounds these loops otherwise. */
-static inline double reciprocal(double v)
-{
-    double r = (double)(1.0f / (float)v);
-    r = r * (2.0 - v * r);
-    return r * (2.0 - v * r);
-}
-
 /* log of a positive normal double to within an ulp, in straight-line code the compiler can
  * vectorise (libm's log is a call it cannot): fdlibm's reduction to [sqrt(1/2), sqrt(2))
- * and its polynomial in s = f / (2 + f), the division through reciprocal() when `fast`
- * (2 + f lies in [1.7, 2.5]). The KL terms' arguments are >= float32 eps. */
-static inline double log_positive(double v, const int fast)
+ * and its polynomial in s = f / (2 + f). The KL terms' arguments are >= float32 eps. */
+static inline double log_positive(double v)
 {
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     const double Lg1 = 6.666666666666735130e-01, Lg2 = 3.999999999940941908e-01,
@@ -220,7 +209,7 @@ static inline double log_positive(double v, const int fast)
     uint64_t b = as_bits(v);
     int64_t k = (int64_t)(b - 0x3fe6a09e667f3bcdULL) >> 52;     /* bits of sqrt(1/2) */
     double f = as_double(b - ((uint64_t)k << 52)) - 1.0;       /* v = 2^k (1 + f) */
-    double s = fast ? f * reciprocal(2.0 + f) : f / (2.0 + f), z = s * s, w = z * z;
+    double s = f / (2.0 + f), z = s * s, w = z * z;
     double r = z * (Lg1 + w * (Lg3 + w * (Lg5 + w * Lg7))) + w * (Lg2 + w * (Lg4 + w * Lg6));
     double hfsq = 0.5 * f * f, dk = (double)k;
     return dk * ln2_hi - ((hfsq - (s * (hfsq + r) + dk * ln2_lo)) - f);
@@ -233,7 +222,7 @@ static inline double log_positive(double v, const int fast)
 static inline double log_ratio(double d)
 {
     double u = 1.0 + d;
-    return log_positive(u, 1) + (d - (u - 1.0)) * reciprocal(u);
+    return log_positive(u) + (d - (u - 1.0)) / u;
 }
 
 /* p log(p / q), d = (p - q) / q: where both sides are normalised through log_ratio (free of
@@ -241,7 +230,7 @@ static inline double log_ratio(double d)
  * to 0) and the two logs are taken apart */
 static inline double kl_term(double p, double q, double d, int normalised)
 {
-    return normalised ? p * log_ratio(d) : p * (log_positive(p, 0) - log_positive(q, 0));
+    return normalised ? p * log_ratio(d) : p * (log_positive(p) - log_positive(q));
 }
 
 /* the excess term (below) where |d| < KL_SERIES: diff d phi(d), phi(d) = sum over k >= 2 of
@@ -259,17 +248,35 @@ static inline double kl_series(double diff, double d)
  * a few ulps; elsewhere the log less p - q, which cancels at most log2(2 / |d|) < 7 bits. */
 static inline double kl_excess(double p, double q, int normalised)
 {
-    double diff = p - q, d = diff * (normalised ? reciprocal(q) : 1.0 / q);
+    double diff = p - q, d = diff / q;
     return fabs(d) < KL_SERIES ? kl_series(diff, d) : kl_term(p, q, d, normalised) - diff;
 }
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* KL's excess terms of a block, each as kl_excess() takes it: the loops below sum the series
+ * alone (nearly every block of close tensors) and call this for a block where some |d| was
+ * out of the series' range, rather than take a log for every element of every block */
+ALWAYS_INLINE double kl_excess_sum(const double *x, const double *y, Py_ssize_t n, Unit u,
+                                   const int fast, const int ratio)
+{
+    double s = 0;
+    Py_ssize_t i;
+#pragma omp simd reduction(+:s)
+    for (i = 0; i < n; i++) {
+        double a = x[i], b = y[i];
+        int f = fast || (fabs(a) <= DBL_MAX && fabs(b) <= DBL_MAX);
+        double p = MAX(((f ? a : 0.0) - u.lo_x) * u.scale_x, EPS);
+        double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
+        s += f ? kl_excess(p, q, ratio) : 0.0;
+    }
+    return s;
+}
+
 /* Everything but the moments' combination over one block; moments are shifted by the
  * block's first finite pair (kx, ky), which keeps sum (x - k)^2 free of cancellation.
- * `fast`: every element of the block is finite and |y| < 1e37, so nothing is masked, nothing
- * non-finite is counted and relative errors use reciprocal(); the compiler makes one loop of
- * each case. */
+ * `fast`: every element of the block is finite, so nothing is masked and nothing
+ * non-finite is counted; the compiler makes one loop of each case. */
 ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, double kx,
                                 double ky, Unit u, double *t, double *shifted, const int fast,
                                 const int kl, const int ratio)
@@ -278,10 +285,10 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
     double fin = 0, xy = 0, xx = 0, yy = 0, dd = 0, ad_sum = 0, ad_max = 0;
     double rel_n = 0, rel_sum = 0, rel_max = 0, w1 = 0, w5 = 0;
     double lo_x = INFINITY, hi_x = -INFINITY, lo_y = INFINITY, hi_y = -INFINITY;
-    double sx = 0, sxx = 0, sy = 0, syy = 0, sp = 0, sq = 0, s = 0;
+    double sx = 0, sxx = 0, sy = 0, syy = 0, sp = 0, sq = 0, s = 0, wide = 0;
     Py_ssize_t i;
 #pragma omp simd reduction(+:x_nan, x_inf, y_nan, y_inf, at_max, live, flushed, fin, xy, xx, yy, dd, ad_sum, rel_n, rel_sum, w1, w5, sx, sxx, sy, syy, sp, sq, s) \
-                 reduction(max:ad_max, rel_max, hi_x, hi_y) reduction(min:lo_x, lo_y)
+                 reduction(max:ad_max, rel_max, hi_x, hi_y, wide) reduction(min:lo_x, lo_y)
     for (i = 0; i < n; i++) {
         double a = x[i], b = y[i];
         double abs_a = fabs(a), abs_b = fabs(b);
@@ -306,7 +313,7 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
         ad_sum += ad;
         ad_max = MAX(ad_max, ad);
         int rel = ay > EPS;
-        double err = rel ? (fast ? ad * reciprocal(ay) : ad / ay) : ad;
+        double err = rel ? ad / ay : ad;
         rel_n += rel ? 1.0 : 0.0;
         rel_sum += rel ? err : 0.0;
         rel_max = MAX(rel_max, rel ? err : 0.0);
@@ -321,11 +328,14 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
         sy += cy; syy += cy * cy;
         if (kl) {
             double p = MAX((xf - u.lo_x) * u.scale_x, EPS), q = MAX((yf - u.lo_y) * u.scale_y, EPS);
+            double pq_diff = p - q, pq_rel = pq_diff / q;
             sp += f ? p : 0.0;
             sq += f ? q : 0.0;
-            s += f ? kl_excess(p, q, ratio) : 0.0;
+            s += f ? kl_series(pq_diff, pq_rel) : 0.0;
+            wide = MAX(wide, f ? fabs(pq_rel) : 0.0);
         }
     }
+    if (kl && !(wide < KL_SERIES)) s = kl_excess_sum(x, y, n, u, fast, ratio);
     if (fast) fin = (double)n;
     t[T_X_NAN] += x_nan; t[T_X_INF] += x_inf; t[T_Y_NAN] += y_nan; t[T_Y_INF] += y_inf;
     t[T_X_AT_MAX] += at_max; t[T_LIVE] += live; t[T_FLUSHED] += flushed;
@@ -343,22 +353,25 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
 ALWAYS_INLINE void kl_loop(const double *x, const double *y, Py_ssize_t n, Unit u, double *t,
                            const int fast, const int ratio)
 {
-    double sp = 0, sq = 0, s = 0;
+    double sp = 0, sq = 0, s = 0, wide = 0;
     Py_ssize_t i;
-#pragma omp simd reduction(+:sp, sq, s)
+#pragma omp simd reduction(+:sp, sq, s) reduction(max:wide)
     for (i = 0; i < n; i++) {
         double a = x[i], b = y[i];
         int f = fast || (fabs(a) <= DBL_MAX && fabs(b) <= DBL_MAX);
         double p = MAX(((f ? a : 0.0) - u.lo_x) * u.scale_x, EPS);
         double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
+        double pq_diff = p - q, pq_rel = pq_diff / q;
         sp += f ? p : 0.0;
         sq += f ? q : 0.0;
-        s += f ? kl_excess(p, q, ratio) : 0.0;
+        s += f ? kl_series(pq_diff, pq_rel) : 0.0;
+        wide = MAX(wide, f ? fabs(pq_rel) : 0.0);
     }
+    if (!(wide < KL_SERIES)) s = kl_excess_sum(x, y, n, u, fast, ratio);
     t[0] += sp; t[1] += sq; t[2] += s;
 }
 
-/* Is every element finite and |y| < 1e37? (the fast loops' condition) */
+/* Is every element finite? (the fast loops' condition) */
 CLONES static int plain_block(const double *x, const double *y, Py_ssize_t n)
 {
     double ax = 0, ay = 0;
@@ -369,7 +382,7 @@ CLONES static int plain_block(const double *x, const double *y, Py_ssize_t n)
         ax = MAX(ax, u != u ? INFINITY : u);
         ay = MAX(ay, v != v ? INFINITY : v);
     }
-    return ax <= DBL_MAX && ay < 1e37;
+    return ax <= DBL_MAX && ay <= DBL_MAX;
 }
 
 CLONES static void compare_block(const double *x, const double *y, Py_ssize_t n, double kx,
@@ -409,7 +422,7 @@ static Py_ssize_t first_finite(const double *x, const double *y, Py_ssize_t n)
  * max, zeros, min and max) take sixteen lanes at a time, the rest is the same arithmetic in
  * double on eight. The vector units bound this loop, so work goes elsewhere where it can:
  * quotients are hardware divisions (the divider works beside the multiply-add units, where
- * reciprocal()'s Newton steps would cost four operations a quotient), counts are popcounts
+ * rcp14 and two Newton steps would cost four operations a quotient), counts are popcounts
  * of the comparisons' masks on the integer units, and an inf or nan is found in the sums of
  * squares rather than by a check of its own.
  *
