@@ -85,6 +85,15 @@ def test_split_tensors_give_the_same_numbers_on_every_engine(tmp_path, monkeypat
     assert (whole.Verdict == split.Verdict).all()
 
 
+def test_split_ranges_go_in_groups_here_and_one_a_task_to_workers(monkeypatch):
+    monkeypatch.setattr(engine, "RANGE_ELEMENTS", 10)
+    monkeypatch.setattr(engine, "GROUP_ELEMENTS", 30)
+    spans = [(s, min(s + 10, 75)) for s in range(0, 75, 10)]
+    here = engine.Engine().tasks_of(spans)
+    assert here == [spans[0:3], spans[3:6], spans[6:8]]
+    assert engine._WorkerEngine().tasks_of(spans) == [[s] for s in spans]
+
+
 def test_a_dask_cluster_gives_the_local_result(tmp_path):
     distributed = pytest.importorskip("distributed")
     ws = _workspace(str(tmp_path))

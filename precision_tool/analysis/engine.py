@@ -8,7 +8,7 @@ read in good time (SPLIT_ELEMENTS, when neither side needs a 5HD conversion) is 
 ranges: tasks of ranges for everything but KL, whose ranges merge into the totals of the
 whole tensor; then tasks of ranges for KL's second pass, which needs the whole tensor's min
 and max (unless the index's min and max, given to the first pass, proved right). Workers
-take one range a task; this process takes all of a tensor's ranges in one task, whose parts
+take one range a task; this process takes several in one task (GROUP_ELEMENTS), whose parts
 keep its threads busy to the end. The split does not depend on where the tasks run and the
 ranges merge in order, so every engine gives the same numbers, bit for bit.
 """
@@ -27,6 +27,7 @@ from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
 RANGE_ELEMENTS = 1 << 23
+GROUP_ELEMENTS = 1 << 25        # in this process a task takes ranges of up to this many elements
 BATCH_BYTES = 1 << 18           # pairs whose files are both this small go in batches ...
 BATCH_PAIRS = 256               # ... of at most this many
 
@@ -136,9 +137,11 @@ class Engine:
     """map(tasks) -> results in task order; subclasses decide where tasks run."""
 
     def tasks_of(self, spans: List[tuple]) -> List[List[tuple]]:
-        """A split tensor's ranges grouped into tasks: here all in one (their parts share
-        this process's threads); an engine with workers gives each range a task."""
-        return [spans]
+        """A split tensor's ranges grouped into tasks: here GROUP_ELEMENTS' worth a task
+        (their parts share this process's threads, and the file pages a task maps stay
+        resident until it ends); an engine with workers gives each range a task."""
+        per = max(1, GROUP_ELEMENTS // RANGE_ELEMENTS)
+        return [spans[k:k + per] for k in range(0, len(spans), per)]
 
     def map(self, tasks: List[tuple], done: Callable[[int], None]) -> List:
         results = [None] * len(tasks)
