@@ -221,6 +221,12 @@ def test_pt_cp_and_dc_take_any_npy_file_by_its_path(demo, tmp_path, with_workspa
         result = invoke(root, *args)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "corrupt" in result.stderr
     assert not (tmp_path / "none").exists()          # nothing made where no workspace was
+    if with_workspace:         # a file outside named like a dump file is still the file given
+        ws = Workspace(str(root))
+        dumped = ws.index(ws.run("npu"), 0).file.iloc[0]
+        np.save(tmp_path / dumped, left)
+        code, info = as_json(root, "pt", str(tmp_path / dumped))
+        assert code == 0 and info["shape"] == list(left.shape) and info["max"] == float(left.max())
     missing = invoke(root, "pt", str(tmp_path / "nothing.npy"))
     assert missing.exit_code == 2 and "Traceback" not in missing.stderr
 

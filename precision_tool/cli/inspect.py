@@ -228,14 +228,13 @@ def _tensor(app: App, ref: str, run_spec, step, target: str = "npu"):
     """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0) in
     the run, or any .npy file given by its path (row None: no index row describes it). A
     path is read as dump files are (no unpickling) but need not lie in a workspace: the
-    user named it."""
+    user named it. One outside the workspace is that file, whatever a dump file of the same
+    name holds."""
     is_file = os.path.isfile(ref)
-    try:
-        run = app.run(run_spec, target)
-    except WorkspaceError:
-        if is_file and run_spec is None:          # no workspace or no such run: the file alone
-            return read_tensor_file(ref), ref, None
-        raise
+    root = os.path.realpath(app.ws_root()) + os.sep
+    if is_file and not os.path.realpath(ref).startswith(root):
+        return read_tensor_file(ref), ref, None
+    run = app.run(run_spec, target)
     s = first_step(run, step)
     table = app.ws.index(run, s)
     base = os.path.basename(ref)
@@ -248,8 +247,8 @@ def _tensor(app: App, ref: str, run_spec, step, target: str = "npu"):
             op, _, k = ref.rpartition(":") if ref.rpartition(":")[2].isdigit() else (ref, "", "0")
             hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
     if hit.empty:
-        if is_file:                    # a file given by path, outside the run's index
-            return read_tensor_file(ref), ref, None
+        if is_file:                    # in the workspace, outside the run's index
+            return app.ws.load_file(ref), ref, None
         raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}"
                              + _did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
     row = hit.iloc[0]
