@@ -254,6 +254,12 @@ static inline double kl_excess(double p, double q, int normalised)
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* an element's p (or q) as the KL pass normalises it: (v - lo) * scale, at least eps */
+static inline double unit_value(double v, double lo, double scale)
+{
+    return MAX((v - lo) * scale, EPS);
+}
+
 /* KL's excess terms of a block, each as kl_excess() takes it: the loops below sum the series
  * alone (nearly every block of close tensors) and call this for a block where some |d| was
  * out of the series' range, rather than take a log for every element of every block */
@@ -266,8 +272,8 @@ ALWAYS_INLINE double kl_excess_sum(const double *x, const double *y, Py_ssize_t 
     for (i = 0; i < n; i++) {
         double a = x[i], b = y[i];
         int f = fast || (fabs(a) <= DBL_MAX && fabs(b) <= DBL_MAX);
-        double p = MAX(((f ? a : 0.0) - u.lo_x) * u.scale_x, EPS);
-        double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
+        double p = unit_value(f ? a : 0.0, u.lo_x, u.scale_x);
+        double q = unit_value(f ? b : 0.0, u.lo_y, u.scale_y);
         s += f ? kl_excess(p, q, ratio) : 0.0;
     }
     return s;
@@ -327,7 +333,7 @@ ALWAYS_INLINE void compare_loop(const double *x, const double *y, Py_ssize_t n, 
         sx += cx; sxx += cx * cx;
         sy += cy; syy += cy * cy;
         if (kl) {
-            double p = MAX((xf - u.lo_x) * u.scale_x, EPS), q = MAX((yf - u.lo_y) * u.scale_y, EPS);
+            double p = unit_value(xf, u.lo_x, u.scale_x), q = unit_value(yf, u.lo_y, u.scale_y);
             double pq_diff = p - q, pq_rel = pq_diff / q;
             sp += f ? p : 0.0;
             sq += f ? q : 0.0;
@@ -359,8 +365,8 @@ ALWAYS_INLINE void kl_loop(const double *x, const double *y, Py_ssize_t n, Unit 
     for (i = 0; i < n; i++) {
         double a = x[i], b = y[i];
         int f = fast || (fabs(a) <= DBL_MAX && fabs(b) <= DBL_MAX);
-        double p = MAX(((f ? a : 0.0) - u.lo_x) * u.scale_x, EPS);
-        double q = MAX(((f ? b : 0.0) - u.lo_y) * u.scale_y, EPS);
+        double p = unit_value(f ? a : 0.0, u.lo_x, u.scale_x);
+        double q = unit_value(f ? b : 0.0, u.lo_y, u.scale_y);
         double pq_diff = p - q, pq_rel = pq_diff / q;
         sp += f ? p : 0.0;
         sq += f ? q : 0.0;

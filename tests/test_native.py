@@ -217,31 +217,30 @@ def test_a_lone_inf_or_nan_in_a_later_block_is_counted_and_left_out(monkeypatch,
     masked loop."""
     x, y = (v.astype(np.float32) for v in _close_pair(8192))
     (x if side == "x" else y)[5000] = value
-    fast = metrics.compare_tensors(x, y)
-    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
-    slow = metrics.compare_tensors(x, y)
+    fast = _both_paths_agree(monkeypatch, x, y)
     keep = np.ones(x.size, bool)
     keep[5000] = False
     a, b = x[keep].astype(np.float64), y[keep].astype(np.float64)
     assert fast["CosineSimilarity"] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-14, abs=0)
+
+
+def _both_paths_agree(monkeypatch, x, y) -> dict:
+    """compare_tensors through the C module and through numpy: the same row to 1e-11."""
+    fast = metrics.compare_tensors(x, y)
+    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    slow = metrics.compare_tensors(x, y)
+    monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY")
+    assert fast.keys() == slow.keys()
     for k, v in fast.items():
         if isinstance(v, str):
             assert v == slow[k], k
         else:
             assert v == pytest.approx(slow[k], rel=1e-11, abs=0, nan_ok=True), k
+    return fast
 
 
 def test_both_paths_give_the_same_row(monkeypatch):
-    x, y = _pair()
-    fast = metrics.compare_tensors(x, y)
-    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
-    slow = metrics.compare_tensors(x, y)
-    assert fast.keys() == slow.keys()
-    for k, v in fast.items():
-        if isinstance(v, str):
-            assert v == slow[k]
-        else:
-            assert v == pytest.approx(slow[k], rel=1e-11, abs=0, nan_ok=True), k
+    _both_paths_agree(monkeypatch, *_pair())
 
 
 def test_split_ranges_with_the_index_hint_need_no_kl_pass(tmp_path, monkeypatch):
