@@ -1152,17 +1152,6 @@ static int write_all(int fd, const char *data, Py_ssize_t n)
     return 0;
 }
 
-/* the header then the data, in one system call where the kernel takes both */
-static int write_two(int fd, const char *a, Py_ssize_t na, const char *b, Py_ssize_t nb)
-{
-    struct iovec v[2] = {{(void *)a, (size_t)na}, {(void *)b, (size_t)nb}};
-    ssize_t done;
-    do done = writev(fd, v, 2); while (done < 0 && errno == EINTR);
-    if (done < 0) return -1;
-    if (done < na) return write_all(fd, a + done, na - done) < 0 ? -1 : write_all(fd, b, nb);
-    return write_all(fd, b + (done - na), nb - (done - na));
-}
-
 /* float32 bits -> float16 bits, rounding to nearest even as numpy's astype does: overflow
  * to inf, gradual underflow to subnormals and zero. nan stays a quiet nan of its sign (numpy
  * builds differ on nan payloads: the dump converts arrays holding nan with numpy itself). */
@@ -1206,26 +1195,80 @@ static int write_halves(int fd, const uint32_t *src, Py_ssize_t n)
     return 0;
 }
 
-/* write_files(paths, headers, arrays[, converts]): each file is its header then the array's
- * bytes, all written with the GIL released (a tensor dump writes hundreds of files a step,
- * and the training thread needs the GIL meanwhile). converts, one character per file: '.'
- * the bytes as they are, 'e' a float32 array written as float16 (the NPU's fp16 values are
- * held in float32; converting here saves an astype per tensor). The first failure raises
- * OSError naming its file; the directory they go into is renamed into place only when all
- * are written. */
+/* Write n bytes of parts (a header, then the data pieces) to fd, in as few writev calls as
+ * the kernel takes. */
+static int write_parts(int fd, struct iovec *v, int n)
+{
+    while (n > 0) {
+        ssize_t done = writev(fd, v, n < 1024 ? n : 1024);
+        if (done < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)done >= v->iov_len) { done -= (ssize_t)v->iov_len; v++; n--; }
+        if (n > 0) { v->iov_base = (char *)v->iov_base + done; v->iov_len -= (size_t)done; }
+    }
+    return 0;
+}
+
+static int new_file(const char *path)
+{
+    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+}
+
+/* Hold a Python sequence of byte strings (paths) as file system bytes. */
+static int fs_paths(PyObject *item, Py_ssize_t want, PyObject **out)
+{
+    PyObject *seq = PySequence_Fast(item, "write_files: links and renames are tuples of paths");
+    if (!seq) return -1;
+    if (PySequence_Fast_GET_SIZE(seq) < want) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "write_files: a link is (src, dst, contents), a "
+                        "rename (src, dst)");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < 2; k++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, k), &out[k])) {
+            if (k) Py_CLEAR(out[0]);
+            Py_DECREF(seq);
+            return -1;
+        }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* write_files(paths, headers, arrays[, converts[, links[, renames]]]): each file is its
+ * header then its array's bytes, all written with the GIL released (a tensor dump writes
+ * hundreds of files a step, and the training thread needs the GIL meanwhile). An array may
+ * be a tuple of buffers, written back to back. converts, one character per file: '.' the
+ * bytes as they are, 'e' a float32 array written as float16 (the NPU's fp16 values are held
+ * in float32; converting here saves an astype per tensor). links, (src, dst, contents) each,
+ * come first: dst becomes a hard link to src, or where that fails a new file holding
+ * contents. renames, (src, dst) each, come last, once every file is written: that is how a
+ * dump's partial directory appears whole. The first failure raises OSError naming its path
+ * and nothing after it is done. */
 static PyObject *py_write_files(PyObject *self, PyObject *args)
 {
-    PyObject *paths, *headers, *arrays, *result = NULL;
+    PyObject *paths, *headers, *arrays, *links_in = NULL, *renames_in = NULL, *result = NULL;
     const char *converts = NULL;
     Py_ssize_t nconverts = 0;
-    if (!PyArg_ParseTuple(args, "OOO|z#", &paths, &headers, &arrays, &converts, &nconverts))
+    if (!PyArg_ParseTuple(args, "OOO|z#OO", &paths, &headers, &arrays, &converts, &nconverts,
+                          &links_in, &renames_in))
         return NULL;
     PyObject *p = PySequence_Fast(paths, "paths"), *h = PySequence_Fast(headers, "headers"),
              *a = PySequence_Fast(arrays, "arrays");
-    Py_ssize_t n = p ? PySequence_Fast_GET_SIZE(p) : 0, got = 0, k;
-    PyObject **names = NULL;
-    Py_buffer *heads = NULL, *datas = NULL;
-    if (!p || !h || !a) goto done;
+    PyObject *l = links_in && links_in != Py_None ? PySequence_Fast(links_in, "links")
+                                                 : PyTuple_New(0);
+    PyObject *r = renames_in && renames_in != Py_None ? PySequence_Fast(renames_in, "renames")
+                                                     : PyTuple_New(0);
+    Py_ssize_t n = p ? PySequence_Fast_GET_SIZE(p) : 0, k, got = 0, nparts = 0, partsgot = 0;
+    Py_ssize_t nl = l ? PySequence_Fast_GET_SIZE(l) : 0, nr = r ? PySequence_Fast_GET_SIZE(r) : 0;
+    Py_ssize_t lgot = 0, rgot = 0;
+    PyObject **names = NULL, **lnames = NULL, **rnames = NULL;
+    Py_buffer *heads = NULL, *parts = NULL, *lbodies = NULL;
+    Py_ssize_t *first = NULL;           /* file k's pieces: parts[first[k] .. first[k + 1]) */
+    struct iovec *iov = NULL;
+    if (!p || !h || !a || !l || !r) goto done;
     if (PySequence_Fast_GET_SIZE(h) != n || PySequence_Fast_GET_SIZE(a) != n ||
         (converts && nconverts != n)) {
         PyErr_SetString(PyExc_ValueError, "write_files: one header, one array (and one "
@@ -1237,48 +1280,106 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "write_files: conversions are '.' or 'e'");
             goto done;
         }
+    Py_ssize_t widest = 1;
+    for (k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(a, k);
+        Py_ssize_t m = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 1;
+        if (PyTuple_Check(item) && converts && converts[k] == 'e') {
+            PyErr_SetString(PyExc_ValueError, "write_files: 'e' converts one array, not a tuple");
+            goto done;
+        }
+        nparts += m;
+        if (m + 1 > widest) widest = m + 1;
+    }
     names = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
     heads = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    datas = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    if (!names || !heads || !datas) { PyErr_NoMemory(); goto done; }
+    parts = PyMem_Calloc(nparts ? nparts : 1, sizeof(Py_buffer));
+    first = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
+    iov = PyMem_Calloc(widest, sizeof(struct iovec));
+    lnames = PyMem_Calloc(2 * (nl ? nl : 1), sizeof(PyObject *));
+    lbodies = PyMem_Calloc(nl ? nl : 1, sizeof(Py_buffer));
+    rnames = PyMem_Calloc(2 * (nr ? nr : 1), sizeof(PyObject *));
+    if (!names || !heads || !parts || !first || !iov || !lnames || !lbodies || !rnames) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (got = 0; got < n; got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(a, got);
+        first[got] = partsgot;
         if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(p, got), &names[got])) goto done;
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(h, got), &heads[got], PyBUF_SIMPLE) < 0) {
             Py_CLEAR(names[got]);
             goto done;
         }
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(a, got), &datas[got], PyBUF_C_CONTIGUOUS) < 0) {
-            PyBuffer_Release(&heads[got]);
-            Py_CLEAR(names[got]);
-            goto done;
+        Py_ssize_t m = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 1;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *piece = PyTuple_Check(item) ? PyTuple_GET_ITEM(item, i) : item;
+            if (PyObject_GetBuffer(piece, &parts[partsgot], PyBUF_C_CONTIGUOUS) < 0) {
+                got++;              /* its name and header are released with the rest */
+                goto done;
+            }
+            partsgot++;
         }
-        if (converts && converts[got] == 'e' && (datas[got].itemsize != 4 || datas[got].len % 4)) {
+        if (converts && converts[got] == 'e' &&
+            (parts[first[got]].itemsize != 4 || parts[first[got]].len % 4)) {
             got++;
             PyErr_SetString(PyExc_ValueError, "write_files: 'e' converts float32 arrays only");
             goto done;
         }
     }
-    Py_ssize_t failed = -1;
+    first[n] = partsgot;
+    for (lgot = 0; lgot < nl; lgot++) {
+        PyObject *link = PySequence_Fast_GET_ITEM(l, lgot), *body;
+        if (fs_paths(link, 3, &lnames[2 * lgot]) < 0) goto done;
+        body = PySequence_GetItem(link, 2);
+        if (!body || PyObject_GetBuffer(body, &lbodies[lgot], PyBUF_SIMPLE) < 0) {
+            Py_XDECREF(body);
+            Py_CLEAR(lnames[2 * lgot]);
+            Py_CLEAR(lnames[2 * lgot + 1]);
+            goto done;
+        }
+        Py_DECREF(body);
+    }
+    for (rgot = 0; rgot < nr; rgot++)
+        if (fs_paths(PySequence_Fast_GET_ITEM(r, rgot), 2, &rnames[2 * rgot]) < 0) goto done;
+
+    const char *failed = NULL;
     int error = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (k = 0; k < n && failed < 0; k++) {
-        int fd = open(PyBytes_AS_STRING(names[k]), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        int half = converts && converts[k] == 'e';
-        if (fd < 0 ||
-            (half ? write_all(fd, heads[k].buf, heads[k].len) < 0 ||
-                    write_halves(fd, datas[k].buf, datas[k].len / 4) < 0
-                  : write_two(fd, heads[k].buf, heads[k].len, datas[k].buf, datas[k].len) < 0)) {
-            failed = k;
-            error = errno;
-        }
-        if (fd >= 0 && close(fd) < 0 && failed < 0) {
-            failed = k;
-            error = errno;
-        }
+    for (k = 0; k < nl && !failed; k++) {
+        const char *dst = PyBytes_AS_STRING(lnames[2 * k + 1]);
+        if (link(PyBytes_AS_STRING(lnames[2 * k]), dst) == 0) continue;
+        struct iovec one = {lbodies[k].buf, (size_t)lbodies[k].len};
+        int fd = new_file(dst);
+        if (fd < 0 || write_parts(fd, &one, 1) < 0) { failed = dst; error = errno; }
+        if (fd >= 0 && close(fd) < 0 && !failed) { failed = dst; error = errno; }
     }
+    for (k = 0; k < n && !failed; k++) {
+        const char *path = PyBytes_AS_STRING(names[k]);
+        int fd = new_file(path);
+        if (fd < 0) { failed = path; error = errno; break; }
+        int bad;
+        if (converts && converts[k] == 'e') {
+            bad = write_all(fd, heads[k].buf, heads[k].len) < 0 ||
+                  write_halves(fd, parts[first[k]].buf, parts[first[k]].len / 4) < 0;
+        } else {
+            int m = 0;
+            iov[m++] = (struct iovec){heads[k].buf, (size_t)heads[k].len};
+            for (Py_ssize_t i = first[k]; i < first[k + 1]; i++)
+                iov[m++] = (struct iovec){parts[i].buf, (size_t)parts[i].len};
+            bad = write_parts(fd, iov, m) < 0;
+        }
+        if (bad) { failed = path; error = errno; }
+        if (close(fd) < 0 && !failed) { failed = path; error = errno; }
+    }
+    for (k = 0; k < nr && !failed; k++)
+        if (rename(PyBytes_AS_STRING(rnames[2 * k]), PyBytes_AS_STRING(rnames[2 * k + 1])) < 0) {
+            failed = PyBytes_AS_STRING(rnames[2 * k + 1]);
+            error = errno;
+        }
     Py_END_ALLOW_THREADS
-    if (failed >= 0) {
-        PyObject *name = PyUnicode_DecodeFSDefault(PyBytes_AS_STRING(names[failed]));
+    if (failed) {
+        PyObject *name = PyUnicode_DecodeFSDefault(failed);
         errno = error;
         if (name) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
         Py_XDECREF(name);
@@ -1290,14 +1391,30 @@ done:
     for (k = 0; k < got; k++) {
         Py_XDECREF(names[k]);
         PyBuffer_Release(&heads[k]);
-        PyBuffer_Release(&datas[k]);
+    }
+    for (k = 0; k < partsgot; k++) PyBuffer_Release(&parts[k]);
+    for (k = 0; k < lgot; k++) {
+        Py_XDECREF(lnames[2 * k]);
+        Py_XDECREF(lnames[2 * k + 1]);
+        PyBuffer_Release(&lbodies[k]);
+    }
+    for (k = 0; k < rgot; k++) {
+        Py_XDECREF(rnames[2 * k]);
+        Py_XDECREF(rnames[2 * k + 1]);
     }
     PyMem_Free(names);
     PyMem_Free(heads);
-    PyMem_Free(datas);
+    PyMem_Free(parts);
+    PyMem_Free(first);
+    PyMem_Free(iov);
+    PyMem_Free(lnames);
+    PyMem_Free(lbodies);
+    PyMem_Free(rnames);
     Py_XDECREF(p);
     Py_XDECREF(h);
     Py_XDECREF(a);
+    Py_XDECREF(l);
+    Py_XDECREF(r);
     return result;
 }
 
@@ -1311,8 +1428,9 @@ static PyMethodDef methods[] = {
      "simd(): do comparisons of 16- and 32-bit floats run the AVX-512 loops here (the CPU has "
      "them and PRECISION_TOOL_NO_AVX512 is not set)?"},
     {"write_files", py_write_files, METH_VARARGS,
-     "write_files(paths, headers, arrays[, converts]): each file its header and its array's "
-     "bytes ('e' in converts: a float32 array written as float16)."},
+     "write_files(paths, headers, arrays[, converts[, links[, renames]]]): each file its "
+     "header and its array's bytes ('e' in converts: a float32 array written as float16; a "
+     "tuple of arrays: back to back); links first, renames last."},
     {"index_text", py_index_text, METH_VARARGS,
      "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
      "the template filled with stamps and stats text, as bytes."},

@@ -378,7 +378,9 @@ def test_bundles_of_a_run_share_one_graph_file_and_each_stands_alone(tmp_path, m
     """Later bundles hard-link the first one's graph.json; where the file system refuses
     links, each bundle gets its own copy. Either way every bundle loads by itself, also once
     the others are removed."""
-    if not links:
+    if not links:       # the Python path (the C module's fallback: test_native)
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+
         def refuse(src, dst):
             raise OSError(1, "Operation not permitted", src)
         monkeypatch.setattr(os, "link", refuse)
@@ -587,14 +589,19 @@ def test_the_c_and_python_paths_write_the_same_step(tmp_path, monkeypatch):
         if path == "numpy":
             monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
         plan, records = _plan_step()
-        out = tmp_path / path
-        out.mkdir()
+        out, partial = tmp_path / path, tmp_path / f".{path}.partial"
+        partial.mkdir()
         values = plan.gather(records)
         assert plan.fits(values)
-        plan.write(str(out), [r[4] for r in records], values)
+        filled = plan.fill(str(partial), [r[4] for r in records], values)
+        assert not os.listdir(partial)          # the training thread's part writes nothing
+        plan.write(filled, [(str(partial / "more.json"), b"{}\n")],
+                   renames=[(str(partial), str(out))])
+        assert not partial.exists()
         written[path] = {f: (out / f).read_bytes() for f in sorted(os.listdir(out))}
     assert written["c"] == written["numpy"]
     files = written["c"]
+    assert files.pop("more.json") == b"{}\n"
     assert len(files) == 7              # six distinct tensors and the index
     lines = files["index.csv"].decode("utf-8").splitlines()
     assert lines[0] == "head" and len(lines) == 8
@@ -624,3 +631,55 @@ def test_a_plan_does_not_fit_other_shapes_or_dtypes():
     other = list(values)
     other[3] = other[3].astype(np.int64)
     assert not plan.fits(other)
+
+
+class _Pool:
+    """A BLAS thread pool as threadpoolctl shows one."""
+
+    def __init__(self, threads):
+        self.num_threads, self.calls = threads, []
+
+    def set_num_threads(self, n):
+        self.calls.append(n)
+        self.num_threads = n
+
+
+def test_a_dump_leaves_the_writer_a_core_while_it_is_open(tmp_path, monkeypatch):
+    """At the first dumped step BLAS is cut to one thread short of the cores, once; close()
+    gives back what it took, unless the pool was set again meanwhile; an overflow check,
+    which writes only overflowing steps, leaves BLAS alone."""
+    from precision_tool.dump import cores
+    wide, narrow = _Pool(4), _Pool(2)
+    monkeypatch.setattr(cores, "_blas_pools", lambda: [wide, narrow])
+    monkeypatch.setattr(cores, "usable_cores", lambda: 3)
+    m = pt.models.mlp(hidden=(8,))
+    npu, cpu = _train(m, str(tmp_path / "a"), steps=3, cpu_action=None, dump_step="1|2")
+    assert wide.calls == [2, 4] and narrow.calls == []      # steps 1-2, then restored at 2
+    npu.close()
+    assert wide.num_threads == 4 and wide.calls == [2, 4]
+
+    wide.calls.clear()
+    npu, _ = _train(m, str(tmp_path / "b"), steps=2, cpu_action=None, dump_step="all")
+    assert wide.calls == [2] and wide.num_threads == 2
+    wide.set_num_threads(1)                     # the script's own setting wins
+    npu.close()
+    assert wide.num_threads == 1
+
+    wide.num_threads, wide.calls = 4, []
+    npu, _ = _train(m, str(tmp_path / "c"), steps=2, npu_action="overflow", cpu_action=None)
+    npu.close()
+    assert wide.calls == []
+
+
+def test_the_writer_core_asks_the_blas_libraries_this_process_loaded():
+    """threadpoolctl finds numpy's BLAS here; limit() and restore() work on the real pool."""
+    from precision_tool.dump import cores
+    pools = cores._blas_pools()
+    assert pools, "numpy's BLAS is not visible to threadpoolctl"
+    before = [p.num_threads for p in pools]
+    core = cores.WriterCore()
+    core.limit()
+    keep = max(1, cores.usable_cores() - 1)
+    assert [p.num_threads for p in pools] == [min(b, keep) for b in before]
+    core.restore()
+    assert [p.num_threads for p in pools] == before

@@ -129,17 +129,17 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
     """ENOSPC from the writer's write call on the third tensor file of step 1: the error names
     the file, step 0 stays whole, step 1 is never read."""
     root = str(tmp_path / "ws")
-    real = writer.write_npys
+    real = writer.write_files
     calls = {"path": None}
 
-    def full_disk(paths, arrays, headers, halves):
+    def full_disk(paths, arrays, headers, halves, links=(), renames=()):
         paths = [os.fsdecode(p) for p in paths]
         if "/.1.partial/" in paths[0].replace(os.sep, "/") and calls["path"] is None:
             real(paths[:2], arrays[:2], headers[:2], halves[:2])
             calls["path"] = paths[2]
             raise OSError(errno.ENOSPC, "No space left on device", paths[2])
-        return real(paths, arrays, headers, halves)
-    monkeypatch.setattr("precision_tool.dump.stepplan.write_npys", full_disk)
+        return real(paths, arrays, headers, halves, links, renames)
+    monkeypatch.setattr("precision_tool.dump.stepplan.write_files", full_disk)
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
     sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(

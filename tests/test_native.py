@@ -356,20 +356,54 @@ def test_huge_golden_values_take_the_exact_division():
 
 @pytest.mark.parametrize("path", ["one C call", "numpy"])
 def test_npy_files_written_in_one_call_read_back(tmp_path, monkeypatch, path):
-    from precision_tool.dump.writer import write_npys
+    from precision_tool.dump.writer import write_files
     if path == "numpy":
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     arrays = [np.arange(12, dtype=np.float16).reshape(3, 4), np.array(2.5, np.float32),
               np.zeros((0, 3), np.int32), np.arange(10.0)[::3], np.array([True, False])]
     paths = [str(tmp_path / f"t{k}.npy") for k in range(len(arrays))]
-    write_npys(paths, arrays)
+    write_files(paths, arrays)
     for p, a in zip(paths, arrays):
         b = np.load(p, allow_pickle=False)
         assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b)
     missing = str(tmp_path / "no-such-dir" / "x.npy")
     with pytest.raises(OSError) as err:
-        write_npys([paths[0], missing], arrays[:2])
+        write_files([paths[0], missing], arrays[:2])
     assert err.value.filename == missing and err.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("path", ["one C call", "numpy"])
+def test_a_directory_of_files_links_and_renames_in_one_call(tmp_path, monkeypatch, path):
+    """A step's files, a bundle's raw arrays back to back, a graph linked where its source
+    exists and written where it does not, then the directory renamed into place; a rename
+    onto a directory that holds files fails naming it, after the files are written."""
+    from precision_tool.dump.writer import write_files
+    if path == "numpy":
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    (tmp_path / "graph.json").write_bytes(b"graph")
+    partial, final = tmp_path / ".0.partial", tmp_path / "0"
+    partial.mkdir()
+    pieces = (np.arange(3, dtype=np.float32), np.arange(2, dtype=np.int64)[::-1], np.float64(7.0))
+    write_files([str(partial / "a.npy"), str(partial / "v.bin"), str(partial / "index.csv")],
+                [np.eye(2), pieces, b"x,y\n"],
+                [b"HEAD", b"", b""], "...",
+                links=[(str(tmp_path / "graph.json"), str(partial / "g1.json"), b"graph"),
+                       (str(tmp_path / "gone.json"), str(partial / "g2.json"), b"graph")],
+                renames=[(str(partial), str(final))])
+    assert not partial.exists() and sorted(os.listdir(final)) == [
+        "a.npy", "g1.json", "g2.json", "index.csv", "v.bin"]
+    assert (final / "a.npy").read_bytes() == b"HEAD" + np.eye(2).tobytes()
+    assert (final / "v.bin").read_bytes() == b"".join(np.ascontiguousarray(p).tobytes()
+                                                      for p in pieces)
+    assert (final / "index.csv").read_bytes() == b"x,y\n"
+    assert os.path.samefile(final / "g1.json", tmp_path / "graph.json")
+    assert (final / "g2.json").read_bytes() == b"graph"
+    assert not os.path.samefile(final / "g2.json", tmp_path / "graph.json")
+    partial.mkdir()
+    with pytest.raises(OSError) as err:
+        write_files([str(partial / "b.bin")], [b"new"], [b""], renames=[(str(partial), str(final))])
+    assert err.value.filename == str(final) and err.value.errno in (errno.ENOTEMPTY, errno.EEXIST)
+    assert (partial / "b.bin").read_bytes() == b"new" and not (final / "b.bin").exists()
 
 
 def _half_boundaries():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import errno
 import json
 import os
 import platform
@@ -33,9 +34,11 @@ import numpy as np
 
 from .. import __version__, numerics
 from ..graph import graph_to_json
+from ..runtime.plan import producer_index
 from . import layout
 from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
+from .cores import WriterCore
 from .writer import AsyncWriter
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
@@ -68,10 +71,30 @@ class DumpHook:
 class _Step:
     def __init__(self, number, path, dump):
         self.number, self.path, self.dump = number, path, dump
-        self.records: List[tuple] = []     # (node, inputs, outputs, task, timestamp)
-        self.feeds: Dict[str, np.ndarray] = {}
         self.status = 0                    # OR of the step's status words
         self.loss_scale = None             # (scale, next scale, finite) if the graph scales
+        self.bundle = None                 # its replay bundle's files (replay.BundleFiles)
+
+
+class _Traced:
+    """What the observer needs of an execution plan, worked out at its first dumped run:
+    where each node's inputs come from, which nodes scale the loss, which launches are
+    kernels the dump records."""
+
+    def __init__(self, plan, npu: bool):
+        self.plan = plan
+        self.producers = producer_index(plan)
+        self.scales = [(i, node) for i, node in enumerate(plan.nodes)
+                       if node.type == "UpdateLossScale"]
+        self.tasks = None           # (how many tasks a run launches, which are records)
+
+    def source(self, tensor: str, fed: List[str]) -> tuple:
+        """Where a run's value of `tensor` is: (plan index, output) of its producer, or
+        (len(plan.nodes), position in fed) for a feed."""
+        if tensor in fed:
+            return len(self.plan.nodes), fed.index(tensor)
+        node, _, k = tensor.rpartition(":")
+        return self.producers[node], int(k)
 
 
 class DumpObserver:
@@ -89,9 +112,12 @@ class DumpObserver:
         self._history_written = 0          # how many of them are in the file
         self._history_at = 0.0             # when they were last appended (time.monotonic)
         self.writer = AsyncWriter(max_pending=2)
+        self._core = WriterCore()          # BLAS cut to leave the writer a core while dumping
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
         self._plan = None                           # the last step's StepPlan
+        self._reuse = None                          # where its values are in a run's trace
+        self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
         self._bundles = None                        # replay.BundleWriter, made at the first dump
         self._info = self._run_info(session)
         save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
@@ -136,31 +162,31 @@ class DumpObserver:
             path = os.path.join(self.run_dir, "dump", str(number))
         self._step = _Step(number, path, "dump" in acts)
         if self._step.dump:
-            self._replay(session, feeds, fetch_tensors, fetch_nodes)
-            if not self.npu:      # fed placeholders do not run, but the golden holds their values
-                self._step.feeds = dict(feeds)
+            self._core.limit()
+            if self._bundles is None:
+                from .replay import BundleWriter
+                self._bundles = BundleWriter(session)
+            self._step.bundle = self._bundles.files(os.path.join(self.run_dir, "replay", str(number)),
+                                                    session, feeds, fetch_tensors, fetch_nodes)
         return True
 
-    def on_node(self, node, inputs, outputs, task):
-        st = self._step
-        if node.type == "UpdateLossScale":   # (scale, good, bad, last, finite) -> (scale, ...)
-            st.loss_scale = (float(inputs[0]), float(outputs[0]), bool(inputs[4]))
-        if self.npu:
-            if task is not None:
-                st.status |= task.status
-            if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
-                return
-            st.records.append((node, inputs, outputs, task, task.timestamp))
-        elif node.type != "NoOp":
-            st.records.append((node, inputs, outputs, None, int(time.time() * 1e6)))
-
-    def end_run(self, session):
+    def end_run(self, session, trace):
         st, self._step = self._step, None
+        traced = self._traced.get(id(trace.plan))
+        if traced is None or traced.plan is not trace.plan:
+            traced = self._traced[id(trace.plan)] = _Traced(trace.plan, self.npu)
+        for i, node in traced.scales:    # (scale, good, bad, last, finite) -> (scale, ...)
+            scale = trace.value(node.inputs[0], traced.producers)
+            st.loss_scale = (float(scale), float(trace.outputs[i][0]),
+                             bool(trace.value(node.inputs[4], traced.producers)))
+        if self.npu:
+            for task in trace.tasks:
+                st.status |= task.status
         scale = ",".join(map(repr, st.loss_scale[:2])) + f",{int(st.loss_scale[2])}" \
             if st.loss_scale else ",,"
         self.history.append(f"{st.number},{st.status},{scale}")
-        if st.dump or st.records:          # an overflow check writes only steps that overflowed
-            self.writer.put(lambda: self._write_step(st))
+        if st.dump or st.status:          # an overflow check writes only steps that overflowed
+            self.writer.put(self._step_job(st, trace, traced))
         steps = self.settings.steps
         if steps is not None and st.number >= max(steps):
             self.close()               # the last step of the dump: on disk before run() returns
@@ -172,7 +198,10 @@ class DumpObserver:
         """Wait until every dumped step is on disk, with the step history and run.json's
         list of dumped steps; raise the first write error."""
         self.writer.put(self._finish)
-        self.writer.flush()
+        try:
+            self.writer.flush()
+        finally:
+            self._core.restore()
 
     def _finish(self):
         self._write_history()
@@ -248,53 +277,120 @@ class DumpObserver:
         return StepPlan(key, header, rows, [records[r.record][r.side][r.k] for r in rows],
                         tensor_mode)
 
-    def _write_step(self, st: _Step):
-        partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
-        if os.path.isdir(partial):
-            shutil.rmtree(partial)
-        os.makedirs(partial)
+    def _records(self, st: _Step, trace, traced: _Traced, stamp: int):
+        """The step's records, (node, inputs, outputs, task, timestamp) each, with where each
+        record's outputs are in the trace ((plan index, None), or (len(plan.nodes), position
+        in fed) for a feed) and, on the NPU, the index of its task. An NPU step records its
+        kernels (an overflow check: those that overflowed); a golden step every op but
+        NoOps, and first its fed placeholders, which do not run but whose values the golden
+        holds."""
+        records, where, tasks = [], [], []
+        fed = sorted(trace.feeds)
+        if self.npu:
+            launched = -1
+            for j, (node, inputs, outputs, task) in enumerate(trace.records()):
+                launched += task is not None       # the tasks come in the order of their nodes
+                if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
+                    continue
+                records.append((node, inputs, outputs, task, task.timestamp))
+                where.append((j, None))
+                tasks.append(launched)
+            return records, where, tasks, fed
+        for position, t in enumerate(fed):
+            records.append((self.graph.tensor(t).node, None, [trace.feeds[t]], None, stamp))
+            where.append((len(trace.outputs), position))
+        for j, (node, inputs, outputs, _) in enumerate(trace.records()):
+            if node.type != "NoOp":
+                records.append((node, inputs, outputs, None, stamp))
+                where.append((j, None))
+        return records, where, tasks, fed
+
+    def _new_plan(self, key, st, trace, traced, stamp, mode, tensor_mode):
+        """A StepPlan for this step (the first, or one whose kernels or shapes changed), and
+        where each of its tensors is in a run's trace: later steps of the same execution
+        plan gather their values from there without building records."""
+        records, where, tasks, fed = self._records(st, trace, traced, stamp)
+        plan = self._plan = self._build_plan(key, records, mode, tensor_mode)
+        sources = []
+        for r, side, k in plan.where:
+            j, position = where[r]
+            if side == 2:
+                sources.append((j, k if position is None else position))
+            else:
+                sources.append(traced.source(records[r][0].inputs[k], fed))
+        self._reuse = (sources, fed, tasks, len(trace.tasks or ()), len(records))
+        return plan, plan.gather(records), [r[4] for r in records]
+
+    def _step_job(self, st: _Step, trace, traced: _Traced):
+        """On the training thread: the step's plan, values, timestamps and paths (cheap while
+        the execution plan and shapes stay the same), and a job for the writer thread that
+        writes every file of the step, and its replay bundle, in one call of the C module."""
         tensor_mode = self.settings.data == "tensor"
         mode = self.settings.mode if st.dump else "all"
-        records = st.records
-        if self.npu:
-            for node, _, _, task, _ in records:
-                if task.status:
-                    self._opdebug(partial, node, task, st.number)
-            key = (mode, tensor_mode, [(id(node), task.task_id, task.stream_id)
-                                       for node, _, _, task, _ in records])
-        else:       # fed placeholders do not run: they are dumped as records of their own
-            stamp0 = records[0][4] if records else int(time.time() * 1e6)
-            records = [(self.graph.tensor(t).node, None, [v], None, stamp0)
-                       for t, v in st.feeds.items()] + records
-            key = (tensor_mode, [id(node) for node, *_ in records])
-        plan = self._plan
-        values = plan.gather(records) if plan is not None and plan.key == key else None
-        if values is None or not plan.fits(values):
-            plan = self._plan = self._build_plan(key, records, mode, tensor_mode)
-            values = plan.gather(records)
-        plan.write(partial, [r[4] for r in records], values)
-        if os.path.isdir(st.path):          # a replayed step into a named run replaces its dump
-            shutil.rmtree(st.path)
-        os.replace(partial, st.path)        # the step appears whole, index included
-        bisect.insort(self.dumped_steps, st.number)
-        if time.monotonic() - self._history_at >= 1.0:
-            self._write_history()
+        stamp = int(time.time() * 1e6)
+        overflowed = [t for t in trace.tasks or () if t.status and t.type not in NOT_KERNELS]
+        key = (traced, mode, tensor_mode, st.dump)
+        plan, values = self._plan, None
+        if plan is not None and plan.key == key and st.dump:
+            sources, fed, tasks, launched, count = self._reuse
+            if len(trace.tasks or ()) == launched:
+                pool = trace.outputs + [[trace.feeds[t] for t in fed]] if fed else trace.outputs
+                values = [pool[j][k] for j, k in sources]
+                if not plan.fits(values):
+                    values = None
+        if values is None:
+            plan, values, stamps = self._new_plan(key, st, trace, traced, stamp, mode, tensor_mode)
+        elif self.npu:
+            launches = trace.tasks
+            stamps = [launches[t].timestamp for t in tasks]
+        else:
+            stamps = [stamp] * count
+        partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
+        filled = plan.fill(partial, stamps, values)
+        more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id, t.timestamp)),
+                 _json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
+        renames, links, bundle = [(partial, st.path)], (), st.bundle
+        if bundle is not None:
+            more += [(os.path.join(bundle.partial, name), data) for name, data in bundle.files]
+            links = [bundle.link]
+            renames.append((bundle.partial, bundle.path))
 
-    def _opdebug(self, directory, node, task, step):
-        record = {"op_name": node.name, "op_type": node.type, "task_id": task.task_id,
-                  "stream_id": task.stream_id, "timestamp": task.timestamp,
-                  "status": task.status, "status_hex": f"0x{task.status:x}",
-                  "status_bits": numerics.decode_status(task.status), "step": step}
-        name = layout.opdebug_file_name(task.task_id, task.stream_id, task.timestamp)
-        with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-            f.write(_json(record))
+        def write():
+            for directory in [partial] + ([bundle.partial] if bundle is not None else []):
+                _fresh_directory(directory)
+            try:
+                plan.write(filled, more, links, renames)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or \
+                        e.filename not in {os.fsdecode(dst) for _, dst in renames}:
+                    raise
+                for src, dst in renames:    # a replayed step into a named run replaces its dump
+                    if os.path.isdir(src):
+                        shutil.rmtree(dst, ignore_errors=True)
+                        os.replace(src, dst)
+            bisect.insort(self.dumped_steps, st.number)
+            if time.monotonic() - self._history_at >= 1.0:
+                self._write_history()
+        return write
 
-    def _replay(self, session, feeds, fetch_tensors, fetch_nodes):
-        if self._bundles is None:
-            from .replay import BundleWriter
-            self._bundles = BundleWriter(session)
-        path = os.path.join(self.run_dir, "replay", str(session.step))
-        self.writer.put(self._bundles.job(path, session, feeds, fetch_tensors, fetch_nodes))
+
+def _opdebug(task, step: int) -> dict:
+    """An overflowing task's Opdebug record."""
+    return {"op_name": task.name, "op_type": task.type, "task_id": task.task_id,
+            "stream_id": task.stream_id, "timestamp": task.timestamp,
+            "status": task.status, "status_hex": f"0x{task.status:x}",
+            "status_bits": numerics.decode_status(task.status), "step": step}
+
+
+def _fresh_directory(path: str) -> None:
+    """An empty directory at path: what an interrupted dump left there is removed."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        shutil.rmtree(path)
+        os.mkdir(path)
+    except FileNotFoundError:
+        os.makedirs(path)
 
 
 _OPEN = weakref.WeakSet()

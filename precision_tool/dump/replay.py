@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, fields
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 import numpy as np
 
 from ..errors import PrecisionToolError
-from ..fileio import load_json, write_buffers
+from ..fileio import load_json
 from ..graph import Graph, graph_to_json
 from ..runtime import Session, SessionConfig
 
@@ -60,7 +59,8 @@ def _layout(arrays: Dict[str, np.ndarray]):
             if a.dtype.hasobject:
                 raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
             a = a if a.flags.c_contiguous else a.copy(order="C")
-        buffers.append(a)
+        # an extension dtype (bfloat16) exports no buffer: its bytes are written
+        buffers.append(a if a.dtype.kind in "biufc" else a.reshape(-1).view(np.uint8))
         key.append((name, a.dtype.str, a.shape))
     return tuple(key), buffers
 
@@ -93,47 +93,41 @@ class BundleWriter:
         self._entries: Dict[str, tuple] = {}       # "variables", "feeds" -> (key, JSON)
         self._graph_file: Optional[str] = None     # the last bundle's graph.json
 
-    def _write_graph(self, path: str) -> None:
-        if self._graph_file is not None:
-            try:
-                os.link(self._graph_file, path)
-                return
-            except OSError:
-                pass                # written instead; the next bundle tries this one
-        write_buffers(path, [self.graph])
-
     def _entries_of(self, kind: str, key, buffers) -> str:
         known = self._entries.get(kind)
         if known is None or known[0] != key:
             known = self._entries[kind] = (key, _entries_json(key, buffers))
         return known[1]
 
-    def job(self, path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors, fetch_nodes):
-        """What the step's bundle needs, taken now (references: nothing is modified later),
-        and a job that writes it into a partial directory renamed into place when complete."""
+    def files(self, path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors,
+              fetch_nodes) -> "BundleFiles":
+        """The step's bundle as files to write into a partial directory renamed into place
+        when complete: taken now, on the training thread (references: nothing is modified
+        later), written by the dump's writer with the step's own files."""
         head = {"version": BUNDLE_VERSION, "session_step": session.step,
                 "target": session.target, "fetch_tensors": list(fetch_tensors),
                 "fetch_nodes": list(fetch_nodes)}
-        variables, feeds = session.variables(copy=False), dict(feeds)
+        laid_out = {"variables": _layout(session.variables(copy=False)), "feeds": _layout(feeds)}
+        entries = "".join(f', "{kind}": {self._entries_of(kind, *arrays)}'
+                          for kind, arrays in laid_out.items())
+        meta = f'{json.dumps(head)[:-1]}{entries}, "config": {self.config}}}\n'
+        partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
+        files = [(f"{kind}.bin", tuple(buffers)) for kind, (_, buffers) in laid_out.items()]
+        files.append(("replay.json", meta.encode("utf-8")))
+        # within a run, graph.json is a hard link to the previous bundle's (which the writer,
+        # working in order, has renamed into place by then), or written where that fails
+        link = (self._graph_file or os.path.join(partial, "graph.json"),
+                os.path.join(partial, "graph.json"), self.graph)
+        self._graph_file = os.path.join(path, "graph.json")
+        return BundleFiles(path, partial, files, link)
 
-        def job():
-            laid_out = {"variables": _layout(variables), "feeds": _layout(feeds)}
-            entries = "".join(f', "{kind}": {self._entries_of(kind, *arrays)}'
-                              for kind, arrays in laid_out.items())
-            meta = f'{json.dumps(head)[:-1]}{entries}, "config": {self.config}}}\n'
-            partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
-            if os.path.isdir(partial):
-                shutil.rmtree(partial)
-            os.makedirs(partial)
-            self._write_graph(os.path.join(partial, "graph.json"))
-            for kind, (_, buffers) in laid_out.items():
-                write_buffers(os.path.join(partial, f"{kind}.bin"), buffers)
-            write_buffers(os.path.join(partial, "replay.json"), [meta.encode("utf-8")])
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            os.replace(partial, path)
-            self._graph_file = os.path.join(path, "graph.json")
-        return job
+
+class BundleFiles(NamedTuple):
+    """One step's bundle, ready to write (see BundleWriter.files)."""
+    path: str
+    partial: str
+    files: list             # (name, bytes or a tuple of arrays) each
+    link: tuple             # (graph.json to link to, graph.json, its contents where that fails)
 
 
 @dataclass

@@ -3,8 +3,9 @@
 While the kernels and the shapes stay the same (they do in a training loop), every index
 line and file name is fixed text but for a timestamp and a tensor's statistics, and each
 tensor file's header and dtype conversion are fixed too. A StepPlan holds all of that; a
-step then gathers its values, fills the index in one C call (statistics included, GIL
-released) and writes its files in another. A step whose kernels or shapes differ gets a
+step then gathers its values and works out its paths on the training thread (fill), and
+the writer thread fills the index in one C call (statistics included, GIL released) and
+writes every file of the step and renames its directory into place in another (write). A step whose kernels or shapes differ gets a
 new plan. Without the C module the same plan is filled in Python, to the same bytes.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from .. import native, numerics
 from . import layout
 from .template import Template
-from .writer import npy_header, write_npys
+from .writer import npy_header, write_files
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -99,6 +100,7 @@ class StepPlan:
         # 0: statistics from numerics; 1: a numpy float, passed as it is when contiguous;
         # 2: bfloat16, passed as its bits (native.flat)
         self.in_c = [0 if k is None else 1 if k in "efd" else 2 for k in kinds]
+        self.direct = all(c == 1 for c in self.in_c)     # every value goes to C as it is
         self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
         disk = [rows[i].disk for i in first]
         self.headers = [npy_header(d, v.shape) for d, v in zip(disk, unique)]
@@ -115,40 +117,57 @@ class StepPlan:
         """Whether these values (gather's) have the shapes and dtypes the plan was made for."""
         return [v.shape for v in values] == self.shapes and [v.dtype for v in values] == self.dtypes
 
-    def write(self, directory: str, stamps: Sequence[int], values) -> None:
-        """index.csv and, for a tensor dump, the tensor files, into directory; values:
-        gather's."""
-        text, nans = (self._native_index if native.enabled() else self._numpy_index)(stamps, values)
+    def fill(self, directory: str, stamps: Sequence[int], values) -> "Filled":
+        """The training thread's part of a step: its values (gather's) and timestamps, and
+        the paths of its files in directory. Nothing here touches the disk or reads a
+        tensor, so that the writer thread's part, write(), is calls of the C module alone."""
+        stamps = np.asarray(stamps, dtype=np.int64)
+        paths = []
+        if self.names is not None and values:
+            if native.enabled():
+                blob = native.index_text([], "", np.empty((0, 7)), stamps, self.names)
+                prefix = os.fsencode(directory) + b"/"
+                paths = [prefix + name for name in blob.split(b"\0")]
+            else:
+                paths = [os.path.join(directory, n)
+                         for n in self.names.fill(stamps, ()).decode("utf-8").split("\0")]
+        return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths)
+
+    def write(self, filled: "Filled", more=(), links=(), renames=()) -> None:
+        """index.csv and, for a tensor dump, the tensor files; more: other files of the step,
+        (path, bytes) each; links and renames: as writer.write_files makes them (links
+        first, renames once every file is written)."""
+        text, nans = (self._native_index if native.enabled() else self._numpy_index)(
+            filled.stamps, filled.values)
+        paths, arrays, headers, halves = [], [], [], ""
         if self.names is not None:
-            self._write_files(directory, stamps, values, nans)
-        with open(os.path.join(directory, layout.INDEX_FILE), "wb") as f:
-            f.write(text)
+            paths, headers = list(filled.paths), list(self.headers)
+            arrays, halves = self._file_arrays(filled.values, nans)
+        paths += [filled.index_path] + [path for path, _ in more]
+        arrays += [text] + [data for _, data in more]
+        headers += [b""] * (1 + len(more))
+        write_files(paths, arrays, headers, halves + "." * (1 + len(more)), links, renames)
 
     def _native_index(self, stamps, unique):
         stats = np.empty((len(unique), 7))
         if self.numpy_stats:
             some = numerics.batch_stats([unique[i] for i in self.numpy_stats])
             stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
-        # numpy's own floats go as they are when contiguous (flat() would return them)
+        if self.direct:        # numpy's own floats go as they are (flat() would return them)
+            try:
+                return native.index_text(unique, self.kinds, stats, stamps, self.index), stats[:, 4]
+            except (ValueError, BufferError):       # a strided one: flat() copies it
+                pass
         arrays = [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
                   for v, c in zip(unique, self.in_c)]
-        stamps = np.asarray(stamps, dtype=np.int64)
         return native.index_text(arrays, self.kinds, stats, stamps, self.index), stats[:, 4]
 
     def _numpy_index(self, stamps, unique):
         stats = numerics.batch_stats(unique)
         return self.index.fill(stamps, numerics.stats_text(stats)), stats["nan_count"]
 
-    def _write_files(self, directory, stamps, unique, nans) -> None:
-        if native.enabled():
-            blob = native.index_text([], "", np.empty((0, 7)), np.asarray(stamps, np.int64),
-                                     self.names)
-            prefix = os.fsencode(directory) + b"/"
-            paths = [prefix + name for name in blob.split(b"\0")] if unique else []
-        else:
-            blob = self.names.fill(stamps, ())
-            paths = [os.path.join(directory, n) for n in blob.decode("utf-8").split("\0")] \
-                if unique else []
+    def _file_arrays(self, unique, nans):
+        """What each tensor file holds, and its conversion (see writer.write_files)."""
         arrays, halves = unique, self.halves
         if self.casts or ("e" in halves and nans.any()):
             arrays, halves = list(unique), list(halves)
@@ -158,4 +177,12 @@ class StepPlan:
                 if halves[i] == "e":
                     arrays[i], halves[i] = unique[i].astype(_HALF), "."
             halves = "".join(halves)
-        write_npys(paths, arrays, self.headers, halves)
+        return arrays, halves
+
+
+class Filled(NamedTuple):
+    """A step's part of the plan, filled in by the training thread (see StepPlan.fill)."""
+    index_path: str
+    stamps: np.ndarray
+    values: list
+    paths: list

@@ -8,6 +8,7 @@ its final name is always whole.
 from __future__ import annotations
 
 import io
+import os
 import queue
 import threading
 
@@ -40,31 +41,49 @@ def npy_header(dtype: np.dtype, shape: tuple) -> bytes:
     return header
 
 
-def write_npy(path: str, array: np.ndarray) -> None:
-    """Write an .npy file without the per-call overhead of np.save. Only for directories that
-    are renamed into place when complete (a step's partial directory)."""
-    if not array.flags.c_contiguous:     # (np.ascontiguousarray would make a 0-d array 1-d)
-        array = array.copy(order="C")
-    write_buffers(path, [npy_header(array.dtype, array.shape), array])
-
-
-def write_npys(paths, arrays, headers=None, halves: str = "") -> None:
-    """write_npy for many files (same rules), in one call of the C module that writes them
-    all with the GIL released where it is built, one by one otherwise. headers: each file's
-    (npy_header of what it holds) when the caller has them. halves, one character per file
-    when given: 'e' writes that float32 array as float16 (rounded as astype rounds; an array
-    holding nan goes through astype, which decides its payload), '.' as it is."""
-    arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
-    if not native.enabled():
-        if halves:
-            arrays = [a.astype(np.float16) if h == "e" else a for a, h in zip(arrays, halves)]
-        for path, array in zip(paths, arrays):
-            write_npy(path, array)
-        return
+def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames=()) -> None:
+    """Files for a directory that is renamed into place when complete, in one call of the C
+    module that writes them all with the GIL released where it is built, one by one
+    otherwise. Each file is its header (headers: each file's, by default the npy_header of
+    what it holds; b"" for a file that is not an .npy) then its array's bytes; an array may
+    be a tuple of arrays, written back to back. halves, one character per file when given:
+    'e' writes that float32 array as float16 (rounded as astype rounds; an array holding nan
+    goes through astype, which decides its payload), '.' as it is. links, (src, dst,
+    contents) each, are made first: a hard link, or a file holding contents where linking
+    fails; renames, (src, dst) each, are done last, once every file is written."""
+    halves = halves or "." * len(arrays)
     if headers is None:
         headers = [npy_header(np.dtype(np.float16) if h == "e" else a.dtype, a.shape)
-                   for a, h in zip(arrays, halves or "." * len(arrays))]
-    native.write_files(paths, headers, arrays, halves or None)
+                   for a, h in zip(arrays, halves)]
+    if native.enabled():
+        try:        # the C module takes every buffer before it writes anything
+            native.write_files(paths, headers, arrays, halves, links, renames)
+        except (BufferError, ValueError):       # a strided array: written from a copy
+            native.write_files(paths, headers, _contiguous(arrays), halves, links, renames)
+        return
+    arrays = _contiguous(arrays)
+    for src, dst, contents in links:
+        try:
+            os.link(src, dst)
+        except OSError:
+            write_buffers(dst, [contents])
+    for path, header, array, half in zip(paths, headers, arrays, halves):
+        if half == "e":
+            array = array.astype(np.float16)
+        write_buffers(path, [header, *(array if isinstance(array, tuple) else (array,))])
+    for src, dst in renames:
+        try:
+            os.rename(src, dst)
+        except OSError as e:        # named by where it goes, as the C module names it
+            raise OSError(e.errno, e.strerror, dst) from None
+
+
+def _contiguous(arrays):
+    """The arrays (or tuples of arrays) with each strided one copied (np.ascontiguousarray
+    would make a 0-d array 1-d)."""
+    def one(a):
+        return a if not isinstance(a, np.ndarray) or a.flags.c_contiguous else a.copy(order="C")
+    return [tuple(map(one, a)) if isinstance(a, tuple) else one(a) for a in arrays]
 
 
 class AsyncWriter:

@@ -48,11 +48,10 @@ class CpuExecutor:
         return value.astype(self.run_dtype(dtype), copy=False)
 
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
-            variables: Dict[str, np.ndarray], step: int, observe=None) -> Dict[str, np.ndarray]:
+            variables: Dict[str, np.ndarray], step: int, trace=None) -> Dict[str, np.ndarray]:
         ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
-        seen = None if observe is None else (lambda node, ins, outs: observe(node, ins, outs, None))
         return run_plan(plan, values, variables,
-                        lambda node: self._execute(node, values, variables, ctx), seen)
+                        lambda node: self._execute(node, values, variables, ctx), trace)
 
     def _execute(self, node, values, variables, ctx):
         source = read_source(node, values, variables)

@@ -57,16 +57,17 @@ def read_source(node, values, variables):
     return None
 
 
-def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, observe=None) -> Dict:
-    """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, show
-    them with their inputs to `observe(node, inputs, outputs)` (the dump hook point), apply
-    update ops to their variables, and drop values after their last reader."""
+def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, trace=None) -> Dict:
+    """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, append
+    them to `trace` when given (the dump hook point: one list append per op, a RunTrace
+    finds each input among them), apply update ops to their variables, and drop values
+    after their last reader."""
     from ..ops import registry
     with np.errstate(all="ignore"):   # inf/nan are data here: status words and analysis report them
         for node, release in zip(plan.nodes, plan.release):
             outputs = execute(node)
-            if observe is not None:
-                observe(node, [values[i] for i in node.inputs], outputs)
+            if trace is not None:
+                trace.append(outputs)
             for k, out in enumerate(outputs):
                 values[f"{node.name}:{k}"] = out
             for k, pos in enumerate(registry.get(node.type).updates):
@@ -74,3 +75,37 @@ def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, observ
             for name in release:
                 values.pop(name, None)
     return values
+
+
+class RunTrace:
+    """What one run computed, for observers: `outputs[i]` is the list of plan.nodes[i]'s
+    outputs, `feeds` the fed values by tensor name, `tasks` the NPU's kernel launches in
+    order (None on the CPU). Executors never modify an array after producing it, so the
+    trace holds each value as it was when its op ran."""
+
+    def __init__(self, plan: ExecutionPlan, outputs: List[list], feeds: Dict, tasks=None):
+        self.plan, self.outputs, self.feeds, self.tasks = plan, outputs, feeds, tasks
+
+    def value(self, tensor: str, producers: Dict[str, int]):
+        """A tensor's value: a feed, or the output of its producer (producers: node name ->
+        index in plan.nodes, see producer_index)."""
+        if tensor in self.feeds:
+            return self.feeds[tensor]
+        node, _, k = tensor.rpartition(":")
+        return self.outputs[producers[node]][int(k)]
+
+    def records(self):
+        """(node, inputs, outputs, task) for every op run, in order; task: the node's
+        launch on the NPU (None for ops that launch nothing, and on the CPU)."""
+        producers = producer_index(self.plan)
+        tasks = iter(self.tasks or ())
+        task = next(tasks, None)
+        for node, outputs in zip(self.plan.nodes, self.outputs):
+            mine = None
+            if task is not None and task.name == node.name:
+                mine, task = task, next(tasks, None)
+            yield node, [self.value(t, producers) for t in node.inputs], outputs, mine
+
+
+def producer_index(plan: ExecutionPlan) -> Dict[str, int]:
+    return {node.name: i for i, node in enumerate(plan.nodes)}

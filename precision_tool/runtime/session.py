@@ -11,6 +11,7 @@ from ..graph.ir import Node
 from .config import SessionConfig
 from .cpu import CpuExecutor
 from .npu.executor import NpuExecutor
+from .plan import RunTrace
 
 _EXECUTORS = {"cpu": CpuExecutor, "npu": NpuExecutor}
 
@@ -42,8 +43,9 @@ class Session:
 
     def add_observer(self, observer) -> None:
         """Watch runs: `begin_run(session, feeds, fetch_tensors, fetch_nodes) -> bool` (whether
-        to watch this one), `on_node(node, inputs, outputs, task)` for every op it runs, then
-        `end_run(session)` before run() returns, or `abort_run(session, error)` if it fails."""
+        to watch this one), then `end_run(session, trace)` with the run's RunTrace (every op's
+        outputs, the feeds, the NPU's tasks) before run() returns, or `abort_run(session,
+        error)` if it fails. Watching costs the run one list append per op."""
         self._observers.append(observer)
 
     def __enter__(self):
@@ -74,15 +76,17 @@ class Session:
                                                           frozenset(feeds))
         watching = [o for o in self._observers
                     if o.begin_run(self, feeds, fetch_tensors, fetch_nodes)]
+        trace = [] if watching else None
         try:
-            values = self._executor.run(plan, dict(feeds), self._variables, self.step,
-                                        _fan_out(watching))
+            values = self._executor.run(plan, dict(feeds), self._variables, self.step, trace)
         except BaseException as e:
             for o in watching:
                 o.abort_run(self, e)
             raise
-        for o in watching:
-            o.end_run(self)
+        if watching:
+            run = RunTrace(plan, trace, feeds, getattr(self._executor, "tasks", None))
+            for o in watching:
+                o.end_run(self, run)
         self.step += 1
         # copies: a fetched array must never alias session state or a feed
         results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
@@ -200,18 +204,6 @@ class Session:
             staged[name] = (arr.astype(current.dtype) if exact else
                             self._executor.cast_in(arr, self.graph.node(name).outputs[0].dtype))
         self._variables.update(staged)
-
-
-def _fan_out(observers):
-    if not observers:
-        return None
-    if len(observers) == 1:
-        return observers[0].on_node
-
-    def observe(node, inputs, outputs, task):
-        for o in observers:
-            o.on_node(node, inputs, outputs, task)
-    return observe
 
 
 def _unflatten(structure, it):

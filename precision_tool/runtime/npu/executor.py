@@ -142,18 +142,13 @@ class NpuExecutor:
                 f"is not an output of it; switch the pass off to fetch it")
 
     # -- running --------------------------------------------------------------------------
-    def run(self, plan: ExecutionPlan, values, variables, step: int, observe=None):
+    def run(self, plan: ExecutionPlan, values, variables, step: int, trace=None):
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
         tasks: List[Task] = []
         self.tasks = tasks
-
-        def seen(node, ins, outs):
-            task = tasks[-1] if tasks and tasks[-1].name == node.name else None
-            observe(node, ins, outs, task)
         run_plan(plan, values, variables,
-                 lambda node: self._execute(node, values, variables, ctx, tasks),
-                 None if observe is None else seen)
+                 lambda node: self._execute(node, values, variables, ctx, tasks), trace)
         return values
 
     def _execute(self, node, values, variables, ctx, tasks):
