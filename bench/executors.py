@@ -17,6 +17,12 @@ import precision_tool as pt
 from precision_tool import hooks
 
 REPEATS, STEPS = 5, 8
+# OpenBLAS keeps its idle threads spinning for about 0.1 s after a call: a block measured
+# right after a block that ran BLAS on both cores would share a core with that spinner. A
+# dump limits BLAS to leave its writer a core (dump/cores.py); in a training run the spin
+# after that is a one-off at the dump's start. The dump blocks start after this pause, as
+# every block does, so each measures its steady state.
+BLAS_SPIN = 0.15
 
 
 def step_time(model, sess, batches, steps):
@@ -55,6 +61,7 @@ def dump_overhead(digits, where, batch):
         samples = {k: [] for k in sessions}
         for _ in range(REPEATS):
             for k, sess in sessions.items():
+                time.sleep(BLAS_SPIN)
                 start = time.perf_counter()
                 for _ in range(STEPS):
                     sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})

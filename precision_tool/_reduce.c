@@ -20,6 +20,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/uio.h>
+#include <sys/stat.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
@@ -142,6 +147,7 @@ CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
 static int use_simd(void);
 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st);
 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst);
+static inline uint16_t float_to_half_bits(uint32_t f);
 
 static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
@@ -662,14 +668,19 @@ AVX512 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *s
 }
 
 /* float32 -> float16 sixteen at a time, rounding to nearest even in hardware as
- * float_to_half_bits does (overflow to inf, subnormals); returns how many it converted. */
+ * float_to_half_bits does (overflow to inf, subnormals; a nan by float_to_half_bits itself);
+ * returns how many it converted. */
 AVX512 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst)
 {
     Py_ssize_t i = 0;
-    for (; i + 16 <= n; i += 16)
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i);
         _mm256_storeu_si256((__m256i *)(dst + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                            _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        for (int l = 0; nan; l++, nan >>= 1)      /* the hardware quiets a nan: keep its bits */
+            if (nan & 1) dst[i + l] = float_to_half_bits(((const uint32_t *)src)[i + l]);
+    }
     return i;
 }
 
@@ -1050,70 +1061,109 @@ static PyObject *py_stats_text(PyObject *self, PyObject *args)
     return out;
 }
 
-/* index_text(arrays, kinds, stats, stamps, literal, cuts, refs) -> bytes: a dump step's
- * whole index in one call without the GIL. Each array's statistics go into `stats` (7
- * float64 per array, as stats() writes them; for an array given as None they are already
- * there: the caller computed them, for a kind this module does not take); the text is the template's literal pieces
- * (piece i starts at cuts[i] and ends where the next starts, the last at the literal's
- * end) with, between piece i and i+1, refs[i] filled in: a stamp
- * (refs[i] >= 0: stamps[refs[i]] in decimal) or an array's statistics (refs[i] < 0: the
- * CSV fields of array -1 - refs[i]). The template is the same from step to step; only the
- * stamps and the values change. */
-static PyObject *py_index_text(PyObject *self, PyObject *args)
-{
-    PyObject *arrays, *seq, *result = NULL;
-    const char *kinds;
-    Py_ssize_t nkinds, k, got = 0;
+/* ---- a dump step's index ------------------------------------------------------------- */
+
+/* What index_text needs, taken from Python objects with the GIL (index_parse) so that
+ * index_run can work without it, in this thread or in the writer's. The statistics of an
+ * array given as None are already in `stats` (the caller computed them, for a kind this
+ * module does not take). */
+typedef struct {
+    PyObject *seq;                  /* the arrays */
+    Py_buffer *views;
+    char *kinds;
+    Py_ssize_t n, got;
     Py_buffer stats, stamps, literal, cuts, refs;
-    if (!PyArg_ParseTuple(args, "Os#w*y*y*y*y*", &arrays, &kinds, &nkinds, &stats, &stamps,
-                          &literal, &cuts, &refs)) return NULL;
-    seq = PySequence_Fast(arrays, "arrays must be a sequence");
-    Py_ssize_t n = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
-    Py_ssize_t nrefs = refs.len / 8, nstamps = stamps.len / 8;
-    const int64_t *ref = refs.buf, *cut = cuts.buf, *stamp = stamps.buf;
-    Py_buffer *views = NULL;
-    char *text = NULL, *lines = NULL;
-    int *length = NULL;
-    if (!seq) goto done;
-    if (nkinds != n || stats.len != (Py_ssize_t)(n * 7 * sizeof(double)) || refs.len % 8 ||
-        stamps.len % 8 || cuts.len != (nrefs + 1) * 8) {
+    int held;                       /* how many of the five buffers above are held */
+} Index;
+
+static void index_release(Index *x)
+{
+    for (Py_ssize_t k = 0; k < x->got; k++) if (x->views[k].obj) PyBuffer_Release(&x->views[k]);
+    PyMem_Free(x->views);
+    PyMem_Free(x->kinds);
+    Py_buffer *b[5] = {&x->stats, &x->stamps, &x->literal, &x->cuts, &x->refs};
+    for (int i = 0; i < x->held; i++) PyBuffer_Release(b[i]);
+    Py_XDECREF(x->seq);
+    memset(x, 0, sizeof *x);
+}
+
+static int index_parse(Index *x, PyObject *arrays, PyObject *kinds_obj, PyObject *stats,
+                       PyObject *stamps, PyObject *literal, PyObject *cuts, PyObject *refs)
+{
+    memset(x, 0, sizeof *x);
+    PyObject *objs[5] = {stats, stamps, literal, cuts, refs};
+    Py_buffer *b[5] = {&x->stats, &x->stamps, &x->literal, &x->cuts, &x->refs};
+    for (; x->held < 5; x->held++)
+        if (PyObject_GetBuffer(objs[x->held], b[x->held],
+                               x->held ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) goto fail;
+    const char *kinds;
+    Py_ssize_t nkinds;
+    if (PyBytes_Check(kinds_obj)) {
+        kinds = PyBytes_AS_STRING(kinds_obj);
+        nkinds = PyBytes_GET_SIZE(kinds_obj);
+    } else if (!(kinds = PyUnicode_AsUTF8AndSize(kinds_obj, &nkinds))) goto fail;
+    x->seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (!x->seq) goto fail;
+    x->n = PySequence_Fast_GET_SIZE(x->seq);
+    Py_ssize_t nrefs = x->refs.len / 8, nstamps = x->stamps.len / 8;
+    const int64_t *ref = x->refs.buf, *cut = x->cuts.buf;
+    if (nkinds != x->n || x->stats.len != (Py_ssize_t)(x->n * 7 * sizeof(double)) ||
+        x->refs.len % 8 || x->stamps.len % 8 || x->cuts.len != (nrefs + 1) * 8) {
         PyErr_SetString(PyExc_ValueError, "index_text: one kind and 7 stats per array, "
                         "int64 stamps and refs, one cut more than refs");
-        goto done;
+        goto fail;
     }
-    for (k = 0; k <= nrefs; k++)
-        if (cut[k] < 0 || cut[k] > literal.len || (k && cut[k] < cut[k - 1])) {
+    for (Py_ssize_t k = 0; k <= nrefs; k++)
+        if (cut[k] < 0 || cut[k] > x->literal.len || (k && cut[k] < cut[k - 1])) {
             PyErr_SetString(PyExc_ValueError, "index_text: cuts outside the literal");
-            goto done;
+            goto fail;
         }
-    for (k = 0; k < nrefs; k++)
-        if (ref[k] >= nstamps || -1 - ref[k] >= n) {
+    for (Py_ssize_t k = 0; k < nrefs; k++)
+        if (ref[k] >= nstamps || -1 - ref[k] >= x->n) {
             PyErr_SetString(PyExc_ValueError, "index_text: a ref names no stamp or array");
-            goto done;
+            goto fail;
         }
-    views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    lines = PyMem_RawMalloc((size_t)(n ? n : 1) * STATS_LINE);
-    length = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int));
-    /* the largest text: every ref a stats line (a stamp is shorter) */
-    text = PyMem_RawMalloc((size_t)literal.len + (size_t)nrefs * STATS_LINE + 1);
-    if (!views || !lines || !length || !text) { PyErr_NoMemory(); goto done; }
-    for (got = 0; got < n; got++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, got);
-        if (item != Py_None &&
-            get_buffer(item, kinds[got], -1, &views[got]) < 0) goto done;
+    x->views = PyMem_Calloc(x->n ? x->n : 1, sizeof(Py_buffer));
+    x->kinds = PyMem_Malloc(x->n ? x->n : 1);
+    if (!x->views || !x->kinds) { PyErr_NoMemory(); goto fail; }
+    memcpy(x->kinds, kinds, (size_t)x->n);
+    for (x->got = 0; x->got < x->n; x->got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(x->seq, x->got);
+        if (item != Py_None && get_buffer(item, kinds[x->got], -1, &x->views[x->got]) < 0)
+            goto fail;
     }
-    double *o = (double *)stats.buf;
-    Py_ssize_t at = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (k = 0; k < n; k++) {
-        if (views[k].obj)          /* None: its statistics are given */
-            tensor_stats(views[k].buf, kinds[k], views[k].len / itemsize(kinds[k]), o + 7 * k);
+    return 0;
+fail:
+    index_release(x);
+    return -1;
+}
+
+/* Each array's statistics into stats, and the text; returns its length, -1 when out of
+ * memory. *out: the text (PyMem_RawMalloc'd; the caller frees it). No GIL needed. */
+static Py_ssize_t index_run(const Index *x, char **out)
+{
+    Py_ssize_t n = x->n, nrefs = x->refs.len / 8, at = 0;
+    const int64_t *ref = x->refs.buf, *cut = x->cuts.buf, *stamp = x->stamps.buf;
+    const char *lit = x->literal.buf;
+    char *lines = PyMem_RawMalloc((size_t)(n ? n : 1) * STATS_LINE);
+    int *length = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int));
+    /* the largest text: every ref a stats line (a stamp is shorter) */
+    char *text = PyMem_RawMalloc((size_t)x->literal.len + (size_t)nrefs * STATS_LINE + 1);
+    if (!lines || !length || !text) {
+        PyMem_RawFree(lines); PyMem_RawFree(length); PyMem_RawFree(text);
+        return -1;
+    }
+    double *o = (double *)x->stats.buf;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (x->views[k].obj)          /* None: its statistics are given */
+            tensor_stats(x->views[k].buf, x->kinds[k], x->views[k].len / itemsize(x->kinds[k]),
+                         o + 7 * k);
         length[k] = format_stats(o + 7 * k, lines + k * STATS_LINE);
     }
-    const char *lit = literal.buf;
-    for (k = 0; k <= nrefs; k++) {
-        memcpy(text + at, lit + cut[k], (size_t)((k < nrefs ? cut[k + 1] : literal.len) - cut[k]));
-        at += (k < nrefs ? cut[k + 1] : literal.len) - cut[k];
+    for (Py_ssize_t k = 0; k <= nrefs; k++) {
+        Py_ssize_t end = k < nrefs ? cut[k + 1] : x->literal.len;
+        memcpy(text + at, lit + cut[k], (size_t)(end - cut[k]));
+        at += end - cut[k];
         if (k == nrefs) break;
         if (ref[k] >= 0) {
             at += format_int((long long)stamp[ref[k]], text + at);
@@ -1122,17 +1172,35 @@ static PyObject *py_index_text(PyObject *self, PyObject *args)
             at += length[-1 - ref[k]];
         }
     }
-    Py_END_ALLOW_THREADS
-    result = PyBytes_FromStringAndSize(text, at);
-done:
-    for (k = 0; k < got; k++) if (views[k].obj) PyBuffer_Release(&views[k]);
-    PyMem_Free(views);
     PyMem_RawFree(lines);
     PyMem_RawFree(length);
+    *out = text;
+    return at;
+}
+
+/* index_text(arrays, kinds, stats, stamps, literal, cuts, refs) -> bytes: a dump step's
+ * whole index in one call without the GIL. Each array's statistics go into `stats` (7
+ * float64 per array, as stats() writes them); the text is the template's literal pieces
+ * (piece i starts at cuts[i] and ends where the next starts, the last at the literal's end)
+ * with, between piece i and i+1, refs[i] filled in: a stamp (refs[i] >= 0: stamps[refs[i]]
+ * in decimal) or an array's statistics (refs[i] < 0: the CSV fields of array -1 - refs[i]).
+ * The template is the same from step to step; only the stamps and the values change. */
+static PyObject *py_index_text(PyObject *self, PyObject *args)
+{
+    PyObject *arrays, *kinds, *stats, *stamps, *literal, *cuts, *refs, *result = NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &arrays, &kinds, &stats, &stamps, &literal, &cuts,
+                          &refs)) return NULL;
+    Index x;
+    if (index_parse(&x, arrays, kinds, stats, stamps, literal, cuts, refs) < 0) return NULL;
+    char *text = NULL;
+    Py_ssize_t len;
+    Py_BEGIN_ALLOW_THREADS
+    len = index_run(&x, &text);
+    Py_END_ALLOW_THREADS
+    if (len < 0) PyErr_NoMemory();
+    else result = PyBytes_FromStringAndSize(text, len);
     PyMem_RawFree(text);
-    Py_XDECREF(seq);
-    PyBuffer_Release(&stats); PyBuffer_Release(&stamps); PyBuffer_Release(&literal);
-    PyBuffer_Release(&cuts); PyBuffer_Release(&refs);
+    index_release(&x);
     return result;
 }
 
@@ -1152,15 +1220,16 @@ static int write_all(int fd, const char *data, Py_ssize_t n)
     return 0;
 }
 
-/* float32 bits -> float16 bits, rounding to nearest even as numpy's astype does: overflow
- * to inf, gradual underflow to subnormals and zero. nan stays a quiet nan of its sign (numpy
- * builds differ on nan payloads: the dump converts arrays holding nan with numpy itself). */
+/* float32 bits -> float16 bits, as numpy's own conversion does: rounding to nearest even,
+ * overflow to inf, gradual underflow to subnormals and zero; a nan keeps its sign and the
+ * top ten bits of its payload (a nan that came from a float16 comes back as it was), made
+ * nonzero where they are all zero so that it stays a nan. */
 static inline uint16_t float_to_half_bits(uint32_t f)
 {
     uint16_t sign = (uint16_t)((f >> 16) & 0x8000);
     uint32_t exp = (f >> 23) & 0xff, mant = f & 0x7fffff;
     if (exp == 0xff)
-        return sign | (mant ? (uint16_t)(0x7e00 | (mant >> 13)) : 0x7c00);
+        return sign | (mant ? (uint16_t)(0x7c00 | ((mant >> 13) ? (mant >> 13) : 1)) : 0x7c00);
     if (exp >= 143)                       /* |x| >= 2^16: beyond every half */
         return sign | 0x7c00;
     if (exp >= 113) {                     /* a normal half: exponent exp - 112 */
@@ -1195,8 +1264,8 @@ static int write_halves(int fd, const uint32_t *src, Py_ssize_t n)
     return 0;
 }
 
-/* Write n bytes of parts (a header, then the data pieces) to fd, in as few writev calls as
- * the kernel takes. */
+/* Write the parts (a header, then the data pieces) to fd, in as few writev calls as the
+ * kernel takes. */
 static int write_parts(int fd, struct iovec *v, int n)
 {
     while (n > 0) {
@@ -1216,15 +1285,112 @@ static int new_file(const char *path)
     return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 }
 
-/* Hold a Python sequence of byte strings (paths) as file system bytes. */
-static int fs_paths(PyObject *item, Py_ssize_t want, PyObject **out)
+static int write_file(const char *path, struct iovec *v, int n)
 {
-    PyObject *seq = PySequence_Fast(item, "write_files: links and renames are tuples of paths");
+    int fd = new_file(path);
+    if (fd < 0) return -1;
+    int bad = write_parts(fd, v, n) < 0, error = errno;
+    if (close(fd) < 0 && !bad) return -1;
+    errno = error;
+    return bad ? -1 : 0;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(path) < 0 ? -1 : 0;
+}
+
+/* rm -r path (not following links) */
+static int remove_tree(const char *path)
+{
+    return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* An empty directory at path: what an interrupted dump left there is removed; missing
+ * parents are made. */
+static int fresh_directory(const char *path)
+{
+    if (mkdir(path, 0777) == 0) return 0;
+    if (errno == EEXIST) {
+        if (remove_tree(path) < 0) return -1;
+        return mkdir(path, 0777);
+    }
+    if (errno != ENOENT) return -1;
+    size_t len = strlen(path);
+    char *p = malloc(len + 1);
+    if (!p) return -1;
+    memcpy(p, path, len + 1);
+    for (size_t i = 1; i < len; i++) {
+        if (p[i] != '/') continue;
+        p[i] = 0;
+        if (mkdir(p, 0777) < 0 && errno != EEXIST) { free(p); return -1; }
+        p[i] = '/';
+    }
+    free(p);
+    return mkdir(path, 0777);
+}
+
+/* rename src to dst; a directory already at dst (a replayed step dumped again into a named
+ * run) is moved aside first and removed once src is in its place */
+static int replace_dir(const char *src, const char *dst)
+{
+    if (rename(src, dst) == 0) return 0;
+    if (errno != ENOTEMPTY && errno != EEXIST) return -1;
+    size_t len = strlen(dst);
+    char *aside = malloc(len + 16);
+    if (!aside) return -1;
+    snprintf(aside, len + 16, "%s.replaced", dst);
+    remove_tree(aside);                 /* what an interrupted replacement left */
+    int bad = rename(dst, aside) < 0 || rename(src, dst) < 0, error = errno;
+    if (!bad) remove_tree(aside);
+    free(aside);
+    errno = error;
+    return bad ? -1 : 0;
+}
+
+/* A set of files taken from Python objects with the GIL (files_parse), written without it
+ * (files_run): directories made first, then links, files, and renames last. Paths are held
+ * as bytes objects (immutable: readable without the GIL). */
+typedef struct {
+    Py_ssize_t n, got, nparts, partsgot, ndirs, dirsgot, nl, lgot, nr, rgot;
+    PyObject **names, **dirs, **lnames, **rnames;
+    Py_buffer *heads, *parts, *lbodies;
+    Py_ssize_t *first;          /* file k's pieces: parts[first[k] .. first[k + 1]) */
+    char *converts;             /* NULL: every file as it is */
+    Py_ssize_t widest;          /* most pieces of a file, plus its header */
+} Files;
+
+static void files_release(Files *f)
+{
+    for (Py_ssize_t k = 0; k < f->got; k++) {
+        Py_XDECREF(f->names[k]);
+        PyBuffer_Release(&f->heads[k]);
+    }
+    for (Py_ssize_t k = 0; k < f->partsgot; k++) PyBuffer_Release(&f->parts[k]);
+    for (Py_ssize_t k = 0; k < f->dirsgot; k++) Py_XDECREF(f->dirs[k]);
+    for (Py_ssize_t k = 0; k < f->lgot; k++) {
+        Py_XDECREF(f->lnames[2 * k]);
+        Py_XDECREF(f->lnames[2 * k + 1]);
+        PyBuffer_Release(&f->lbodies[k]);
+    }
+    for (Py_ssize_t k = 0; k < f->rgot; k++) {
+        Py_XDECREF(f->rnames[2 * k]);
+        Py_XDECREF(f->rnames[2 * k + 1]);
+    }
+    PyMem_Free(f->names); PyMem_Free(f->dirs); PyMem_Free(f->lnames); PyMem_Free(f->rnames);
+    PyMem_Free(f->heads); PyMem_Free(f->parts); PyMem_Free(f->lbodies);
+    PyMem_Free(f->first); PyMem_Free(f->converts);
+    memset(f, 0, sizeof *f);
+}
+
+/* Two paths of a (src, dst[, contents]) tuple as file system bytes. */
+static int fs_pair(PyObject *item, Py_ssize_t want, PyObject **out)
+{
+    PyObject *seq = PySequence_Fast(item, "links and renames are tuples of paths");
     if (!seq) return -1;
-    if (PySequence_Fast_GET_SIZE(seq) < want) {
+    if (PySequence_Fast_GET_SIZE(seq) != want) {
         Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "write_files: a link is (src, dst, contents), a "
-                        "rename (src, dst)");
+        PyErr_SetString(PyExc_ValueError, "a link is (src, dst, contents), a rename (src, dst)");
         return -1;
     }
     for (Py_ssize_t k = 0; k < 2; k++)
@@ -1237,186 +1403,462 @@ static int fs_paths(PyObject *item, Py_ssize_t want, PyObject **out)
     return 0;
 }
 
-/* write_files(paths, headers, arrays[, converts[, links[, renames]]]): each file is its
- * header then its array's bytes, all written with the GIL released (a tensor dump writes
- * hundreds of files a step, and the training thread needs the GIL meanwhile). An array may
- * be a tuple of buffers, written back to back. converts, one character per file: '.' the
- * bytes as they are, 'e' a float32 array written as float16 (the NPU's fp16 values are held
- * in float32; converting here saves an astype per tensor). links, (src, dst, contents) each,
- * come first: dst becomes a hard link to src, or where that fails a new file holding
- * contents. renames, (src, dst) each, come last, once every file is written: that is how a
- * dump's partial directory appears whole. The first failure raises OSError naming its path
- * and nothing after it is done. */
-static PyObject *py_write_files(PyObject *self, PyObject *args)
+static PyObject *fast_or_empty(PyObject *obj, const char *what)
 {
-    PyObject *paths, *headers, *arrays, *links_in = NULL, *renames_in = NULL, *result = NULL;
+    return obj && obj != Py_None ? PySequence_Fast(obj, what) : PyTuple_New(0);
+}
+
+static int files_parse(Files *f, PyObject *paths, PyObject *headers, PyObject *arrays,
+                       PyObject *converts_obj, PyObject *links, PyObject *renames, PyObject *dirs)
+{
+    memset(f, 0, sizeof *f);
+    PyObject *p = PySequence_Fast(paths, "paths"), *h = PySequence_Fast(headers, "headers"),
+             *a = PySequence_Fast(arrays, "arrays"), *l = fast_or_empty(links, "links"),
+             *r = fast_or_empty(renames, "renames"), *d = fast_or_empty(dirs, "dirs");
+    int ok = 0;
+    Py_ssize_t k;
+    if (!p || !h || !a || !l || !r || !d) goto done;
+    f->n = PySequence_Fast_GET_SIZE(p);
+    f->nl = PySequence_Fast_GET_SIZE(l);
+    f->nr = PySequence_Fast_GET_SIZE(r);
+    f->ndirs = PySequence_Fast_GET_SIZE(d);
     const char *converts = NULL;
     Py_ssize_t nconverts = 0;
-    if (!PyArg_ParseTuple(args, "OOO|z#OO", &paths, &headers, &arrays, &converts, &nconverts,
-                          &links_in, &renames_in))
-        return NULL;
-    PyObject *p = PySequence_Fast(paths, "paths"), *h = PySequence_Fast(headers, "headers"),
-             *a = PySequence_Fast(arrays, "arrays");
-    PyObject *l = links_in && links_in != Py_None ? PySequence_Fast(links_in, "links")
-                                                 : PyTuple_New(0);
-    PyObject *r = renames_in && renames_in != Py_None ? PySequence_Fast(renames_in, "renames")
-                                                     : PyTuple_New(0);
-    Py_ssize_t n = p ? PySequence_Fast_GET_SIZE(p) : 0, k, got = 0, nparts = 0, partsgot = 0;
-    Py_ssize_t nl = l ? PySequence_Fast_GET_SIZE(l) : 0, nr = r ? PySequence_Fast_GET_SIZE(r) : 0;
-    Py_ssize_t lgot = 0, rgot = 0;
-    PyObject **names = NULL, **lnames = NULL, **rnames = NULL;
-    Py_buffer *heads = NULL, *parts = NULL, *lbodies = NULL;
-    Py_ssize_t *first = NULL;           /* file k's pieces: parts[first[k] .. first[k + 1]) */
-    struct iovec *iov = NULL;
-    if (!p || !h || !a || !l || !r) goto done;
-    if (PySequence_Fast_GET_SIZE(h) != n || PySequence_Fast_GET_SIZE(a) != n ||
-        (converts && nconverts != n)) {
+    if (converts_obj && converts_obj != Py_None &&
+        !(converts = PyUnicode_AsUTF8AndSize(converts_obj, &nconverts))) goto done;
+    if (PySequence_Fast_GET_SIZE(h) != f->n || PySequence_Fast_GET_SIZE(a) != f->n ||
+        (converts && nconverts != f->n)) {
         PyErr_SetString(PyExc_ValueError, "write_files: one header, one array (and one "
                         "conversion) per path");
         goto done;
     }
-    for (k = 0; converts && k < n; k++)
+    for (k = 0; converts && k < f->n; k++)
         if (converts[k] != '.' && converts[k] != 'e') {
             PyErr_SetString(PyExc_ValueError, "write_files: conversions are '.' or 'e'");
             goto done;
         }
-    Py_ssize_t widest = 1;
-    for (k = 0; k < n; k++) {
+    f->widest = 1;
+    for (k = 0; k < f->n; k++) {
         PyObject *item = PySequence_Fast_GET_ITEM(a, k);
         Py_ssize_t m = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 1;
         if (PyTuple_Check(item) && converts && converts[k] == 'e') {
             PyErr_SetString(PyExc_ValueError, "write_files: 'e' converts one array, not a tuple");
             goto done;
         }
-        nparts += m;
-        if (m + 1 > widest) widest = m + 1;
+        f->nparts += m;
+        f->widest = MAX(f->widest, m + 1);
     }
-    names = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
-    heads = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    parts = PyMem_Calloc(nparts ? nparts : 1, sizeof(Py_buffer));
-    first = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
-    iov = PyMem_Calloc(widest, sizeof(struct iovec));
-    lnames = PyMem_Calloc(2 * (nl ? nl : 1), sizeof(PyObject *));
-    lbodies = PyMem_Calloc(nl ? nl : 1, sizeof(Py_buffer));
-    rnames = PyMem_Calloc(2 * (nr ? nr : 1), sizeof(PyObject *));
-    if (!names || !heads || !parts || !first || !iov || !lnames || !lbodies || !rnames) {
+    f->names = PyMem_Calloc(f->n ? f->n : 1, sizeof(PyObject *));
+    f->heads = PyMem_Calloc(f->n ? f->n : 1, sizeof(Py_buffer));
+    f->parts = PyMem_Calloc(f->nparts ? f->nparts : 1, sizeof(Py_buffer));
+    f->first = PyMem_Calloc(f->n + 1, sizeof(Py_ssize_t));
+    f->dirs = PyMem_Calloc(f->ndirs ? f->ndirs : 1, sizeof(PyObject *));
+    f->lnames = PyMem_Calloc(2 * (f->nl ? f->nl : 1), sizeof(PyObject *));
+    f->lbodies = PyMem_Calloc(f->nl ? f->nl : 1, sizeof(Py_buffer));
+    f->rnames = PyMem_Calloc(2 * (f->nr ? f->nr : 1), sizeof(PyObject *));
+    if (converts) f->converts = PyMem_Malloc((size_t)f->n + 1);
+    if (!f->names || !f->heads || !f->parts || !f->first || !f->dirs || !f->lnames ||
+        !f->lbodies || !f->rnames || (converts && !f->converts)) {
         PyErr_NoMemory();
         goto done;
     }
-    for (got = 0; got < n; got++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(a, got);
-        first[got] = partsgot;
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(p, got), &names[got])) goto done;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(h, got), &heads[got], PyBUF_SIMPLE) < 0) {
-            Py_CLEAR(names[got]);
+    if (converts) memcpy(f->converts, converts, (size_t)f->n);
+    for (f->got = 0; f->got < f->n; f->got++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(a, f->got);
+        f->first[f->got] = f->partsgot;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(p, f->got), &f->names[f->got]))
+            goto done;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(h, f->got), &f->heads[f->got],
+                               PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(f->names[f->got]);
             goto done;
         }
         Py_ssize_t m = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 1;
         for (Py_ssize_t i = 0; i < m; i++) {
             PyObject *piece = PyTuple_Check(item) ? PyTuple_GET_ITEM(item, i) : item;
-            if (PyObject_GetBuffer(piece, &parts[partsgot], PyBUF_C_CONTIGUOUS) < 0) {
-                got++;              /* its name and header are released with the rest */
+            if (PyObject_GetBuffer(piece, &f->parts[f->partsgot], PyBUF_C_CONTIGUOUS) < 0) {
+                f->got++;           /* its name and header are released with the rest */
                 goto done;
             }
-            partsgot++;
+            f->partsgot++;
         }
-        if (converts && converts[got] == 'e' &&
-            (parts[first[got]].itemsize != 4 || parts[first[got]].len % 4)) {
-            got++;
+        if (converts && converts[f->got] == 'e' &&
+            (f->parts[f->first[f->got]].itemsize != 4 || f->parts[f->first[f->got]].len % 4)) {
+            f->got++;
             PyErr_SetString(PyExc_ValueError, "write_files: 'e' converts float32 arrays only");
             goto done;
         }
     }
-    first[n] = partsgot;
-    for (lgot = 0; lgot < nl; lgot++) {
-        PyObject *link = PySequence_Fast_GET_ITEM(l, lgot), *body;
-        if (fs_paths(link, 3, &lnames[2 * lgot]) < 0) goto done;
+    f->first[f->n] = f->partsgot;
+    for (f->dirsgot = 0; f->dirsgot < f->ndirs; f->dirsgot++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(d, f->dirsgot), &f->dirs[f->dirsgot]))
+            goto done;
+    for (f->lgot = 0; f->lgot < f->nl; f->lgot++) {
+        PyObject *link = PySequence_Fast_GET_ITEM(l, f->lgot), *body;
+        if (fs_pair(link, 3, &f->lnames[2 * f->lgot]) < 0) goto done;
         body = PySequence_GetItem(link, 2);
-        if (!body || PyObject_GetBuffer(body, &lbodies[lgot], PyBUF_SIMPLE) < 0) {
+        if (!body || PyObject_GetBuffer(body, &f->lbodies[f->lgot], PyBUF_SIMPLE) < 0) {
             Py_XDECREF(body);
-            Py_CLEAR(lnames[2 * lgot]);
-            Py_CLEAR(lnames[2 * lgot + 1]);
+            Py_CLEAR(f->lnames[2 * f->lgot]);
+            Py_CLEAR(f->lnames[2 * f->lgot + 1]);
             goto done;
         }
         Py_DECREF(body);
     }
-    for (rgot = 0; rgot < nr; rgot++)
-        if (fs_paths(PySequence_Fast_GET_ITEM(r, rgot), 2, &rnames[2 * rgot]) < 0) goto done;
-
-    const char *failed = NULL;
-    int error = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (k = 0; k < nl && !failed; k++) {
-        const char *dst = PyBytes_AS_STRING(lnames[2 * k + 1]);
-        if (link(PyBytes_AS_STRING(lnames[2 * k]), dst) == 0) continue;
-        struct iovec one = {lbodies[k].buf, (size_t)lbodies[k].len};
-        int fd = new_file(dst);
-        if (fd < 0 || write_parts(fd, &one, 1) < 0) { failed = dst; error = errno; }
-        if (fd >= 0 && close(fd) < 0 && !failed) { failed = dst; error = errno; }
-    }
-    for (k = 0; k < n && !failed; k++) {
-        const char *path = PyBytes_AS_STRING(names[k]);
-        int fd = new_file(path);
-        if (fd < 0) { failed = path; error = errno; break; }
-        int bad;
-        if (converts && converts[k] == 'e') {
-            bad = write_all(fd, heads[k].buf, heads[k].len) < 0 ||
-                  write_halves(fd, parts[first[k]].buf, parts[first[k]].len / 4) < 0;
-        } else {
-            int m = 0;
-            iov[m++] = (struct iovec){heads[k].buf, (size_t)heads[k].len};
-            for (Py_ssize_t i = first[k]; i < first[k + 1]; i++)
-                iov[m++] = (struct iovec){parts[i].buf, (size_t)parts[i].len};
-            bad = write_parts(fd, iov, m) < 0;
-        }
-        if (bad) { failed = path; error = errno; }
-        if (close(fd) < 0 && !failed) { failed = path; error = errno; }
-    }
-    for (k = 0; k < nr && !failed; k++)
-        if (rename(PyBytes_AS_STRING(rnames[2 * k]), PyBytes_AS_STRING(rnames[2 * k + 1])) < 0) {
-            failed = PyBytes_AS_STRING(rnames[2 * k + 1]);
-            error = errno;
-        }
-    Py_END_ALLOW_THREADS
-    if (failed) {
-        PyObject *name = PyUnicode_DecodeFSDefault(failed);
-        errno = error;
-        if (name) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
-        Py_XDECREF(name);
-        goto done;
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    for (f->rgot = 0; f->rgot < f->nr; f->rgot++)
+        if (fs_pair(PySequence_Fast_GET_ITEM(r, f->rgot), 2, &f->rnames[2 * f->rgot]) < 0)
+            goto done;
+    ok = 1;
 done:
-    for (k = 0; k < got; k++) {
-        Py_XDECREF(names[k]);
-        PyBuffer_Release(&heads[k]);
+    Py_XDECREF(p); Py_XDECREF(h); Py_XDECREF(a); Py_XDECREF(l); Py_XDECREF(r); Py_XDECREF(d);
+    if (!ok) files_release(f);
+    return ok ? 0 : -1;
+}
+
+/* Directories, links, files, renames: the first failure stops it, and its path (owned by
+ * f) and errno are returned through *failed and *error. No GIL needed. 0 on success. */
+static int files_run(const Files *f, const char **failed, int *error)
+{
+    Py_ssize_t k;
+    struct iovec stack[8], *iov = f->widest <= 8 ? stack : malloc(f->widest * sizeof *iov);
+    *failed = NULL;
+    if (!iov) { *error = ENOMEM; *failed = f->n ? PyBytes_AS_STRING(f->names[0]) : ""; return -1; }
+#define FAIL(path) do { *failed = (path); *error = errno; goto out; } while (0)
+    for (k = 0; k < f->ndirs; k++)
+        if (fresh_directory(PyBytes_AS_STRING(f->dirs[k])) < 0) FAIL(PyBytes_AS_STRING(f->dirs[k]));
+    for (k = 0; k < f->nl; k++) {
+        const char *dst = PyBytes_AS_STRING(f->lnames[2 * k + 1]);
+        if (link(PyBytes_AS_STRING(f->lnames[2 * k]), dst) == 0) continue;
+        iov[0] = (struct iovec){f->lbodies[k].buf, (size_t)f->lbodies[k].len};
+        if (write_file(dst, iov, 1) < 0) FAIL(dst);
     }
-    for (k = 0; k < partsgot; k++) PyBuffer_Release(&parts[k]);
-    for (k = 0; k < lgot; k++) {
-        Py_XDECREF(lnames[2 * k]);
-        Py_XDECREF(lnames[2 * k + 1]);
-        PyBuffer_Release(&lbodies[k]);
+    for (k = 0; k < f->n; k++) {
+        const char *path = PyBytes_AS_STRING(f->names[k]);
+        if (f->converts && f->converts[k] == 'e') {
+            int fd = new_file(path);
+            if (fd < 0) FAIL(path);
+            int bad = write_all(fd, f->heads[k].buf, f->heads[k].len) < 0 ||
+                      write_halves(fd, f->parts[f->first[k]].buf, f->parts[f->first[k]].len / 4) < 0;
+            int keep = errno;
+            if (close(fd) < 0 && !bad) FAIL(path);
+            errno = keep;
+            if (bad) FAIL(path);
+            continue;
+        }
+        int m = 0;
+        iov[m++] = (struct iovec){f->heads[k].buf, (size_t)f->heads[k].len};
+        for (Py_ssize_t i = f->first[k]; i < f->first[k + 1]; i++)
+            iov[m++] = (struct iovec){f->parts[i].buf, (size_t)f->parts[i].len};
+        if (write_file(path, iov, m) < 0) FAIL(path);
     }
-    for (k = 0; k < rgot; k++) {
-        Py_XDECREF(rnames[2 * k]);
-        Py_XDECREF(rnames[2 * k + 1]);
-    }
-    PyMem_Free(names);
-    PyMem_Free(heads);
-    PyMem_Free(parts);
-    PyMem_Free(first);
-    PyMem_Free(iov);
-    PyMem_Free(lnames);
-    PyMem_Free(lbodies);
-    PyMem_Free(rnames);
-    Py_XDECREF(p);
-    Py_XDECREF(h);
-    Py_XDECREF(a);
-    Py_XDECREF(l);
-    Py_XDECREF(r);
+    for (k = 0; k < f->nr; k++)
+        if (replace_dir(PyBytes_AS_STRING(f->rnames[2 * k]), PyBytes_AS_STRING(f->rnames[2 * k + 1])) < 0)
+            FAIL(PyBytes_AS_STRING(f->rnames[2 * k + 1]));
+#undef FAIL
+out:
+    if (iov != stack) free(iov);
+    return *failed ? -1 : 0;
+}
+
+static PyObject *os_error(int error, const char *path)
+{
+    PyObject *name = PyUnicode_DecodeFSDefault(path);
+    errno = error;
+    if (name) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    Py_XDECREF(name);
+    return NULL;
+}
+
+/* write_files(paths, headers, arrays[, converts[, links[, renames[, dirs]]]]): each file is
+ * its header then its array's bytes, all written with the GIL released (a tensor dump
+ * writes hundreds of files a step, and the training thread needs the GIL meanwhile). An
+ * array may be a tuple of buffers, written back to back. converts, one character per file:
+ * '.' the bytes as they are, 'e' a float32 array written as float16 (the NPU's fp16 values
+ * are held in float32; converting here saves an astype per tensor). dirs, made first, are
+ * empty directories (whatever was there is removed); links, (src, dst, contents) each, come
+ * next: dst becomes a hard link to src, or where that fails a new file holding contents.
+ * renames, (src, dst) each, come last, once every file is written: that is how a dump's
+ * partial directory appears whole (a directory already at dst is replaced). The first
+ * failure raises OSError naming its path and nothing after it is done. */
+static PyObject *py_write_files(PyObject *self, PyObject *args)
+{
+    PyObject *paths, *headers, *arrays, *converts = NULL, *links = NULL, *renames = NULL,
+             *dirs = NULL;
+    if (!PyArg_ParseTuple(args, "OOO|OOOO", &paths, &headers, &arrays, &converts, &links,
+                          &renames, &dirs))
+        return NULL;
+    Files f;
+    if (files_parse(&f, paths, headers, arrays, converts, links, renames, dirs) < 0) return NULL;
+    const char *failed;
+    int error, bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = files_run(&f, &failed, &error);
+    Py_END_ALLOW_THREADS
+    PyObject *result = bad ? os_error(error, failed) : (Py_INCREF(Py_None), Py_None);
+    files_release(&f);
     return result;
 }
+
+/* ---- the dump's writer thread --------------------------------------------------------- */
+
+/* One step: an index (its statistics and text, written to index_path) and a set of files,
+ * parsed with the GIL by submit(), written by the thread without it, and released with the
+ * GIL again by done(). */
+typedef struct Job {
+    struct Job *next;
+    long long ticket;
+    int has_index;
+    Index index;
+    PyObject *index_path;           /* bytes */
+    Files files;
+    int error;                      /* errno of the failure, 0 when written */
+    const char *failed;             /* its path (owned by the job), NULL when written */
+    int skipped;                    /* not written: an earlier job had failed */
+} Job;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_t thread;
+    int started, stop, failed;
+    pthread_mutex_t lock;
+    pthread_cond_t work, room;      /* the thread waits for work, submit() and flush() for room */
+    Job *queue, *queue_tail, *done, *done_tail;
+    Py_ssize_t pending, max_pending;
+    long long tickets;
+} Writer;
+
+static void job_free(Job *j)
+{
+    if (j->has_index) index_release(&j->index);
+    Py_XDECREF(j->index_path);
+    files_release(&j->files);
+    PyMem_RawFree(j);
+}
+
+/* The thread's part of a step: its directories, links and files, then its index, then the
+ * renames, so that a directory appears whole, index included. */
+static void job_run(Job *j)
+{
+    Files *f = &j->files;
+    Py_ssize_t nr = f->nr;
+    f->nr = 0;                      /* the renames wait for the index */
+    if (files_run(f, &j->failed, &j->error) == 0 && j->has_index) {
+        char *text = NULL;
+        Py_ssize_t len = index_run(&j->index, &text);
+        const char *path = PyBytes_AS_STRING(j->index_path);
+        struct iovec one = {text, (size_t)(len > 0 ? len : 0)};
+        if (len < 0) { j->failed = path; j->error = ENOMEM; }
+        else if (write_file(path, &one, 1) < 0) { j->failed = path; j->error = errno; }
+        PyMem_RawFree(text);
+    }
+    f->nr = nr;
+    for (Py_ssize_t k = 0; !j->failed && k < f->nr; k++)
+        if (replace_dir(PyBytes_AS_STRING(f->rnames[2 * k]), PyBytes_AS_STRING(f->rnames[2 * k + 1])) < 0) {
+            j->failed = PyBytes_AS_STRING(f->rnames[2 * k + 1]);
+            j->error = errno;
+        }
+}
+
+static void *writer_main(void *arg)
+{
+    Writer *w = arg;
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "pt-dump-writer");   /* found by name in /proc */
+#endif
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->queue && !w->stop) pthread_cond_wait(&w->work, &w->lock);
+        if (!w->queue) break;
+        Job *j = w->queue;
+        w->queue = j->next;
+        if (!w->queue) w->queue_tail = NULL;
+        int skip = w->failed;
+        pthread_mutex_unlock(&w->lock);
+        if (skip) j->skipped = 1;
+        else job_run(j);
+        pthread_mutex_lock(&w->lock);
+        if (j->failed) w->failed = 1;
+        j->next = NULL;
+        if (w->done_tail) w->done_tail->next = j;
+        else w->done = j;
+        w->done_tail = j;
+        w->pending--;
+        pthread_cond_broadcast(&w->room);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t max_pending = 2;
+    if (!PyArg_ParseTuple(args, "|n", &max_pending)) return NULL;
+    if (max_pending < 1) {
+        PyErr_SetString(PyExc_ValueError, "Writer: max_pending must be at least 1");
+        return NULL;
+    }
+    Writer *w = (Writer *)type->tp_alloc(type, 0);
+    if (!w) return NULL;
+    w->max_pending = max_pending;
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->work, NULL);
+    pthread_cond_init(&w->room, NULL);
+    if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
+        Py_DECREF(w);
+        PyErr_SetString(PyExc_OSError, "Writer: cannot start its thread");
+        return NULL;
+    }
+    w->started = 1;
+    return (PyObject *)w;
+}
+
+/* submit(index, files): queue a step; blocks (without the GIL) while max_pending steps are
+ * queued or being written. index: None or (arrays, kinds, stats, stamps, literal, cuts,
+ * refs, path); files: (paths, headers, arrays, converts, links, renames, dirs) as
+ * write_files takes them, the renames done after the index is written. Returns the step's
+ * ticket. */
+static PyObject *Writer_submit(Writer *w, PyObject *args)
+{
+    PyObject *index, *files;
+    if (!PyArg_ParseTuple(args, "OO", &index, &files)) return NULL;
+    if (w->stop) {
+        PyErr_SetString(PyExc_ValueError, "Writer: closed");
+        return NULL;
+    }
+    Job *j = PyMem_RawCalloc(1, sizeof(Job));
+    if (!j) return PyErr_NoMemory();
+    PyObject *i[8] = {0}, *f[7] = {0};
+    if (index != Py_None) {
+        if (!PyArg_ParseTuple(index, "OOOOOOOO", &i[0], &i[1], &i[2], &i[3], &i[4], &i[5],
+                              &i[6], &i[7]) ||
+            !PyUnicode_FSConverter(i[7], &j->index_path) ||
+            index_parse(&j->index, i[0], i[1], i[2], i[3], i[4], i[5], i[6]) < 0) {
+            Py_XDECREF(j->index_path);
+            PyMem_RawFree(j);
+            return NULL;
+        }
+        j->has_index = 1;
+    }
+    if (!PyArg_ParseTuple(files, "OOOOOOO", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6]) ||
+        files_parse(&j->files, f[0], f[1], f[2], f[3], f[4], f[5], f[6]) < 0) {
+        if (j->has_index) index_release(&j->index);
+        Py_XDECREF(j->index_path);
+        PyMem_RawFree(j);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    while (w->pending >= w->max_pending) pthread_cond_wait(&w->room, &w->lock);
+    j->ticket = w->tickets++;
+    if (w->queue_tail) w->queue_tail->next = j;
+    else w->queue = j;
+    w->queue_tail = j;
+    w->pending++;
+    pthread_cond_signal(&w->work);
+    pthread_mutex_unlock(&w->lock);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(j->ticket);
+}
+
+/* The steps written (or failed, or skipped after a failure) since the last call, as
+ * (ticket, None | OSError | "skipped"); their arrays are let go. */
+static PyObject *writer_collect(Writer *w)
+{
+    pthread_mutex_lock(&w->lock);
+    Job *j = w->done;
+    w->done = w->done_tail = NULL;
+    pthread_mutex_unlock(&w->lock);
+    PyObject *out = PyList_New(0);
+    while (j) {
+        Job *next = j->next;
+        PyObject *outcome;
+        if (j->skipped) outcome = PyUnicode_FromString("skipped");
+        else if (j->failed) {
+            PyObject *name = PyUnicode_DecodeFSDefault(j->failed);
+            outcome = name ? PyObject_CallFunction(PyExc_OSError, "isO", j->error,
+                                                   strerror(j->error), name) : NULL;
+            Py_XDECREF(name);
+        } else outcome = (Py_INCREF(Py_None), Py_None);
+        PyObject *item = outcome ? Py_BuildValue("(LN)", j->ticket, outcome) : NULL;
+        if (out && (!item || PyList_Append(out, item) < 0)) Py_CLEAR(out);
+        Py_XDECREF(item);
+        job_free(j);
+        j = next;
+    }
+    return out;
+}
+
+static PyObject *Writer_done(Writer *w, PyObject *unused)
+{
+    return writer_collect(w);
+}
+
+/* flush(): wait (without the GIL) until every queued step is written; then done() */
+static PyObject *Writer_flush(Writer *w, PyObject *unused)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    while (w->pending > 0) pthread_cond_wait(&w->room, &w->lock);
+    w->failed = 0;                  /* reported by this flush: later steps are written again */
+    pthread_mutex_unlock(&w->lock);
+    Py_END_ALLOW_THREADS
+    return writer_collect(w);
+}
+
+static void writer_stop(Writer *w)
+{
+    if (!w->started) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&w->lock);
+    w->stop = 1;
+    pthread_cond_signal(&w->work);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    Py_END_ALLOW_THREADS
+    w->started = 0;
+}
+
+/* close(): write what is queued, stop the thread; then done() */
+static PyObject *Writer_close(Writer *w, PyObject *unused)
+{
+    writer_stop(w);
+    return writer_collect(w);
+}
+
+static void Writer_dealloc(Writer *w)
+{
+    writer_stop(w);
+    PyObject *rest = writer_collect(w);
+    Py_XDECREF(rest);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->work);
+    pthread_cond_destroy(&w->room);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyMethodDef writer_methods[] = {
+    {"submit", (PyCFunction)Writer_submit, METH_VARARGS,
+     "submit(index, files) -> ticket: queue a step (blocks while max_pending are queued)."},
+    {"done", (PyCFunction)Writer_done, METH_NOARGS,
+     "done() -> [(ticket, None | OSError | 'skipped')]: the steps finished since the last call."},
+    {"flush", (PyCFunction)Writer_flush, METH_NOARGS,
+     "flush() -> done(): wait until every queued step is written (a failure is then "
+     "forgotten: later steps are written again)."},
+    {"close", (PyCFunction)Writer_close, METH_NOARGS,
+     "close() -> done(): write what is queued and stop the thread."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "precision_tool._reduce.Writer",
+    .tp_basicsize = sizeof(Writer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Writer(max_pending=2): a thread that writes dump steps without the GIL.",
+    .tp_new = Writer_new,
+    .tp_dealloc = (destructor)Writer_dealloc,
+    .tp_methods = writer_methods,
+};
 
 static PyObject *py_simd(PyObject *self, PyObject *args)
 {
@@ -1453,7 +1895,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__reduce(void)
 {
+    if (PyType_Ready(&WriterType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "FIELDS", T_FIELDS) < 0) { Py_DECREF(m); return NULL; }
+    Py_INCREF(&WriterType);
+    if (m && PyModule_AddObject(m, "Writer", (PyObject *)&WriterType) < 0) {
+        Py_DECREF(&WriterType);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -96,11 +96,17 @@ def index_text(arrays, kinds: str, stats: np.ndarray, stamps: np.ndarray, templa
                               template.refs)
 
 
-def write_files(paths, headers, arrays, converts=None, links=(), renames=()) -> None:
-    """Each path gets its header then its array's bytes (an array may be a tuple of arrays,
-    written back to back); converts, one character per path: '.' the bytes as they are, 'e'
-    a float32 array written as float16, rounded to nearest even as astype does (an array
-    holding nan: use astype). links, (src, dst, contents) each, first: a hard link, or a
-    file of contents where linking fails; renames, (src, dst) each, last. All of it in one
-    call without the GIL; OSError names the path that failed, and nothing after it is done."""
-    _reduce.write_files(paths, headers, arrays, converts, tuple(links), tuple(renames))
+def write_files(paths, headers, arrays, converts=None, links=(), renames=(), dirs=()) -> None:
+    """Empty directories made first, then hard links (or files of their contents where
+    linking fails), then each path its header and its array's bytes (an array may be a tuple
+    of arrays, written back to back; converts, one character per path: '.' the bytes as they
+    are, 'e' a float32 array written as float16, see writer.half_bits), then renames: all of
+    it in one call without the GIL. OSError names the path that failed, and nothing after it
+    is done."""
+    _reduce.write_files(paths, headers, arrays, converts, tuple(links), tuple(renames),
+                        tuple(dirs))
+
+
+def writer(max_pending: int):
+    """The C module's writer thread (see dump.writer.NativeWriter)."""
+    return _reduce.Writer(max_pending)

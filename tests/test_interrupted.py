@@ -124,22 +124,43 @@ def test_a_second_dump_does_not_clobber_the_first(tmp_path):
     assert [r.name for r in Workspace(root).runs("npu")] == ["debug_0", "debug_1"]
 
 
+@pytest.mark.parametrize("thread", ["C writer thread", "Python writer thread"])
 def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(tmp_path,
-                                                                               monkeypatch):
-    """ENOSPC from the writer's write call on the third tensor file of step 1: the error names
-    the file, step 0 stays whole, step 1 is never read."""
+                                                                               monkeypatch, thread):
+    """ENOSPC on the third tensor file of step 1: the error names the file, step 0 stays
+    whole, step 1 is never read. The C module's thread writes that file into /dev/full (a
+    real ENOSPC from write(2)); the Python path's write call raises it."""
     root = str(tmp_path / "ws")
-    real = writer.write_files
     calls = {"path": None}
+    if thread == "C writer thread":
+        from precision_tool import native
+        from precision_tool.dump.stepplan import StepPlan
+        if native._reduce is None:
+            pytest.skip("the C module is not built here")
+        monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
+        full = str(tmp_path / "full.npy")
+        os.symlink("/dev/full", full)
+        fill = StepPlan.fill
 
-    def full_disk(paths, arrays, headers, halves, links=(), renames=()):
-        paths = [os.fsdecode(p) for p in paths]
-        if "/.1.partial/" in paths[0].replace(os.sep, "/") and calls["path"] is None:
-            real(paths[:2], arrays[:2], headers[:2], halves[:2])
-            calls["path"] = paths[2]
-            raise OSError(errno.ENOSPC, "No space left on device", paths[2])
-        return real(paths, arrays, headers, halves, links, renames)
-    monkeypatch.setattr("precision_tool.dump.stepplan.write_files", full_disk)
+        def fill_one_full(self, directory, stamps, values):
+            filled = fill(self, directory, stamps, values)
+            if directory.endswith(".1.partial") and calls["path"] is None:
+                calls["path"] = full
+                filled.paths[2] = full
+            return filled
+        monkeypatch.setattr(StepPlan, "fill", fill_one_full)
+    else:
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+        real = writer.write_files
+
+        def full_disk(paths, arrays, headers, halves, links=(), renames=(), dirs=()):
+            paths = [os.fsdecode(p) for p in paths]
+            if "/.1.partial/" in paths[0].replace(os.sep, "/") and calls["path"] is None:
+                real(paths[:2], arrays[:2], headers[:2], halves[:2], dirs=dirs)
+                calls["path"] = paths[2]
+                raise OSError(errno.ENOSPC, "No space left on device", paths[2])
+            return real(paths, arrays, headers, halves, links, renames, dirs)
+        monkeypatch.setattr("precision_tool.dump.stepplan.write_files", full_disk)
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
     sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(

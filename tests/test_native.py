@@ -374,22 +374,28 @@ def test_npy_files_written_in_one_call_read_back(tmp_path, monkeypatch, path):
 
 @pytest.mark.parametrize("path", ["one C call", "numpy"])
 def test_a_directory_of_files_links_and_renames_in_one_call(tmp_path, monkeypatch, path):
-    """A step's files, a bundle's raw arrays back to back, a graph linked where its source
-    exists and written where it does not, then the directory renamed into place; a rename
-    onto a directory that holds files fails naming it, after the files are written."""
+    """A step's directory made empty (an interrupted dump's leftovers removed), a bundle's
+    raw arrays back to back, a graph linked where its source exists and written where it
+    does not, then the directory renamed into place, replacing one already there; a failed
+    rename names where it was going."""
     from precision_tool.dump.writer import write_files
     if path == "numpy":
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     (tmp_path / "graph.json").write_bytes(b"graph")
-    partial, final = tmp_path / ".0.partial", tmp_path / "0"
-    partial.mkdir()
+    partial, final = tmp_path / "run" / ".0.partial", tmp_path / "run" / "0"
+
+    def step(files, renames=True):
+        write_files([str(partial / name) for name in files], list(files.values()),
+                    [b""] * len(files), "." * len(files), dirs=[str(partial)],
+                    renames=[(str(partial), str(final))] if renames else ())
+
+    step({"stale.bin": b"old"}, renames=False)          # an interrupted dump (no parent yet)
     pieces = (np.arange(3, dtype=np.float32), np.arange(2, dtype=np.int64)[::-1], np.float64(7.0))
     write_files([str(partial / "a.npy"), str(partial / "v.bin"), str(partial / "index.csv")],
-                [np.eye(2), pieces, b"x,y\n"],
-                [b"HEAD", b"", b""], "...",
+                [np.eye(2), pieces, b"x,y\n"], [b"HEAD", b"", b""], "...",
                 links=[(str(tmp_path / "graph.json"), str(partial / "g1.json"), b"graph"),
                        (str(tmp_path / "gone.json"), str(partial / "g2.json"), b"graph")],
-                renames=[(str(partial), str(final))])
+                renames=[(str(partial), str(final))], dirs=[str(partial)])
     assert not partial.exists() and sorted(os.listdir(final)) == [
         "a.npy", "g1.json", "g2.json", "index.csv", "v.bin"]
     assert (final / "a.npy").read_bytes() == b"HEAD" + np.eye(2).tobytes()
@@ -399,11 +405,12 @@ def test_a_directory_of_files_links_and_renames_in_one_call(tmp_path, monkeypatc
     assert os.path.samefile(final / "g1.json", tmp_path / "graph.json")
     assert (final / "g2.json").read_bytes() == b"graph"
     assert not os.path.samefile(final / "g2.json", tmp_path / "graph.json")
-    partial.mkdir()
+    step({"b.bin": b"new"})                             # dumped again: replaces the step
+    assert os.listdir(final) == ["b.bin"] and sorted(os.listdir(tmp_path / "run")) == ["0"]
     with pytest.raises(OSError) as err:
-        write_files([str(partial / "b.bin")], [b"new"], [b""], renames=[(str(partial), str(final))])
-    assert err.value.filename == str(final) and err.value.errno in (errno.ENOTEMPTY, errno.EEXIST)
-    assert (partial / "b.bin").read_bytes() == b"new" and not (final / "b.bin").exists()
+        write_files([], [], [], "", renames=[(str(partial), str(final))])
+    assert err.value.filename == str(final) and err.value.errno == errno.ENOENT
+    assert os.listdir(final) == ["b.bin"]
 
 
 def _half_boundaries():
@@ -422,18 +429,32 @@ def _half_boundaries():
     return bits.view(np.float32)
 
 
-def test_float32_written_as_float16_rounds_as_astype(tmp_path):
-    from precision_tool.dump.writer import npy_header
-    x = _half_boundaries()
-    path = str(tmp_path / "h.npy")
-    native.write_files([path], [npy_header(np.dtype(np.float16), x.shape)], [x], "e")
-    got = np.load(path, allow_pickle=False)
+def _nan_halves(bits):
+    """A float32 nan's float16, by the rule the dump states: sign, all-ones exponent, the
+    payload's top ten bits (1 where they are zero)."""
+    payload = (bits >> 13) & 0x3FF
+    return ((bits >> 16) & 0x8000) | 0x7C00 | np.where(payload == 0, 1, payload)
+
+
+@pytest.mark.parametrize("path", ["one C call", "numpy"])
+def test_float32_written_as_float16_rounds_as_astype(tmp_path, monkeypatch, path):
+    """Every finite or infinite value as astype rounds it; every nan (quiet, signalling, of
+    either sign, in every lane of a 16-wide vector) by the stated rule, on both paths."""
+    from precision_tool.dump.writer import npy_header, write_files
+    if path == "numpy":
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    nans = np.array([0x7F800001, 0x7FC00000, 0xFFC00001, 0x7FBFE000, 0x7F802000, 0x7FFFFFFF,
+                     0xFF800001, 0x7FC02000], dtype=np.uint32)
+    x = np.concatenate([_half_boundaries(), np.tile(nans, 5).view(np.float32)])
+    p = str(tmp_path / "h.npy")
+    write_files([p], [x], [npy_header(np.dtype(np.float16), x.shape)], "e")
+    got = np.load(p, allow_pickle=False)
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
     assert got.dtype == np.float16 and got.shape == x.shape
     nan = np.isnan(x)
-    assert np.isnan(got[nan]).all()           # nan stays nan (its payload is numpy's business)
     assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    assert np.array_equal(got[nan].view(np.uint16), _nan_halves(x[nan].view(np.uint32)))
 
 
 def test_write_files_refuses_bad_conversions(tmp_path):

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import errno
 import json
 import os
 import platform
-import shutil
 import time
 import weakref
 from dataclasses import dataclass
@@ -39,7 +37,7 @@ from . import layout
 from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
 from .cores import WriterCore
-from .writer import AsyncWriter
+from .writer import make_writer
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(numerics.STAT_FIELDS)
@@ -111,7 +109,7 @@ class DumpObserver:
         self.history: List[str] = []       # step_history.csv rows of every observed step
         self._history_written = 0          # how many of them are in the file
         self._history_at = 0.0             # when they were last appended (time.monotonic)
-        self.writer = AsyncWriter(max_pending=2)
+        self.writer = make_writer(max_pending=2)
         self._core = WriterCore()          # BLAS cut to leave the writer a core while dumping
         self._step = None
         self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
@@ -186,7 +184,7 @@ class DumpObserver:
             if st.loss_scale else ",,"
         self.history.append(f"{st.number},{st.status},{scale}")
         if st.dump or st.status:          # an overflow check writes only steps that overflowed
-            self.writer.put(self._step_job(st, trace, traced))
+            self._put_step(st, trace, traced)
         steps = self.settings.steps
         if steps is not None and st.number >= max(steps):
             self.close()               # the last step of the dump: on disk before run() returns
@@ -197,9 +195,9 @@ class DumpObserver:
     def close(self):
         """Wait until every dumped step is on disk, with the step history and run.json's
         list of dumped steps; raise the first write error."""
-        self.writer.put(self._finish)
         try:
             self.writer.flush()
+            self._finish()
         finally:
             self._core.restore()
 
@@ -321,10 +319,10 @@ class DumpObserver:
         self._reuse = (sources, fed, tasks, len(trace.tasks or ()), len(records))
         return plan, plan.gather(records), [r[4] for r in records]
 
-    def _step_job(self, st: _Step, trace, traced: _Traced):
+    def _put_step(self, st: _Step, trace, traced: _Traced):
         """On the training thread: the step's plan, values, timestamps and paths (cheap while
-        the execution plan and shapes stay the same), and a job for the writer thread that
-        writes every file of the step, and its replay bundle, in one call of the C module."""
+        the execution plan and shapes stay the same), handed to the writer, which writes
+        every file of the step and of its replay bundle without the GIL."""
         tensor_mode = self.settings.data == "tensor"
         mode = self.settings.mode if st.dump else "all"
         stamp = int(time.time() * 1e6)
@@ -349,29 +347,18 @@ class DumpObserver:
         filled = plan.fill(partial, stamps, values)
         more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id, t.timestamp)),
                  _json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
-        renames, links, bundle = [(partial, st.path)], (), st.bundle
+        dirs, renames, links, bundle = [partial], [(partial, st.path)], (), st.bundle
         if bundle is not None:
             more += [(os.path.join(bundle.partial, name), data) for name, data in bundle.files]
+            dirs.append(bundle.partial)
             links = [bundle.link]
             renames.append((bundle.partial, bundle.path))
 
-        def write():
-            for directory in [partial] + ([bundle.partial] if bundle is not None else []):
-                _fresh_directory(directory)
-            try:
-                plan.write(filled, more, links, renames)
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or \
-                        e.filename not in {os.fsdecode(dst) for _, dst in renames}:
-                    raise
-                for src, dst in renames:    # a replayed step into a named run replaces its dump
-                    if os.path.isdir(src):
-                        shutil.rmtree(dst, ignore_errors=True)
-                        os.replace(src, dst)
+        def written():
             bisect.insort(self.dumped_steps, st.number)
             if time.monotonic() - self._history_at >= 1.0:
                 self._write_history()
-        return write
+        self.writer.put_step(plan, filled, more, links, renames, dirs, written)
 
 
 def _opdebug(task, step: int) -> dict:
@@ -380,17 +367,6 @@ def _opdebug(task, step: int) -> dict:
             "stream_id": task.stream_id, "timestamp": task.timestamp,
             "status": task.status, "status_hex": f"0x{task.status:x}",
             "status_bits": numerics.decode_status(task.status), "step": step}
-
-
-def _fresh_directory(path: str) -> None:
-    """An empty directory at path: what an interrupted dump left there is removed."""
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        shutil.rmtree(path)
-        os.mkdir(path)
-    except FileNotFoundError:
-        os.makedirs(path)
 
 
 _OPEN = weakref.WeakSet()

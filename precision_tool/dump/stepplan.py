@@ -18,7 +18,7 @@ import numpy as np
 from .. import native, numerics
 from . import layout
 from .template import Template
-from .writer import npy_header, write_files
+from .writer import _contiguous, npy_header, write_files
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -118,11 +118,12 @@ class StepPlan:
         return [v.shape for v in values] == self.shapes and [v.dtype for v in values] == self.dtypes
 
     def fill(self, directory: str, stamps: Sequence[int], values) -> "Filled":
-        """The training thread's part of a step: its values (gather's) and timestamps, and
-        the paths of its files in directory. Nothing here touches the disk or reads a
-        tensor, so that the writer thread's part, write(), is calls of the C module alone."""
+        """The training thread's part of a step: its values (gather's) and timestamps, the
+        paths of its files in directory, what each file holds. Nothing here touches the disk
+        or reads a tensor but the few the C module does not take (their statistics), so
+        that what is left, write() or native_job(), runs without the GIL."""
         stamps = np.asarray(stamps, dtype=np.int64)
-        paths = []
+        paths, arrays = [], []
         if self.names is not None and values:
             if native.enabled():
                 blob = native.index_text([], "", np.empty((0, 7)), stamps, self.names)
@@ -131,53 +132,68 @@ class StepPlan:
             else:
                 paths = [os.path.join(directory, n)
                          for n in self.names.fill(stamps, ()).decode("utf-8").split("\0")]
-        return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths)
+            arrays = values
+            if self.casts:          # bfloat16, which .npy cannot name, as its float32 values
+                arrays = list(values)
+                for i, dtype in self.casts.items():
+                    arrays[i] = values[i].astype(dtype)
+        stats = None
+        if native.enabled():
+            stats = np.empty((len(values), 7))
+            if self.numpy_stats:    # the kinds the C module does not take
+                some = numerics.batch_stats([values[i] for i in self.numpy_stats])
+                stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
+        return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
+                      stats)
 
-    def write(self, filled: "Filled", more=(), links=(), renames=()) -> None:
-        """index.csv and, for a tensor dump, the tensor files; more: other files of the step,
-        (path, bytes) each; links and renames: as writer.write_files makes them (links
-        first, renames once every file is written)."""
-        text, nans = (self._native_index if native.enabled() else self._numpy_index)(
-            filled.stamps, filled.values)
-        paths, arrays, headers, halves = [], [], [], ""
-        if self.names is not None:
-            paths, headers = list(filled.paths), list(self.headers)
-            arrays, halves = self._file_arrays(filled.values, nans)
-        paths += [filled.index_path] + [path for path, _ in more]
-        arrays += [text] + [data for _, data in more]
-        headers += [b""] * (1 + len(more))
-        write_files(paths, arrays, headers, halves + "." * (1 + len(more)), links, renames)
+    def c_arrays(self, filled: "Filled", contiguous: bool = False) -> list:
+        """The values as the C module's statistics take them: numpy's own floats as they are
+        (contiguous: a strided one copied), bfloat16 as its bits, None where the statistics
+        are given."""
+        if self.direct and not contiguous:
+            return filled.values
+        return [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
+                for v, c in zip(filled.values, self.in_c)]
 
-    def _native_index(self, stamps, unique):
-        stats = np.empty((len(unique), 7))
-        if self.numpy_stats:
-            some = numerics.batch_stats([unique[i] for i in self.numpy_stats])
-            stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
-        if self.direct:        # numpy's own floats go as they are (flat() would return them)
+    def _files(self, filled: "Filled", more, contiguous: bool = False):
+        """paths, arrays, headers and conversions of the step's files: the tensor files,
+        then the index (its text: None), then `more`, (path, bytes) each."""
+        paths = list(filled.paths) + [filled.index_path] + [path for path, _ in more]
+        arrays = list(_contiguous(filled.arrays) if contiguous else filled.arrays)
+        arrays += [None] + [data for _, data in more]
+        headers = (list(self.headers) if filled.paths else []) + [b""] * (1 + len(more))
+        halves = (self.halves if filled.paths else "") + "." * (1 + len(more))
+        return paths, arrays, headers, halves
+
+    def write(self, filled: "Filled", more=(), links=(), renames=(), dirs=()) -> None:
+        """Write the step here and now: index.csv and, for a tensor dump, the tensor files;
+        more: other files of the step, (path, bytes) each; dirs, links and renames as
+        writer.write_files makes them (dirs and links first, renames once every file is
+        written)."""
+        if native.enabled():
             try:
-                return native.index_text(unique, self.kinds, stats, stamps, self.index), stats[:, 4]
-            except (ValueError, BufferError):       # a strided one: flat() copies it
-                pass
-        arrays = [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
-                  for v, c in zip(unique, self.in_c)]
-        return native.index_text(arrays, self.kinds, stats, stamps, self.index), stats[:, 4]
+                text = native.index_text(self.c_arrays(filled), self.kinds, filled.stats,
+                                         filled.stamps, self.index)
+            except (ValueError, BufferError):       # a strided value: flat() copies it
+                text = native.index_text(self.c_arrays(filled, True), self.kinds, filled.stats,
+                                         filled.stamps, self.index)
+        else:
+            stats = numerics.batch_stats(filled.values)
+            text = self.index.fill(filled.stamps, numerics.stats_text(stats))
+        paths, arrays, headers, halves = self._files(filled, more)
+        arrays[len(filled.paths)] = text
+        write_files(paths, arrays, headers, halves, links, renames, dirs)
 
-    def _numpy_index(self, stamps, unique):
-        stats = numerics.batch_stats(unique)
-        return self.index.fill(stamps, numerics.stats_text(stats)), stats["nan_count"]
-
-    def _file_arrays(self, unique, nans):
-        """What each tensor file holds, and its conversion (see writer.write_files)."""
-        arrays, halves = unique, self.halves
-        if self.casts or ("e" in halves and nans.any()):
-            arrays, halves = list(unique), list(halves)
-            for i, dtype in self.casts.items():
-                arrays[i] = unique[i].astype(dtype)
-            for i in np.flatnonzero(nans):     # nan payloads: as numpy converts them
-                if halves[i] == "e":
-                    arrays[i], halves[i] = unique[i].astype(_HALF), "."
-            halves = "".join(halves)
-        return arrays, halves
+    def native_job(self, filled: "Filled", more=(), links=(), renames=(), dirs=(),
+                   contiguous: bool = False) -> tuple:
+        """The step as the C module's writer thread takes it: (index, files), the index
+        written after the files and before the renames."""
+        paths, arrays, headers, halves = self._files(filled, more, contiguous)
+        del paths[len(filled.paths)], arrays[len(filled.paths)], headers[len(filled.paths)]
+        halves = halves[:len(filled.paths)] + halves[len(filled.paths) + 1:]
+        index = (self.c_arrays(filled, contiguous), self.kinds, filled.stats, filled.stamps,
+                 self.index.literal, self.index.cuts, self.index.refs, filled.index_path)
+        return index, (paths, headers, arrays, halves, tuple(links), tuple(renames), tuple(dirs))
 
 
 class Filled(NamedTuple):
@@ -185,4 +201,6 @@ class Filled(NamedTuple):
     index_path: str
     stamps: np.ndarray
     values: list
-    paths: list
+    paths: list             # the tensor files (empty for a statistics dump)
+    arrays: list            # what each holds (bfloat16 as float32)
+    stats: object           # where the C module puts the statistics (None without it)

@@ -7,9 +7,11 @@ its final name is always whole.
 """
 from __future__ import annotations
 
+import errno
 import io
 import os
 import queue
+import shutil
 import threading
 
 import numpy as np
@@ -41,27 +43,32 @@ def npy_header(dtype: np.dtype, shape: tuple) -> bytes:
     return header
 
 
-def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames=()) -> None:
+def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames=(),
+                dirs=()) -> None:
     """Files for a directory that is renamed into place when complete, in one call of the C
     module that writes them all with the GIL released where it is built, one by one
-    otherwise. Each file is its header (headers: each file's, by default the npy_header of
-    what it holds; b"" for a file that is not an .npy) then its array's bytes; an array may
-    be a tuple of arrays, written back to back. halves, one character per file when given:
-    'e' writes that float32 array as float16 (rounded as astype rounds; an array holding nan
-    goes through astype, which decides its payload), '.' as it is. links, (src, dst,
-    contents) each, are made first: a hard link, or a file holding contents where linking
-    fails; renames, (src, dst) each, are done last, once every file is written."""
+    otherwise. dirs are made first, empty (what an interrupted dump left there is removed).
+    Each file is its header (headers: each file's, by default the npy_header of what it
+    holds; b"" for a file that is not an .npy) then its array's bytes; an array may be a
+    tuple of arrays, written back to back. halves, one character per file when given: 'e'
+    writes that float32 array as float16 (half_bits), '.' as it is. links, (src, dst,
+    contents) each, come before the files: a hard link, or a file holding contents where
+    linking fails; renames, (src, dst) each, come last, once every file is written (a
+    directory already at dst is replaced). The first failure raises OSError naming its path,
+    and nothing after it is done."""
     halves = halves or "." * len(arrays)
     if headers is None:
         headers = [npy_header(np.dtype(np.float16) if h == "e" else a.dtype, a.shape)
                    for a, h in zip(arrays, halves)]
     if native.enabled():
         try:        # the C module takes every buffer before it writes anything
-            native.write_files(paths, headers, arrays, halves, links, renames)
+            native.write_files(paths, headers, arrays, halves, links, renames, dirs)
         except (BufferError, ValueError):       # a strided array: written from a copy
-            native.write_files(paths, headers, _contiguous(arrays), halves, links, renames)
+            native.write_files(paths, headers, _contiguous(arrays), halves, links, renames, dirs)
         return
     arrays = _contiguous(arrays)
+    for directory in dirs:
+        fresh_directory(directory)
     for src, dst, contents in links:
         try:
             os.link(src, dst)
@@ -69,13 +76,56 @@ def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames
             write_buffers(dst, [contents])
     for path, header, array, half in zip(paths, headers, arrays, halves):
         if half == "e":
-            array = array.astype(np.float16)
+            array = half_bits(array)
         write_buffers(path, [header, *(array if isinstance(array, tuple) else (array,))])
     for src, dst in renames:
+        replace_directory(src, dst)
+
+
+def half_bits(x: np.ndarray) -> np.ndarray:
+    """float32 as float16, as numpy's own conversion rounds (to nearest even, overflow to
+    inf, gradual underflow); a nan keeps its sign and the top ten bits of its payload (a nan
+    that came from a float16 comes back as it was), 1 where those are all zero. numpy builds
+    that convert in hardware quiet a nan instead: the dump does not depend on which."""
+    with np.errstate(over="ignore"):        # beyond the float16 range is inf, as intended
+        h = x.astype(np.float16)
+    nan = np.isnan(x)
+    if nan.any():
+        bits = x.view(np.uint32)[nan]
+        payload = (bits >> 13) & 0x3FF
+        h.view(np.uint16)[nan] = (((bits >> 16) & 0x8000) | 0x7C00
+                                  | np.where(payload == 0, 1, payload)).astype(np.uint16)
+    return h
+
+
+def fresh_directory(path: str) -> None:
+    """An empty directory at path: what an interrupted dump left there is removed."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        shutil.rmtree(path)
+        os.mkdir(path)
+    except FileNotFoundError:
+        os.makedirs(path)
+
+
+def replace_directory(src: str, dst: str) -> None:
+    """Rename src to dst; a directory already at dst (a replayed step dumped again into a
+    named run) is moved aside first and removed once src is in its place. An OSError names
+    dst, as the C module names it."""
+    try:
         try:
             os.rename(src, dst)
-        except OSError as e:        # named by where it goes, as the C module names it
-            raise OSError(e.errno, e.strerror, dst) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            aside = f"{dst}.replaced"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(dst, aside)
+            os.rename(src, dst)
+            shutil.rmtree(aside, ignore_errors=True)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, dst) from None
 
 
 def _contiguous(arrays):
@@ -84,6 +134,13 @@ def _contiguous(arrays):
     def one(a):
         return a if not isinstance(a, np.ndarray) or a.flags.c_contiguous else a.copy(order="C")
     return [tuple(map(one, a)) if isinstance(a, tuple) else one(a) for a in arrays]
+
+
+def _write_error(e: Exception) -> DumpWriteError:
+    if isinstance(e, OSError):
+        return DumpWriteError(f"cannot write the dump: {e.strerror or e} "
+                              f"({e.filename or 'unknown path'})")
+    return DumpWriteError(f"cannot write the dump: {e}")
 
 
 class AsyncWriter:
@@ -104,11 +161,8 @@ class AsyncWriter:
                     return
                 if self._error is None:       # after a failure, drop the rest of the step
                     job()
-            except OSError as e:
-                self._error = DumpWriteError(f"cannot write the dump: {e.strerror or e} "
-                                             f"({e.filename or 'unknown path'})")
-            except Exception as e:    # a job failing for another reason is reported the same way
-                self._error = DumpWriteError(f"cannot write the dump: {e}")
+            except Exception as e:    # OSError or not, reported as a DumpWriteError
+                self._error = _write_error(e)
             finally:
                 self._queue.task_done()
 
@@ -126,3 +180,62 @@ class AsyncWriter:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
+
+    def put_step(self, plan, filled, more, links, renames, dirs, on_done) -> None:
+        """Queue a step of a StepPlan (see StepPlan.write); on_done() runs once it is on
+        disk."""
+        def job():
+            plan.write(filled, more, links, renames, dirs)
+            on_done()
+        self.put(job)
+
+
+class NativeWriter:
+    """A dump's steps written by the C module's own thread, which never takes the GIL (a
+    Python writer thread holds it for its Python, and the training thread waits meanwhile).
+    The training thread hands over a step whose every path and buffer is known (the buffers
+    are held until it is written) and learns at its next step, or at flush(), which steps
+    are on disk; their on_done() then runs on the training thread. Same contract as
+    AsyncWriter: bounded (back-pressure), the first error raised by the next put_step or
+    flush, the steps after a failure not written."""
+
+    def __init__(self, max_pending: int = 2):
+        self._thread = native.writer(max_pending)
+        self._waiting = {}          # ticket -> on_done
+        self._error = None
+
+    def put_step(self, plan, filled, more, links, renames, dirs, on_done) -> None:
+        self._settle(self._thread.done())
+        if self._error is not None:
+            raise self._error
+        try:
+            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs))
+        except (BufferError, ValueError):      # a strided array: written from a copy
+            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs,
+                                                          contiguous=True))
+        self._waiting[ticket] = on_done
+
+    def _settle(self, finished) -> None:
+        for ticket, outcome in finished:
+            on_done = self._waiting.pop(ticket)
+            if outcome is None:
+                try:
+                    on_done()
+                except Exception as e:      # its bookkeeping failed (a full disk...)
+                    self._error = self._error or _write_error(e)
+            elif isinstance(outcome, OSError) and self._error is None:
+                self._error = _write_error(outcome)
+
+    def flush(self) -> None:
+        self._settle(self._thread.flush())
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        self._settle(self._thread.close())
+
+
+def make_writer(max_pending: int = 2):
+    """The C module's writer thread where it is built, a Python thread otherwise."""
+    return NativeWriter(max_pending) if native.enabled() else AsyncWriter(max_pending)
