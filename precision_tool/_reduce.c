@@ -1138,21 +1138,48 @@ fail:
     return -1;
 }
 
-/* Each array's statistics into stats, and the text; returns its length, -1 when out of
- * memory. *out: the text (PyMem_RawMalloc'd; the caller frees it). No GIL needed. */
-static Py_ssize_t index_run(const Index *x, char **out)
+/* Working memory of index_run, kept from step to step by the writer thread: allocating it
+ * anew each step (text of a few hundred KB: mmap'd) would map and unmap it each step, and
+ * unmapping interrupts every core the process runs on. */
+typedef struct {
+    char *lines, *text;
+    int *length;
+    size_t nlines, ntext;
+} Scratch;
+
+static void scratch_free(Scratch *s)
+{
+    PyMem_RawFree(s->lines);
+    PyMem_RawFree(s->text);
+    PyMem_RawFree(s->length);
+    memset(s, 0, sizeof *s);
+}
+
+/* Each array's statistics into stats, and the text; returns its length (the text is
+ * s->text), -1 when out of memory. No GIL needed. */
+static Py_ssize_t index_run(const Index *x, Scratch *s)
 {
     Py_ssize_t n = x->n, nrefs = x->refs.len / 8, at = 0;
     const int64_t *ref = x->refs.buf, *cut = x->cuts.buf, *stamp = x->stamps.buf;
     const char *lit = x->literal.buf;
-    char *lines = PyMem_RawMalloc((size_t)(n ? n : 1) * STATS_LINE);
-    int *length = PyMem_RawMalloc((size_t)(n ? n : 1) * sizeof(int));
     /* the largest text: every ref a stats line (a stamp is shorter) */
-    char *text = PyMem_RawMalloc((size_t)x->literal.len + (size_t)nrefs * STATS_LINE + 1);
-    if (!lines || !length || !text) {
-        PyMem_RawFree(lines); PyMem_RawFree(length); PyMem_RawFree(text);
-        return -1;
+    size_t nlines = (size_t)(n ? n : 1), ntext = (size_t)x->literal.len + (size_t)nrefs * STATS_LINE + 1;
+    if (nlines > s->nlines) {
+        char *lines = PyMem_RawRealloc(s->lines, nlines * STATS_LINE);
+        int *length = lines ? PyMem_RawRealloc(s->length, nlines * sizeof(int)) : NULL;
+        if (lines) s->lines = lines;
+        if (length) s->length = length;
+        if (!lines || !length) return -1;
+        s->nlines = nlines;
     }
+    if (ntext > s->ntext) {
+        char *text = PyMem_RawRealloc(s->text, ntext);
+        if (!text) return -1;
+        s->text = text;
+        s->ntext = ntext;
+    }
+    char *lines = s->lines, *text = s->text;
+    int *length = s->length;
     double *o = (double *)x->stats.buf;
     for (Py_ssize_t k = 0; k < n; k++) {
         if (x->views[k].obj)          /* None: its statistics are given */
@@ -1172,9 +1199,6 @@ static Py_ssize_t index_run(const Index *x, char **out)
             at += length[-1 - ref[k]];
         }
     }
-    PyMem_RawFree(lines);
-    PyMem_RawFree(length);
-    *out = text;
     return at;
 }
 
@@ -1192,14 +1216,14 @@ static PyObject *py_index_text(PyObject *self, PyObject *args)
                           &refs)) return NULL;
     Index x;
     if (index_parse(&x, arrays, kinds, stats, stamps, literal, cuts, refs) < 0) return NULL;
-    char *text = NULL;
+    Scratch scratch = {0};
     Py_ssize_t len;
     Py_BEGIN_ALLOW_THREADS
-    len = index_run(&x, &text);
+    len = index_run(&x, &scratch);
     Py_END_ALLOW_THREADS
     if (len < 0) PyErr_NoMemory();
-    else result = PyBytes_FromStringAndSize(text, len);
-    PyMem_RawFree(text);
+    else result = PyBytes_FromStringAndSize(scratch.text, len);
+    scratch_free(&scratch);
     index_release(&x);
     return result;
 }
@@ -1637,19 +1661,17 @@ static void job_free(Job *j)
 
 /* The thread's part of a step: its directories, links and files, then its index, then the
  * renames, so that a directory appears whole, index included. */
-static void job_run(Job *j)
+static void job_run(Job *j, Scratch *scratch)
 {
     Files *f = &j->files;
     Py_ssize_t nr = f->nr;
     f->nr = 0;                      /* the renames wait for the index */
     if (files_run(f, &j->failed, &j->error) == 0 && j->has_index) {
-        char *text = NULL;
-        Py_ssize_t len = index_run(&j->index, &text);
+        Py_ssize_t len = index_run(&j->index, scratch);
         const char *path = PyBytes_AS_STRING(j->index_path);
-        struct iovec one = {text, (size_t)(len > 0 ? len : 0)};
+        struct iovec one = {scratch->text, (size_t)(len > 0 ? len : 0)};
         if (len < 0) { j->failed = path; j->error = ENOMEM; }
         else if (write_file(path, &one, 1) < 0) { j->failed = path; j->error = errno; }
-        PyMem_RawFree(text);
     }
     f->nr = nr;
     for (Py_ssize_t k = 0; !j->failed && k < f->nr; k++)
@@ -1665,6 +1687,7 @@ static void *writer_main(void *arg)
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "pt-dump-writer");   /* found by name in /proc */
 #endif
+    Scratch scratch = {0};
     pthread_mutex_lock(&w->lock);
     for (;;) {
         while (!w->queue && !w->stop) pthread_cond_wait(&w->work, &w->lock);
@@ -1675,7 +1698,7 @@ static void *writer_main(void *arg)
         int skip = w->failed;
         pthread_mutex_unlock(&w->lock);
         if (skip) j->skipped = 1;
-        else job_run(j);
+        else job_run(j, &scratch);
         pthread_mutex_lock(&w->lock);
         if (j->failed) w->failed = 1;
         j->next = NULL;
@@ -1686,6 +1709,7 @@ static void *writer_main(void *arg)
         pthread_cond_broadcast(&w->room);
     }
     pthread_mutex_unlock(&w->lock);
+    scratch_free(&scratch);
     return NULL;
 }
 
