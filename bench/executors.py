@@ -8,6 +8,7 @@
   time includes the writer catching up; and the writer thread's CPU time per step;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
+import os
 import shutil
 import statistics
 import tempfile
@@ -73,44 +74,67 @@ def dump_overhead(digits, where, batch):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _thread_cpu(name):
+    """CPU seconds of this process's thread called `name`: its scheduler run time from
+    /proc (nanoseconds; clock ticks, 10 ms, where schedstat is missing)."""
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0]) / 1e9
+                    continue
+            except OSError:
+                pass
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
 def writer_cpu(digits, where, batch, steps=40):
-    """CPU time of the dump's writer thread per Transformer step, (tensor dump, stats dump):
-    time.thread_time around each job it runs (a step's index and files, its replay bundle),
-    summed over `steps` steps after two of warm-up. What the writer costs in CPU, whatever
-    else the machine is doing: wall-time ratios move by 10-20% from run to run here."""
-    from precision_tool.dump import writer
+    """CPU time per Transformer step, for a tensor dump and a stats dump, of the dump's writer
+    thread (the C module's, by its name in /proc; Linux only: None elsewhere, or without the
+    C module) and of the training thread beyond an undumped step's (with BLAS limited as a
+    dump limits it), each over `steps` steps after two of warm-up. What the dump costs in CPU, whatever else the
+    machine is doing: wall-time ratios move by 10-20% from run to run here."""
+    from precision_tool import native
+    if not native.enabled() or not os.path.isdir("/proc/self/task"):
+        return None
     m = pt.models.transformer()
     root = tempfile.mkdtemp(prefix="bench-writer-", dir=where)
-    spent = []
-    put = writer.AsyncWriter.put
-
-    def timed_put(self, job):
-        def timed():
-            start = time.thread_time()
-            try:
-                job()
-            finally:
-                spent.append(time.thread_time() - start)
-        put(self, timed)
-    writer.AsyncWriter.put = timed_put
+    feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
     try:
-        out = []
-        for data in ("tensor", "stats"):
-            cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", dump_step="all",
-                                            dump_data=data, data_dir=root)
-            sess = pt.Session(m.graph, target="npu", config=cfg)
-            feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
+        def main_cpu(sess):
             for _ in range(2):
                 sess.run([m.loss, m.train_op], feed)
             sess.close()
-            spent.clear()
+            start, writer = time.thread_time(), _thread_cpu("pt-dump-writer")
             for _ in range(steps):
                 sess.run([m.loss, m.train_op], feed)
             sess.close()
-            out.append(sum(spent[:-1]) / steps)       # the last job: close()'s run.json
-        return tuple(out)
+            return (time.thread_time() - start) / steps, \
+                (_thread_cpu("pt-dump-writer") - writer) / steps
+        from precision_tool.dump.cores import WriterCore
+        core = WriterCore()         # the undumped step with BLAS as a dump leaves it: else
+        core.limit()                # the training thread does BLAS work a worker did
+        try:
+            base, _ = main_cpu(pt.Session(m.graph, target="npu"))
+        finally:
+            core.restore()
+        out = {}
+        for data in ("tensor", "stats"):
+            cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", dump_step="all",
+                                            dump_data=data, data_dir=root)
+            training, writer = main_cpu(pt.Session(m.graph, target="npu", config=cfg))
+            out[data] = (writer, training - base)
+        return out
     finally:
-        writer.AsyncWriter.put = put
         shutil.rmtree(root, ignore_errors=True)
 
 

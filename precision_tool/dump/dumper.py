@@ -326,7 +326,8 @@ class DumpObserver:
         tensor_mode = self.settings.data == "tensor"
         mode = self.settings.mode if st.dump else "all"
         stamp = int(time.time() * 1e6)
-        overflowed = [t for t in trace.tasks or () if t.status and t.type not in NOT_KERNELS]
+        overflowed = [t for t in trace.tasks if t.status and t.type not in NOT_KERNELS] \
+            if st.status else []
         key = (traced, mode, tensor_mode, st.dump)
         plan, values = self._plan, None
         if plan is not None and plan.key == key and st.dump:
