@@ -5,10 +5,11 @@ Opdebug record per overflowing task, index.csv (one row per tensor, with statist
 replay bundle; a golden (CPU) run writes every op's outputs, and the fed placeholders,
 under the golden names.
 
-Off the hot path: during a run the observer only keeps references to the tensors it will
-write (executors never modify an array after producing it). When the run ends the whole step
-goes to the writer thread, which fills in the step's plan (stepplan: names, statistics and
-index text worked out once per layout), writes the files into a hidden partial directory and
+Off the hot path: during a run the session's trace keeps references to the ops' outputs
+(executors never modify an array after producing it). When the run ends the observer fills
+in the step's plan (stepplan: names, index text and file layout worked out once per
+execution plan and shapes) with the step's values, timestamps and paths, and hands it to the
+writer, which computes the statistics, writes the files into a hidden partial directory and
 renames it into place last, with its index: a step directory exists whole or not at all. A
 tensor that several kernels read is written once; the index rows of its readers name that
 file.
@@ -26,7 +27,7 @@ import platform
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, NamedTuple
 
 import numpy as np
 
@@ -76,15 +77,13 @@ class _Step:
 
 class _Traced:
     """What the observer needs of an execution plan, worked out at its first dumped run:
-    where each node's inputs come from, which nodes scale the loss, which launches are
-    kernels the dump records."""
+    where each node's inputs come from and which nodes scale the loss."""
 
-    def __init__(self, plan, npu: bool):
+    def __init__(self, plan):
         self.plan = plan
         self.producers = producer_index(plan)
         self.scales = [(i, node) for i, node in enumerate(plan.nodes)
                        if node.type == "UpdateLossScale"]
-        self.tasks = None           # (how many tasks a run launches, which are records)
 
     def source(self, tensor: str, fed: List[str]) -> tuple:
         """Where a run's value of `tensor` is: (plan index, output) of its producer, or
@@ -93,6 +92,15 @@ class _Traced:
             return len(self.plan.nodes), fed.index(tensor)
         node, _, k = tensor.rpartition(":")
         return self.producers[node], int(k)
+
+
+class _Reuse(NamedTuple):
+    """Where the last StepPlan's values are in a run's trace (see DumpObserver._new_plan)."""
+    sources: list           # per tensor: (plan index, output), or (len(plan.nodes), feed)
+    fed: list               # the feeds' names, in the order sources count them
+    tasks: list             # per record (NPU): the index of its task, for its timestamp
+    launched: int           # how many tasks the run launched
+    records: int
 
 
 class DumpObserver:
@@ -164,15 +172,16 @@ class DumpObserver:
             if self._bundles is None:
                 from .replay import BundleWriter
                 self._bundles = BundleWriter(session)
-            self._step.bundle = self._bundles.files(os.path.join(self.run_dir, "replay", str(number)),
-                                                    session, feeds, fetch_tensors, fetch_nodes)
+            bundle = os.path.join(self.run_dir, "replay", str(number))
+            self._step.bundle = self._bundles.files(bundle, session, feeds, fetch_tensors,
+                                                    fetch_nodes)
         return True
 
     def end_run(self, session, trace):
         st, self._step = self._step, None
         traced = self._traced.get(id(trace.plan))
         if traced is None or traced.plan is not trace.plan:
-            traced = self._traced[id(trace.plan)] = _Traced(trace.plan, self.npu)
+            traced = self._traced[id(trace.plan)] = _Traced(trace.plan)
         for i, node in traced.scales:    # (scale, good, bad, last, finite) -> (scale, ...)
             scale = trace.value(node.inputs[0], traced.producers)
             st.loss_scale = (float(scale), float(trace.outputs[i][0]),
@@ -316,7 +325,7 @@ class DumpObserver:
                 sources.append((j, k if position is None else position))
             else:
                 sources.append(traced.source(records[r][0].inputs[k], fed))
-        self._reuse = (sources, fed, tasks, len(trace.tasks or ()), len(records))
+        self._reuse = _Reuse(sources, fed, tasks, len(trace.tasks or ()), len(records))
         return plan, plan.gather(records), [r[4] for r in records]
 
     def _put_step(self, st: _Step, trace, traced: _Traced):
@@ -330,23 +339,25 @@ class DumpObserver:
             if st.status else []
         key = (traced, mode, tensor_mode, st.dump)
         plan, values = self._plan, None
-        if plan is not None and plan.key == key and st.dump:
-            sources, fed, tasks, launched, count = self._reuse
-            if len(trace.tasks or ()) == launched:
-                pool = trace.outputs + [[trace.feeds[t] for t in fed]] if fed else trace.outputs
-                values = [pool[j][k] for j, k in sources]
-                if not plan.fits(values):
-                    values = None
+        reuse = self._reuse
+        if plan is not None and plan.key == key and st.dump and \
+                len(trace.tasks or ()) == reuse.launched:
+            fed = reuse.fed
+            pool = trace.outputs + [[trace.feeds[t] for t in fed]] if fed else trace.outputs
+            values = [pool[j][k] for j, k in reuse.sources]
+            if not plan.fits(values):
+                values = None
         if values is None:
             plan, values, stamps = self._new_plan(key, st, trace, traced, stamp, mode, tensor_mode)
         elif self.npu:
             launches = trace.tasks
-            stamps = [launches[t].timestamp for t in tasks]
+            stamps = [launches[t].timestamp for t in reuse.tasks]
         else:
-            stamps = [stamp] * count
+            stamps = [stamp] * reuse.records
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
         filled = plan.fill(partial, stamps, values)
-        more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id, t.timestamp)),
+        more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id,
+                                                                t.timestamp)),
                  _json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
         dirs, renames, links, bundle = [partial], [(partial, st.path)], (), st.bundle
         if bundle is not None:

@@ -4,8 +4,9 @@ While the kernels and the shapes stay the same (they do in a training loop), eve
 line and file name is fixed text but for a timestamp and a tensor's statistics, and each
 tensor file's header and dtype conversion are fixed too. A StepPlan holds all of that; a
 step then gathers its values and works out its paths on the training thread (fill), and
-the writer thread fills the index in one C call (statistics included, GIL released) and
-writes every file of the step and renames its directory into place in another (write). A step whose kernels or shapes differ gets a
+the writer computes the statistics, fills the index, writes every file of the step and
+renames its directory into place without the GIL (native_job: the C module's writer
+thread; write: here and now). A step whose kernels or shapes differ gets a
 new plan. Without the C module the same plan is filled in Python, to the same bytes.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from .. import native, numerics
 from . import layout
 from .template import Template
-from .writer import _contiguous, npy_header, write_files
+from .writer import contiguous_arrays, npy_header, write_files
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -156,13 +157,13 @@ class StepPlan:
                 for v, c in zip(filled.values, self.in_c)]
 
     def _files(self, filled: "Filled", more, contiguous: bool = False):
-        """paths, arrays, headers and conversions of the step's files: the tensor files,
-        then the index (its text: None), then `more`, (path, bytes) each."""
-        paths = list(filled.paths) + [filled.index_path] + [path for path, _ in more]
-        arrays = list(_contiguous(filled.arrays) if contiguous else filled.arrays)
-        arrays += [None] + [data for _, data in more]
-        headers = (list(self.headers) if filled.paths else []) + [b""] * (1 + len(more))
-        halves = (self.halves if filled.paths else "") + "." * (1 + len(more))
+        """paths, arrays, headers and conversions of the step's tensor files and of `more`,
+        (path, bytes) each."""
+        paths = list(filled.paths) + [path for path, _ in more]
+        arrays = list(contiguous_arrays(filled.arrays) if contiguous else filled.arrays)
+        arrays += [data for _, data in more]
+        headers = (list(self.headers) if filled.paths else []) + [b""] * len(more)
+        halves = (self.halves if filled.paths else "") + "." * len(more)
         return paths, arrays, headers, halves
 
     def write(self, filled: "Filled", more=(), links=(), renames=(), dirs=()) -> None:
@@ -181,16 +182,14 @@ class StepPlan:
             stats = numerics.batch_stats(filled.values)
             text = self.index.fill(filled.stamps, numerics.stats_text(stats))
         paths, arrays, headers, halves = self._files(filled, more)
-        arrays[len(filled.paths)] = text
-        write_files(paths, arrays, headers, halves, links, renames, dirs)
+        write_files(paths + [filled.index_path], arrays + [text], headers + [b""], halves + ".",
+                    links, renames, dirs)
 
     def native_job(self, filled: "Filled", more=(), links=(), renames=(), dirs=(),
                    contiguous: bool = False) -> tuple:
         """The step as the C module's writer thread takes it: (index, files), the index
         written after the files and before the renames."""
         paths, arrays, headers, halves = self._files(filled, more, contiguous)
-        del paths[len(filled.paths)], arrays[len(filled.paths)], headers[len(filled.paths)]
-        halves = halves[:len(filled.paths)] + halves[len(filled.paths) + 1:]
         index = (self.c_arrays(filled, contiguous), self.kinds, filled.stats, filled.stamps,
                  self.index.literal, self.index.cuts, self.index.refs, filled.index_path)
         return index, (paths, headers, arrays, halves, tuple(links), tuple(renames), tuple(dirs))

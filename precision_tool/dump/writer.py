@@ -1,9 +1,10 @@
 """Writing a dump without holding up the run: a bounded queue drained by one thread.
 
-put() blocks when the queue is full (back-pressure instead of growing memory); flush()
-waits until everything queued is on disk and re-raises the first write error. Every file
-is written under a temporary name in its directory and renamed into place, so a file with
-its final name is always whole.
+The thread is the C module's where it is built (NativeWriter: it never takes the GIL), a
+Python thread otherwise (AsyncWriter). put_step() blocks when the queue is full
+(back-pressure instead of growing memory); flush() waits until everything queued is on disk
+and re-raises the first write error. Every file is written into a partial directory that is
+renamed into place when complete, so a directory with its final name is always whole.
 """
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames
         try:        # the C module takes every buffer before it writes anything
             native.write_files(paths, headers, arrays, halves, links, renames, dirs)
         except (BufferError, ValueError):       # a strided array: written from a copy
-            native.write_files(paths, headers, _contiguous(arrays), halves, links, renames, dirs)
+            native.write_files(paths, headers, contiguous_arrays(arrays), halves, links, renames, dirs)
         return
-    arrays = _contiguous(arrays)
+    arrays = contiguous_arrays(arrays)
     for directory in dirs:
         fresh_directory(directory)
     for src, dst, contents in links:
@@ -128,7 +129,7 @@ def replace_directory(src: str, dst: str) -> None:
         raise OSError(e.errno, e.strerror, dst) from None
 
 
-def _contiguous(arrays):
+def contiguous_arrays(arrays):
     """The arrays (or tuples of arrays) with each strided one copied (np.ascontiguousarray
     would make a 0-d array 1-d)."""
     def one(a):
