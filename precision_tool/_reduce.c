@@ -1684,9 +1684,6 @@ static void job_run(Job *j, Scratch *scratch)
 static void *writer_main(void *arg)
 {
     Writer *w = arg;
-#ifdef __linux__
-    pthread_setname_np(pthread_self(), "pt-dump-writer");   /* found by name in /proc */
-#endif
     Scratch scratch = {0};
     pthread_mutex_lock(&w->lock);
     for (;;) {
@@ -1733,6 +1730,10 @@ static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     w->started = 1;
+#ifdef __linux__
+    /* found by this name in /proc (native.writer_running), from the moment it exists */
+    pthread_setname_np(w->thread, "pt-dump-writer");
+#endif
     return (PyObject *)w;
 }
 

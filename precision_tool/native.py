@@ -107,6 +107,26 @@ def write_files(paths, headers, arrays, converts=None, links=(), renames=(), dir
                         tuple(dirs))
 
 
+WRITER_THREAD = "pt-dump-writer"     # the writer thread's name, as the C module sets it
+
+
 def writer(max_pending: int):
     """The C module's writer thread (see dump.writer.NativeWriter)."""
     return _reduce.Writer(max_pending)
+
+
+def writer_running() -> bool:
+    """Is one of the C module's writer threads alive in this process? threading does not
+    see it; on Linux /proc does, by its name (elsewhere the thread is not named: False)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == WRITER_THREAD:
+                    return True
+        except OSError:             # the thread ended meanwhile
+            continue
+    return False

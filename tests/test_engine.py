@@ -1,5 +1,8 @@
 """The compare engines: ranges of a split tensor merge into the single-pass numbers; local
 worker processes and a Dask cluster give the local run's result exactly."""
+import gc
+import threading
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -132,3 +135,30 @@ def test_an_unreadable_tensor_is_a_row_with_its_reason(tmp_path):
     bad = result[result.CompareFailReason.str.contains("corrupt|unreadable|cannot be loaded",
                                                        regex=True, na=False)]
     assert len(bad) >= 1 and (bad.Verdict == "error").all()
+
+
+def test_worker_processes_are_not_forked_while_a_dump_writer_runs(tmp_path):
+    """fork copies other threads' locks as they are: with a dump's C writer thread alive
+    (which threading does not list) the pool spawns its workers; once it stops, it forks."""
+    from precision_tool import native
+    from precision_tool.dump.writer import NativeWriter
+    if not native.enabled():
+        pytest.skip("the C module's writer thread is what this is about")
+
+    def start_method():
+        e = engine.ProcessEngine(1)
+        try:
+            return e.pool._mp_context.get_start_method()
+        finally:
+            e.close()
+    gc.collect()                # the writers of sessions other tests left open
+    assert not native.writer_running()
+    if threading.active_count() == 1:       # (a Python dump writer thread counts too)
+        assert start_method() == "fork"
+    w = NativeWriter()
+    try:
+        assert native.writer_running()
+        assert start_method() == "spawn"
+    finally:
+        w.close()
+    assert not native.writer_running()

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .. import numerics
+from .. import native, numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,
                       span_kl, span_totals)
@@ -174,8 +174,10 @@ class ProcessEngine(_WorkerEngine):
         from concurrent.futures import ProcessPoolExecutor
         # fork starts a worker in milliseconds (spawn re-imports numpy and pandas: a second
         # or more each), but it copies the locks of other threads as they are: only fork
-        # from a single-threaded process (a dump writer may be running in a training script)
-        single = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+        # from a single-threaded process (a dump writer may be running in a training script,
+        # in Python or in the C module, which threading does not see)
+        single = threading.active_count() == 1 and not native.writer_running() \
+            and "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if single else "spawn")
         self.pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread)
 
