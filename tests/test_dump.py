@@ -683,3 +683,18 @@ def test_the_writer_core_asks_the_blas_libraries_this_process_loaded():
     assert [p.num_threads for p in pools] == [min(b, keep) for b in before]
     core.restore()
     assert [p.num_threads for p in pools] == before
+
+
+def test_a_python_dump_writer_thread_ends_with_its_writer():
+    """Without the C module each dump session writes on a Python thread: it ends once its
+    writer is collected (a fusion bisection opens a dump session per replay)."""
+    import gc
+    from precision_tool.dump.writer import AsyncWriter
+    w = AsyncWriter(2)
+    thread, done = w._thread, []
+    w.put(lambda: done.append(1))
+    w.flush()
+    del w
+    gc.collect()
+    thread.join(timeout=10)
+    assert done == [1] and not thread.is_alive()

@@ -14,6 +14,7 @@ import os
 import queue
 import shutil
 import threading
+import weakref
 
 import numpy as np
 
@@ -137,6 +138,22 @@ def contiguous_arrays(arrays):
     return [tuple(map(one, a)) if isinstance(a, tuple) else one(a) for a in arrays]
 
 
+def _drain(jobs: queue.Queue, errors: list) -> None:
+    """AsyncWriter's thread: run the jobs until None; after a failure, drop the rest of the
+    step (its first error waits in `errors` for the writer to report it)."""
+    while True:
+        job = jobs.get()
+        try:
+            if job is None:
+                return
+            if not errors:
+                job()
+        except Exception as e:    # OSError or not, reported as a DumpWriteError
+            errors.append(_write_error(e))
+        finally:
+            jobs.task_done()
+
+
 def _write_error(e: Exception) -> DumpWriteError:
     if isinstance(e, OSError):
         return DumpWriteError(f"cannot write the dump: {e.strerror or e} "
@@ -145,38 +162,27 @@ def _write_error(e: Exception) -> DumpWriteError:
 
 
 class AsyncWriter:
-    """Runs write jobs (callables) in order on one background thread."""
+    """Runs write jobs (callables) in order on one background thread. The thread holds the
+    queue, not the writer: once the writer is collected, the thread ends (a process that
+    opens many dumps, as a fusion bisection does, would otherwise keep a thread for each)."""
 
     def __init__(self, max_pending: int = 256):
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
-        self._error = None
-        self._thread = threading.Thread(target=self._drain, name="precision-tool-dump",
-                                        daemon=True)
+        self._errors: list = []               # the thread's first failure, until reported
+        self._thread = threading.Thread(target=_drain, args=(self._queue, self._errors),
+                                        name="precision-tool-dump", daemon=True)
         self._thread.start()
-
-    def _drain(self):
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:       # after a failure, drop the rest of the step
-                    job()
-            except Exception as e:    # OSError or not, reported as a DumpWriteError
-                self._error = _write_error(e)
-            finally:
-                self._queue.task_done()
+        weakref.finalize(self, self._queue.put, None)
 
     def put(self, job) -> None:
-        if self._error is not None:
-            raise self._error
+        if self._errors:
+            raise self._errors[0]
         self._queue.put(job)
 
     def flush(self) -> None:
         self._queue.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        if self._errors:
+            raise self._errors.pop()
 
     def close(self) -> None:
         self._queue.put(None)
