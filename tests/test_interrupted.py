@@ -213,3 +213,17 @@ def test_a_bundle_that_cannot_be_written_names_its_file(tmp_path):
     with pytest.raises(OSError) as err:
         fileio.write_buffers(str(tmp_path / "missing" / "b.bin"), [b"abc"])
     assert err.value.errno == errno.ENOENT and "b.bin" in err.value.filename
+
+
+def test_a_workspace_that_cannot_be_made_is_a_one_line_dump_error(tmp_path):
+    """The workspace root under a file: the session that would dump fails at once with a
+    DumpWriteError naming the path, not an OSError from deep inside the dump layer."""
+    (tmp_path / "a-file").write_text("x")
+    m = pt.models.mlp(hidden=(8,))
+    cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump",
+                                    data_dir=str(tmp_path / "a-file" / "ws"))
+    with pytest.raises(pt.PrecisionToolError) as err:
+        pt.Session(m.graph, target="npu", config=cfg)
+    message = str(err.value)
+    assert message.startswith("cannot write the dump: Not a directory (")
+    assert str(tmp_path / "a-file") in message and "\n" not in message

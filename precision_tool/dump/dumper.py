@@ -38,7 +38,7 @@ from . import layout
 from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
 from .cores import WriterCore
-from .writer import make_writer
+from .writer import make_writer, write_error
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(numerics.STAT_FIELDS)
@@ -108,8 +108,11 @@ class DumpObserver:
         self.settings = settings
         self.target = session.target
         self.npu = session.target == "npu"
-        self.run_dir = layout.next_debug_dir(os.path.join(settings.root, session.target),
-                                             settings.debug_dir)
+        try:
+            self.run_dir = layout.next_debug_dir(os.path.join(settings.root, session.target),
+                                                 settings.debug_dir)
+        except OSError as e:        # a workspace under a file, a read-only disk...
+            raise write_error(e) from None
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.graph = session.compiled.graph if self.npu else session.graph
         self.source = session.graph
@@ -126,12 +129,17 @@ class DumpObserver:
         self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
         self._bundles = None                        # replay.BundleWriter, made at the first dump
         self._info = self._run_info(session)
-        save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
-        if self.npu:
-            os.makedirs(os.path.join(self.run_dir, "graph"), exist_ok=True)
-            save_text(os.path.join(self.run_dir, "graph", f"{layout.mangle(self.graph.name)}.json"),
-                      graph_to_json(self.graph) + "\n")
-            save_text(os.path.join(self.run_dir, "fusion_result.json"), _json(session.fusion_result()))
+        try:
+            save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
+            if self.npu:
+                graphs = os.path.join(self.run_dir, "graph")
+                os.makedirs(graphs, exist_ok=True)
+                save_text(os.path.join(graphs, f"{layout.mangle(self.graph.name)}.json"),
+                          graph_to_json(self.graph) + "\n")
+                save_text(os.path.join(self.run_dir, "fusion_result.json"),
+                          _json(session.fusion_result()))
+        except OSError as e:
+            raise write_error(e) from None
         _OPEN.add(self)
 
     def _run_info(self, session) -> dict:

@@ -149,12 +149,14 @@ def _drain(jobs: queue.Queue, errors: list) -> None:
             if not errors:
                 job()
         except Exception as e:    # OSError or not, reported as a DumpWriteError
-            errors.append(_write_error(e))
+            errors.append(write_error(e))
         finally:
             jobs.task_done()
 
 
-def _write_error(e: Exception) -> DumpWriteError:
+def write_error(e: Exception) -> DumpWriteError:
+    """A failure while writing a dump, as the one-line error the user sees (naming the
+    path where the failure has one)."""
     if isinstance(e, OSError):
         return DumpWriteError(f"cannot write the dump: {e.strerror or e} "
                               f"({e.filename or 'unknown path'})")
@@ -229,9 +231,9 @@ class NativeWriter:
                 try:
                     on_done()
                 except Exception as e:      # its bookkeeping failed (a full disk...)
-                    self._error = self._error or _write_error(e)
+                    self._error = self._error or write_error(e)
             elif isinstance(outcome, OSError) and self._error is None:
-                self._error = _write_error(outcome)
+                self._error = write_error(outcome)
 
     def flush(self) -> None:
         self._settle(self._thread.flush())
