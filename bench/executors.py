@@ -74,25 +74,23 @@ def dump_overhead(digits, where, batch):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _thread_cpu(name):
-    """CPU seconds of this process's thread called `name`: its scheduler run time from
-    /proc (nanoseconds; clock ticks, 10 ms, where schedstat is missing)."""
+def _writer_cpu_seconds():
+    """CPU seconds of the C module's writer threads: their scheduler run time from /proc
+    (nanoseconds; clock ticks, 10 ms, where schedstat is missing)."""
+    from precision_tool import native
     total = 0.0
-    for tid in os.listdir("/proc/self/task"):
+    for task in native.writer_threads():
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != name:
-                    continue
             try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                with open(f"{task}/schedstat") as f:
                     total += int(f.read().split()[0]) / 1e9
                     continue
             except OSError:
                 pass
-            with open(f"/proc/self/task/{tid}/stat") as f:
+            with open(f"{task}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:
+        except OSError:             # the thread ended meanwhile
             continue
     return total
 
@@ -101,8 +99,9 @@ def writer_cpu(digits, where, batch, steps=40):
     """CPU time per Transformer step, for a tensor dump and a stats dump, of the dump's writer
     thread (the C module's, by its name in /proc; Linux only: None elsewhere, or without the
     C module) and of the training thread beyond an undumped step's (with BLAS limited as a
-    dump limits it), each over `steps` steps after two of warm-up. What the dump costs in CPU, whatever else the
-    machine is doing: wall-time ratios move by 10-20% from run to run here."""
+    dump limits it), each over `steps` steps after two of warm-up. What the dump costs in
+    CPU, whatever else the machine is doing: wall-time ratios move by 10-20% from run to
+    run here."""
     from precision_tool import native
     if not native.enabled() or not os.path.isdir("/proc/self/task"):
         return None
@@ -114,12 +113,12 @@ def writer_cpu(digits, where, batch, steps=40):
             for _ in range(2):
                 sess.run([m.loss, m.train_op], feed)
             sess.close()
-            start, writer = time.thread_time(), _thread_cpu("pt-dump-writer")
+            start, writer = time.thread_time(), _writer_cpu_seconds()
             for _ in range(steps):
                 sess.run([m.loss, m.train_op], feed)
             sess.close()
             return (time.thread_time() - start) / steps, \
-                (_thread_cpu("pt-dump-writer") - writer) / steps
+                (_writer_cpu_seconds() - writer) / steps
         from precision_tool.dump.cores import WriterCore
         core = WriterCore()         # the undumped step with BLAS as a dump leaves it: else
         core.limit()                # the training thread does BLAS work a worker did

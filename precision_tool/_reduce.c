@@ -1373,7 +1373,8 @@ static int replace_dir(const char *src, const char *dst)
 }
 
 /* A set of files taken from Python objects with the GIL (files_parse), written without it
- * (files_run): directories made first, then links, files, and renames last. Paths are held
+ * (files_write, then files_rename): directories made first, then links, files, and renames
+ * last. Paths are held
  * as bytes objects (immutable: readable without the GIL). */
 typedef struct {
     Py_ssize_t n, got, nparts, partsgot, ndirs, dirsgot, nl, lgot, nr, rgot;
@@ -1539,9 +1540,10 @@ done:
     return ok ? 0 : -1;
 }
 
-/* Directories, links, files, renames: the first failure stops it, and its path (owned by
- * f) and errno are returned through *failed and *error. No GIL needed. 0 on success. */
-static int files_run(const Files *f, const char **failed, int *error)
+/* Directories, links, files (the renames: files_rename): the first failure stops it, and its
+ * path (owned by f) and errno are returned through *failed and *error. No GIL needed. 0 on
+ * success. */
+static int files_write(const Files *f, const char **failed, int *error)
 {
     Py_ssize_t k;
     struct iovec stack[8], *iov = f->widest <= 8 ? stack : malloc(f->widest * sizeof *iov);
@@ -1575,13 +1577,24 @@ static int files_run(const Files *f, const char **failed, int *error)
             iov[m++] = (struct iovec){f->parts[i].buf, (size_t)f->parts[i].len};
         if (write_file(path, iov, m) < 0) FAIL(path);
     }
-    for (k = 0; k < f->nr; k++)
-        if (replace_dir(PyBytes_AS_STRING(f->rnames[2 * k]), PyBytes_AS_STRING(f->rnames[2 * k + 1])) < 0)
-            FAIL(PyBytes_AS_STRING(f->rnames[2 * k + 1]));
 #undef FAIL
 out:
     if (iov != stack) free(iov);
     return *failed ? -1 : 0;
+}
+
+/* The renames, last (files_write first): the same failure reporting. */
+static int files_rename(const Files *f, const char **failed, int *error)
+{
+    *failed = NULL;
+    for (Py_ssize_t k = 0; k < f->nr; k++)
+        if (replace_dir(PyBytes_AS_STRING(f->rnames[2 * k]),
+                        PyBytes_AS_STRING(f->rnames[2 * k + 1])) < 0) {
+            *failed = PyBytes_AS_STRING(f->rnames[2 * k + 1]);
+            *error = errno;
+            return -1;
+        }
+    return 0;
 }
 
 static PyObject *os_error(int error, const char *path)
@@ -1616,7 +1629,7 @@ static PyObject *py_write_files(PyObject *self, PyObject *args)
     const char *failed;
     int error, bad;
     Py_BEGIN_ALLOW_THREADS
-    bad = files_run(&f, &failed, &error);
+    bad = files_write(&f, &failed, &error) < 0 || files_rename(&f, &failed, &error) < 0;
     Py_END_ALLOW_THREADS
     PyObject *result = bad ? os_error(error, failed) : (Py_INCREF(Py_None), Py_None);
     files_release(&f);
@@ -1663,22 +1676,15 @@ static void job_free(Job *j)
  * renames, so that a directory appears whole, index included. */
 static void job_run(Job *j, Scratch *scratch)
 {
-    Files *f = &j->files;
-    Py_ssize_t nr = f->nr;
-    f->nr = 0;                      /* the renames wait for the index */
-    if (files_run(f, &j->failed, &j->error) == 0 && j->has_index) {
+    if (files_write(&j->files, &j->failed, &j->error) < 0) return;
+    if (j->has_index) {
         Py_ssize_t len = index_run(&j->index, scratch);
         const char *path = PyBytes_AS_STRING(j->index_path);
         struct iovec one = {scratch->text, (size_t)(len > 0 ? len : 0)};
-        if (len < 0) { j->failed = path; j->error = ENOMEM; }
-        else if (write_file(path, &one, 1) < 0) { j->failed = path; j->error = errno; }
+        if (len < 0) { j->failed = path; j->error = ENOMEM; return; }
+        if (write_file(path, &one, 1) < 0) { j->failed = path; j->error = errno; return; }
     }
-    f->nr = nr;
-    for (Py_ssize_t k = 0; !j->failed && k < f->nr; k++)
-        if (replace_dir(PyBytes_AS_STRING(f->rnames[2 * k]), PyBytes_AS_STRING(f->rnames[2 * k + 1])) < 0) {
-            j->failed = PyBytes_AS_STRING(f->rnames[2 * k + 1]);
-            j->error = errno;
-        }
+    files_rename(&j->files, &j->failed, &j->error);
 }
 
 static void *writer_main(void *arg)

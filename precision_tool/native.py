@@ -115,18 +115,25 @@ def writer(max_pending: int):
     return _reduce.Writer(max_pending)
 
 
-def writer_running() -> bool:
-    """Is one of the C module's writer threads alive in this process? threading does not
-    see it; on Linux /proc does, by its name (elsewhere the thread is not named: False)."""
+def writer_threads() -> list:
+    """The /proc/self/task entries of the C module's writer threads alive in this process:
+    threading does not see them; on Linux /proc does, by their name (elsewhere the threads
+    are not named: none)."""
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return False
+        return []
+    found = []
     for tid in tasks:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() == WRITER_THREAD:
-                    return True
+                    found.append(f"/proc/self/task/{tid}")
         except OSError:             # the thread ended meanwhile
             continue
-    return False
+    return found
+
+
+def writer_running() -> bool:
+    """Is one of the C module's writer threads alive in this process?"""
+    return bool(writer_threads())

@@ -33,7 +33,6 @@ import numpy as np
 
 from .. import __version__, numerics
 from ..graph import graph_to_json
-from ..runtime.plan import producer_index
 from . import layout
 from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
@@ -77,11 +76,10 @@ class _Step:
 
 class _Traced:
     """What the observer needs of an execution plan, worked out at its first dumped run:
-    where each node's inputs come from and which nodes scale the loss."""
+    which nodes scale the loss, and where a run's value of a tensor is."""
 
     def __init__(self, plan):
         self.plan = plan
-        self.producers = producer_index(plan)
         self.scales = [(i, node) for i, node in enumerate(plan.nodes)
                        if node.type == "UpdateLossScale"]
 
@@ -91,7 +89,7 @@ class _Traced:
         if tensor in fed:
             return len(self.plan.nodes), fed.index(tensor)
         node, _, k = tensor.rpartition(":")
-        return self.producers[node], int(k)
+        return self.plan.producers[node], int(k)
 
 
 class _Reuse(NamedTuple):
@@ -191,9 +189,8 @@ class DumpObserver:
         if traced is None or traced.plan is not trace.plan:
             traced = self._traced[id(trace.plan)] = _Traced(trace.plan)
         for i, node in traced.scales:    # (scale, good, bad, last, finite) -> (scale, ...)
-            scale = trace.value(node.inputs[0], traced.producers)
-            st.loss_scale = (float(scale), float(trace.outputs[i][0]),
-                             bool(trace.value(node.inputs[4], traced.producers)))
+            st.loss_scale = (float(trace.value(node.inputs[0])), float(trace.outputs[i][0]),
+                             bool(trace.value(node.inputs[4])))
         if self.npu:
             for task in trace.tasks:
                 st.status |= task.status

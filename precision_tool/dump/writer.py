@@ -186,10 +186,6 @@ class AsyncWriter:
         if self._errors:
             raise self._errors.pop()
 
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=60)
-
     def put_step(self, plan, filled, more, links, renames, dirs, on_done) -> None:
         """Queue a step of a StepPlan (see StepPlan.write); on_done() runs once it is on
         disk."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Dict, FrozenSet, List, Tuple
 
 import numpy as np
@@ -15,6 +16,11 @@ class ExecutionPlan:
     nodes: Tuple[Node, ...]                 # to run, in topological order
     release: Tuple[Tuple[str, ...], ...]    # tensor names no longer needed after nodes[i]
     fed: FrozenSet[str]
+
+    @cached_property
+    def producers(self) -> Dict[str, int]:
+        """node name -> its index in nodes (where a RunTrace finds a node's outputs)"""
+        return {node.name: i for i, node in enumerate(self.nodes)}
 
 
 def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
@@ -86,26 +92,20 @@ class RunTrace:
     def __init__(self, plan: ExecutionPlan, outputs: List[list], feeds: Dict, tasks=None):
         self.plan, self.outputs, self.feeds, self.tasks = plan, outputs, feeds, tasks
 
-    def value(self, tensor: str, producers: Dict[str, int]):
-        """A tensor's value: a feed, or the output of its producer (producers: node name ->
-        index in plan.nodes, see producer_index)."""
+    def value(self, tensor: str):
+        """A tensor's value: a feed, or the output of its producer."""
         if tensor in self.feeds:
             return self.feeds[tensor]
         node, _, k = tensor.rpartition(":")
-        return self.outputs[producers[node]][int(k)]
+        return self.outputs[self.plan.producers[node]][int(k)]
 
     def records(self):
         """(node, inputs, outputs, task) for every op run, in order; task: the node's
         launch on the NPU (None for ops that launch nothing, and on the CPU)."""
-        producers = producer_index(self.plan)
         tasks = iter(self.tasks or ())
         task = next(tasks, None)
         for node, outputs in zip(self.plan.nodes, self.outputs):
             mine = None
             if task is not None and task.name == node.name:
                 mine, task = task, next(tasks, None)
-            yield node, [self.value(t, producers) for t in node.inputs], outputs, mine
-
-
-def producer_index(plan: ExecutionPlan) -> Dict[str, int]:
-    return {node.name: i for i, node in enumerate(plan.nodes)}
+            yield node, [self.value(t) for t in node.inputs], outputs, mine
