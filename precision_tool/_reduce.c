@@ -502,6 +502,16 @@ AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
     return _mm512_mask_blend_pd(near, far, series_pd(diff, d, 10));
 }
 
+/* Ask for the line AHEAD elements past element i: the loops below do so much arithmetic per
+ * element that they do not run ahead far enough by themselves, and the hardware's prefetcher
+ * stops at each 4 KiB page, so that without this a pair beyond the caches compared at half the
+ * rate of one within them. (A prefetch past the end of a mapping faults nothing.) */
+#define AHEAD 512
+AVX512 static inline void fetch_ahead(const char *data, char kind, Py_ssize_t i)
+{
+    _mm_prefetch(data + (i + AHEAD) * (kind == 'f' ? 4 : 2), _MM_HINT_T0);
+}
+
 /* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */
 AVX512 static inline __m512 load16(const char *data, char kind, Py_ssize_t i)
 {
@@ -589,6 +599,8 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
     __m512d sx = xy, sxx = xy, sy = xy, syy = xy;
     KLSums kl = {xy, xy, xy, xy};
     for (Py_ssize_t i = 0; i < n; i += 16) {
+        fetch_ahead(x, xk, i);
+        fetch_ahead(y, yk, i);
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
         xlo = _mm512_min_ps(xlo, a16); xhi = _mm512_max_ps(xhi, a16);
         ylo = _mm512_min_ps(ylo, b16); yhi = _mm512_max_ps(yhi, b16);
@@ -691,6 +703,8 @@ AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssi
     __m512 check = _mm512_setzero_ps();
     KLSums kl = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
     for (Py_ssize_t i = 0; i < n; i += 16) {
+        fetch_ahead(x, xk, i);
+        fetch_ahead(y, yk, i);
         __m512 a16 = load16(x, xk, i), b16 = load16(y, yk, i);
         check = finite_check(check, a16, b16);
         for (int h = 0; h < 2; h++) kl_add(&kl, half_pd(a16, h), half_pd(b16, h), u);
