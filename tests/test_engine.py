@@ -137,6 +137,27 @@ def test_an_unreadable_tensor_is_a_row_with_its_reason(tmp_path):
     assert len(bad) >= 1 and (bad.Verdict == "error").all()
 
 
+def test_a_compare_maps_files_above_map_bytes_where_a_plain_load_reads_them(tmp_path):
+    """The engine only reads its tensors: a file over MAP_BYTES is mapped read-only (no copy
+    out of the page cache), one under it read whole; Workspace.load_file keeps reading files
+    up to MMAP_BYTES, as writable arrays. The values are the same either way."""
+    from precision_tool.dump.workspace import MMAP_BYTES
+    ws = Workspace(str(tmp_path))
+    big = np.random.default_rng(3).normal(size=engine.MAP_BYTES // 4 + 16).astype(np.float32)
+    small = big[:1000].copy()
+    assert big.nbytes < MMAP_BYTES
+    for name, a in (("big", big), ("small", small)):
+        np.save(tmp_path / f"{name}.npy", a)
+    mapped = engine._load(ws, engine.Side(str(tmp_path / "big.npy")))
+    assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+    assert np.array_equal(mapped, big)
+    read = engine._load(ws, engine.Side(str(tmp_path / "small.npy")))
+    assert not isinstance(read, np.memmap) and np.array_equal(read, small)
+    plain = ws.load_file(str(tmp_path / "big.npy"))
+    assert not isinstance(plain, np.memmap) and plain.flags.writeable
+    assert np.array_equal(plain, big)
+
+
 def test_worker_processes_are_not_forked_while_a_dump_writer_runs(tmp_path):
     """fork copies other threads' locks as they are: with a dump's C writer thread alive
     (which threading does not list) the pool spawns its workers; once it stops, it forks."""

@@ -30,6 +30,10 @@ RANGE_ELEMENTS = 1 << 23
 GROUP_ELEMENTS = 1 << 25        # in this process a task takes ranges of up to this many elements
 BATCH_BYTES = 1 << 18           # pairs whose files are both this small go in batches ...
 BATCH_PAIRS = 256               # ... of at most this many
+# A compare only reads its tensors, so a file above this is mapped rather than copied out of
+# the page cache into fresh memory: from about 1 MiB the mapping is the cheaper (a 32 MiB
+# file: 4 ms mapped, 9 read), below it the mapping's own set-up costs more than the copy.
+MAP_BYTES = 1 << 20
 
 
 class EngineError(WorkspaceError):
@@ -66,7 +70,7 @@ class Pair:
 
 
 def _load(ws: Workspace, side: Side) -> np.ndarray:
-    return logical_tensor(ws.load_file(side.path), side.fmt, side.original_shape)
+    return logical_tensor(ws.load_file(side.path, MAP_BYTES), side.fmt, side.original_shape)
 
 
 UNREADABLE = "unreadable: "     # a result row's reason when a tensor file could not be read

@@ -209,9 +209,10 @@ class Workspace:
                                  f"(dump_data='stats'): no tensor file to load")
         return self.load_file(os.path.join(self.step_path(run, step), file))
 
-    def load_file(self, path: str) -> np.ndarray:
-        """A tensor file that must resolve inside the workspace (an index names it)."""
-        return read_tensor_file(path, self._open_inside)
+    def load_file(self, path: str, mmap_over: Optional[int] = None) -> np.ndarray:
+        """A tensor file that must resolve inside the workspace (an index names it); one larger
+        than mmap_over bytes (default MMAP_BYTES) is mapped read-only."""
+        return read_tensor_file(path, self._open_inside, mmap_over)
 
     def _open_inside(self, path: str) -> int:
         """A read-only descriptor of the file, checked to resolve inside the workspace. Its
@@ -239,7 +240,7 @@ class Workspace:
             raise WorkspaceError(f"{path} is outside the workspace {self.root}")
 
 
-def read_tensor_file(path: str, opener=None) -> np.ndarray:
+def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) -> np.ndarray:
     """An .npy file read as read_npy reads it (allow_pickle=False, sizes checked, a large one
     memory-mapped), its failures as one-line WorkspaceErrors. opener(path) -> descriptor:
     the workspace passes one that refuses paths outside it; a path the user typed
@@ -248,7 +249,7 @@ def read_tensor_file(path: str, opener=None) -> np.ndarray:
         fd = opener(path) if opener else os.open(path, os.O_RDONLY | _CLOEXEC)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
-            return read_npy(fd, mmap_over=MMAP_BYTES)
+            return read_npy(fd, mmap_over=MMAP_BYTES if mmap_over is None else mmap_over)
         finally:
             os.close(fd)
     except WorkspaceError:           # outside the workspace: said as it is
@@ -311,7 +312,7 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
                 return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
                                  order="F" if fortran else "C")
         return np.zeros(shape, dtype)                # no data: an empty array
-    raw = bytearray(size)                        # writable: the array is a view of it
+    raw = np.empty(size, np.uint8)               # writable, and not zeroed only to be overwritten
     got, view = 0, memoryview(raw)
     while got < size:                            # one call but for a signal's short read
         n = os.readv(fd, [view[got:]])
