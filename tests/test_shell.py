@@ -75,6 +75,9 @@ def test_the_shell_in_a_terminal(workspace):
     child.send("run echo hello-from-run\r")
     child.expect_exact("hello-from-run")
     child.expect_exact(PROMPT.strip())
+    child.send("clear\r")                                  # a builtin, not an unknown command
+    child.expect_exact("\x1b[2J")
+    child.expect_exact(PROMPT.strip())
     # Ctrl-C during vc cancels the command, not the shell, and leaves no worker behind (two
     # workers: starting them makes vc outlast the key press, however fast comparing gets)
     child.send("vc -w 2\r")
@@ -111,6 +114,7 @@ def test_lines_run_on_one_app(workspace, capsys):
     ws = app.ws
     assert execute(app, "--json ls -t SoftmaxV2") == 0 and app.ws is ws       # index loaded once
     assert execute(app, "exit") is None
+    assert execute(app, "clear") == 0 and "clear" in completions(app, "cle", {})
     assert execute(app, 'ni "unterminated') == 2
     assert execute(app, "bogus") == 2 and "unknown command" in capsys.readouterr().err
     app.in_shell = True                      # as run_shell sets it: help is `help CMD` there

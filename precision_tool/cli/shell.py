@@ -18,6 +18,7 @@ from .app import COMMANDS, EXIT_USAGE, App
 PROMPT = "PrecisionTool > "
 BUILTINS = {"help": "help [CMD]: the commands, or one command's options",
             "run": "run CMD...: run a shell command",
+            "clear": "clear (or Ctrl-L): clear the screen",
             "exit": "exit (or Ctrl-D): leave the shell"}
 
 
@@ -105,6 +106,9 @@ def execute(app: App, line: str) -> Optional[int]:
         if len(words) > 1:
             return main([words[1], "--help"], app=app)
         return main(["--help"], app=app) or _builtins_help()
+    if head == "clear":
+        click.clear()
+        return 0
     if head == "run":
         if len(words) == 1:
             click.echo("usage: run CMD...", err=True)
