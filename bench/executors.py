@@ -5,9 +5,11 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up; and the writer thread's CPU time per step;
+  time includes the writer catching up; the floor under both (an observer that only keeps
+  each step's outputs until the next step ends); and the writer thread's CPU time per step;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
+import dataclasses
 import os
 import shutil
 import statistics
@@ -48,12 +50,40 @@ def measure(model, sessions, digits):
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+class _KeepSteps:
+    """The floor of any dump that writes off the training thread: an observer that only
+    keeps each step's outputs (its run trace) until the next step ends, as a dump keeps them
+    until its writer has them, and does nothing else."""
+
+    @staticmethod
+    def attach(session):
+        return _KeepSteps()
+
+    def __init__(self):
+        self.kept = None
+
+    def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
+        return True
+
+    def end_run(self, session, trace):
+        self.kept = trace
+
+    def abort_run(self, session, error):
+        pass
+
+    def close(self):
+        self.kept = None
+
+
 def dump_overhead(digits, where, batch):
+    """Step time of a tensor dump, a stats dump and of _KeepSteps, each ÷ no dump."""
     m = pt.models.transformer()
     root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
     try:
         base = pt.SessionConfig()
-        sessions = {"none": pt.Session(m.graph, target="npu", config=base)}
+        sessions = {"none": pt.Session(m.graph, target="npu", config=base),
+                    "kept": pt.Session(m.graph, target="npu",
+                                       config=dataclasses.replace(base, observers=(_KeepSteps,)))}
         for data in ("tensor", "stats"):
             cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
                                             data_dir=root)
@@ -69,7 +99,7 @@ def dump_overhead(digits, where, batch):
                 sess.close()
                 samples[k].append((time.perf_counter() - start) / STEPS)
         t = {k: statistics.median(v) for k, v in samples.items()}
-        return t["tensor"] / t["none"], t["stats"] / t["none"]
+        return t["tensor"] / t["none"], t["stats"] / t["none"], t["kept"] / t["none"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
