@@ -29,6 +29,7 @@
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
 #define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
 #define FP16_MAX 65504.0
+#define GRID_GIL (1 << 15)               /* grid() releases the GIL from this many elements */
 #define KL_SERIES (1.0 / 64)              /* |p / q - 1| under which KL's terms use a series */
 #define KL_NEAR (1.0 / 256)                /* ... and under which the AVX-512 loop's shorter one does */
 
@@ -147,6 +148,7 @@ CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
 static int use_simd(void);
 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st);
 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst);
+static Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad);
 static inline uint16_t float_to_half_bits(uint32_t f);
 
 static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
@@ -696,6 +698,35 @@ AVX512 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *d
     return i;
 }
 
+/* grid_values() sixteen at a time: float16 by the hardware's conversion there and back
+ * (rounding to nearest even, subnormals, inf beyond the range: numerics.quantize's rule),
+ * bfloat16 by rounding the bits; a nan becomes the positive quiet nan. Returns how many it
+ * did; *bad set when one of them is an inf or a nan. */
+AVX512 static Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad)
+{
+    const __m512 quiet = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
+    const __m512i keep = _mm512_set1_epi32((int)0xffff0000u), half = _mm512_set1_epi32(0x7fff);
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512 check = _mm512_setzero_ps();
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i), r;
+        if (kind == 'e') {
+            r = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        } else {
+            __m512i u = _mm512_castps_si512(v);
+            __m512i t = _mm512_add_epi32(_mm512_add_epi32(u, half),
+                                         _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+            r = _mm512_castsi512_ps(_mm512_and_si512(t, keep));
+        }
+        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, quiet);
+        check = _mm512_fmadd_ps(r, _mm512_setzero_ps(), check);   /* nan once an inf or nan passes */
+        _mm512_storeu_ps(dst + i, r);
+    }
+    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) *bad = 1;
+    return i;
+}
+
 /* kl_loop's plain case: n a multiple of 16, both sides normalised; 0 when not plain */
 AVX512 static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                           double *t)
@@ -729,6 +760,7 @@ static int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
                    double *t) { return 0; }
 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st) { return 0; }
 static Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst) { return 0; }
+static Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad) { return 0; }
 static int use_simd(void) { return 0; }
 #endif
 
@@ -1287,6 +1319,71 @@ CLONES static void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t 
 {
     Py_ssize_t i = use_simd() ? halves_simd((const float *)src, n, dst) : 0;
     for (; i < n; i++) dst[i] = float_to_half_bits(src[i]);
+}
+
+/* float32 values onto the float16 ('e') or bfloat16 ('b') grid, held in float32, as
+ * numerics.quantize rounds them (to nearest even; float16 with subnormals and inf beyond its
+ * range; a nan becomes the positive quiet nan); then, where saturation is asked and some
+ * result is an inf or a nan, inf becomes the dtype's max (signed) and nan 0, as
+ * numerics.saturate. Returns whether a result was an inf or a nan before saturation. */
+CLONES static int grid_values(const float *src, Py_ssize_t n, char kind, int saturation, float *dst)
+{
+    int bad = 0;
+    Py_ssize_t i = use_simd() ? grid_simd(src, n, kind, dst, &bad) : 0;
+    const uint32_t *u = (const uint32_t *)src;
+    for (; i < n; i++) {
+        float r;
+        if (src[i] != src[i]) r = as_float(0x7fc00000u);
+        else if (kind == 'e') r = half_to_float(float_to_half_bits(u[i]));
+        else r = as_float((u[i] + 0x7fffu + ((u[i] >> 16) & 1u)) & 0xffff0000u);
+        bad |= !(fabsf(r) <= FLT_MAX);
+        dst[i] = r;
+    }
+    if (bad && saturation) {
+        float max = kind == 'e' ? (float)FP16_MAX : as_float(0x7f7f0000u);    /* bfloat16's max */
+        for (i = 0; i < n; i++) {
+            float r = dst[i];
+            if (r != r) dst[i] = 0.0f;
+            else if (fabsf(r) > FLT_MAX) dst[i] = copysignf(max, r);
+        }
+    }
+    return bad;
+}
+
+static PyObject *py_grid(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *outo;
+    const char *k;
+    Py_ssize_t nk;
+    int saturation;
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "OOs#p", &xo, &outo, &k, &nk, &saturation)) return NULL;
+    if (nk != 1 || (k[0] != 'e' && k[0] != 'b')) {
+        PyErr_SetString(PyExc_ValueError, "kind: 'e' (float16) or 'b' (bfloat16)");
+        return NULL;
+    }
+    if (get_buffer(xo, 'f', -1, &x) < 0) return NULL;
+    if (PyObject_GetBuffer(outo, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (out.len != x.len) {
+        PyBuffer_Release(&x); PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "out: as many float32 as x");
+        return NULL;
+    }
+    Py_ssize_t n = x.len / 4;
+    int bad;
+    if (n >= GRID_GIL) {
+        Py_BEGIN_ALLOW_THREADS
+        bad = grid_values(x.buf, n, k[0], saturation, out.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        bad = grid_values(x.buf, n, k[0], saturation, out.buf);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(bad);
 }
 
 /* write as float16 the float32 array (n elements) in chunks: memory stays small */
@@ -1921,6 +2018,9 @@ static PyMethodDef methods[] = {
     {"index_text", py_index_text, METH_VARARGS,
      "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
      "the template filled with stamps and stats text, as bytes."},
+    {"grid", py_grid, METH_VARARGS,
+     "grid(x, out, kind, saturation): the float32 x rounded onto the float16 ('e') or "
+     "bfloat16 ('b') grid into out, saturated if asked; whether a result was inf or nan."},
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,

@@ -62,6 +62,14 @@ def flat(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
+def grid(x: np.ndarray, dtype: str, saturation: bool):
+    """numerics.round_result in one pass: float32 x (C-contiguous) onto the float16 or
+    bfloat16 grid, held in float32, saturated if asked; (value, whether it held inf/nan)."""
+    out = np.empty_like(x)
+    bad = _reduce.grid(x, out, "e" if dtype == "float16" else "b", saturation)
+    return out, bad
+
+
 def stats(arrays) -> np.ndarray:
     """(len(arrays), 7) float64: max, min, mean, l2norm, nan, +inf, -inf counts per array
     (every array must have a kind)."""

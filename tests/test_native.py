@@ -536,3 +536,52 @@ def test_index_text_refuses_a_template_that_does_not_fit():
     t.cuts[2] = len(t.literal) + 1
     with pytest.raises(ValueError, match="cuts outside"):
         native.index_text(good, "fff", stats, stamps, t)
+
+
+def _grid_cases(size, seed):
+    """Random bit patterns (every class of float32) with the edges of both grids first: ties,
+    subnormals, the float16 overflow threshold, bfloat16's carry into inf, nan payloads."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 2 ** 32, size=size, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edge = np.array([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 2.0 ** -24, 2.0 ** -25,
+                     3 * 2.0 ** -26, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -8,
+                     1.0 + 3 * 2.0 ** -8, 3.4e38, -3.4e38, np.inf, -np.inf, 1e-45], np.float32)
+    nans = np.array([0x7f800001, 0xffc00000, 0x7fffffff, 0xffbfffff], np.uint32).view(np.float32)
+    head = np.concatenate([edge, nans])
+    x[:min(size, len(head))] = head[:size]
+    return x
+
+
+@pytest.mark.parametrize("size", [0, 5, 17, 70_000])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("saturation", [False, True])
+def test_rounding_onto_the_grid_in_one_pass_is_the_numpy_definition(monkeypatch, size, dtype,
+                                                                    saturation):
+    """numerics.round_result through the C module gives the numpy definition's bits and
+    overflow flag, and the values of the reference conversions (numpy's float16, ml_dtypes'
+    bfloat16) wherever the result is finite."""
+    x = _grid_cases(size, seed=size)
+    assert native.enabled()                 # the C module's pass, then the numpy definition
+    got, got_bad = numerics.round_result(x, dtype, saturation)
+    monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    want, want_bad = numerics.round_result(x, dtype, saturation)
+    assert got_bad == want_bad == bool(size and not np.isfinite(want if not saturation else
+                                                                 numerics.quantize(x, dtype)).all())
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    ref = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    with np.errstate(over="ignore", invalid="ignore"):
+        conv = x.astype(ref).astype(np.float32)
+    finite = np.isfinite(conv)
+    assert np.array_equal(got[finite], conv[finite])
+    if saturation:          # inf to the signed max, nan to 0
+        top = numerics.max_of(dtype)
+        assert np.array_equal(got[np.isinf(conv)], np.copysign(top, conv[np.isinf(conv)]).astype(np.float32))
+        assert (got[np.isnan(conv)] == 0).all() and np.isfinite(got).all()
+    else:                   # nan is the positive quiet nan, whatever its payload and sign
+        assert (got[np.isnan(conv)].view(np.uint32) == 0x7fc00000).all()
+
+
+def test_rounding_a_scalar_keeps_its_shape():
+    got, bad = numerics.round_result(np.array(7e4, np.float32), "float16", True)
+    assert got.shape == () and float(got) == 65504.0 and bad
