@@ -2,6 +2,7 @@
 --json checked against the analysis API's own result."""
 import json
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -72,9 +73,10 @@ def test_vcs_exit_codes_and_the_origin_first(demo):
     lines = result.stdout.splitlines()
     panels = [line for line in lines if line.startswith("╭")]
     assert len(panels) == 10 and SOFTMAX in panels[0] and "[origin]" in panels[0]
-    # the result file's path is on one line, whole, however narrow the terminal
-    assert len(lines[0]) > 80 and lines[0].startswith(str(root)) and \
-        os.path.isfile(lines[0].split(".csv:")[0] + ".csv")
+    # the result file's path is a line of its own, whole, however narrow the terminal; then
+    # what it holds
+    assert lines[0].startswith(str(root)) and os.path.isfile(lines[0])
+    assert re.fullmatch(rf"\d+ op\(s\) under 0\.98, origin {SOFTMAX}", lines[1])
     assert invoke(root, "vcs", "-c", "0").exit_code == 0
     code, data = as_json(root, "vcs", "-l", "0")
     table = pd.read_csv(data["file"], keep_default_na=False, na_values=["nan", ""])

@@ -208,7 +208,8 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
 
     def render():
         for rep in reports:
-            app.line(f"{rep['file']}: {rep['under_threshold']} op(s) under {fmt(threshold)}"
+            app.line(rep["file"])           # a line of its own: long, and copied whole
+            app.line(f"{rep['under_threshold']} op(s) under {fmt(threshold)}"
                      + (f", origin {rep['origin']}" if rep["origin"] else ""))
             for s in rep["ops"]:
                 _render_op(app, s)
