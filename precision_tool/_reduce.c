@@ -2012,9 +2012,9 @@ static PyMethodDef methods[] = {
      "simd(): do comparisons of 16- and 32-bit floats run the AVX-512 loops here (the CPU has "
      "them and PRECISION_TOOL_NO_AVX512 is not set)?"},
     {"write_files", py_write_files, METH_VARARGS,
-     "write_files(paths, headers, arrays[, converts[, links[, renames]]]): each file its "
-     "header and its array's bytes ('e' in converts: a float32 array written as float16; a "
-     "tuple of arrays: back to back); links first, renames last."},
+     "write_files(paths, headers, arrays[, converts[, links[, renames[, dirs]]]]): each file "
+     "its header and its array's bytes ('e' in converts: a float32 array written as float16; "
+     "a tuple of arrays: back to back); dirs and links first, renames last."},
     {"index_text", py_index_text, METH_VARARGS,
      "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
      "the template filled with stamps and stats text, as bytes."},

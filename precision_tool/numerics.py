@@ -5,7 +5,7 @@ A leaf module (numpy and ml_dtypes only), so that the simulated NPU and the anal
 dumps use one definition of each conversion."""
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -112,13 +112,17 @@ def saturate(x: np.ndarray, dtype=None) -> np.ndarray:
     return out
 
 
-def round_result(x: np.ndarray, dtype: str, saturation: bool):
+def round_result(x: np.ndarray, dtype: str, saturation: bool, in_c: Optional[bool] = None):
     """A float32 result as the device stores it in `dtype` (fp16/bf16 on their grid, held in
     float32), saturated in saturation mode. Returns (value, overflowed): whether the rounded
     value held inf/nan before saturation. Callers decide which status bit that is. The C
-    module does it in one pass where it is built (the same bits: tested against this)."""
+    module does it in one pass where it is built (the same bits: tested against this). in_c:
+    whether it may (None: ask native.enabled(), which reads the environment: a caller that
+    rounds every op asks once per run)."""
     low = dtype in ("float16", "bfloat16")
-    if low and x.dtype == np.float32 and x.flags.c_contiguous and native.enabled():
+    if in_c is None:
+        in_c = native.enabled()
+    if low and in_c and x.dtype == np.float32 and x.flags.c_contiguous:
         return native.grid(x, dtype, saturation)
     out = quantize(x, dtype) if low else x
     overflowed = out.size > 0 and not np.isfinite(out).all()

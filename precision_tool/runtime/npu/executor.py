@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ... import numerics
+from ... import native, numerics
 from ...errors import ExecutionError, FetchError, PrecisionToolError
 from ...graph import dtypes
 from ...ops import registry
@@ -91,6 +91,7 @@ class NpuExecutor:
         self.compiled: CompiledGraph = compile_graph(graph, policy, passes, graph_mode)
         self.graph = self.compiled.graph
         self.saturation = config.overflow_mode == "saturation"
+        self._in_c = native.enabled()        # numerics.round_result's C pass; see run()
         self._steps: Dict[str, _Step] = {}
         self._constants: Dict[str, np.ndarray] = {}
         self._memory_checked = set()     # (plan, batch size) pairs that fit
@@ -145,6 +146,7 @@ class NpuExecutor:
     def run(self, plan: ExecutionPlan, values, variables, step: int, trace=None):
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
+        self._in_c = native.enabled()        # asked once a run: it reads the environment
         tasks: List[Task] = []
         self.tasks = tasks
         run_plan(plan, values, variables,
@@ -228,7 +230,7 @@ class NpuExecutor:
         if dtype not in dtypes.FLOAT_DTYPES:
             return r.astype(_np(dtype), copy=False)
         r = r.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(r, dtype, self.saturation)
+        out, overflowed = numerics.round_result(r, dtype, self.saturation, self._in_c)
         if overflowed and _all_finite(inputs):      # born here, not carried in
             raw_bad = not np.isfinite(r).all()
             ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
@@ -245,7 +247,7 @@ class NpuExecutor:
                 return x.astype(np.float64).astype(target)
             return x.astype(target)
         x = x.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(x, dtype, self.saturation)
+        out, overflowed = numerics.round_result(x, dtype, self.saturation, self._in_c)
         if overflowed and np.isfinite(x).all():
             ctx.status |= numerics.STATUS_CAST_OVERFLOW
         return out
