@@ -1350,40 +1350,74 @@ CLONES static int grid_values(const float *src, Py_ssize_t n, char kind, int sat
     return bad;
 }
 
+/* Whether every one of n float32 is finite: x * 0 is 0 for a finite x, nan otherwise. */
+CLONES static int all_finite(const float *x, Py_ssize_t n)
+{
+    float check = 0.0f;
+    Py_ssize_t i;
+#pragma omp simd reduction(+:check)
+    for (i = 0; i < n; i++) check += x[i] * 0.0f;
+    return check == check;
+}
+
+/* grid(x, out, kind, saturation, stats=None): kind 'e' or 'b' rounds x into out (see
+ * grid_values); kind 'f' (x already float32, out None) only looks at x. stats, when given,
+ * takes 8 float64: tensor_stats of the result (out, or x for 'f'), as stats() gives them,
+ * and its element count: a dump of statistics gets them while the result is in cache. For
+ * 'f' with saturation and an inf or nan, stats is left alone: the caller saturates a copy.
+ * Returns whether a result was inf or nan before saturation. */
 static PyObject *py_grid(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *outo;
+    PyObject *xo, *outo, *statso = Py_None;
     const char *k;
     Py_ssize_t nk;
     int saturation;
-    Py_buffer x, out;
-    if (!PyArg_ParseTuple(args, "OOs#p", &xo, &outo, &k, &nk, &saturation)) return NULL;
-    if (nk != 1 || (k[0] != 'e' && k[0] != 'b')) {
-        PyErr_SetString(PyExc_ValueError, "kind: 'e' (float16) or 'b' (bfloat16)");
+    Py_buffer x, out = {0}, st = {0};
+    if (!PyArg_ParseTuple(args, "OOs#p|O", &xo, &outo, &k, &nk, &saturation, &statso)) return NULL;
+    if (nk != 1 || (k[0] != 'e' && k[0] != 'b' && k[0] != 'f')) {
+        PyErr_SetString(PyExc_ValueError, "kind: 'e' (float16), 'b' (bfloat16) or 'f' (float32)");
+        return NULL;
+    }
+    if ((k[0] == 'f') != (outo == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "out: None for kind 'f', an array otherwise");
         return NULL;
     }
     if (get_buffer(xo, 'f', -1, &x) < 0) return NULL;
-    if (PyObject_GetBuffer(outo, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&x);
-        return NULL;
-    }
-    if (out.len != x.len) {
-        PyBuffer_Release(&x); PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "out: as many float32 as x");
-        return NULL;
+    if (outo != Py_None && PyObject_GetBuffer(outo, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto fail;
+    if (statso != Py_None && PyObject_GetBuffer(statso, &st, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto fail;
+    if ((out.obj && out.len != x.len) || (st.obj && st.len != 8 * sizeof(double))) {
+        PyErr_SetString(PyExc_ValueError, "out: as many float32 as x; stats: 8 float64");
+        goto fail;
     }
     Py_ssize_t n = x.len / 4;
+    double *row = st.obj ? st.buf : NULL;
     int bad;
-    if (n >= GRID_GIL) {
-        Py_BEGIN_ALLOW_THREADS
-        bad = grid_values(x.buf, n, k[0], saturation, out.buf);
-        Py_END_ALLOW_THREADS
+    PyThreadState *released = n >= GRID_GIL ? PyEval_SaveThread() : NULL;
+    if (k[0] == 'f' && !row) {
+        bad = !all_finite(x.buf, n);
+    } else if (k[0] == 'f') {
+        tensor_stats(x.buf, 'f', n, row);
+        bad = row[4] + row[5] + row[6] > 0;
+        row[7] = (double)n;
     } else {
         bad = grid_values(x.buf, n, k[0], saturation, out.buf);
+        if (row) {
+            tensor_stats(out.buf, 'f', n, row);
+            row[7] = (double)n;
+        }
     }
+    if (released) PyEval_RestoreThread(released);
     PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
+    if (out.obj) PyBuffer_Release(&out);
+    if (st.obj) PyBuffer_Release(&st);
     return PyBool_FromLong(bad);
+fail:
+    PyBuffer_Release(&x);
+    if (out.obj) PyBuffer_Release(&out);
+    if (st.obj) PyBuffer_Release(&st);
+    return NULL;
 }
 
 /* write as float16 the float32 array (n elements) in chunks: memory stays small */
@@ -2019,8 +2053,9 @@ static PyMethodDef methods[] = {
      "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
      "the template filled with stamps and stats text, as bytes."},
     {"grid", py_grid, METH_VARARGS,
-     "grid(x, out, kind, saturation): the float32 x rounded onto the float16 ('e') or "
-     "bfloat16 ('b') grid into out, saturated if asked; whether a result was inf or nan."},
+     "grid(x, out, kind, saturation, stats=None): the float32 x rounded onto the float16 ('e') "
+     "or bfloat16 ('b') grid into out, saturated if asked (kind 'f', out None: x as it is); "
+     "stats: 8 float64 for the result's statistics and size; whether a result was inf or nan."},
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,

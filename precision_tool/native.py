@@ -62,12 +62,19 @@ def flat(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.itemsize == 2 else a
 
 
-def grid(x: np.ndarray, dtype: str, saturation: bool):
+def grid(x: np.ndarray, dtype: str, saturation: bool, stats: Optional[np.ndarray] = None):
     """numerics.round_result in one pass: float32 x (C-contiguous) onto the float16 or
-    bfloat16 grid, held in float32, saturated if asked; (value, whether it held inf/nan)."""
+    bfloat16 grid, held in float32, saturated if asked; (value, whether it held inf/nan).
+    stats: 8 float64 to fill with the value's statistics (as stats() gives them) and size."""
     out = np.empty_like(x)
-    bad = _reduce.grid(x, out, "e" if dtype == "float16" else "b", saturation)
+    bad = _reduce.grid(x, out, "e" if dtype == "float16" else "b", saturation, stats)
     return out, bad
+
+
+def check(x: np.ndarray, stats: Optional[np.ndarray] = None) -> bool:
+    """Whether the float32 x (C-contiguous) holds an inf or nan; stats: 8 float64 that take
+    its statistics and size on the way."""
+    return _reduce.grid(x, None, "f", False, stats)
 
 
 def stats(arrays) -> np.ndarray:
@@ -76,6 +83,19 @@ def stats(arrays) -> np.ndarray:
     out = np.empty((len(arrays), 7))
     _reduce.stats([flat(a) for a in arrays], "".join(kind(a) for a in arrays), out)
     return out
+
+
+def stats_of(arrays, kinds: str) -> np.ndarray:
+    """stats() of arrays whose kinds are known (numpy floats, C-contiguous: a strided one
+    raises BufferError)."""
+    out = np.empty((len(arrays), 7))
+    _reduce.stats(arrays, kinds, out)
+    return out
+
+
+def stats_into(a: np.ndarray, out: np.ndarray) -> None:
+    """stats() of one array (it must have a kind) into out, 7 contiguous float64."""
+    _reduce.stats([flat(a)], kind(a), out)
 
 
 def stats_text(rows: np.ndarray) -> list:

@@ -112,22 +112,33 @@ def saturate(x: np.ndarray, dtype=None) -> np.ndarray:
     return out
 
 
-def round_result(x: np.ndarray, dtype: str, saturation: bool, in_c: Optional[bool] = None):
+def round_result(x: np.ndarray, dtype: str, saturation: bool, in_c: Optional[bool] = None,
+                 stats: Optional[np.ndarray] = None):
     """A float32 result as the device stores it in `dtype` (fp16/bf16 on their grid, held in
     float32), saturated in saturation mode. Returns (value, overflowed): whether the rounded
     value held inf/nan before saturation. Callers decide which status bit that is. The C
     module does it in one pass where it is built (the same bits: tested against this). in_c:
     whether it may (None: ask native.enabled(), which reads the environment: a caller that
-    rounds every op asks once per run)."""
+    rounds every op asks once per run). stats: 8 float64 that take the value's statistics
+    and size (stats_row's), computed in the same pass where the C module does it."""
     low = dtype in ("float16", "bfloat16")
     if in_c is None:
         in_c = native.enabled()
-    if low and in_c and x.dtype == np.float32 and x.flags.c_contiguous:
-        return native.grid(x, dtype, saturation)
+    if in_c and x.dtype == np.float32 and x.flags.c_contiguous:
+        if low:
+            return native.grid(x, dtype, saturation, stats)
+        overflowed = native.check(x, stats)
+        if overflowed and saturation:
+            x = saturate(x, dtype)
+            if stats is not None:
+                stats_row(x, stats)
+        return x, overflowed
     out = quantize(x, dtype) if low else x
     overflowed = out.size > 0 and not np.isfinite(out).all()
     if overflowed and saturation:
         out = saturate(out, dtype)
+    if stats is not None:
+        stats_row(out, stats)
     return out, overflowed
 
 
@@ -196,6 +207,17 @@ def tensor_stats(x: np.ndarray) -> dict:
                 "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
     return {"max": hi, "min": lo, "mean": total / n, "l2norm": float(np.sqrt(squares)),
             "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
+
+
+def stats_row(x: np.ndarray, row: np.ndarray) -> None:
+    """tensor_stats of x into row[:7] (STAT_FIELDS' order, counts as floats) and its size
+    into row[7]: the C module's one pass where it takes the dtype."""
+    if x.size and native.enabled() and native.kind(x):
+        native.stats_into(x, row[:7])
+    else:
+        stats = tensor_stats(x)
+        row[:7] = [stats[f] for f in STAT_FIELDS]
+    row[7] = x.size
 
 
 def batch_stats(arrays) -> dict:

@@ -154,6 +154,51 @@ def test_index_statistics_are_the_files_and_a_stats_dump_writes_the_same(tmp_pat
     assert len(checked) > 200
 
 
+def test_a_statistics_dump_keeps_no_values_and_writes_what_a_tensor_dump_does(tmp_path,
+                                                                            monkeypatch):
+    """From its second step a statistics dump keeps no values: the run computes each value's
+    statistics as it makes it (the NPU in its rounding pass). Every step's index, on both
+    targets, holds the numbers a tensor dump of the same steps computes from the values, and
+    the step history the same loss scale, through an overflowed (skipped) step."""
+    from precision_tool.dump import dumper
+    kept = []
+    end_run = dumper.DumpObserver.end_run
+
+    def spy(self, session, trace):
+        kept.append((session.target, trace.outputs is not None))
+        return end_run(self, session, trace)
+    monkeypatch.setattr(dumper.DumpObserver, "end_run", spy)
+    opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.1),
+                                      pt.train.DynamicLossScaleManager(2.0 ** 10, 2, 1000))
+    m = pt.models.mlp(optimizer=opt)
+    d = pt.data.digits()
+    for data in ("tensor", "stats"):
+        root = str(tmp_path / data)
+        cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="allow_mix_precision"),
+                                        action="dump", data_dir=root, dump_data=data,
+                                        dump_step="all")
+        with pt.Session(m.graph, target="npu", config=cfg) as npu, \
+                hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root,
+                                dump_data=data, dump_step="all") as cpu:
+            for x in (d.x_train[:32], d.x_train[32:64], d.x_train[:32] * 3e4, d.x_train[64:96]):
+                for sess in (npu, cpu):
+                    sess.run([m.loss, m.train_op], {m.x: x, m.y: d.y_train[:32]})
+    assert kept[:8] == [("npu", True), ("cpu", True)] * 4                     # tensor dump
+    assert kept[8:] == [("npu", True), ("cpu", True)] + [("npu", False), ("cpu", False)] * 3
+    tensor_ws, stats_ws = Workspace(str(tmp_path / "tensor")), Workspace(str(tmp_path / "stats"))
+    stats = ["max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count"]
+    for target in ("npu", "cpu"):
+        for step in range(4):
+            want = tensor_ws.index(tensor_ws.run(target), step)
+            got = stats_ws.index(stats_ws.run(target), step)
+            assert list(want.tensor) == list(got.tensor) and list(want["shape"]) == list(got["shape"])
+            pd.testing.assert_frame_equal(want[stats], got[stats])
+    history = [ws.step_history(ws.run("npu")) for ws in (tensor_ws, stats_ws)]
+    pd.testing.assert_frame_equal(*history)
+    assert list(history[1]["loss_scale"]) == [1024.0, 1024.0, 1024.0, 512.0]
+    assert list(history[1]["finite"]) == [1, 1, 0, 1] and history[1]["status"][2] != 0
+
+
 def test_golden_and_npu_dumps_share_op_names(tmp_path):
     m = pt.models.transformer()
     npu, _ = _train(m, str(tmp_path), steps=1)

@@ -582,6 +582,49 @@ def test_rounding_onto_the_grid_in_one_pass_is_the_numpy_definition(monkeypatch,
         assert (got[np.isnan(conv)].view(np.uint32) == 0x7fc00000).all()
 
 
+def _float64_stats(x: np.ndarray) -> np.ndarray:
+    """The statistics row (numerics.stats_row's 8 numbers) by a float64 reference."""
+    with np.errstate(invalid="ignore"):
+        f = x.astype(np.float64).reshape(-1)
+    fin = f[np.isfinite(f)]
+    head = [fin.max(), fin.min(), fin.mean(), np.sqrt(np.dot(fin, fin))] if fin.size else [np.nan] * 4
+    return np.array(head + [np.isnan(f).sum(), np.isposinf(f).sum(), np.isneginf(f).sum(), f.size])
+
+
+@pytest.mark.parametrize("size", [0, 5, 17, 70_000])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("saturation", [False, True])
+def test_rounding_gives_the_statistics_of_what_it_stores(size, dtype, saturation):
+    """round_result's statistics (a statistics dump's, computed in the rounding pass) are
+    those the index computes from the stored value, bit for bit, and agree with a float64
+    reference; its value and overflow flag do not change for being asked."""
+    x = _grid_cases(size, seed=size + 1)
+    row = np.full(8, -1.0)
+    got, bad = numerics.round_result(x, dtype, saturation, stats=row)
+    plain, plain_bad = numerics.round_result(x, dtype, saturation)
+    assert bad == plain_bad and got.tobytes() == plain.tobytes()
+    want = np.empty(8)
+    want[:7] = native.stats([got])[0] if size else [np.nan] * 4 + [0] * 3
+    want[7] = size
+    assert np.array_equal(row, want, equal_nan=True)
+    ref = _float64_stats(got)
+    assert np.array_equal(row[[0, 1, 4, 5, 6, 7]], ref[[0, 1, 4, 5, 6, 7]], equal_nan=True)
+    assert np.allclose(row[2:4], ref[2:4], rtol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 33, 5000])
+def test_the_finite_check_finds_one_inf_or_nan_wherever_it_is(size):
+    """native.check (the float32 results' overflow check) looks at every element: the vector
+    body and the tail."""
+    x = np.linspace(-1e38, 3e38, size, dtype=np.float32)
+    assert native.check(x) is False
+    for where in sorted({0, size // 2, size - 1}):
+        for bad in (np.inf, -np.inf, np.nan):
+            y = x.copy()
+            y[where] = bad
+            assert native.check(y) is True, (where, bad)
+
+
 def test_rounding_a_scalar_keeps_its_shape():
     got, bad = numerics.round_result(np.array(7e4, np.float32), "float16", True)
     assert got.shape == () and float(got) == 65504.0 and bad

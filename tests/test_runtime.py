@@ -202,3 +202,83 @@ def test_integer_placeholders_accept_any_integer_that_fits():
     g, x, y, logits, loss, train = _linear()
     out = pt.Session(g).run(loss, {x: XV.tolist(), y: [1, 3]})
     assert np.isfinite(out)
+
+
+class _Watch:
+    """An observer that wants what it is told to want and keeps the last trace."""
+
+    def __init__(self, want):
+        self.want, self.trace = want, None
+
+    def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
+        return self.want
+
+    def end_run(self, session, trace):
+        self.trace = trace
+
+    def abort_run(self, session, error):
+        pass
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "transformer"])
+@pytest.mark.parametrize("target", ["npu", "cpu"])
+def test_a_statistics_only_run_keeps_no_values_and_has_each_ones_statistics(model, target):
+    """Observers that all ask for statistics only get a run that kept no values, with each
+    value's statistics in its row (plan.slots): those of the value a run that keeps them
+    made, bit for bit: every op's outputs (5HD ones as stored, padded), feeds, variables."""
+    from precision_tool import numerics
+    from precision_tool.runtime.plan import STATS_ONLY
+    m = getattr(pt.models, model)()
+    d = pt.data.digits()
+    values, stats = _Watch(True), _Watch(STATS_ONLY)
+    sessions = []
+    for watch in (values, stats):
+        sessions.append(pt.Session(m.graph, target=target))
+        sessions[-1].add_observer(watch)
+    for step in range(2):
+        feed = {m.x: d.x_train[8 * step:8 * step + 8], m.y: d.y_train[8 * step:8 * step + 8]}
+        for sess in sessions:
+            sess.run([m.loss, m.train_op], feed)
+    kept, table = values.trace, stats.trace
+    assert table.outputs is None and kept.stats is None
+    plan = kept.plan
+    want = np.full((plan.slots[""], 8), np.nan)
+    for node, outputs in zip(plan.nodes, kept.outputs):
+        for k, value in enumerate(outputs):
+            numerics.stats_row(value, want[plan.slots[node.name] + k])
+    for name, value in kept.feeds.items():
+        numerics.stats_row(value, want[plan.slots[name]])
+    assert np.array_equal(table.stats, want, equal_nan=True)
+    assert int(want[:, 7].sum()) > 1000
+    assert table.scalar(m.loss.name) == float(kept.value(m.loss.name))
+
+
+def test_values_are_kept_when_any_observer_needs_them():
+    from precision_tool.runtime.plan import STATS_ONLY
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    sess = pt.Session(m.graph, target="npu")
+    stats, values, idle = _Watch(STATS_ONLY), _Watch(True), _Watch(False)
+    for watch in (stats, values, idle):
+        sess.add_observer(watch)
+    sess.run(m.train_op, {m.x: d.x_train[:8], m.y: d.y_train[:8]})
+    assert stats.trace is values.trace and stats.trace.outputs is not None
+    assert idle.trace is None
+
+
+def test_a_scalar_is_read_back_from_its_statistics():
+    from precision_tool.runtime.plan import ExecutionPlan, RunTrace
+    g = pt.Graph("g")
+    with g.as_default():
+        pt.constant(np.ones((2, 3), np.float32), name="wide")
+    node = g.node("wide")
+    plan = ExecutionPlan((node,), ((),), frozenset())
+    trace = RunTrace(plan, None, {}, stats=np.zeros((1, 8)))
+    for row, want in (([5.5, 5.5, 5.5, 5.5, 0, 0, 0, 1], 5.5), ([np.nan] * 4 + [1, 0, 0, 1], None),
+                      ([np.nan] * 4 + [0, 1, 0, 1], np.inf), ([np.nan] * 4 + [0, 0, 1, 1], -np.inf)):
+        trace.stats[0] = row
+        got = trace.scalar("wide:0")
+        assert np.isnan(got) if want is None else got == want
+    trace.stats[0, 7] = 6
+    with pytest.raises(ValueError, match="holds 6 values"):
+        trace.scalar("wide:0")

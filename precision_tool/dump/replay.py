@@ -51,25 +51,30 @@ def config_dict(session) -> dict:
 
 def _layout(arrays: Dict[str, np.ndarray]):
     """The arrays as the .bin file holds them (C-contiguous numbers) and a key that is the
-    same while their names, dtypes and shapes are."""
-    key, buffers = [], []
-    for name, a in arrays.items():
-        if type(a) is not np.ndarray or not a.flags.c_contiguous:
-            a = np.asarray(a)
-            if a.dtype.hasobject:
-                raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
-            a = a if a.flags.c_contiguous else a.copy(order="C")
+    same while their names, dtypes and shapes are: (names, dtypes, shapes). Runs every dumped
+    step over every variable: whole-list passes, the per-array work only where needed."""
+    values = list(arrays.values())
+    if not all(type(a) is np.ndarray and a.flags.c_contiguous for a in values):
+        values = [_contiguous(name, a) for name, a in arrays.items()]
+    key = (tuple(arrays), tuple([a.dtype for a in values]), tuple([a.shape for a in values]))
+    if not all(d.kind in "biufc" for d in key[1]):
         # an extension dtype (bfloat16) exports no buffer: its bytes are written
-        buffers.append(a if a.dtype.kind in "biufc" else a.reshape(-1).view(np.uint8))
-        key.append((name, a.dtype.str, a.shape))
-    return tuple(key), buffers
+        values = [a if a.dtype.kind in "biufc" else a.reshape(-1).view(np.uint8) for a in values]
+    return key, values
+
+
+def _contiguous(name: str, a) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.hasobject:
+        raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def _entries_json(key, buffers) -> str:
     """replay.json's list of the arrays: name, dtype, shape, offset and size in the .bin."""
     entries, offset = [], 0
-    for (name, dtype, shape), a in zip(key, buffers):
-        entries.append({"name": name, "dtype": dtype, "shape": list(shape), "offset": offset,
+    for name, dtype, shape, a in zip(*key, buffers):
+        entries.append({"name": name, "dtype": dtype.str, "shape": list(shape), "offset": offset,
                         "nbytes": a.nbytes})
         offset += a.nbytes
     return json.dumps(entries)

@@ -90,6 +90,7 @@ class StepPlan:
         # where each tensor's value is (its first line): the lines after it read the same array
         self.where = [(rows[i].record, rows[i].side, rows[i].k) for i in first]
         self.shapes = [values[i].shape for i in first]
+        self.sizes = np.array([values[i].size for i in first], dtype=np.float64)
         self.index = index.freeze()
         self.names = names.freeze() if files else None
         unique = [values[i] for i in first]
@@ -147,10 +148,18 @@ class StepPlan:
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
                       stats)
 
+    def fill_stats(self, directory: str, stamps: Sequence[int], stats: np.ndarray) -> "Filled":
+        """fill() for a statistics dump given each tensor's statistics instead of its value
+        ((tensors, 7) float64, numerics.stats_row's first seven): nothing is left to read."""
+        return Filled(os.path.join(directory, layout.INDEX_FILE),
+                      np.asarray(stamps, dtype=np.int64), None, [], [], stats)
+
     def c_arrays(self, filled: "Filled", contiguous: bool = False) -> list:
         """The values as the C module's statistics take them: numpy's own floats as they are
         (contiguous: a strided one copied), bfloat16 as its bits, None where the statistics
         are given."""
+        if filled.values is None:
+            return [None] * len(self.where)
         if self.direct and not contiguous:
             return filled.values
         return [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
@@ -171,7 +180,10 @@ class StepPlan:
         more: other files of the step, (path, bytes) each; dirs, links and renames as
         writer.write_files makes them (dirs and links first, renames once every file is
         written)."""
-        if native.enabled():
+        if filled.values is None:
+            text = self.index.fill(filled.stamps, numerics.stats_text(
+                dict(zip(numerics.STAT_FIELDS, filled.stats.T))))
+        elif native.enabled():
             try:
                 text = native.index_text(self.c_arrays(filled), self.kinds, filled.stats,
                                          filled.stamps, self.index)
@@ -199,7 +211,7 @@ class Filled(NamedTuple):
     """A step's part of the plan, filled in by the training thread (see StepPlan.fill)."""
     index_path: str
     stamps: np.ndarray
-    values: list
+    values: list            # None when the statistics are given
     paths: list             # the tensor files (empty for a statistics dump)
     arrays: list            # what each holds (bfloat16 as float32)
     stats: object           # where the C module puts the statistics (None without it)

@@ -19,6 +19,7 @@ class CpuExecutor:
         self.graph = graph
         self.float_dtype = np.dtype(config.golden_dtype)
         self._constants: Dict[str, np.ndarray] = {}
+        self.stats = None          # the last run's statistics, when asked (see run)
 
     def initial_variables(self) -> Dict[str, np.ndarray]:
         """Variables start from their float32 (declared-dtype) values, whatever the golden dtype,
@@ -48,10 +49,26 @@ class CpuExecutor:
         return value.astype(self.run_dtype(dtype), copy=False)
 
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
-            variables: Dict[str, np.ndarray], step: int, trace=None) -> Dict[str, np.ndarray]:
+            variables: Dict[str, np.ndarray], step: int, trace=None,
+            stats: bool = False) -> Dict[str, np.ndarray]:
+        """Run the plan; trace: see run_plan; stats: fill the plan's StatsTable with every
+        value's statistics as it is made (self.stats: the table, until the next run)."""
         ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
-        return run_plan(plan, values, variables,
-                        lambda node: self._execute(node, values, variables, ctx), trace)
+        self.stats = None
+        if not stats:
+            return run_plan(plan, values, variables,
+                            lambda node: self._execute(node, values, variables, ctx), trace)
+        table = plan.stats_table
+        table.start(values, variables)
+
+        def execute(node):
+            outputs = self._execute(node, values, variables, ctx)
+            if node.type != "Variable":         # a variable's: StatsTable.start
+                table.passed(node.name, outputs)
+            return outputs
+        run_plan(plan, values, variables, execute, trace)
+        self.stats = table.table
+        return values
 
     def _execute(self, node, values, variables, ctx):
         source = read_source(node, values, variables)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Dict, FrozenSet, List, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
+from .. import native, numerics
 from ..graph import Graph, split_tensor_name
 from ..graph.ir import Node
 
@@ -21,6 +22,26 @@ class ExecutionPlan:
     def producers(self) -> Dict[str, int]:
         """node name -> its index in nodes (where a RunTrace finds a node's outputs)"""
         return {node.name: i for i, node in enumerate(self.nodes)}
+
+    @cached_property
+    def stats_table(self) -> "StatsTable":
+        """Where its runs put their values' statistics (see StatsTable)."""
+        return StatsTable(self)
+
+    @cached_property
+    def slots(self) -> Dict[str, int]:
+        """Where a run's statistics (RunTrace.stats) put each value: node name -> the row of
+        its first output (its outputs follow), and each feed by tensor name (after every
+        node's outputs, in sorted order); "" -> the number of rows."""
+        out, at = {}, 0
+        for node in self.nodes:
+            out[node.name] = at
+            at += len(node.outputs)
+        for name in sorted(self.fed):
+            out[name] = at
+            at += 1
+        out[""] = at
+        return out
 
 
 def build_plan(graph: Graph, fetch_nodes: List[str], fetch_tensors: List[str],
@@ -83,14 +104,84 @@ def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, trace=
     return values
 
 
+class StatsTable:
+    """Where a run of one plan puts every value's statistics (RunTrace.stats: a row per value,
+    plan.slots; numerics.stats_row's 8 numbers), filled by the executor as it makes the
+    values, so that none has to be kept. Made once per plan (ExecutionPlan.stats_table) and
+    refilled by each of its runs: a step asks for hundreds of rows.
+
+    start(): the feeds' and variables' rows, in one call (the values a run reads are there
+    when it starts); rows(node): the rows of the results an executor computes, for it to fill
+    (the NPU's rounding pass does it on the way); passed(node, outputs): values an op makes
+    without computing (a constant, the variables behind a closed gate)."""
+
+    def __init__(self, plan: "ExecutionPlan"):
+        self.slots = plan.slots
+        self.table = np.empty((self.slots[""], 8))
+        self._rows = {node.name: [self.table[self.slots[node.name] + k]
+                                  for k in range(len(node.outputs))] for node in plan.nodes}
+        self._fed = sorted(plan.fed)
+        self._variables = [node.name for node in plan.nodes if node.type == "Variable"]
+        self._at = np.array([self.slots[name] for name in self._fed + self._variables],
+                            dtype=np.intp)
+        self._dtypes = None             # the sources' dtypes, and which the C module takes
+        self._c, self._kinds, self._other = [], "", []
+
+    def start(self, values: Dict, variables: Dict) -> None:
+        arrays = [values[name] for name in self._fed] + [variables[name] for name in self._variables]
+        dtypes = [a.dtype for a in arrays]
+        if dtypes != self._dtypes:
+            self._dtypes = dtypes
+            # numpy's floats go to the C module in one call (bfloat16 exports no buffer)
+            kinds = [native.kind(a) if native.enabled() else None for a in arrays]
+            self._c = [i for i, k in enumerate(kinds) if k and k in "efd"]
+            self._kinds = "".join(kinds[i] for i in self._c)
+            self._other = [i for i, k in enumerate(kinds) if not (k and k in "efd")]
+        others = self._other
+        if self._c:
+            taken = [arrays[i] for i in self._c]
+            try:
+                rows = self._at[self._c]
+                self.table[rows, :7] = native.stats_of(taken, self._kinds)
+                self.table[rows, 7] = [a.size for a in taken]
+            except (BufferError, ValueError):       # a strided one: each as stats_row takes it
+                others = range(len(arrays))
+        for i in others:
+            numerics.stats_row(arrays[i], self.table[self._at[i]])
+
+    def rows(self, node: str) -> list:
+        return self._rows[node]
+
+    def passed(self, node: str, outputs) -> None:
+        for out, row in zip(outputs, self._rows[node]):
+            numerics.stats_row(out, row)
+
+
+STATS_ONLY = "stats"     # what an observer's begin_run returns to be given statistics only
+
+
 class RunTrace:
     """What one run computed, for observers: `outputs[i]` is the list of plan.nodes[i]'s
     outputs, `feeds` the fed values by tensor name, `tasks` the NPU's kernel launches in
     order (None on the CPU). Executors never modify an array after producing it, so the
-    trace holds each value as it was when its op ran."""
+    trace holds each value as it was when its op ran.
 
-    def __init__(self, plan: ExecutionPlan, outputs: List[list], feeds: Dict, tasks=None):
+    A run whose observers all asked for statistics only (STATS_ONLY) keeps no values:
+    `outputs` is None and `stats` holds, per value (its row: plan.slots), numerics.stats_row's
+    8 numbers, computed as the values were made. The table is the plan's (StatsTable), refilled
+    by its next run: an observer copies what it keeps."""
+
+    def __init__(self, plan: ExecutionPlan, outputs: Optional[List[list]], feeds: Dict,
+                 tasks=None, stats: Optional[np.ndarray] = None):
         self.plan, self.outputs, self.feeds, self.tasks = plan, outputs, feeds, tasks
+        self.stats = stats
+
+    def row(self, tensor: str) -> int:
+        """A tensor's row in stats."""
+        if tensor in self.feeds:
+            return self.plan.slots[tensor]
+        node, _, k = tensor.rpartition(":")
+        return self.plan.slots[node] + int(k)
 
     def value(self, tensor: str):
         """A tensor's value: a feed, or the output of its producer."""
@@ -98,6 +189,15 @@ class RunTrace:
             return self.feeds[tensor]
         node, _, k = tensor.rpartition(":")
         return self.outputs[self.plan.producers[node]][int(k)]
+
+    def scalar(self, tensor: str) -> float:
+        """The value of a one-element tensor, from its value or from its statistics."""
+        if self.outputs is not None or tensor in self.feeds:
+            return float(np.asarray(self.value(tensor)).reshape(-1)[0])
+        hi, _, _, _, nan, pos, neg, size = self.stats[self.row(tensor)]
+        if size != 1:
+            raise ValueError(f"{tensor!r} holds {int(size)} values, not one")
+        return float("nan") if nan else float("inf") if pos else float("-inf") if neg else float(hi)
 
     def records(self):
         """(node, inputs, outputs, task) for every op run, in order; task: the node's

@@ -11,7 +11,7 @@ from ..graph.ir import Node
 from .config import SessionConfig
 from .cpu import CpuExecutor
 from .npu.executor import NpuExecutor
-from .plan import RunTrace
+from .plan import STATS_ONLY, RunTrace
 
 _EXECUTORS = {"cpu": CpuExecutor, "npu": NpuExecutor}
 
@@ -45,7 +45,10 @@ class Session:
         """Watch runs: `begin_run(session, feeds, fetch_tensors, fetch_nodes) -> bool` (whether
         to watch this one), then `end_run(session, trace)` with the run's RunTrace (every op's
         outputs, the feeds, the NPU's tasks) before run() returns, or `abort_run(session,
-        error)` if it fails. Watching costs the run one list append per op."""
+        error)` if it fails. Watching costs the run one list append per op. An observer
+        that needs only each value's statistics returns STATS_ONLY from begin_run: when every
+        watching observer does, the run keeps no values and its trace holds their
+        statistics instead (RunTrace.stats), computed as the values are made."""
         self._observers.append(observer)
 
     def __enter__(self):
@@ -74,17 +77,20 @@ class Session:
         if plan is None:
             plan = self._plans[key] = self._executor.plan(fetch_tensors, fetch_nodes,
                                                           frozenset(feeds))
-        watching = [o for o in self._observers
-                    if o.begin_run(self, feeds, fetch_tensors, fetch_nodes)]
-        trace = [] if watching else None
+        wants = [(o, o.begin_run(self, feeds, fetch_tensors, fetch_nodes)) for o in self._observers]
+        watching = [o for o, want in wants if want]
+        stats = bool(watching) and all(want == STATS_ONLY for _, want in wants if want)
+        trace = [] if watching and not stats else None
         try:
-            values = self._executor.run(plan, dict(feeds), self._variables, self.step, trace)
+            values = self._executor.run(plan, dict(feeds), self._variables, self.step, trace,
+                                        stats)
         except BaseException as e:
             for o in watching:
                 o.abort_run(self, e)
             raise
         if watching:
-            run = RunTrace(plan, trace, feeds, getattr(self._executor, "tasks", None))
+            run = RunTrace(plan, trace, feeds, getattr(self._executor, "tasks", None),
+                           self._executor.stats if stats else None)
             for o in watching:
                 o.end_run(self, run)
         self.step += 1

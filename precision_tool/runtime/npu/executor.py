@@ -96,6 +96,7 @@ class NpuExecutor:
         self._constants: Dict[str, np.ndarray] = {}
         self._memory_checked = set()     # (plan, batch size) pairs that fit
         self.tasks: List[Task] = []
+        self.stats: Optional[np.ndarray] = None
 
     # -- the Session's side ---------------------------------------------------------------
     def initial_variables(self) -> Dict[str, np.ndarray]:
@@ -143,25 +144,35 @@ class NpuExecutor:
                 f"is not an output of it; switch the pass off to fetch it")
 
     # -- running --------------------------------------------------------------------------
-    def run(self, plan: ExecutionPlan, values, variables, step: int, trace=None):
+    def run(self, plan: ExecutionPlan, values, variables, step: int, trace=None,
+            stats: bool = False):
+        """Run the plan; trace: see run_plan; stats: fill the plan's StatsTable with every
+        value's statistics, each result's in its rounding pass (self.stats: the table, until
+        the next run)."""
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
         self._in_c = native.enabled()        # asked once a run: it reads the environment
         tasks: List[Task] = []
         self.tasks = tasks
+        table = plan.stats_table if stats else None
+        if table is not None:
+            table.start(values, variables)
         run_plan(plan, values, variables,
-                 lambda node: self._execute(node, values, variables, ctx, tasks), trace)
+                 lambda node: self._execute(node, values, variables, ctx, tasks, table), trace)
+        self.stats = None if table is None else table.table
         return values
 
-    def _execute(self, node, values, variables, ctx, tasks):
+    def _execute(self, node, values, variables, ctx, tasks, table):
         source = read_source(node, values, variables)
-        if source is not None:
+        if source is not None:          # its statistics: StatsTable.start
             return source
         t = node.type
         if t == "Const":
             if node.name not in self._constants:
                 c = registry.get("Const").kernel([], node.attrs, ctx)
                 self._constants[node.name] = self.cast_in(c, node.outputs[0].dtype)
+            if table is not None:
+                table.passed(node.name, [self._constants[node.name]])
             return [self._constants[node.name]]
         step = self._steps.get(node.name) or self._prepare(node)
         inputs = [values[i] for i in step.inputs]
@@ -170,13 +181,17 @@ class NpuExecutor:
             if not inputs[-1]:
                 if step.task_id:
                     tasks.append(Task(node.name, t, step.task_id, 0, launched, 0))
-                return [inputs[pos] for pos in step.op.updates]
+                outputs = [inputs[pos] for pos in step.op.updates]
+                if table is not None:
+                    table.passed(node.name, outputs)
+                return outputs
             inputs = inputs[:-1]
         ctx.status = 0
+        rows = None if table is None else table.rows(node.name)
         if step.cast_to is not None:
-            outputs = [self._cast(inputs[0], step.cast_to, ctx)]
+            outputs = [self._cast(inputs[0], step.cast_to, ctx, None if rows is None else rows[0])]
         else:
-            outputs = self._compute(step, inputs, ctx)
+            outputs = self._compute(step, inputs, ctx, rows)
         if step.task_id:
             tasks.append(Task(node.name, t, step.task_id, 0, launched, ctx.status))
             ctx.float_status |= ctx.status
@@ -202,7 +217,7 @@ class NpuExecutor:
         self._steps[node.name] = step
         return step
 
-    def _compute(self, step: _Step, inputs, ctx):
+    def _compute(self, step: _Step, inputs, ctx, rows=None):
         for k in step.from_5hd:
             x = inputs[k]
             spec = self.graph.tensor(step.inputs[k]).spec
@@ -219,35 +234,47 @@ class NpuExecutor:
                                  f"its compiled node declares {len(step.out_dtypes)}")
         outputs = []
         for k, (r, dt) in enumerate(zip(raw, step.out_dtypes)):
-            out = self._round(r, dt, inputs, ctx, step.is_cube)
-            if k in step.to_5hd:
-                out = numerics.nchw_to_5hd(out)
+            row = None if rows is None else rows[k]
+            if k in step.to_5hd:        # its statistics are the stored (padded) tensor's
+                out = numerics.nchw_to_5hd(self._round(r, dt, inputs, ctx, step.is_cube))
+                if row is not None:
+                    numerics.stats_row(out, row)
+            else:
+                out = self._round(r, dt, inputs, ctx, step.is_cube, row)
             outputs.append(out)
         return outputs
 
-    def _round(self, r, dtype: str, inputs, ctx, is_cube):
-        """Round a kernel result to its output dtype; status and saturation as the hardware."""
+    def _round(self, r, dtype: str, inputs, ctx, is_cube, row=None):
+        """Round a kernel result to its output dtype; status and saturation as the hardware.
+        row: where the rounded value's statistics go (numerics.stats_row), or None."""
         if dtype not in dtypes.FLOAT_DTYPES:
-            return r.astype(_np(dtype), copy=False)
+            out = r.astype(_np(dtype), copy=False)
+            if row is not None:
+                numerics.stats_row(out, row)
+            return out
         r = r.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(r, dtype, self.saturation, self._in_c)
+        out, overflowed = numerics.round_result(r, dtype, self.saturation, self._in_c, row)
         if overflowed and _all_finite(inputs):      # born here, not carried in
             raw_bad = not np.isfinite(r).all()
             ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
                            else numerics.STATUS_FLOAT_OVERFLOW)
         return out
 
-    def _cast(self, x, dtype: str, ctx):
+    def _cast(self, x, dtype: str, ctx, row=None):
         if dtype not in dtypes.FLOAT_DTYPES:
             target = _np(dtype)
             if target.kind in "iu" and x.dtype.kind == "f":
                 info = np.iinfo(target)
                 if x.size and (not np.isfinite(x).all() or x.min() < info.min or x.max() > info.max):
                     ctx.status |= numerics.STATUS_FLOAT_TO_INT
-                return x.astype(np.float64).astype(target)
-            return x.astype(target)
+                out = x.astype(np.float64).astype(target)
+            else:
+                out = x.astype(target)
+            if row is not None:
+                numerics.stats_row(out, row)
+            return out
         x = x.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(x, dtype, self.saturation, self._in_c)
+        out, overflowed = numerics.round_result(x, dtype, self.saturation, self._in_c, row)
         if overflowed and np.isfinite(x).all():
             ctx.status |= numerics.STATUS_CAST_OVERFLOW
         return out
