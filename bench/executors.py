@@ -5,8 +5,10 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up; the floor under both (an observer that only keeps
-  each step's outputs until the next step ends); and the writer thread's CPU time per step;
+  time includes the writer catching up; the floor under a tensor dump (an observer that only
+  keeps each step's outputs until the next step ends) and under a statistics dump (one that
+  only asks for the values' statistics, which the run computes as it makes them); and the
+  writer thread's CPU time per step;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
 import dataclasses
@@ -18,6 +20,7 @@ import time
 
 import precision_tool as pt
 from precision_tool import hooks
+from precision_tool.runtime.plan import STATS_ONLY
 
 REPEATS, STEPS = 5, 8
 # OpenBLAS keeps its idle threads spinning for about 0.1 s after a call: a block measured
@@ -75,15 +78,29 @@ class _KeepSteps:
         self.kept = None
 
 
+class _StatsOnly(_KeepSteps):
+    """The floor of a statistics dump: an observer that asks for the values' statistics
+    (the run computes them as it makes each value and keeps none) and does nothing else."""
+
+    @staticmethod
+    def attach(session):
+        return _StatsOnly()
+
+    def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
+        return STATS_ONLY
+
+
 def dump_overhead(digits, where, batch):
-    """Step time of a tensor dump, a stats dump and of _KeepSteps, each ÷ no dump."""
+    """Step time of a tensor dump, a stats dump, _KeepSteps and _StatsOnly, each ÷ no dump."""
     m = pt.models.transformer()
     root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
     try:
         base = pt.SessionConfig()
         sessions = {"none": pt.Session(m.graph, target="npu", config=base),
                     "kept": pt.Session(m.graph, target="npu",
-                                       config=dataclasses.replace(base, observers=(_KeepSteps,)))}
+                                       config=dataclasses.replace(base, observers=(_KeepSteps,))),
+                    "counted": pt.Session(m.graph, target="npu",
+                                          config=dataclasses.replace(base, observers=(_StatsOnly,)))}
         for data in ("tensor", "stats"):
             cfg = hooks.session_dump_config(base, action="dump", dump_step="all", dump_data=data,
                                             data_dir=root)
@@ -99,7 +116,7 @@ def dump_overhead(digits, where, batch):
                 sess.close()
                 samples[k].append((time.perf_counter() - start) / STEPS)
         t = {k: statistics.median(v) for k, v in samples.items()}
-        return t["tensor"] / t["none"], t["stats"] / t["none"], t["kept"] / t["none"]
+        return tuple(t[k] / t["none"] for k in ("tensor", "stats", "kept", "counted"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

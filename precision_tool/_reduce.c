@@ -871,6 +871,77 @@ done:
     return result;
 }
 
+/* stats_rows(arrays, kinds, table, rows): the statistics of arrays[i] (numpy's float of
+ * kind kinds[i], C-contiguous; '.' leaves it to the caller) and its size into row rows[i]
+ * of table (8 float64 a row), as grid() writes them. Returns False, writing nothing, when an
+ * array is not what its kind says or not contiguous: the caller works the kinds out anew. */
+static PyObject *py_stats_rows(PyObject *self, PyObject *args)
+{
+    PyObject *arrays, *seq;
+    const char *kinds;
+    Py_ssize_t nkinds;
+    Py_buffer table, rows;
+    if (!PyArg_ParseTuple(args, "Os#w*y*", &arrays, &kinds, &nkinds, &table, &rows)) return NULL;
+    PyObject *result = NULL;
+    Py_buffer *views = NULL;
+    Py_ssize_t n = 0, got = 0, k;
+    seq = PySequence_Fast(arrays, "arrays must be a sequence");
+    if (!seq) goto done;
+    n = PySequence_Fast_GET_SIZE(seq);
+    const int64_t *row = rows.buf;
+    Py_ssize_t nrows = table.len / (8 * (Py_ssize_t)sizeof(double));
+    if (nkinds != n || rows.len != n * 8 || table.len % (8 * sizeof(double))) {
+        PyErr_SetString(PyExc_ValueError, "stats_rows: one kind and one int64 row per array, "
+                        "8 float64 a table row");
+        goto done;
+    }
+    for (k = 0; k < n; k++)
+        if (row[k] < 0 || row[k] >= nrows) {
+            PyErr_SetString(PyExc_ValueError, "stats_rows: a row outside the table");
+            goto done;
+        }
+    views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    if (!views) { PyErr_NoMemory(); goto done; }
+    for (got = 0; got < n; got++) {
+        if (kinds[got] == '.') continue;
+        Py_buffer *v = &views[got];
+        if (!itemsize(kinds[got]) || kinds[got] == 'b' ||
+            PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), v,
+                               PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            PyErr_Clear();
+            v->obj = NULL;
+            result = Py_False;
+            goto done;
+        }
+        const char *fmt = v->format ? v->format : "B";
+        if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') fmt++;
+        if (fmt[0] != kinds[got] || fmt[1] || v->itemsize != itemsize(kinds[got])) {
+            PyBuffer_Release(v);
+            v->obj = NULL;
+            result = Py_False;
+            goto done;
+        }
+    }
+    double *t = table.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < n; k++) {
+        if (!views[k].obj) continue;
+        Py_ssize_t m = views[k].len / views[k].itemsize;
+        tensor_stats(views[k].buf, kinds[k], m, t + 8 * row[k]);
+        t[8 * row[k] + 7] = (double)m;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_True;
+done:
+    for (k = 0; k < got && views; k++) if (views[k].obj) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&rows);
+    Py_XINCREF(result);
+    return result;
+}
+
 static int parse_pair(PyObject *args, Py_buffer *x, Py_buffer *y, char *kinds,
                       Py_ssize_t *start, Py_ssize_t *stop, PyObject **ranges)
 {
@@ -2056,6 +2127,9 @@ static PyMethodDef methods[] = {
      "grid(x, out, kind, saturation, stats=None): the float32 x rounded onto the float16 ('e') "
      "or bfloat16 ('b') grid into out, saturated if asked (kind 'f', out None: x as it is); "
      "stats: 8 float64 for the result's statistics and size; whether a result was inf or nan."},
+    {"stats_rows", py_stats_rows, METH_VARARGS,
+     "stats_rows(arrays, kinds, table, rows): each array's statistics and size into its row "
+     "of table (8 float64 a row); False, writing nothing, where an array is not of its kind."},
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,

@@ -85,12 +85,11 @@ def stats(arrays) -> np.ndarray:
     return out
 
 
-def stats_of(arrays, kinds: str) -> np.ndarray:
-    """stats() of arrays whose kinds are known (numpy floats, C-contiguous: a strided one
-    raises BufferError)."""
-    out = np.empty((len(arrays), 7))
-    _reduce.stats(arrays, kinds, out)
-    return out
+def stats_rows(arrays, kinds: str, table: np.ndarray, rows: np.ndarray) -> bool:
+    """Each array's statistics (as stats() gives them) and size into its row of table
+    ((rows, 8) float64), where kinds names a kind ('.' skips the array). False, writing
+    nothing, when an array is not of the kind named or is strided."""
+    return _reduce.stats_rows(arrays, kinds, table, rows)
 
 
 def stats_into(a: np.ndarray, out: np.ndarray) -> None:

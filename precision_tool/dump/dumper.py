@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import functools
 import json
+import operator
 import os
 import platform
 import time
@@ -48,6 +50,7 @@ NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", 
 CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
                "file"] + _STATS
 PARTIAL = ".partial"
+_STATUS, _TIMESTAMP = operator.attrgetter("status"), operator.attrgetter("timestamp")
 _STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
 
 
@@ -117,6 +120,10 @@ class DumpObserver:
             raise write_error(e) from None
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.graph = session.compiled.graph if self.npu else session.graph
+        # where the step directories go (each named by its number)
+        self._steps_dir = os.path.join(self.run_dir, "dump", self.started, "0",
+                                       layout.mangle(self.graph.name), "0", "") \
+            if self.npu else os.path.join(self.run_dir, "dump", "")
         self.source = session.graph
         self.dumped_steps: List[int] = []
         self.history: List[str] = []       # step_history.csv rows of every observed step
@@ -171,11 +178,7 @@ class DumpObserver:
         number = session.step
         if not (acts & {"dump", "overflow"}) or not self.settings.wants_step(number):
             return False
-        if self.npu:
-            path = os.path.join(self.run_dir, "dump", self.started, "0",
-                                layout.mangle(self.graph.name), "0", str(number))
-        else:
-            path = os.path.join(self.run_dir, "dump", str(number))
+        path = self._steps_dir + str(number)
         inputs = (tuple(fetch_tensors), tuple(fetch_nodes),
                   tuple((name, v.shape, v.dtype) for name, v in sorted(feeds.items())))
         self._step = _Step(number, path, "dump" in acts, inputs)
@@ -205,8 +208,7 @@ class DumpObserver:
             st.loss_scale = (trace.scalar(node.inputs[0]), trace.scalar(f"{node.name}:0"),
                              bool(trace.scalar(node.inputs[4])))
         if self.npu:
-            for task in trace.tasks:
-                st.status |= task.status
+            st.status = functools.reduce(operator.or_, map(_STATUS, trace.tasks), 0)
         scale = ",".join(map(repr, st.loss_scale[:2])) + f",{int(st.loss_scale[2])}" \
             if st.loss_scale else ",,"
         self.history.append(f"{st.number},{st.status},{scale}")
@@ -381,8 +383,8 @@ class DumpObserver:
         if values is None:
             plan, values, stamps = self._new_plan(key, st, trace, traced, stamp, mode, tensor_mode)
         elif self.npu:
-            launches = trace.tasks
-            stamps = [launches[t].timestamp for t in reuse.tasks]
+            stamps = np.fromiter(map(_TIMESTAMP, map(trace.tasks.__getitem__, reuse.tasks)),
+                                 np.int64, len(reuse.tasks))
         else:
             stamps = [stamp] * reuse.records
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")

@@ -13,6 +13,7 @@ nothing is ever unpickled.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import dataclass, fields
 from typing import Dict, NamedTuple, Optional
@@ -49,15 +50,24 @@ def config_dict(session) -> dict:
     return out
 
 
+_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
+_DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
+
+
 def _layout(arrays: Dict[str, np.ndarray]):
     """The arrays as the .bin file holds them (C-contiguous numbers) and a key that is the
     same while their names, dtypes and shapes are: (names, dtypes, shapes). Runs every dumped
-    step over every variable: whole-list passes, the per-array work only where needed."""
+    step over every variable: whole-list passes in C (map), the per-array work only where
+    needed."""
     values = list(arrays.values())
-    if not all(type(a) is np.ndarray and a.flags.c_contiguous for a in values):
+    try:
+        plain = all(map(_C_CONTIGUOUS, values))
+    except AttributeError:          # not an array
+        plain = False
+    if not plain:
         values = [_contiguous(name, a) for name, a in arrays.items()]
-    key = (tuple(arrays), tuple([a.dtype for a in values]), tuple([a.shape for a in values]))
-    if not all(d.kind in "biufc" for d in key[1]):
+    key = (tuple(arrays), tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
+    if not all(d.kind in "biufc" for d in frozenset(key[1])):
         # an extension dtype (bfloat16) exports no buffer: its bytes are written
         values = [a if a.dtype.kind in "biufc" else a.reshape(-1).view(np.uint8) for a in values]
     return key, values
@@ -95,30 +105,38 @@ class BundleWriter:
     def __init__(self, session):
         self.graph = (graph_to_json(session.graph) + "\n").encode("utf-8")
         self.config = json.dumps(config_dict(session))
-        self._entries: Dict[str, tuple] = {}       # "variables", "feeds" -> (key, JSON)
+        self._head = (None, "", "")                # (fetches, replay.json before and after
+                                                   # the session step)
+        self._tail = (None, b"")                   # (arrays' keys, the rest of replay.json)
         self._graph_file: Optional[str] = None     # the last bundle's graph.json
 
-    def _entries_of(self, kind: str, key, buffers) -> str:
-        known = self._entries.get(kind)
-        if known is None or known[0] != key:
-            known = self._entries[kind] = (key, _entries_json(key, buffers))
-        return known[1]
+    def _meta(self, session, fetch_tensors, fetch_nodes, laid_out) -> bytes:
+        """replay.json: only the session step changes from step to step of a training loop;
+        the rest is encoded once for each set of fetches and of arrays' names, dtypes and
+        shapes."""
+        head_key = (session.target, tuple(fetch_tensors), tuple(fetch_nodes))
+        tail_key = tuple(key for key, _ in laid_out.values())
+        if self._head[0] != head_key:
+            rest = json.dumps({"target": session.target, "fetch_tensors": list(fetch_tensors),
+                               "fetch_nodes": list(fetch_nodes)})
+            self._head = (head_key, f'{{"version": {BUNDLE_VERSION}, "session_step": ',
+                          f", {rest[1:-1]}")
+        if self._tail[0] != tail_key:
+            entries = "".join(f', "{kind}": {_entries_json(key, buffers)}'
+                              for kind, (key, buffers) in laid_out.items())
+            self._tail = (tail_key, f'{entries}, "config": {self.config}}}\n'.encode("utf-8"))
+        _, before, after = self._head
+        return f"{before}{int(session.step)}{after}".encode("utf-8") + self._tail[1]
 
     def files(self, path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors,
               fetch_nodes) -> "BundleFiles":
         """The step's bundle as files to write into a partial directory renamed into place
         when complete: taken now, on the training thread (references: nothing is modified
         later), written by the dump's writer with the step's own files."""
-        head = {"version": BUNDLE_VERSION, "session_step": session.step,
-                "target": session.target, "fetch_tensors": list(fetch_tensors),
-                "fetch_nodes": list(fetch_nodes)}
         laid_out = {"variables": _layout(session.variables(copy=False)), "feeds": _layout(feeds)}
-        entries = "".join(f', "{kind}": {self._entries_of(kind, *arrays)}'
-                          for kind, arrays in laid_out.items())
-        meta = f'{json.dumps(head)[:-1]}{entries}, "config": {self.config}}}\n'
         partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
         files = [(f"{kind}.bin", tuple(buffers)) for kind, (_, buffers) in laid_out.items()]
-        files.append(("replay.json", meta.encode("utf-8")))
+        files.append(("replay.json", self._meta(session, fetch_tensors, fetch_nodes, laid_out)))
         # within a run, graph.json is a hard link to the previous bundle's (which the writer,
         # working in order, has renamed into place by then), or written where that fails
         link = (self._graph_file or os.path.join(partial, "graph.json"),

@@ -123,29 +123,25 @@ class StatsTable:
         self._fed = sorted(plan.fed)
         self._variables = [node.name for node in plan.nodes if node.type == "Variable"]
         self._at = np.array([self.slots[name] for name in self._fed + self._variables],
-                            dtype=np.intp)
-        self._dtypes = None             # the sources' dtypes, and which the C module takes
-        self._c, self._kinds, self._other = [], "", []
+                            dtype=np.int64)
+        # per source, its kind where the C module takes it in one call, "." where not; the
+        # sources it leaves (ints, bools, bfloat16; all without the C module)
+        self._kinds, self._other = None, []
 
     def start(self, values: Dict, variables: Dict) -> None:
         arrays = [values[name] for name in self._fed] + [variables[name] for name in self._variables]
-        dtypes = [a.dtype for a in arrays]
-        if dtypes != self._dtypes:
-            self._dtypes = dtypes
-            # numpy's floats go to the C module in one call (bfloat16 exports no buffer)
-            kinds = [native.kind(a) if native.enabled() else None for a in arrays]
-            self._c = [i for i, k in enumerate(kinds) if k and k in "efd"]
-            self._kinds = "".join(kinds[i] for i in self._c)
-            self._other = [i for i, k in enumerate(kinds) if not (k and k in "efd")]
-        others = self._other
-        if self._c:
-            taken = [arrays[i] for i in self._c]
-            try:
-                rows = self._at[self._c]
-                self.table[rows, :7] = native.stats_of(taken, self._kinds)
-                self.table[rows, 7] = [a.size for a in taken]
-            except (BufferError, ValueError):       # a strided one: each as stats_row takes it
-                others = range(len(arrays))
+        if native.enabled():
+            # the kinds are worked out again only when an array is not of the kind it had
+            if self._kinds is None or not native.stats_rows(arrays, self._kinds, self.table,
+                                                            self._at):
+                kinds = [native.kind(a) for a in arrays]
+                self._kinds = "".join(k if k in ("e", "f", "d") else "." for k in kinds)
+                self._other = [i for i, k in enumerate(self._kinds) if k == "."]
+                if not native.stats_rows(arrays, self._kinds, self.table, self._at):
+                    self._kinds, self._other = None, range(len(arrays))     # a strided one
+            others = self._other
+        else:
+            self._kinds, others = None, range(len(arrays))
         for i in others:
             numerics.stats_row(arrays[i], self.table[self._at[i]])
 

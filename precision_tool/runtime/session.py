@@ -1,7 +1,8 @@
 """Session: runs a graph on a target, keeping variable state across steps."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from types import MappingProxyType
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -189,10 +190,14 @@ class Session:
         return {self.graph.name: out}
 
     # -- state --------------------------------------------------------------------------------
-    def variables(self, copy: bool = True) -> Dict[str, np.ndarray]:
-        """Every variable's current value, by name: copies, or (copy=False, for writers that
-        only read) the session's own arrays, which a step replaces but never modifies."""
-        return {k: (v.copy() if copy else v) for k, v in self._variables.items()}
+    def variables(self, copy: bool = True) -> Mapping[str, np.ndarray]:
+        """Every variable's current value, by name: copies, or (copy=False, for readers that
+        keep them or write them out) a read-only view of the session's own arrays, which a
+        step replaces but never modifies (the view follows the session: take the values you
+        keep out of it)."""
+        if not copy:
+            return MappingProxyType(self._variables)
+        return {k: v.copy() for k, v in self._variables.items()}
 
     def load_variables(self, values: Dict[str, np.ndarray], exact: bool = False) -> None:
         """Overwrite variables by name; shapes must match; values are rounded to the variable's
