@@ -625,6 +625,34 @@ def test_the_finite_check_finds_one_inf_or_nan_wherever_it_is(size):
             assert native.check(y) is True, (where, bad)
 
 
+def test_stats_rows_fills_the_named_rows_or_nothing():
+    """stats_rows (a statistics-only run's sources) writes each array's statistics and size
+    into its row, skips '.', and writes nothing, saying False, when an array is not of the
+    kind named or is strided; rows outside the table are refused."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(37).astype(np.float32), np.float16([1, -2, np.inf]),
+              rng.standard_normal((4, 5)), np.arange(6, dtype=np.int32), np.empty(0, np.float32)]
+    table = np.full((7, 8), -7.0)
+    rows = np.array([6, 0, 3, 1, 4], dtype=np.int64)
+    assert native.stats_rows(arrays, "fed.f", table, rows) is True
+    for a, r in zip(arrays, rows):
+        if a.dtype == np.int32:
+            assert (table[r] == -7.0).all()
+            continue
+        want = np.append(native.stats([a])[0] if a.size else [np.nan] * 4 + [0] * 3, a.size)
+        assert np.array_equal(table[r], want, equal_nan=True), a.dtype
+    assert (table[[2, 5]] == -7.0).all()
+    before = table.copy()
+    for kinds, arrs in (("ffd.f", arrays), ("fed.f", [arrays[0], arrays[1], arrays[2][:, ::2],
+                                                        arrays[3], arrays[4]])):
+        assert native.stats_rows(arrs, kinds, table, rows) is False
+        assert np.array_equal(table, before, equal_nan=True)
+    with pytest.raises(ValueError, match="outside the table"):
+        native.stats_rows(arrays, "fed.f", table, np.array([6, 0, 3, 1, 7], dtype=np.int64))
+    with pytest.raises(ValueError, match="one kind"):
+        native.stats_rows(arrays, "fe", table, rows)
+
+
 def test_rounding_a_scalar_keeps_its_shape():
     got, bad = numerics.round_result(np.array(7e4, np.float32), "float16", True)
     assert got.shape == () and float(got) == 65504.0 and bad

@@ -282,3 +282,26 @@ def test_a_scalar_is_read_back_from_its_statistics():
     trace.stats[0, 7] = 6
     with pytest.raises(ValueError, match="holds 6 values"):
         trace.scalar("wide:0")
+
+
+def test_a_statistics_only_run_takes_strided_and_integer_sources():
+    """The sources' statistics come in one C call where it can; a strided variable (load_variables
+    keeps a view it need not convert) and integer feeds go the slower way, to the same numbers."""
+    from precision_tool import numerics
+    from precision_tool.runtime.plan import STATS_ONLY
+    g, x, y, logits, loss, train = _linear()
+    sess = pt.Session(g, target="npu")
+    watch = _Watch(STATS_ONLY)
+    sess.add_observer(watch)
+    wide = np.arange(24, dtype=np.float32).reshape(3, 8) / 10
+    sess.load_variables({"fc/kernel": wide[:, ::2]})
+    assert not sess.variables(copy=False)["fc/kernel"].flags.c_contiguous
+    for step in range(2):       # strided at the start of both runs
+        sess.run(train, {x: XV, y: YV})
+        if step == 0:
+            sess.load_variables({"fc/kernel": wide[:, 1::2]})
+    trace = watch.trace
+    for name, value in (("fc/kernel", wide[:, 1::2]), ("y:0", YV)):
+        want = np.empty(8)
+        numerics.stats_row(value, want)
+        assert np.array_equal(trace.stats[trace.plan.slots[name]], want), name
