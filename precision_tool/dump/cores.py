@@ -28,13 +28,16 @@ class WriterCore:
     def __init__(self):
         self._changed: List[Tuple[object, int, int]] = []    # (pool, before, after)
         self._limited = False
+        self._pools = None      # found at the first limit(): finding them takes about 1 ms
 
     def limit(self) -> None:
         if self._limited:
             return
         self._limited = True
         keep = max(1, usable_cores() - 1)
-        for pool in _blas_pools():
+        if self._pools is None:
+            self._pools = _blas_pools()
+        for pool in self._pools:
             try:
                 before = pool.num_threads
                 if before > keep:
