@@ -86,6 +86,35 @@ def test_vcs_exit_codes_and_the_origin_first(demo):
         [s.op_name for s in api if s.is_finding]
 
 
+def test_vcs_of_statistics_only_dumps_shows_how_far_apart_the_norms_are(tmp_path):
+    """Dumps of statistics only have no cosines: vcs says so and shows each listed op's
+    relative norm differences (those of the result file) where it shows cosines otherwise."""
+    root = tmp_path / "precision_data"
+    m = pt.models.transformer()
+    d = pt.data.digits()
+    cfg = hooks.session_dump_config(pt.SessionConfig(precision_mode="allow_mix_precision"),
+                                    action="dump", data_dir=str(root), dump_data="stats")
+    with pt.Session(m.graph, target="npu", config=cfg) as npu, \
+            hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=str(root),
+                            dump_data="stats") as cpu:
+        for sess in (npu, cpu):
+            sess.run([m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+    result = invoke(root, "vcs", "-l", "0")
+    lines = result.stdout.splitlines()
+    assert re.match(r"\d+ op\(s\) under 0\.98 \(statistics only: norms apart by more than "
+                    r"0\.02\)", lines[1]), lines[1]
+    assert "cosines" not in result.stdout and "relative differences of the norms" in result.stdout
+    code, data = as_json(root, "vcs", "-l", "0")
+    assert data["statistics_only"] and data["ops"]
+    table = pd.read_csv(data["file"], keep_default_na=False, na_values=["nan", ""])
+    by_tensor = dict(zip(table.NPUDump + "|" + table.TensorIndex, table.NormRelativeDiff))
+    for op in data["ops"]:
+        assert op["statistics_only"] and len(op["output_norm_diffs"]) == len(op["output_cosines"])
+        outputs = [t for t in by_tensor if t.startswith(op["op_name"] + "|")
+                   and ":output:" in t]
+        assert sorted(op["output_norm_diffs"]) == sorted(by_tensor[t] for t in outputs)
+
+
 def test_missing_or_corrupt_workspace_exits_2_with_one_line(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path / "none"), "vcs"]) == 2
     err = capsys.readouterr().err

@@ -59,6 +59,13 @@ def verdict(row: dict, threshold: float = COSINE_THRESHOLD) -> str:
 STATS_ONLY = "statistics only"
 
 
+def statistics_only(reasons) -> list:
+    """Per CompareFailReason, whether its row was compared by statistics only (a side
+    dumped no tensor: no cosine). A comprehension: pandas' string methods cost ten times as
+    much on 100,000 rows."""
+    return [isinstance(r, str) and r.startswith(STATS_ONLY) for r in reasons]
+
+
 def diverging(rows: pd.DataFrame, threshold: float = COSINE_THRESHOLD) -> pd.Series:
     """The rows of a result table that diverge at this threshold (which may differ from the
     one the table was made with): cosine under it; nan/inf the golden lacks; without a
@@ -67,9 +74,7 @@ def diverging(rows: pd.DataFrame, threshold: float = COSINE_THRESHOLD) -> pd.Ser
     cos = rows.CosineSimilarity
     no_cos = cos.isna()
     reason = rows.get("CompareFailReason", pd.Series("", index=rows.index))
-    # a comprehension: pandas' string methods cost ten times as much on 100,000 rows
-    stats = pd.Series([isinstance(r, str) and r.startswith(STATS_ONLY) for r in reason.tolist()],
-                      index=rows.index, dtype=bool)
+    stats = pd.Series(statistics_only(reason.tolist()), index=rows.index, dtype=bool)
     norm_diff = rows.get("NormRelativeDiff", pd.Series(np.nan, index=rows.index))
     return (cos < threshold) | (rows.Verdict == "nan") | \
         (no_cos & stats & (rows.Verdict == "fail") & ~(norm_diff <= 1 - threshold)) | \

@@ -19,7 +19,7 @@ from typing import List, Set
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD, TOLERANCE, diverging
+from .compare import COSINE_THRESHOLD, TOLERANCE, diverging, statistics_only
 
 SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "ReduceSum",
                   "ReduceMean", "SumToLike", "FusedEltwise"})
@@ -52,6 +52,9 @@ class OpRows:
             if "GoldenNorm" in table else None
         self.dtype = col("NpuDataType", "")
         self.cosine = table.CosineSimilarity.to_numpy(dtype=float).tolist()
+        # rows compared by their statistics only (a side dumped no tensor): no cosine
+        self.stats_only = statistics_only(col("CompareFailReason", ""))
+        self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
 

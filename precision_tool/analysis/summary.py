@@ -22,6 +22,11 @@ class OpSummary:
     pass_name: str
     input_cosines: List[float] = field(default_factory=list)
     output_cosines: List[float] = field(default_factory=list)
+    # compared by statistics only (a side dumped no tensor): no cosines; the relative
+    # differences of the norms instead, in the same order
+    statistics_only: bool = False
+    input_norm_diffs: List[float] = field(default_factory=list)
+    output_norm_diffs: List[float] = field(default_factory=list)
     # "under threshold"; "nan": the output holds nan/inf the golden lacks; "cancellation":
     # the golden output is cancellation noise, or only carries it (see rootcause)
     category: str = "under threshold"
@@ -93,10 +98,14 @@ def _summary(t: OpRows, op: tuple, category: str, roles: dict) -> OpSummary:
     op_name, pos, order = op
     outputs = _outputs(t, pos)
     pass_name = t.pass_name[pos[0]]
+    inputs = [i for i in pos if not t.is_out[i]]
     return OpSummary(
         op_name=op_name, op_type=t.op_type[pos[0]], order=order,
         golden_ops=sorted({g for g in (t.golden_op[i] for i in outputs) if isinstance(g, str) and g}),
         pass_name=pass_name if isinstance(pass_name, str) else "",
-        input_cosines=[t.cosine[i] for i in pos if not t.is_out[i]],
+        input_cosines=[t.cosine[i] for i in inputs],
         output_cosines=[t.cosine[i] for i in outputs],
-        category=category, role=roles.get(op_name, ""))
+        category=category, role=roles.get(op_name, ""),
+        statistics_only=all(t.stats_only[i] for i in outputs),
+        input_norm_diffs=[float(t.norm_diff[i]) for i in inputs],
+        output_norm_diffs=[float(t.norm_diff[i]) for i in outputs])

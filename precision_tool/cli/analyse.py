@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import analysis
-from ..analysis.compare import COSINE_THRESHOLD
+from ..analysis.compare import COSINE_THRESHOLD, statistics_only
 from ..analysis.mapping import check_compiled_graph
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
@@ -110,8 +110,13 @@ def _render_op(app: App, s: dict):
     lines = [f"golden ops: {', '.join(s['golden_ops']) or '-'}"]
     if s["pass_name"]:
         lines.append(f"pass: {s['pass_name']}")
-    lines.append("input cosines:  " + (" ".join(fmt(c) for c in s["input_cosines"]) or "-"))
-    lines.append("output cosines: " + " ".join(fmt(c) for c in s["output_cosines"]))
+    if s["statistics_only"]:    # no tensors dumped: how far apart the norms are instead
+        lines.append("statistics only: relative differences of the norms")
+        lines.append("inputs:  " + (" ".join(fmt(c) for c in s["input_norm_diffs"]) or "-"))
+        lines.append("outputs: " + " ".join(fmt(c) for c in s["output_norm_diffs"]))
+    else:
+        lines.append("input cosines:  " + (" ".join(fmt(c) for c in s["input_cosines"]) or "-"))
+        lines.append("output cosines: " + " ".join(fmt(c) for c in s["output_cosines"]))
     app.console.print(Panel(escape("\n".join(lines)), title=escape(f"{s['op_name']} ({s['op_type']})  [{role}]"),
                             title_align="left"))
 
@@ -201,7 +206,9 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
         ops = analysis.summarize(table, threshold, limit=limit, by_cosine=by_cosine, cause=cause,
                                  noise_last=True)
         origin = cause.first_origin
+        reasons = table["CompareFailReason"].tolist() if "CompareFailReason" in table else []
         reports.append({"file": path, "threshold": threshold,
+                        "statistics_only": bool(reasons) and all(statistics_only(reasons)),
                         "under_threshold": analysis.count_findings(table, threshold, cause),
                         "origin": origin.op_name if origin else None,
                         "ops": [vars(s) for s in ops]})
@@ -210,6 +217,8 @@ def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
         for rep in reports:
             app.line(rep["file"])           # a line of its own: long, and copied whole
             app.line(f"{rep['under_threshold']} op(s) under {fmt(threshold)}"
+                     + (f" (statistics only: norms apart by more than {fmt(1 - threshold)})"
+                        if rep["statistics_only"] else "")
                      + (f", origin {rep['origin']}" if rep["origin"] else ""))
             for s in rep["ops"]:
                 _render_op(app, s)
