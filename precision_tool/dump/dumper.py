@@ -14,6 +14,11 @@ renames it into place last, with its index: a step directory exists whole or not
 tensor that several kernels read is written once; the index rows of its readers name that
 file.
 
+A statistics dump keeps no values from its second step on: once its step plan is made,
+begin_run asks for statistics only (runtime.plan.STATS_ONLY) while the fetches and the feeds'
+shapes stay those the plan was made from, the run computes every value's statistics as it
+makes it, and the step's rows are gathered from that table.
+
 The writer works while the next step computes. The last step of a finite dump_step is
 written before its run() returns; otherwise close() (or the end of the process) waits.
 """
