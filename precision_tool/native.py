@@ -71,16 +71,17 @@ def grid(x: np.ndarray, dtype: str, saturation: bool, stats: Optional[np.ndarray
     return out, bad
 
 
-def check(x: np.ndarray, stats: Optional[np.ndarray] = None) -> bool:
+def any_nonfinite(x: np.ndarray, stats: Optional[np.ndarray] = None) -> bool:
     """Whether the float32 x (C-contiguous) holds an inf or nan; stats: 8 float64 that take
     its statistics and size on the way."""
     return _reduce.grid(x, None, "f", False, stats)
 
 
-def stats(arrays) -> np.ndarray:
+def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
     """(len(arrays), 7) float64: max, min, mean, l2norm, nan, +inf, -inf counts per array
-    (every array must have a kind)."""
-    out = np.empty((len(arrays), 7))
+    (every array must have a kind), into out (C-contiguous) when given."""
+    if out is None:
+        out = np.empty((len(arrays), 7))
     _reduce.stats([flat(a) for a in arrays], "".join(kind(a) for a in arrays), out)
     return out
 
@@ -90,11 +91,6 @@ def stats_rows(arrays, kinds: str, table: np.ndarray, rows: np.ndarray) -> bool:
     ((rows, 8) float64), where kinds names a kind ('.' skips the array). False, writing
     nothing, when an array is not of the kind named or is strided."""
     return _reduce.stats_rows(arrays, kinds, table, rows)
-
-
-def stats_into(a: np.ndarray, out: np.ndarray) -> None:
-    """stats() of one array (it must have a kind) into out, 7 contiguous float64."""
-    _reduce.stats([flat(a)], kind(a), out)
 
 
 def stats_text(rows: np.ndarray) -> list:

@@ -127,7 +127,7 @@ def round_result(x: np.ndarray, dtype: str, saturation: bool, in_c: Optional[boo
     if in_c and x.dtype == np.float32 and x.flags.c_contiguous:
         if low:
             return native.grid(x, dtype, saturation, stats)
-        overflowed = native.check(x, stats)
+        overflowed = native.any_nonfinite(x, stats)
         if overflowed and saturation:
             x = saturate(x, dtype)
             if stats is not None:
@@ -213,7 +213,7 @@ def stats_row(x: np.ndarray, row: np.ndarray) -> None:
     """tensor_stats of x into row[:7] (STAT_FIELDS' order, counts as floats) and its size
     into row[7]: the C module's one pass where it takes the dtype."""
     if x.size and native.enabled() and native.kind(x):
-        native.stats_into(x, row[:7])
+        native.stats([x], row[:7])
     else:
         stats = tensor_stats(x)
         row[:7] = [stats[f] for f in STAT_FIELDS]
