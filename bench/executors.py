@@ -7,8 +7,9 @@
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
   time includes the writer catching up; the floor under a tensor dump (an observer that only
   keeps each step's outputs until the next step ends) and under a statistics dump (one that
-  only asks for the values' statistics, which the run computes as it makes them); and the
-  writer thread's CPU time per step;
+  only asks for the values' statistics, which the run computes as it makes them); a
+  statistics dump also in one session that dumps every other step (the steadiest measure
+  here); and the writer thread's CPU time per step;
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
 import dataclasses
@@ -143,6 +144,50 @@ def _writer_cpu_seconds():
         except OSError:             # the thread ended meanwhile
             continue
     return total
+
+
+class _EveryOther:
+    """A dump observer that watches every other step: the steps between run undumped."""
+
+    def __init__(self, inner):
+        self.inner, self.on = inner, False
+
+    def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
+        self.on = not self.on
+        return self.on and self.inner.begin_run(session, feeds, fetch_tensors, fetch_nodes)
+
+    def end_run(self, session, trace):
+        self.inner.end_run(session, trace)
+
+    def abort_run(self, session, error):
+        self.inner.abort_run(session, error)
+
+    def close(self):
+        self.inner.close()
+
+
+def stats_dump_alternating(digits, where, batch, pairs=300):
+    """A statistics dump's step ÷ an undumped one, in one session that dumps every other
+    step (the median of each kind): the same plan, arrays and caches on both sides, so the
+    steadiest measure on a shared machine. The writer's close is not in it."""
+    m = pt.models.transformer()
+    root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
+    try:
+        cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", dump_step="all",
+                                        dump_data="stats", data_dir=root)
+        sess = pt.Session(m.graph, target="npu", config=cfg)
+        sess._observers[0] = _EveryOther(sess._observers[0])
+        feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
+        times = ([], [])                   # dumped, undumped
+        for i in range(2 * pairs + 4):
+            start = time.perf_counter()
+            sess.run([m.loss, m.train_op], feed)
+            if i >= 4:                     # the first dumped steps make the plan
+                times[i % 2].append(time.perf_counter() - start)
+        sess.close()
+        return statistics.median(times[0]) / statistics.median(times[1])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def writer_cpu(digits, where, batch, steps=40):

@@ -138,6 +138,12 @@ def main():
                               f"statistics as it makes it, nothing written ÷ none",
                               f"{counted:.2f}",
                               note="what a statistics dump costs before it writes anything")
+                        alt = executors.stats_dump_alternating(digits, where, batch,
+                                                               50 if q else 300)
+                        t.add(f"dump overhead, {what}, stats dump ÷ none, {label}, one session "
+                              f"dumping every other step", f"{alt:.3f}", "≤ 1.1", alt <= 1.1,
+                              note="median of each kind of step; the steadiest measure here "
+                                   "(no close, no block boundaries)")
         cpu = executors.writer_cpu(digits, "/dev/shm" if os.path.isdir("/dev/shm") else ".",
                                    32, 10 if q else 40)
         if cpu is not None:
