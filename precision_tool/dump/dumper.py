@@ -79,7 +79,8 @@ class DumpHook:
 class _Step:
     def __init__(self, number, path, dump, inputs):
         self.number, self.path, self.dump = number, path, dump
-        self.inputs = inputs               # the run's fetches and feeds' shapes (see begin_run)
+        self.inputs = inputs               # the run's fetches and feeds' shapes (see begin_run;
+                                           # a statistics dump only)
         self.status = 0                    # OR of the step's status words
         self.loss_scale = None             # (scale, next scale, finite) if the graph scales
         self.bundle = None                 # its replay bundle's files (replay.BundleFiles)
@@ -184,8 +185,11 @@ class DumpObserver:
         if not (acts & {"dump", "overflow"}) or not self.settings.wants_step(number):
             return False
         path = self._steps_dir + str(number)
+        # a statistics dump asks for statistics only while these stay what its plan was
+        # made from (below); a tensor dump does not need them
         inputs = (tuple(fetch_tensors), tuple(fetch_nodes),
-                  tuple((name, v.shape, v.dtype) for name, v in sorted(feeds.items())))
+                  tuple((name, v.shape, v.dtype) for name, v in sorted(feeds.items()))) \
+            if self.settings.data == "stats" else None
         self._step = _Step(number, path, "dump" in acts, inputs)
         if self._step.dump:
             self._core.limit()
