@@ -67,15 +67,21 @@ static inline float half_to_float(uint16_t h)
     return as_float(bits | ((uint32_t)(h & 0x8000) << 16));
 }
 
+/* Element kinds: the floats 'e' (float16), 'b' (bfloat16, as its bits), 'f', 'd'; for
+ * statistics only, the integers by their buffer format letter ('c' stands for int8, whose
+ * letter 'b' is bfloat16's here) and '?' (bool). */
 static int itemsize(char kind)
 {
     switch (kind) {
-    case 'e': case 'b': return 2;
-    case 'f': return 4;
-    case 'd': return 8;
+    case 'e': case 'b': case 'h': case 'H': return 2;
+    case 'f': case 'i': case 'I': return 4;
+    case 'd': case 'q': case 'Q': return 8;
+    case 'c': case 'B': case '?': return 1;
     default: return 0;
     }
 }
+
+static int is_float(char kind) { return kind == 'e' || kind == 'b' || kind == 'f' || kind == 'd'; }
 
 CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *dst)
 {
@@ -85,6 +91,11 @@ CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *d
     case 'f': { const float *s = (const float *)src; for (i = 0; i < n; i++) dst[i] = s[i]; } break;
     case 'e': { const uint16_t *s = (const uint16_t *)src; for (i = 0; i < n; i++) dst[i] = half_to_float(s[i]); } break;
     case 'b': { const uint16_t *s = (const uint16_t *)src; for (i = 0; i < n; i++) dst[i] = as_float((uint32_t)s[i] << 16); } break;
+#define INTS(k, T) case k: { const T *s = (const T *)src; for (i = 0; i < n; i++) dst[i] = (double)s[i]; } break;
+    INTS('c', int8_t) INTS('h', int16_t) INTS('i', int32_t) INTS('q', int64_t)
+    INTS('B', uint8_t) INTS('H', uint16_t) INTS('I', uint32_t) INTS('Q', uint64_t)
+#undef INTS
+    case '?': { const uint8_t *s = (const uint8_t *)src; for (i = 0; i < n; i++) dst[i] = s[i] != 0; } break;
     }
 }
 
@@ -155,7 +166,7 @@ static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
     double buf[BLOCK];
     Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
-    int size = itemsize(kind), simd = kind != 'd' && use_simd();
+    int size = itemsize(kind), simd = is_float(kind) && kind != 'd' && use_simd();
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
         if (simd && m % 16 == 0 && stats_simd(data + start * size, kind, m, &st)) continue;
@@ -657,26 +668,36 @@ AVX512 static int compare_simd(const char *x, char xk, const char *y, char yk, P
 
 /* finite_block on sixteen lanes, reading the tensor where it lies: min and max in float32
  * (exact), the sums in double. n a multiple of 16; returns 0, leaving st alone, when the
- * block holds an inf or nan (stats_block counts them). */
+ * block holds an inf or nan (stats_block counts them): the sums then are inf or nan, which
+ * finite float32 values cannot make them (16 * 1024 squares of FLT_MAX are far below
+ * DBL_MAX). float32 is converted to double straight from memory, half a vector at a time. */
 AVX512 static int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st)
 {
-    const __m512 zero = _mm512_setzero_ps();
-    __m512 check = zero, lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+    __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
     __m512d sum0 = _mm512_setzero_pd(), sum1 = sum0, sq0 = sum0, sq1 = sum0;
+    const float *f = (const float *)data;
     for (Py_ssize_t i = 0; i < n; i += 16) {
         __m512 v = load16(data, kind, i);
-        check = _mm512_fmadd_ps(v, zero, check);        /* nan once an inf or nan passes */
         lo = _mm512_min_ps(lo, v);
         hi = _mm512_max_ps(hi, v);
-        __m512d a = half_pd(v, 0), b = half_pd(v, 1);
+        __m512d a, b;
+        if (kind == 'f') {
+            a = _mm512_cvtps_pd(_mm256_loadu_ps(f + i));
+            b = _mm512_cvtps_pd(_mm256_loadu_ps(f + i + 8));
+        } else {
+            a = half_pd(v, 0);
+            b = half_pd(v, 1);
+        }
         sum0 = _mm512_add_pd(sum0, a); sq0 = _mm512_fmadd_pd(a, a, sq0);
         sum1 = _mm512_add_pd(sum1, b); sq1 = _mm512_fmadd_pd(b, b, sq1);
     }
-    if (_mm512_cmp_ps_mask(check, check, _CMP_UNORD_Q)) return 0;
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
+    double squares = _mm512_reduce_add_pd(_mm512_add_pd(sq0, sq1));
+    if (!isfinite(sum) || !isfinite(squares)) return 0;
     st->hi = fmax(st->hi, _mm512_reduce_max_ps(hi));
     st->lo = fmin(st->lo, _mm512_reduce_min_ps(lo));
-    st->sum += _mm512_reduce_add_pd(_mm512_add_pd(sum0, sum1));
-    st->squares += _mm512_reduce_add_pd(_mm512_add_pd(sq0, sq1));
+    st->sum += sum;
+    st->squares += squares;
     st->n += n;
     return 1;
 }
@@ -871,8 +892,18 @@ done:
     return result;
 }
 
-/* stats_rows(arrays, kinds, table, rows): the statistics of arrays[i] (numpy's float of
- * kind kinds[i], C-contiguous; '.' leaves it to the caller) and its size into row rows[i]
+/* whether a buffer of format fmt (its byte order letter skipped) holds elements of kind
+ * (itemsize checked apart: numpy names int64 'l' or 'q') */
+static int format_is(char kind, const char *fmt)
+{
+    if (!fmt[0] || fmt[1]) return 0;
+    if (is_float(kind) || kind == '?') return fmt[0] == kind;
+    if (strchr("chiq", kind)) return strchr("bhilq", fmt[0]) != NULL;
+    return strchr("BHILQ", fmt[0]) != NULL;
+}
+
+/* stats_rows(arrays, kinds, table, rows): the statistics of arrays[i] (of kind kinds[i],
+ * numpy's own: not bfloat16; C-contiguous; '.' leaves it to the caller) and its size into row rows[i]
  * of table (8 float64 a row), as grid() writes them. Returns False, writing nothing, when an
  * array is not what its kind says or not contiguous: the caller works the kinds out anew. */
 static PyObject *py_stats_rows(PyObject *self, PyObject *args)
@@ -915,7 +946,7 @@ static PyObject *py_stats_rows(PyObject *self, PyObject *args)
         }
         const char *fmt = v->format ? v->format : "B";
         if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') fmt++;
-        if (fmt[0] != kinds[got] || fmt[1] || v->itemsize != itemsize(kinds[got])) {
+        if (!format_is(kinds[got], fmt) || v->itemsize != itemsize(kinds[got])) {
             PyBuffer_Release(v);
             v->obj = NULL;
             result = Py_False;
@@ -951,6 +982,10 @@ static int parse_pair(PyObject *args, Py_buffer *x, Py_buffer *y, char *kinds,
     if (!PyArg_ParseTuple(args, "OOs#nnO", &xo, &yo, &k, &nk, start, stop, ranges)) return -1;
     if (nk != 2) { PyErr_SetString(PyExc_ValueError, "kinds: two characters"); return -1; }
     kinds[0] = k[0]; kinds[1] = k[1];
+    if (!is_float(kinds[0]) || !is_float(kinds[1])) {
+        PyErr_SetString(PyExc_ValueError, "kinds: the comparisons take floats only");
+        return -1;
+    }
     if (get_buffer(xo, kinds[0], -1, x) < 0) return -1;
     if (get_buffer(yo, kinds[1], x->len / itemsize(kinds[0]), y) < 0) { PyBuffer_Release(x); return -1; }
     Py_ssize_t n = x->len / itemsize(kinds[0]);

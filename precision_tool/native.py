@@ -5,7 +5,8 @@ comparison totals, formats the index's numbers and writes a step's tensor files,
 the GIL released. It is an accelerator only: numerics and
 analysis.metrics keep the numpy code that defines every quantity, which runs where the
 module was not built (no C compiler at install time), for element types it does not take
-(integers, booleans), and when PRECISION_TOOL_NUMPY_ONLY is set (the tests run both).
+(integers and booleans in comparisons), and when PRECISION_TOOL_NUMPY_ONLY is set (the
+tests run both).
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ except ImportError:           # built without a C compiler: the numpy code runs
 # by dtype object: a dict look-up, where dtype.name would cost more than a small tensor's stats
 _KINDS = {np.dtype(t): k for t, k in ((np.float16, "e"), ("bfloat16", "b"), (np.float32, "f"),
                                       (np.float64, "d"))}
+# the statistics take integers and booleans too (a training step's labels, masks, shapes)
+_STATS_KINDS = {**_KINDS, **{np.dtype(t): k for t, k in (
+    (np.int8, "c"), (np.int16, "h"), (np.int32, "i"), (np.int64, "q"), (np.uint8, "B"),
+    (np.uint16, "H"), (np.uint32, "I"), (np.uint64, "Q"), (np.bool_, "?"))}}
 
 
 def enabled() -> bool:
@@ -49,17 +54,24 @@ def simd() -> bool:
 
 
 def kind(a: np.ndarray) -> Optional[str]:
-    """The C module's element kind of an array, or None when it takes no such array."""
+    """The C module's element kind of a float array (what its comparisons take), or None
+    when it takes no such array."""
     return _KINDS.get(a.dtype)          # a byte-swapped dtype is not among them
+
+
+def stats_kind(a: np.ndarray) -> Optional[str]:
+    """kind(), or for its statistics also an integer or boolean array's kind."""
+    return _STATS_KINDS.get(a.dtype)
 
 
 def flat(a: np.ndarray) -> np.ndarray:
     """The array as a C-contiguous buffer the C module reads (a copy only when a is
-    strided): numpy's floats as they are, bfloat16 (which exports no buffer) as its bits."""
-    if a.dtype.kind == "f" and a.flags.c_contiguous:
-        return a                  # numpy's own floats export their buffer as they are
+    strided): numpy's own numbers as they are, bfloat16 (which exports no buffer) as its
+    bits."""
+    if a.flags.c_contiguous and a.dtype.kind in "fiub":
+        return a                  # numpy's own numbers export their buffer as they are
     a = np.ascontiguousarray(a).reshape(-1)
-    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+    return a.view(np.uint16) if a.dtype.kind not in "fiub" else a
 
 
 def grid(x: np.ndarray, dtype: str, saturation: bool, stats: Optional[np.ndarray] = None):
@@ -79,16 +91,17 @@ def any_nonfinite(x: np.ndarray, stats: Optional[np.ndarray] = None) -> bool:
 
 def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
     """(len(arrays), 7) float64: max, min, mean, l2norm, nan, +inf, -inf counts per array
-    (every array must have a kind), into out (C-contiguous) when given."""
+    (every array must have a stats_kind), into out (C-contiguous) when given."""
     if out is None:
         out = np.empty((len(arrays), 7))
-    _reduce.stats([flat(a) for a in arrays], "".join(kind(a) for a in arrays), out)
+    _reduce.stats([flat(a) for a in arrays], "".join(stats_kind(a) for a in arrays), out)
     return out
 
 
 def stats_rows(arrays, kinds: str, table: np.ndarray, rows: np.ndarray) -> bool:
     """Each array's statistics (as stats() gives them) and size into its row of table
-    ((rows, 8) float64), where kinds names a kind ('.' skips the array). False, writing
+    ((rows, 8) float64), where kinds names a stats_kind other than bfloat16's ('.' skips
+    the array). False, writing
     nothing, when an array is not of the kind named or is strided."""
     return _reduce.stats_rows(arrays, kinds, table, rows)
 

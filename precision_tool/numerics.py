@@ -179,7 +179,7 @@ def tensor_stats(x: np.ndarray) -> dict:
     or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64, block
     by block (memory stays bounded whatever the size)."""
     a = np.asarray(x).reshape(-1)
-    if a.size and native.enabled() and native.kind(a):
+    if a.size and native.enabled() and native.stats_kind(a):
         row = native.stats([a])[0]
         return dict(zip(STAT_FIELDS, [*row[:4].tolist(), *map(int, row[4:])]))
     nan = pos = neg = n = 0
@@ -212,7 +212,7 @@ def tensor_stats(x: np.ndarray) -> dict:
 def stats_row(x: np.ndarray, row: np.ndarray) -> None:
     """tensor_stats of x into row[:7] (STAT_FIELDS' order, counts as floats) and its size
     into row[7]: the C module's one pass where it takes the dtype."""
-    if x.size and native.enabled() and native.kind(x):
+    if x.size and native.enabled() and native.stats_kind(x):
         native.stats([x], row[:7])
     else:
         stats = tensor_stats(x)
@@ -231,7 +231,7 @@ def batch_stats(arrays) -> dict:
     fast = native.enabled()
     special, flat, positions, one_pass = [], [], [], []
     for k, a in enumerate(arrays):
-        if fast and a.size and native.kind(a):
+        if fast and a.size and native.stats_kind(a):
             one_pass.append(k)
         elif a.size == 0 or a.dtype.kind not in "fiub":
             special.append(k)

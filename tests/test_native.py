@@ -74,6 +74,47 @@ def test_stats_match_float64_reference(dtype):
         assert row[4:].tolist() == ref[4:]
 
 
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+              np.bool_]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_integer_and_boolean_stats_match_float64_reference(dtype):
+    """The statistics take integers and booleans (a step's labels, masks, shapes) in C too:
+    each element as the nearest double, as numpy's astype gives it, the extremes of the
+    type included; one call and stats_rows agree."""
+    info = np.iinfo(dtype) if dtype is not np.bool_ else None
+    rng = np.random.default_rng(7)
+    arrays = [rng.integers(0, 2, 1100).astype(dtype), np.ones(1, dtype),
+              np.arange(40).astype(dtype).reshape(5, 8)[:, ::3]]          # strided
+    if info is not None:
+        arrays.append(np.array([info.min, info.max, 0, info.max - 1] * 300, dtype))
+        arrays.append(rng.integers(info.min // 2, info.max // 2, 5000, dtype=dtype, endpoint=True))
+    rows = native.stats(arrays)
+    table = np.full((len(arrays), 8), -1.0)
+    contiguous = [np.ascontiguousarray(a) for a in arrays]
+    kinds = "".join(native.stats_kind(a) for a in contiguous)
+    assert native.stats_rows(contiguous, kinds, table, np.arange(len(arrays))) is True
+    for a, row, full in zip(arrays, rows, table):
+        ref = refs.tensor_stats(a)
+        assert row[0] == ref[0] and row[1] == ref[1] and row[4:].tolist() == [0, 0, 0]
+        np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-13)
+        assert np.array_equal(full[:7], row) and full[7] == a.size
+    # a kind that is not the array's (the signedness or the width) writes nothing
+    for a, wrong in ((np.arange(3, dtype=np.int32), "q"), (np.arange(3, dtype=np.int64), "i"),
+                     (np.arange(3, dtype=np.uint8), "c"), (np.arange(3, dtype=np.int8), "B"),
+                     (np.arange(3, dtype=np.uint8), "?"), (np.arange(3, dtype=np.int16), "e")):
+        assert native.stats_rows([a], wrong, table, np.array([0])) is False, (a.dtype, wrong)
+        assert np.array_equal(table[0, :7], rows[0])
+
+
+def test_comparisons_refuse_integer_kinds():
+    x = np.arange(4, dtype=np.int32)
+    with pytest.raises(ValueError, match="floats only"):
+        native._reduce.compare(x, x, "ii", 0, 4, None)
+    assert native.kind(x) is None and native.stats_kind(x) == "i"
+
+
 def test_batch_stats_is_the_same_on_both_paths(monkeypatch):
     arrays = [_hostile(300, np.float32, 1), np.arange(7, dtype=np.int32), np.zeros(0, np.float32),
               np.array([True, False]), _hostile(70000, np.float16, 2)]

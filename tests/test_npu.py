@@ -131,6 +131,29 @@ def test_cube_accumulator_overflow_sets_0x400_and_nan_propagation_is_not_blamed(
     assert statuses["Exp"] == 0x20 and statuses["Relu"] == 0   # Relu only carried the inf
 
 
+def test_the_step_status_is_every_task_s_even_after_a_clear():
+    """Session.float_status (what a step's history and a dump record) is the OR of every
+    task's status word: NPUClearFloatStatus clears what NPUGetFloatStatus reads next, not the
+    step's record; the run after starts clear."""
+    from precision_tool.ops.registry import make
+    g = pt.Graph("cleared")
+    with g.as_default():
+        x = pt.placeholder("x", [2])
+        e = pt.ops.exp(x)
+        cleared = make("NPUClearFloatStatus", [e], name="clear").output(0)
+        read = make("NPUGetFloatStatus", [cleared], name="read").output(0)
+        y = pt.ops.add(pt.ops.cast(e, "float32"), cleared)
+    sess = npu(g, precision_mode="force_fp16", overflow_mode="saturation", fusion_switch="off")
+    status_read, _ = sess.run([read, y], {x: np.array([20.0, 1.0], F32)})
+    ors = 0
+    for t in sess.tasks():
+        ors |= t.status
+    assert float(status_read) == 0.0                  # cleared before it was read
+    assert ors == 0x20 and sess.float_status() == 0x20
+    sess.run(y, {x: np.array([1.0, 1.0], F32)})
+    assert sess.float_status() == 0 and all(t.status == 0 for t in sess.tasks())
+
+
 def test_tasks_have_ids_streams_and_timestamps_in_execution_order():
     m = pt.models.mlp()
     sess = npu(m.graph)

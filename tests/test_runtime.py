@@ -285,8 +285,9 @@ def test_a_scalar_is_read_back_from_its_statistics():
 
 
 def test_a_statistics_only_run_takes_strided_and_integer_sources():
-    """The sources' statistics come in one C call where it can; a strided variable (load_variables
-    keeps a view it need not convert) and integer feeds go the slower way, to the same numbers."""
+    """The sources' statistics come in one C call where it can (integer feeds too); a strided
+    variable (load_variables keeps a view it need not convert) goes the slower way, to the
+    same numbers, as the integers' agree with a float64 reference."""
     from precision_tool import numerics
     from precision_tool.runtime.plan import STATS_ONLY
     g, x, y, logits, loss, train = _linear()
@@ -305,3 +306,7 @@ def test_a_statistics_only_run_takes_strided_and_integer_sources():
         want = np.empty(8)
         numerics.stats_row(value, want)
         assert np.array_equal(trace.stats[trace.plan.slots[name]], want), name
+    labels = YV.astype(np.float64)
+    assert np.allclose(trace.stats[trace.plan.slots["y:0"]],
+                       [labels.max(), labels.min(), labels.mean(), np.sqrt((labels ** 2).sum()),
+                        0, 0, 0, labels.size], rtol=1e-15)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import functools
 import json
 import operator
 import os
@@ -55,7 +54,7 @@ NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", 
 CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
                "file"] + _STATS
 PARTIAL = ".partial"
-_STATUS, _TIMESTAMP = operator.attrgetter("status"), operator.attrgetter("timestamp")
+_TIMESTAMP = operator.attrgetter("timestamp")
 _STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
 
 
@@ -107,7 +106,7 @@ class _Reuse(NamedTuple):
     """Where the last StepPlan's values are in a run's trace (see DumpObserver._new_plan)."""
     sources: list           # per tensor: (plan index, output), or (len(plan.nodes), feed)
     fed: list               # the feeds' names, in the order sources count them
-    tasks: list             # per record (NPU): the index of its task, for its timestamp
+    tasks: np.ndarray       # per record (NPU): the index of its task, for its timestamp
     launched: int           # how many tasks the run launched
     records: int
     rows: np.ndarray        # per tensor: its row in a run's statistics (RunTrace.stats)
@@ -216,8 +215,7 @@ class DumpObserver:
         for node in traced.scales:       # (scale, good, bad, last, finite) -> (scale, ...)
             st.loss_scale = (trace.scalar(node.inputs[0]), trace.scalar(f"{node.name}:0"),
                              bool(trace.scalar(node.inputs[4])))
-        if self.npu:
-            st.status = functools.reduce(operator.or_, map(_STATUS, trace.tasks), 0)
+        st.status = trace.status
         scale = ",".join(map(repr, st.loss_scale[:2])) + f",{int(st.loss_scale[2])}" \
             if st.loss_scale else ",,"
         self.history.append(f"{st.number},{st.status},{scale}")
@@ -357,8 +355,8 @@ class DumpObserver:
         nodes, slots = traced.plan.nodes, traced.plan.slots
         rows = np.array([slots[fed[k]] if j == len(nodes) else slots[nodes[j].name] + k
                          for j, k in sources], dtype=np.intp)
-        self._reuse = _Reuse(sources, fed, tasks, len(trace.tasks or ()), len(records), rows,
-                             st.inputs)
+        self._reuse = _Reuse(sources, fed, np.array(tasks, dtype=np.intp), len(trace.tasks or ()),
+                             len(records), rows, st.inputs)
         return plan, plan.gather(records), [r[4] for r in records]
 
     def _put_step(self, st: _Step, trace, traced: _Traced):
@@ -392,8 +390,8 @@ class DumpObserver:
         if values is None:
             plan, values, stamps = self._new_plan(key, st, trace, traced, stamp, mode, tensor_mode)
         elif self.npu:
-            stamps = np.fromiter(map(_TIMESTAMP, map(trace.tasks.__getitem__, reuse.tasks)),
-                                 np.int64, len(reuse.tasks))
+            stamps = np.fromiter(map(_TIMESTAMP, trace.tasks), np.int64,
+                                 len(trace.tasks))[reuse.tasks]
         else:
             stamps = [stamp] * reuse.records
         partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")

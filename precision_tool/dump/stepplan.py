@@ -95,13 +95,13 @@ class StepPlan:
         self.names = names.freeze() if files else None
         unique = [values[i] for i in first]
         self.dtypes = [v.dtype for v in unique]
-        # the C module's statistics where it takes the kind; the rest (ints, bools, empty)
-        # is computed by numerics and handed in
-        kinds = [native.kind(v) if v.size else None for v in unique]
+        # the C module's statistics where it takes the kind; the rest (empty tensors, other
+        # dtypes) is computed by numerics and handed in
+        kinds = [native.stats_kind(v) if v.size else None for v in unique]
         self.kinds = "".join(k or "." for k in kinds)
-        # 0: statistics from numerics; 1: a numpy float, passed as it is when contiguous;
-        # 2: bfloat16, passed as its bits (native.flat)
-        self.in_c = [0 if k is None else 1 if k in "efd" else 2 for k in kinds]
+        # 0: statistics from numerics; 1: numpy's own numbers, passed as they are when
+        # contiguous; 2: bfloat16, passed as its bits (native.flat)
+        self.in_c = [0 if k is None else 2 if k == "b" else 1 for k in kinds]
         self.direct = all(c == 1 for c in self.in_c)     # every value goes to C as it is
         self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
         disk = [rows[i].disk for i in first]

@@ -143,6 +143,7 @@ class KernelContext:
         self.low: Optional[str] = None   # "float16"/"bfloat16" when the op computes below fp32
         self.saturation = saturation
         self.float_status = 0       # OR of the status words of the kernels run so far this step
+        self.run_status = 0         # ... and of every kernel of the run, whatever clears the above
         self.status = 0             # the current kernel's own status word
 
     def rng(self, seed: int) -> np.random.Generator:

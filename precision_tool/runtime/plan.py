@@ -113,7 +113,8 @@ class StatsTable:
     start(): the feeds' and variables' rows, in one call (the values a run reads are there
     when it starts); rows(node): the rows of the results an executor computes, for it to fill
     (the NPU's rounding pass does it on the way); passed(node, outputs): values an op makes
-    without computing (a constant, the variables behind a closed gate)."""
+    without computing (the variables behind a closed gate); constant(node, value): a
+    constant's, computed once."""
 
     def __init__(self, plan: "ExecutionPlan"):
         self.slots = plan.slots
@@ -125,8 +126,9 @@ class StatsTable:
         self._at = np.array([self.slots[name] for name in self._fed + self._variables],
                             dtype=np.int64)
         # per source, its kind where the C module takes it in one call, "." where not; the
-        # sources it leaves (ints, bools, bfloat16; all without the C module)
+        # sources it leaves (bfloat16, other dtypes; all without the C module)
         self._kinds, self._other = None, []
+        self._constants: Dict[str, np.ndarray] = {}     # node -> the value its row holds
 
     def start(self, values: Dict, variables: Dict) -> None:
         arrays = [values[name] for name in self._fed] + [variables[name] for name in self._variables]
@@ -134,8 +136,8 @@ class StatsTable:
             # the kinds are worked out again only when an array is not of the kind it had
             if self._kinds is None or not native.stats_rows(arrays, self._kinds, self.table,
                                                             self._at):
-                kinds = [native.kind(a) for a in arrays]
-                self._kinds = "".join(k if k in ("e", "f", "d") else "." for k in kinds)
+                kinds = [native.stats_kind(a) for a in arrays]
+                self._kinds = "".join("." if k in (None, "b") else k for k in kinds)
                 self._other = [i for i, k in enumerate(self._kinds) if k == "."]
                 if not native.stats_rows(arrays, self._kinds, self.table, self._at):
                     self._kinds, self._other = None, range(len(arrays))     # a strided one
@@ -152,6 +154,14 @@ class StatsTable:
         for out, row in zip(outputs, self._rows[node]):
             numerics.stats_row(out, row)
 
+    def constant(self, node: str, value: np.ndarray) -> None:
+        """passed() for a constant's one value, whose row is filled again only when the value
+        is not the array it was last (executors hold a constant's value from run to run and
+        never modify an array; nothing else writes a constant's row)."""
+        if self._constants.get(node) is not value:
+            self.passed(node, [value])
+            self._constants[node] = value
+
 
 STATS_ONLY = "stats"     # what an observer's begin_run returns to be given statistics only
 
@@ -159,7 +169,7 @@ STATS_ONLY = "stats"     # what an observer's begin_run returns to be given stat
 class RunTrace:
     """What one run computed, for observers: `outputs[i]` is the list of plan.nodes[i]'s
     outputs, `feeds` the fed values by tensor name, `tasks` the NPU's kernel launches in
-    order (None on the CPU). Executors never modify an array after producing it, so the
+    order (None on the CPU) and `status` the OR of their status words. Executors never modify an array after producing it, so the
     trace holds each value as it was when its op ran.
 
     A run whose observers all asked for statistics only (STATS_ONLY) keeps no values:
@@ -168,9 +178,9 @@ class RunTrace:
     by its next run: an observer copies what it keeps."""
 
     def __init__(self, plan: ExecutionPlan, outputs: Optional[List[list]], feeds: Dict,
-                 tasks=None, stats: Optional[np.ndarray] = None):
+                 tasks=None, stats: Optional[np.ndarray] = None, status: int = 0):
         self.plan, self.outputs, self.feeds, self.tasks = plan, outputs, feeds, tasks
-        self.stats = stats
+        self.stats, self.status = stats, status
 
     def row(self, tensor: str) -> int:
         """A tensor's row in stats."""

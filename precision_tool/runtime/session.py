@@ -91,7 +91,7 @@ class Session:
             raise
         if watching:
             run = RunTrace(plan, trace, feeds, getattr(self._executor, "tasks", None),
-                           self._executor.stats if stats else None)
+                           self._executor.stats if stats else None, self.float_status())
             for o in watching:
                 o.end_run(self, run)
         self.step += 1
@@ -165,10 +165,7 @@ class Session:
 
     def float_status(self) -> int:
         """The OR of the AI Core status words of the last run (0 on the CPU)."""
-        status = 0
-        for t in self.tasks():
-            status |= t.status
-        return status
+        return getattr(self._executor, "status", 0)
 
     @property
     def compiled(self):

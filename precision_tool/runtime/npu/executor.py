@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -40,9 +40,9 @@ class DeviceMemoryError(PrecisionToolError, MemoryError):
     """The step's tensors do not fit the simulated device memory."""
 
 
-@dataclass(frozen=True)
-class Task:
-    """One executed kernel, as the NPU's profiling and dump records name it."""
+class Task(NamedTuple):
+    """One executed kernel, as the NPU's profiling and dump records name it (a named tuple:
+    a step makes hundreds, and a frozen dataclass costs three times as much to make)."""
     name: str
     type: str
     task_id: int
@@ -96,6 +96,7 @@ class NpuExecutor:
         self._constants: Dict[str, np.ndarray] = {}
         self._memory_checked = set()     # (plan, batch size) pairs that fit
         self.tasks: List[Task] = []
+        self._ctx = None                 # the last run's kernel context (see status)
         self.stats: Optional[np.ndarray] = None
 
     # -- the Session's side ---------------------------------------------------------------
@@ -153,7 +154,7 @@ class NpuExecutor:
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
         self._in_c = native.enabled()        # asked once a run: it reads the environment
         tasks: List[Task] = []
-        self.tasks = tasks
+        self.tasks, self._ctx = tasks, ctx
         table = plan.stats_table if stats else None
         if table is not None:
             table.start(values, variables)
@@ -161,6 +162,11 @@ class NpuExecutor:
                  lambda node: self._execute(node, values, variables, ctx, tasks, table), trace)
         self.stats = None if table is None else table.table
         return values
+
+    @property
+    def status(self) -> int:
+        """The OR of the status words of the last run's tasks (so far, if it failed)."""
+        return 0 if self._ctx is None else self._ctx.run_status
 
     def _execute(self, node, values, variables, ctx, tasks, table):
         source = read_source(node, values, variables)
@@ -172,7 +178,7 @@ class NpuExecutor:
                 c = registry.get("Const").kernel([], node.attrs, ctx)
                 self._constants[node.name] = self.cast_in(c, node.outputs[0].dtype)
             if table is not None:
-                table.passed(node.name, [self._constants[node.name]])
+                table.constant(node.name, self._constants[node.name])
             return [self._constants[node.name]]
         step = self._steps.get(node.name) or self._prepare(node)
         inputs = [values[i] for i in step.inputs]
@@ -194,7 +200,9 @@ class NpuExecutor:
             outputs = self._compute(step, inputs, ctx, rows)
         if step.task_id:
             tasks.append(Task(node.name, t, step.task_id, 0, launched, ctx.status))
-            ctx.float_status |= ctx.status
+            if ctx.status:
+                ctx.float_status |= ctx.status
+                ctx.run_status |= ctx.status
         return outputs
 
     def _prepare(self, node) -> _Step:
