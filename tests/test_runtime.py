@@ -253,6 +253,36 @@ def test_a_statistics_only_run_keeps_no_values_and_has_each_ones_statistics(mode
     assert table.scalar(m.loss.name) == float(kept.value(m.loss.name))
 
 
+@pytest.mark.parametrize("target", ["npu", "cpu"])
+def test_a_statistics_only_run_of_one_feed_and_one_variable_or_none(target):
+    """The sources are picked by name in one call: one feed, one variable or none at all
+    are picked as well as many (an eval plan, a graph without weights)."""
+    from precision_tool import numerics
+    from precision_tool.runtime.plan import STATS_ONLY
+    g = pt.Graph("one")
+    with g.as_default():
+        x = pt.placeholder("x", [2])
+        w = pt.ops.variable("w", [2], init="ones")
+        scaled = pt.ops.mul(x, w)
+        bare = pt.ops.exp(x)
+        doubled = pt.ops.add(w, w)
+    sess = pt.Session(g, target=target)
+    watch = _Watch(STATS_ONLY)
+    sess.add_observer(watch)
+    xv = np.array([0.5, -2.0], np.float32)
+    ones = np.ones(2, np.float32)
+    for fetch, feed, sources in ((scaled, {x: xv}, {"x:0": xv, "w:0": ones}),
+                                 (bare, {x: xv}, {"x:0": xv}),
+                                 (doubled, {}, {"w:0": ones})):
+        sess.run(fetch, feed)
+        trace = watch.trace
+        assert trace.outputs is None
+        for name, value in sources.items():
+            want = np.empty(8)
+            numerics.stats_row(value, want)
+            assert np.array_equal(trace.stats[trace.row(name)], want), name
+
+
 def test_values_are_kept_when_any_observer_needs_them():
     from precision_tool.runtime.plan import STATS_ONLY
     m = pt.models.mlp()

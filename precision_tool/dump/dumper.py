@@ -129,6 +129,7 @@ class DumpObserver:
         self._steps_dir = os.path.join(self.run_dir, "dump", self.started, "0",
                                        layout.mangle(self.graph.name), "0", "") \
             if self.npu else os.path.join(self.run_dir, "dump", "")
+        self._replay_dir = os.path.join(self.run_dir, "replay", "")
         self.source = session.graph
         self.dumped_steps: List[int] = []
         self.history: List[str] = []       # step_history.csv rows of every observed step
@@ -195,9 +196,8 @@ class DumpObserver:
             if self._bundles is None:
                 from .replay import BundleWriter
                 self._bundles = BundleWriter(session)
-            bundle = os.path.join(self.run_dir, "replay", str(number))
-            self._step.bundle = self._bundles.files(bundle, session, feeds, fetch_tensors,
-                                                    fetch_nodes)
+            self._step.bundle = self._bundles.files(self._replay_dir, str(number), session,
+                                                    feeds, fetch_tensors, fetch_nodes)
         # a statistics dump whose last plan was made from the same fetches and feeds' shapes
         # needs no values: the same kernels give tensors of the same shapes (no op's output
         # shape depends on its input's values; _put_step checks the sizes)
@@ -394,7 +394,7 @@ class DumpObserver:
                                  len(trace.tasks))[reuse.tasks]
         else:
             stamps = [stamp] * reuse.records
-        partial = os.path.join(os.path.dirname(st.path), f".{os.path.basename(st.path)}{PARTIAL}")
+        partial = f"{self._steps_dir}.{st.number}{PARTIAL}"
         filled = plan.fill(partial, stamps, values) if trace.outputs is not None else \
             plan.fill_stats(partial, stamps, values)
         more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id,

@@ -128,19 +128,20 @@ class BundleWriter:
         _, before, after = self._head
         return f"{before}{int(session.step)}{after}".encode("utf-8") + self._tail[1]
 
-    def files(self, path: str, session, feeds: Dict[str, np.ndarray], fetch_tensors,
-              fetch_nodes) -> "BundleFiles":
-        """The step's bundle as files to write into a partial directory renamed into place
-        when complete: taken now, on the training thread (references: nothing is modified
-        later), written by the dump's writer with the step's own files."""
+    def files(self, directory: str, name: str, session, feeds: Dict[str, np.ndarray],
+              fetch_tensors, fetch_nodes) -> "BundleFiles":
+        """The step's bundle, directory/name (directory ends with a separator), as files to
+        write into a partial directory renamed into place when complete: taken now, on the
+        training thread (references: nothing is modified later), written by the dump's
+        writer with the step's own files."""
         laid_out = {"variables": _layout(session.variables(copy=False)), "feeds": _layout(feeds)}
-        partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.partial")
+        path, partial = directory + name, f"{directory}.{name}.partial"
         files = [(f"{kind}.bin", tuple(buffers)) for kind, (_, buffers) in laid_out.items()]
         files.append(("replay.json", self._meta(session, fetch_tensors, fetch_nodes, laid_out)))
         # within a run, graph.json is a hard link to the previous bundle's (which the writer,
         # working in order, has renamed into place by then), or written where that fails
-        link = (self._graph_file or os.path.join(partial, "graph.json"),
-                os.path.join(partial, "graph.json"), self.graph)
+        graph = os.path.join(partial, "graph.json")
+        link = (self._graph_file or graph, graph, self.graph)
         self._graph_file = os.path.join(path, "graph.json")
         return BundleFiles(path, partial, files, link)
 

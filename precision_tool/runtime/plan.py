@@ -1,6 +1,7 @@
 """Execution plans: the ops a set of fetches needs, in order, and when each value dies."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Dict, FrozenSet, List, Optional, Tuple
@@ -111,27 +112,29 @@ class StatsTable:
     refilled by each of its runs: a step asks for hundreds of rows.
 
     start(): the feeds' and variables' rows, in one call (the values a run reads are there
-    when it starts); rows(node): the rows of the results an executor computes, for it to fill
-    (the NPU's rounding pass does it on the way); passed(node, outputs): values an op makes
+    when it starts); rows[node]: the rows of the results an executor computes, for it to fill
+    (the NPU's rounding pass does it on the way: a dict, not a method, for the hundreds of
+    look-ups a step makes); passed(node, outputs): values an op makes
     without computing (the variables behind a closed gate); constant(node, value): a
     constant's, computed once."""
 
     def __init__(self, plan: "ExecutionPlan"):
         self.slots = plan.slots
         self.table = np.empty((self.slots[""], 8))
-        self._rows = {node.name: [self.table[self.slots[node.name] + k]
-                                  for k in range(len(node.outputs))] for node in plan.nodes}
-        self._fed = sorted(plan.fed)
-        self._variables = [node.name for node in plan.nodes if node.type == "Variable"]
-        self._at = np.array([self.slots[name] for name in self._fed + self._variables],
-                            dtype=np.int64)
+        self.rows = {node.name: [self.table[self.slots[node.name] + k]
+                                 for k in range(len(node.outputs))] for node in plan.nodes}
+        fed = sorted(plan.fed)
+        variables = [node.name for node in plan.nodes if node.type == "Variable"]
+        # the sources in one C call each: a dict's values by name (always a tuple)
+        self._pick_feeds, self._pick_variables = _picker(fed), _picker(variables)
+        self._at = np.array([self.slots[name] for name in fed + variables], dtype=np.int64)
         # per source, its kind where the C module takes it in one call, "." where not; the
         # sources it leaves (bfloat16, other dtypes; all without the C module)
         self._kinds, self._other = None, []
         self._constants: Dict[str, np.ndarray] = {}     # node -> the value its row holds
 
     def start(self, values: Dict, variables: Dict) -> None:
-        arrays = [values[name] for name in self._fed] + [variables[name] for name in self._variables]
+        arrays = self._pick_feeds(values) + self._pick_variables(variables)
         if native.enabled():
             # the kinds are worked out again only when an array is not of the kind it had
             if self._kinds is None or not native.stats_rows(arrays, self._kinds, self.table,
@@ -147,11 +150,8 @@ class StatsTable:
         for i in others:
             numerics.stats_row(arrays[i], self.table[self._at[i]])
 
-    def rows(self, node: str) -> list:
-        return self._rows[node]
-
     def passed(self, node: str, outputs) -> None:
-        for out, row in zip(outputs, self._rows[node]):
+        for out, row in zip(outputs, self.rows[node]):
             numerics.stats_row(out, row)
 
     def constant(self, node: str, value: np.ndarray) -> None:
@@ -161,6 +161,13 @@ class StatsTable:
         if self._constants.get(node) is not value:
             self.passed(node, [value])
             self._constants[node] = value
+
+
+def _picker(names):
+    """mapping -> the tuple of its values for names, in one call."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda mapping: tuple(mapping[name] for name in names)
 
 
 STATS_ONLY = "stats"     # what an observer's begin_run returns to be given statistics only

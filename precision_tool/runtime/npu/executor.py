@@ -193,7 +193,7 @@ class NpuExecutor:
                 return outputs
             inputs = inputs[:-1]
         ctx.status = 0
-        rows = None if table is None else table.rows(node.name)
+        rows = None if table is None else table.rows[node.name]
         if step.cast_to is not None:
             outputs = [self._cast(inputs[0], step.cast_to, ctx, None if rows is None else rows[0])]
         else:
