@@ -177,8 +177,10 @@ class _EveryOther:
 
 def stats_dump_alternating(digits, where, batch, pairs=300):
     """A statistics dump's step ÷ an undumped one, in one session that dumps every other
-    step (the median of each kind): the same plan, arrays and caches on both sides, so the
-    steadiest measure on a shared machine. The writer's close is not in it."""
+    step: the same plan, arrays and caches on both sides, so the steadiest measure on a
+    shared machine. The median over dumped steps of each one's time ÷ the mean of the two
+    undumped steps around it: this machine's speed drifts from second to second, and a
+    step's neighbours ran at the speed it ran at. The writer's close is not in it."""
     m = pt.models.transformer()
     root = tempfile.mkdtemp(prefix="bench-dump-", dir=where)
     try:
@@ -187,14 +189,15 @@ def stats_dump_alternating(digits, where, batch, pairs=300):
         cfg = dataclasses.replace(cfg, observers=tuple(map(_EveryOtherHook, cfg.observers)))
         sess = pt.Session(m.graph, target="npu", config=cfg)
         feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
-        times = ([], [])                   # dumped, undumped
-        for i in range(2 * pairs + 4):
+        times = []                         # even steps dumped, odd ones not
+        for _ in range(2 * pairs + 5):
             start = time.perf_counter()
             sess.run([m.loss, m.train_op], feed)
-            if i >= 4:                     # the first dumped steps make the plan
-                times[i % 2].append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
         sess.close()
-        return statistics.median(times[0]) / statistics.median(times[1])
+        # from step 4 on: the first dumped steps make the plan
+        return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
+                                 for i in range(4, len(times) - 1, 2))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -142,8 +142,9 @@ def main():
                                                                50 if q else 300)
                         t.add(f"dump overhead, {what}, stats dump ÷ none, {label}, one session "
                               f"dumping every other step", f"{alt:.3f}", "≤ 1.1", alt <= 1.1,
-                              note="median of each kind of step; the steadiest measure here "
-                                   "(no close, no block boundaries)")
+                              note="median of each dumped step ÷ its two undumped "
+                                   "neighbours; the steadiest measure here (no close, no "
+                                   "block boundaries, no drift between the two)")
         cpu = executors.writer_cpu(digits, "/dev/shm" if os.path.isdir("/dev/shm") else ".",
                                    32, 10 if q else 40)
         if cpu is not None:
