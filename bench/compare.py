@@ -18,7 +18,7 @@ import numpy as np
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.analysis import compare_tensors, vector_compare
+from precision_tool.analysis import vector_compare
 from precision_tool.dump import Workspace
 
 
