@@ -101,8 +101,8 @@ def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
 def stats_rows(arrays, kinds: str, table: np.ndarray, rows: np.ndarray) -> bool:
     """Each array's statistics (as stats() gives them) and size into its row of table
     ((rows, 8) float64), where kinds names a stats_kind other than bfloat16's ('.' skips
-    the array). False, writing
-    nothing, when an array is not of the kind named or is strided."""
+    the array). False, writing nothing, when an array is not of the kind named or is
+    strided."""
     return _reduce.stats_rows(arrays, kinds, table, rows)
 
 

@@ -377,9 +377,9 @@ class DumpObserver:
             stats = trace.stats[reuse.rows] if same else None
             if stats is None or not np.array_equal(stats[:, 7], plan.sizes):
                 raise ExecutionError(
-                    f"step {st.number}: the same fetches and feeds gave tensors of other sizes "
-                    f"than the step before; a statistics dump cannot follow that (use "
-                    f"dump_data='tensor')")
+                    f"step {st.number}: the same fetches and feeds gave other kernels or "
+                    f"tensors of other sizes than the step before; a statistics dump cannot "
+                    f"follow that (use dump_data='tensor')")
             values = np.ascontiguousarray(stats[:, :7])
         elif same:
             fed = reuse.fed

@@ -114,9 +114,8 @@ class StatsTable:
     start(): the feeds' and variables' rows, in one call (the values a run reads are there
     when it starts); rows[node]: the rows of the results an executor computes, for it to fill
     (the NPU's rounding pass does it on the way: a dict, not a method, for the hundreds of
-    look-ups a step makes); passed(node, outputs): values an op makes
-    without computing (the variables behind a closed gate); constant(node, value): a
-    constant's, computed once."""
+    look-ups a step makes); passed(node, outputs): values an op makes without computing (the
+    variables behind a closed gate); constant(node, value): a constant's, computed once."""
 
     def __init__(self, plan: "ExecutionPlan"):
         self.slots = plan.slots
@@ -176,8 +175,9 @@ STATS_ONLY = "stats"     # what an observer's begin_run returns to be given stat
 class RunTrace:
     """What one run computed, for observers: `outputs[i]` is the list of plan.nodes[i]'s
     outputs, `feeds` the fed values by tensor name, `tasks` the NPU's kernel launches in
-    order (None on the CPU) and `status` the OR of their status words. Executors never modify an array after producing it, so the
-    trace holds each value as it was when its op ran.
+    order (None on the CPU) and `status` the OR of their status words. Executors never
+    modify an array after producing it, so the trace holds each value as it was when its op
+    ran.
 
     A run whose observers all asked for statistics only (STATS_ONLY) keeps no values:
     `outputs` is None and `stats` holds, per value (its row: plan.slots), numerics.stats_row's
@@ -193,15 +193,15 @@ class RunTrace:
         """A tensor's row in stats."""
         if tensor in self.feeds:
             return self.plan.slots[tensor]
-        node, _, k = tensor.rpartition(":")
-        return self.plan.slots[node] + int(k)
+        node, k = split_tensor_name(tensor)
+        return self.plan.slots[node] + k
 
     def value(self, tensor: str):
         """A tensor's value: a feed, or the output of its producer."""
         if tensor in self.feeds:
             return self.feeds[tensor]
-        node, _, k = tensor.rpartition(":")
-        return self.outputs[self.plan.producers[node]][int(k)]
+        node, k = split_tensor_name(tensor)
+        return self.outputs[self.plan.producers[node]][k]
 
     def scalar(self, tensor: str) -> float:
         """The value of a one-element tensor, from its value or from its statistics."""
