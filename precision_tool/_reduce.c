@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <ftw.h>
 #include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -1223,7 +1224,7 @@ typedef struct {
     PyObject *seq;                  /* the arrays */
     Py_buffer *views;
     char *kinds;
-    Py_ssize_t n, got;
+    Py_ssize_t n, got, width;       /* width: 7 or 8 float64 a row of stats (8: the size too) */
     Py_buffer stats, stamps, literal, cuts, refs;
     int held;                       /* how many of the five buffers above are held */
 } Index;
@@ -1259,9 +1260,10 @@ static int index_parse(Index *x, PyObject *arrays, PyObject *kinds_obj, PyObject
     x->n = PySequence_Fast_GET_SIZE(x->seq);
     Py_ssize_t nrefs = x->refs.len / 8, nstamps = x->stamps.len / 8;
     const int64_t *ref = x->refs.buf, *cut = x->cuts.buf;
-    if (nkinds != x->n || x->stats.len != (Py_ssize_t)(x->n * 7 * sizeof(double)) ||
+    x->width = x->n && x->stats.len == (Py_ssize_t)(x->n * 8 * sizeof(double)) ? 8 : 7;
+    if (nkinds != x->n || x->stats.len != (Py_ssize_t)(x->n * x->width * sizeof(double)) ||
         x->refs.len % 8 || x->stamps.len % 8 || x->cuts.len != (nrefs + 1) * 8) {
-        PyErr_SetString(PyExc_ValueError, "index_text: one kind and 7 stats per array, "
+        PyErr_SetString(PyExc_ValueError, "index_text: one kind and 7 (or 8) stats per array, "
                         "int64 stamps and refs, one cut more than refs");
         goto fail;
     }
@@ -1336,8 +1338,8 @@ static Py_ssize_t index_run(const Index *x, Scratch *s)
     for (Py_ssize_t k = 0; k < n; k++) {
         if (x->views[k].obj)          /* None: its statistics are given */
             tensor_stats(x->views[k].buf, x->kinds[k], x->views[k].len / itemsize(x->kinds[k]),
-                         o + 7 * k);
-        length[k] = format_stats(o + 7 * k, lines + k * STATS_LINE);
+                         o + x->width * k);
+        length[k] = format_stats(o + x->width * k, lines + k * STATS_LINE);
     }
     for (Py_ssize_t k = 0; k <= nrefs; k++) {
         Py_ssize_t end = k < nrefs ? cut[k + 1] : x->literal.len;
@@ -1356,7 +1358,8 @@ static Py_ssize_t index_run(const Index *x, Scratch *s)
 
 /* index_text(arrays, kinds, stats, stamps, literal, cuts, refs) -> bytes: a dump step's
  * whole index in one call without the GIL. Each array's statistics go into `stats` (7
- * float64 per array, as stats() writes them); the text is the template's literal pieces
+ * float64 per array, as stats() writes them; or 8, the eighth left alone, as a statistics
+ * table's rows hold them with the size); the text is the template's literal pieces
  * (piece i starts at cuts[i] and ends where the next starts, the last at the literal's end)
  * with, between piece i and i+1, refs[i] filled in: a stamp (refs[i] >= 0: stamps[refs[i]]
  * in decimal) or an array's statistics (refs[i] < 0: the CSV fields of array -1 - refs[i]).
@@ -1938,14 +1941,36 @@ static void job_run(Job *j, Scratch *scratch)
     files_rename(&j->files, &j->failed, &j->error);
 }
 
+/* How the idle thread looks for work: submit() queues a step without waking it, since
+ * waking a sleeping thread costs the waker a system call and an interrupt to the other core
+ * (about 18 us on a virtual machine, where the interrupt leaves the guest), and the
+ * training thread is the waker. The thread looks again after 1 ms, then after twice as long
+ * each time it finds nothing, up to 64 ms; a step found resets it. A queue that is full
+ * (back-pressure), flush() and close() do wake it. */
+#define POLL_FIRST_NS 1000000L
+#define POLL_LAST_NS 64000000L
+
+static void wait_for_work(Writer *w, long *poll)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += *poll;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    if (pthread_cond_timedwait(&w->work, &w->lock, &until) == ETIMEDOUT && !w->queue)
+        *poll = MIN(2 * *poll, POLL_LAST_NS);
+}
+
 static void *writer_main(void *arg)
 {
     Writer *w = arg;
     Scratch scratch = {0};
+    long poll = POLL_FIRST_NS;
     pthread_mutex_lock(&w->lock);
     for (;;) {
-        while (!w->queue && !w->stop) pthread_cond_wait(&w->work, &w->lock);
+        while (!w->queue && !w->stop) wait_for_work(w, &poll);
         if (!w->queue) break;
+        poll = POLL_FIRST_NS;
         Job *j = w->queue;
         w->queue = j->next;
         if (!w->queue) w->queue_tail = NULL;
@@ -1978,9 +2003,13 @@ static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Writer *w = (Writer *)type->tp_alloc(type, 0);
     if (!w) return NULL;
     w->max_pending = max_pending;
+    pthread_condattr_t monotonic;       /* the idle thread's timed waits (wait_for_work) */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
     pthread_mutex_init(&w->lock, NULL);
-    pthread_cond_init(&w->work, NULL);
+    pthread_cond_init(&w->work, &monotonic);
     pthread_cond_init(&w->room, NULL);
+    pthread_condattr_destroy(&monotonic);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         Py_DECREF(w);
         PyErr_SetString(PyExc_OSError, "Writer: cannot start its thread");
@@ -2030,13 +2059,15 @@ static PyObject *Writer_submit(Writer *w, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&w->lock);
-    while (w->pending >= w->max_pending) pthread_cond_wait(&w->room, &w->lock);
+    while (w->pending >= w->max_pending) {          /* full: the thread is woken to make room */
+        pthread_cond_signal(&w->work);
+        pthread_cond_wait(&w->room, &w->lock);
+    }
     j->ticket = w->tickets++;
     if (w->queue_tail) w->queue_tail->next = j;
     else w->queue = j;
     w->queue_tail = j;
-    w->pending++;
-    pthread_cond_signal(&w->work);
+    w->pending++;                   /* not woken: it looks for work itself (wait_for_work) */
     pthread_mutex_unlock(&w->lock);
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(j->ticket);
@@ -2080,6 +2111,7 @@ static PyObject *Writer_flush(Writer *w, PyObject *unused)
 {
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&w->lock);
+    if (w->pending > 0) pthread_cond_signal(&w->work);
     while (w->pending > 0) pthread_cond_wait(&w->room, &w->lock);
     w->failed = 0;                  /* reported by this flush: later steps are written again */
     pthread_mutex_unlock(&w->lock);
@@ -2142,6 +2174,52 @@ static PyTypeObject WriterType = {
     .tp_methods = writer_methods,
 };
 
+/* pack(arrays) -> (data, layout): the C-contiguous buffers' bytes back to back, and per
+ * buffer its item size, its number of dimensions and each dimension, as int64 back to back;
+ * a strided one, or one that exports no buffer, raises what its export raises. A
+ * replay bundle's variables go to the writer as one buffer taken when the step starts (the
+ * arrays are not held until they are written), and the layout tells whether replay.json's
+ * list of them still holds. */
+static PyObject *py_pack(PyObject *self, PyObject *arg)
+{
+    PyObject *seq = PySequence_Fast(arg, "pack takes a sequence of arrays");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), total = 0, longs = 0, k;
+    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    PyObject *data = NULL, *layout = NULL, *out = NULL;
+    if (!views) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (k = 0; k < n; k++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, k), &views[k], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        total += views[k].len;
+        longs += 2 + views[k].ndim;
+    }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    layout = data ? PyBytes_FromStringAndSize(NULL, longs * (Py_ssize_t)sizeof(int64_t)) : NULL;
+    if (layout) {
+        char *at = PyBytes_AS_STRING(data);
+        int64_t *shape = (int64_t *)PyBytes_AS_STRING(layout);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            memcpy(at, views[i].buf, (size_t)views[i].len);
+            at += views[i].len;
+            *shape++ = views[i].itemsize;
+            *shape++ = views[i].ndim;
+            for (int d = 0; d < views[i].ndim; d++) *shape++ = views[i].shape[d];
+        }
+        out = PyTuple_Pack(2, data, layout);
+    }
+done:
+    for (Py_ssize_t i = 0; i < k; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(data);
+    Py_XDECREF(layout);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyObject *py_simd(PyObject *self, PyObject *args)
 {
     return PyBool_FromLong(use_simd());
@@ -2151,6 +2229,9 @@ static PyMethodDef methods[] = {
     {"simd", py_simd, METH_NOARGS,
      "simd(): do comparisons of 16- and 32-bit floats run the AVX-512 loops here (the CPU has "
      "them and PRECISION_TOOL_NO_AVX512 is not set)?"},
+    {"pack", py_pack, METH_O,
+     "pack(arrays) -> (data, layout): the C-contiguous arrays' bytes back to back, and each "
+     "one's item size, number of dimensions and dimensions as int64."},
     {"write_files", py_write_files, METH_VARARGS,
      "write_files(paths, headers, arrays[, converts[, links[, renames[, dirs]]]]): each file "
      "its header and its array's bytes ('e' in converts: a float32 array written as float16; "

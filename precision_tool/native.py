@@ -132,6 +132,14 @@ def index_text(arrays, kinds: str, stats: np.ndarray, stamps: np.ndarray, templa
                               template.refs)
 
 
+def pack(arrays) -> tuple:
+    """(data, layout): the arrays' bytes back to back in one bytes object, and per array its
+    item size, number of dimensions and dimensions (int64 bytes). A strided array, or one
+    that exports no buffer (bfloat16, objects), raises what its buffer export raises
+    (numpy: ValueError; BufferError or TypeError for others)."""
+    return _reduce.pack(arrays)
+
+
 def write_files(paths, headers, arrays, converts=None, links=(), renames=(), dirs=()) -> None:
     """Empty directories made first, then hard links (or files of their contents where
     linking fails), then each path its header and its array's bytes (an array may be a tuple

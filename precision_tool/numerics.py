@@ -209,15 +209,16 @@ def tensor_stats(x: np.ndarray) -> dict:
             "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
 
 
-def stats_row(x: np.ndarray, row: np.ndarray) -> None:
+def stats_row(x: np.ndarray, row) -> None:
     """tensor_stats of x into row[:7] (STAT_FIELDS' order, counts as floats) and its size
-    into row[7]: the C module's one pass where it takes the dtype."""
+    into row[7]: the C module's one pass where it takes the dtype. row: 8 float64, a numpy
+    array or a memoryview."""
     if x.size and native.enabled() and native.stats_kind(x):
         native.stats([x], row[:7])
     else:
         stats = tensor_stats(x)
-        row[:7] = [stats[f] for f in STAT_FIELDS]
-    row[7] = x.size
+        np.asarray(row)[:7] = [stats[f] for f in STAT_FIELDS]
+    row[7] = float(x.size)
 
 
 def batch_stats(arrays) -> dict:

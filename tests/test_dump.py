@@ -476,6 +476,42 @@ def test_each_bundle_holds_its_own_steps_feeds_and_variables(tmp_path):
             assert bundle.variables[name].tobytes() == value.tobytes(), (step, name)
 
 
+@pytest.mark.parametrize("c_module", [True, False])
+def test_a_bundle_holds_any_array_it_is_given(tmp_path, monkeypatch, c_module):
+    """bfloat16 (whose numpy code, '<V2', would read back as raw bytes), strided, 0-d and
+    empty arrays go into a bundle and come back as they were, with the C module and without
+    it; a changed shape gets entries of its own; Python objects are refused."""
+    import ml_dtypes
+    from precision_tool.dump.replay import BundleWriter
+    from precision_tool.dump.writer import write_files
+    if not c_module:
+        monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+    m = pt.models.mlp()
+    sess = pt.Session(m.graph, target="npu")
+    writer = BundleWriter(sess)
+    rng = np.random.default_rng(0)
+    for step, rows in enumerate((3, 5)):
+        feeds = {"bf": rng.normal(size=(rows, 2)).astype(ml_dtypes.bfloat16),
+                 "strided": rng.normal(size=(rows, 6)).astype(np.float32)[:, ::3],
+                 "scalar": np.float64(rows), "empty": np.zeros((0, rows), np.int32)}
+        files = writer.files(str(tmp_path) + os.sep, str(step), sess, feeds, ["a:0"], [])
+        write_files([p for p, _ in files.files], [d for _, d in files.files],
+                    [b""] * len(files.files), links=[files.link], dirs=[files.partial],
+                    renames=[(files.partial, files.path)])
+        bundle = load_bundle(files.path)
+        assert bundle.feeds.keys() == feeds.keys()
+        for name, want in feeds.items():
+            got = bundle.feeds[name]
+            assert got.dtype == want.dtype and got.shape == np.shape(want), name
+            assert got.tobytes() == np.ascontiguousarray(want).tobytes(), name
+        held = sess.variables()
+        assert all(bundle.variables[k].tobytes() == v.tobytes() for k, v in held.items())
+        assert bundle.meta["feeds"][0]["dtype"] == "bfloat16"
+    from precision_tool.dump.replay import ReplayError
+    with pytest.raises(ReplayError, match="'objects' holds Python objects"):
+        writer.files(str(tmp_path) + os.sep, "9", sess, {"objects": np.array([{}, None], dtype=object)}, [], [])
+
+
 # -- the script runner and interrupted dumps -------------------------------------------------
 SCRIPT = textwrap.dedent("""
     import sys, numpy as np, precision_tool as pt

@@ -565,6 +565,41 @@ def test_index_text_fills_the_template_as_python_does():
         assert stats[k, 0] == want["max"][k] and stats[k, 3] == pytest.approx(want["l2norm"][k])
 
 
+def test_pack_copies_arrays_back_to_back_and_reports_their_layout():
+    arrays = [_hostile(33, np.float32), np.arange(6, dtype=np.int64).reshape(2, 3),
+              np.float16(2.5), np.zeros((0, 4), np.uint8), np.array([True, False])]
+    data, layout = native.pack(arrays)
+    assert data == b"".join(a.tobytes() for a in arrays)
+    want = []
+    for a in arrays:
+        want += [a.itemsize, a.ndim, *a.shape]
+    assert np.frombuffer(layout, np.int64).tolist() == want
+    assert native.pack([]) == (b"", b"")
+    with pytest.raises((BufferError, ValueError)):        # numpy says ValueError
+        native.pack([arrays[0], np.zeros((4, 4))[:, ::2]])
+    bf = np.arange(3, dtype=np.float32).astype(ml_dtypes.bfloat16)    # its bytes, no format
+    assert native.pack([bf]) == (bf.tobytes(), np.array([2, 1, 3], np.int64).tobytes())
+    with pytest.raises(TypeError):
+        native.pack([[1.0, 2.0]])                               # not a buffer
+
+
+def test_index_text_takes_statistics_rows_with_their_sizes():
+    """A statistics table's rows (8 float64: the statistics, then the size) give the index
+    the 7-column rows give; the statistics it computes go into the first seven columns."""
+    t = _stamped_template()
+    arrays = [_hostile(1000, np.float32), np.arange(7, dtype=np.int32), _hostile(300, np.float16)]
+    stamps = np.array([1700000000123456, 7], dtype=np.int64)
+    seven = np.zeros((3, 7))
+    seven[1] = [6, 0, 3, 9.539392014169456, 0, 0, 0]
+    eight = np.zeros((3, 8))
+    eight[:, :7], eight[:, 7] = seven, [1000, 7, 300]
+    given = [arrays[0], None, arrays[2]]
+    assert native.index_text(given, "f.e", eight, stamps, t) == \
+        native.index_text(given, "f.e", seven, stamps, t)
+    assert eight[:, :7].tolist() == seven.tolist()
+    assert eight[:, 7].tolist() == [1000, 7, 300]
+
+
 def test_index_text_refuses_a_template_that_does_not_fit():
     t = _stamped_template()
     stats = np.zeros((3, 7))
@@ -572,8 +607,10 @@ def test_index_text_refuses_a_template_that_does_not_fit():
     stamps = np.zeros(2, dtype=np.int64)
     with pytest.raises(ValueError, match="names no stamp"):
         native.index_text(good, "fff", stats, stamps[:1], t)
-    with pytest.raises(ValueError, match="7 stats per array"):
+    with pytest.raises(ValueError, match=r"7 \(or 8\) stats per array"):
         native.index_text(good[:2], "ff", stats, stamps, t)
+    with pytest.raises(ValueError, match=r"7 \(or 8\) stats per array"):
+        native.index_text(good, "fff", np.zeros((3, 6)), stamps, t)
     t.cuts[2] = len(t.literal) + 1
     with pytest.raises(ValueError, match="cuts outside"):
         native.index_text(good, "fff", stats, stamps, t)

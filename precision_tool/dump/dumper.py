@@ -374,13 +374,13 @@ class DumpObserver:
         same = plan is not None and plan.key == key and st.dump and \
             len(trace.tasks or ()) == reuse.launched
         if trace.outputs is None:      # statistics only (begin_run said so)
-            stats = trace.stats[reuse.rows] if same else None
-            if stats is None or not np.array_equal(stats[:, 7], plan.sizes):
+            # the rows as they are (statistics and size): the index reads the first seven
+            values = trace.stats.take(reuse.rows, axis=0) if same else None
+            if values is None or not (values[:, 7] == plan.sizes).all():
                 raise ExecutionError(
                     f"step {st.number}: the same fetches and feeds gave other kernels or "
                     f"tensors of other sizes than the step before; a statistics dump cannot "
                     f"follow that (use dump_data='tensor')")
-            values = np.ascontiguousarray(stats[:, :7])
         elif same:
             fed = reuse.fed
             pool = trace.outputs + [[trace.feeds[t] for t in fed]] if fed else trace.outputs
@@ -402,7 +402,7 @@ class DumpObserver:
                  _json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
         dirs, renames, links, bundle = [partial], [(partial, st.path)], (), st.bundle
         if bundle is not None:
-            more += [(os.path.join(bundle.partial, name), data) for name, data in bundle.files]
+            more += bundle.files
             dirs.append(bundle.partial)
             links = [bundle.link]
             renames.append((bundle.partial, bundle.path))

@@ -16,10 +16,11 @@ import json
 import operator
 import os
 from dataclasses import dataclass, fields
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, Mapping, NamedTuple, Optional
 
 import numpy as np
 
+from .. import native
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json
@@ -50,42 +51,54 @@ def config_dict(session) -> dict:
     return out
 
 
-_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 _DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
-def _layout(arrays: Dict[str, np.ndarray]):
-    """The arrays as the .bin file holds them (C-contiguous numbers) and a key that is the
-    same while their names, dtypes and shapes are: (names, dtypes, shapes). Runs every dumped
-    step over every variable: whole-list passes in C (map), the per-array work only where
-    needed."""
-    values = list(arrays.values())
-    try:
-        plain = all(map(_C_CONTIGUOUS, values))
-    except AttributeError:          # not an array
-        plain = False
-    if not plain:
-        values = [_contiguous(name, a) for name, a in arrays.items()]
+class _Bin(NamedTuple):
+    """One .bin file of a bundle, ready to write."""
+    key: tuple              # equal from step to step while the arrays' names, dtypes and
+                            # shapes are: replay.json's entries for them still hold
+    data: object            # the bytes to write (or, without the C module, the arrays)
+    arrays: tuple           # the arrays, C-contiguous, for the entries (not kept)
+
+
+def _bin(arrays: Mapping[str, np.ndarray]) -> _Bin:
+    """The arrays as one .bin file holds them. Runs every dumped step over every variable:
+    where the C module is built, one call copies them all and reports their shapes (the
+    arrays are let go at once, not held until the writer is done with them); the per-array
+    work in Python only where that fails (a strided array, not an array)."""
+    values = tuple(arrays.values())
+    if native.enabled():
+        try:
+            data, shapes = native.pack(values)
+            return _Bin((tuple(arrays), tuple(map(_DTYPE, values)), shapes), data, values)
+        except (BufferError, ValueError, TypeError):
+            pass
+    values = tuple(map(_contiguous, values))
     key = (tuple(arrays), tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
-    if not all(d.kind in "biufc" for d in frozenset(key[1])):
-        # an extension dtype (bfloat16) exports no buffer: its bytes are written
-        values = [a if a.dtype.kind in "biufc" else a.reshape(-1).view(np.uint8) for a in values]
-    return key, values
+    return _Bin(key, native.pack(values)[0] if native.enabled() else values, values)
 
 
-def _contiguous(name: str, a) -> np.ndarray:
+def _contiguous(a) -> np.ndarray:
     a = np.asarray(a)
-    if a.dtype.hasobject:
-        raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 
-def _entries_json(key, buffers) -> str:
-    """replay.json's list of the arrays: name, dtype, shape, offset and size in the .bin."""
+def _dtype_name(dtype: np.dtype) -> str:
+    """How replay.json names a dtype: by its code ('<f4') where that names it, else by its
+    name (an extension dtype: bfloat16's code, '<V2', would read back as raw bytes)."""
+    return dtype.str if np.dtype(dtype.str) == dtype else dtype.name
+
+
+def _entries_json(names, arrays) -> str:
+    """replay.json's list of the arrays: name, dtype, shape, offset and size in the .bin
+    (worked out when the arrays' layout changes, so checked then: numbers only)."""
     entries, offset = [], 0
-    for name, dtype, shape, a in zip(*key, buffers):
-        entries.append({"name": name, "dtype": dtype.str, "shape": list(shape), "offset": offset,
-                        "nbytes": a.nbytes})
+    for name, a in zip(names, arrays):
+        if a.dtype.hasobject:
+            raise ReplayError(f"{name!r} holds Python objects; bundles hold numbers only")
+        entries.append({"name": name, "dtype": _dtype_name(a.dtype), "shape": list(a.shape),
+                        "offset": offset, "nbytes": a.nbytes})
         offset += a.nbytes
     return json.dumps(entries)
 
@@ -110,39 +123,39 @@ class BundleWriter:
         self._tail = (None, b"")                   # (arrays' keys, the rest of replay.json)
         self._graph_file: Optional[str] = None     # the last bundle's graph.json
 
-    def _meta(self, session, fetch_tensors, fetch_nodes, laid_out) -> bytes:
-        """replay.json: only the session step changes from step to step of a training loop;
-        the rest is encoded once for each set of fetches and of arrays' names, dtypes and
-        shapes."""
+    def _meta(self, session, fetch_tensors, fetch_nodes, bins: Dict[str, _Bin]) -> tuple:
+        """replay.json, in two parts: only the session step changes from step to step of a
+        training loop; the rest is encoded once for each set of fetches and of arrays' names,
+        dtypes and shapes."""
         head_key = (session.target, tuple(fetch_tensors), tuple(fetch_nodes))
-        tail_key = tuple(key for key, _ in laid_out.values())
+        tail_key = tuple(b.key for b in bins.values())
         if self._head[0] != head_key:
             rest = json.dumps({"target": session.target, "fetch_tensors": list(fetch_tensors),
                                "fetch_nodes": list(fetch_nodes)})
             self._head = (head_key, f'{{"version": {BUNDLE_VERSION}, "session_step": ',
                           f", {rest[1:-1]}")
         if self._tail[0] != tail_key:
-            entries = "".join(f', "{kind}": {_entries_json(key, buffers)}'
-                              for kind, (key, buffers) in laid_out.items())
+            entries = "".join(f', "{kind}": {_entries_json(b.key[0], b.arrays)}'
+                              for kind, b in bins.items())
             self._tail = (tail_key, f'{entries}, "config": {self.config}}}\n'.encode("utf-8"))
         _, before, after = self._head
-        return f"{before}{int(session.step)}{after}".encode("utf-8") + self._tail[1]
+        return f"{before}{int(session.step)}{after}".encode("utf-8"), self._tail[1]
 
     def files(self, directory: str, name: str, session, feeds: Dict[str, np.ndarray],
               fetch_tensors, fetch_nodes) -> "BundleFiles":
         """The step's bundle, directory/name (directory ends with a separator), as files to
         write into a partial directory renamed into place when complete: taken now, on the
-        training thread (references: nothing is modified later), written by the dump's
-        writer with the step's own files."""
-        laid_out = {"variables": _layout(session.variables(copy=False)), "feeds": _layout(feeds)}
+        training thread, and written by the dump's writer with the step's own files."""
+        bins = {"variables": _bin(session.variables(copy=False)), "feeds": _bin(feeds)}
         path, partial = directory + name, f"{directory}.{name}.partial"
-        files = [(f"{kind}.bin", tuple(buffers)) for kind, (_, buffers) in laid_out.items()]
-        files.append(("replay.json", self._meta(session, fetch_tensors, fetch_nodes, laid_out)))
+        files = [(f"{partial}{os.sep}{kind}.bin", b.data) for kind, b in bins.items()]
+        files.append((f"{partial}{os.sep}replay.json",
+                      self._meta(session, fetch_tensors, fetch_nodes, bins)))
         # within a run, graph.json is a hard link to the previous bundle's (which the writer,
         # working in order, has renamed into place by then), or written where that fails
-        graph = os.path.join(partial, "graph.json")
+        graph = f"{partial}{os.sep}graph.json"
         link = (self._graph_file or graph, graph, self.graph)
-        self._graph_file = os.path.join(path, "graph.json")
+        self._graph_file = f"{path}{os.sep}graph.json"
         return BundleFiles(path, partial, files, link)
 
 
@@ -150,7 +163,7 @@ class BundleFiles(NamedTuple):
     """One step's bundle, ready to write (see BundleWriter.files)."""
     path: str
     partial: str
-    files: list             # (name, bytes or a tuple of arrays) each
+    files: list             # (path, bytes or a tuple of buffers) each
     link: tuple             # (graph.json to link to, graph.json, its contents where that fails)
 
 

@@ -150,7 +150,8 @@ class StepPlan:
 
     def fill_stats(self, directory: str, stamps: Sequence[int], stats: np.ndarray) -> "Filled":
         """fill() for a statistics dump given each tensor's statistics instead of its value
-        ((tensors, 7) float64, numerics.stats_row's first seven): nothing is left to read."""
+        ((tensors, 7) or (tensors, 8) float64: numerics.stats_row's first seven, or its
+        rows whole): nothing is left to read."""
         return Filled(os.path.join(directory, layout.INDEX_FILE),
                       np.asarray(stamps, dtype=np.int64), None, [], [], stats)
 
