@@ -5,7 +5,8 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up; the floor under a tensor dump (an observer that only
+  time includes the writer catching up (on tmpfs its steps are then removed, untimed: see
+  _drop_steps); the floor under a tensor dump (an observer that only
   keeps each step's outputs until the next step ends) and under a statistics dump (one that
   only asks for the values' statistics, which the run computes as it makes them); a
   statistics dump also in one session that dumps every other step (the steadiest measure
@@ -13,6 +14,7 @@
 - the golden executor against PyTorch CPU eager, when torch is installed.
 """
 import dataclasses
+import glob
 import os
 import shutil
 import statistics
@@ -119,10 +121,24 @@ def dump_overhead(digits, where, batch):
                     sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
                 sess.close()
                 samples[k].append((time.perf_counter() - start) / DUMP_STEPS)
+                if where != ".":
+                    _drop_steps(root)
         t = {k: statistics.median(v) for k, v in samples.items()}
         return tuple(t[k] / t["none"] for k in ("tensor", "stats", "kept", "counted"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _drop_steps(root):
+    """Remove the steps a block wrote to tmpfs (untimed): memory this virtual machine has
+    not used for a while is mapped by the host as it is first written, at about 0.45 GB/s
+    (dd here), and a workspace kept across the blocks grows to gigabytes (a tensor dump at
+    batch 256 writes 28 MB a step): from about 1 GB on, the blocks measured that rate
+    instead of the dump (4-5x at batch 256). The run directories stay: the next block
+    writes its steps beside them."""
+    for step in glob.glob(os.path.join(root, "npu", "*", "dump", "*", "*", "*", "*", "*")) + \
+            glob.glob(os.path.join(root, "npu", "*", "replay", "*")):
+        shutil.rmtree(step, ignore_errors=True)
 
 
 def _writer_cpu_seconds():

@@ -1941,12 +1941,13 @@ static void job_run(Job *j, Scratch *scratch)
     files_rename(&j->files, &j->failed, &j->error);
 }
 
-/* How the idle thread looks for work: submit() queues a step without waking it, since
- * waking a sleeping thread costs the waker a system call and an interrupt to the other core
- * (about 18 us on a virtual machine, where the interrupt leaves the guest), and the
- * training thread is the waker. The thread looks again after 1 ms, then after twice as long
- * each time it finds nothing, up to 64 ms; a step found resets it. A queue that is full
- * (back-pressure), flush() and close() do wake it. */
+/* How the idle thread looks for work: submit(..., wake=False) queues a step without waking
+ * it, since waking a sleeping thread costs the waker a system call and an interrupt to the
+ * other core (18-25 us on a virtual machine, where the interrupt leaves the guest), and the
+ * training thread is the waker: worth it for a step of tensor files, whose writing may take
+ * as long as a training step, not for a statistics step's few small files. The thread looks
+ * again after 1 ms, then after twice as long each time it finds nothing, up to 64 ms; a step
+ * found resets it. A queue that is full (back-pressure), flush() and close() wake it. */
 #define POLL_FIRST_NS 1000000L
 #define POLL_LAST_NS 64000000L
 
@@ -2023,15 +2024,17 @@ static PyObject *Writer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)w;
 }
 
-/* submit(index, files): queue a step; blocks (without the GIL) while max_pending steps are
- * queued or being written. index: None or (arrays, kinds, stats, stamps, literal, cuts,
+/* submit(index, files, wake=True): queue a step, waking the thread if asked
+ * (wait_for_work); blocks (without the GIL) while max_pending steps are queued or being
+ * written. index: None or (arrays, kinds, stats, stamps, literal, cuts,
  * refs, path); files: (paths, headers, arrays, converts, links, renames, dirs) as
  * write_files takes them, the renames done after the index is written. Returns the step's
  * ticket. */
 static PyObject *Writer_submit(Writer *w, PyObject *args)
 {
     PyObject *index, *files;
-    if (!PyArg_ParseTuple(args, "OO", &index, &files)) return NULL;
+    int wake = 1;
+    if (!PyArg_ParseTuple(args, "OO|p", &index, &files, &wake)) return NULL;
     if (w->stop) {
         PyErr_SetString(PyExc_ValueError, "Writer: closed");
         return NULL;
@@ -2067,7 +2070,8 @@ static PyObject *Writer_submit(Writer *w, PyObject *args)
     if (w->queue_tail) w->queue_tail->next = j;
     else w->queue = j;
     w->queue_tail = j;
-    w->pending++;                   /* not woken: it looks for work itself (wait_for_work) */
+    w->pending++;
+    if (wake) pthread_cond_signal(&w->work);        /* else it finds the step itself */
     pthread_mutex_unlock(&w->lock);
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(j->ticket);
@@ -2152,7 +2156,8 @@ static void Writer_dealloc(Writer *w)
 
 static PyMethodDef writer_methods[] = {
     {"submit", (PyCFunction)Writer_submit, METH_VARARGS,
-     "submit(index, files) -> ticket: queue a step (blocks while max_pending are queued)."},
+     "submit(index, files, wake=True) -> ticket: queue a step (blocks while max_pending are "
+     "queued); wake=False leaves the idle thread to find it within its polling interval."},
     {"done", (PyCFunction)Writer_done, METH_NOARGS,
      "done() -> [(ticket, None | OSError | 'skipped')]: the steps finished since the last call."},
     {"flush", (PyCFunction)Writer_flush, METH_NOARGS,

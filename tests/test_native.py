@@ -565,6 +565,30 @@ def test_index_text_fills_the_template_as_python_does():
         assert stats[k, 0] == want["max"][k] and stats[k, 3] == pytest.approx(want["l2norm"][k])
 
 
+def test_the_writer_finds_a_step_it_was_not_woken_for(tmp_path):
+    """A step queued without waking the thread (a statistics step) is written all the same,
+    found by the idle thread within its polling interval; a full queue, flush() and close()
+    wake it."""
+    import time
+    w = native.writer(1)
+
+    def job(name, data):
+        return None, ([str(tmp_path / name)], [b""], [data], None, (), (), ())
+    first = w.submit(*job("a", b"quiet"), False)
+    done, deadline = [], time.monotonic() + 10
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.001)
+        done = w.done()
+    assert done == [(first, None)] and (tmp_path / "a").read_bytes() == b"quiet"
+    time.sleep(0.3)                 # idle long enough to poll at its longest interval
+    second = w.submit(*job("b", b"1"), False)
+    third = w.submit(*job("c", b"2"), False)     # the queue holds one: the thread is woken
+    assert w.flush() == [(second, None), (third, None)]
+    fourth = w.submit(*job("d", b"3"), False)
+    assert w.close() == [(fourth, None)]
+    assert [(tmp_path / n).read_bytes() for n in "bcd"] == [b"1", b"2", b"3"]
+
+
 def test_pack_copies_arrays_back_to_back_and_reports_their_layout():
     arrays = [_hostile(33, np.float32), np.arange(6, dtype=np.int64).reshape(2, 3),
               np.float16(2.5), np.zeros((0, 4), np.uint8), np.array([True, False])]

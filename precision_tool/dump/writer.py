@@ -213,11 +213,15 @@ class NativeWriter:
         self._settle(self._thread.done())
         if self._error is not None:
             raise self._error
+        # a step of tensor files wakes the thread at once; a statistics step waits for its
+        # next look (a wake costs the training thread more than the writing it hastens)
+        wake = bool(filled.paths)
         try:
-            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs))
+            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs),
+                                         wake)
         except (BufferError, ValueError):      # a strided array: written from a copy
             ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs,
-                                                          contiguous=True))
+                                                          contiguous=True), wake)
         self._waiting[ticket] = on_done
 
     def _settle(self, finished) -> None:
