@@ -27,8 +27,12 @@ from precision_tool.runtime.plan import STATS_ONLY
 
 REPEATS, STEPS = 5, 8
 # the dump blocks end with the writer catching up, and this shared machine's load drifts
-# from second to second: more, longer blocks give a median that moves less between runs
-DUMP_REPEATS, DUMP_STEPS = 9, 12
+# from second to second: more, longer blocks give a median that moves less between runs.
+# A block of a quarter of a second or so, whatever the batch: a dump's close (its history,
+# run.json, the BLAS threads given back: about 1 ms) is a cost per block, not per step,
+# and was 2% of a 12-step block at batch 32.
+DUMP_REPEATS = 9
+DUMP_STEPS = {32: 48, 256: 12}
 # OpenBLAS keeps its idle threads spinning for about 0.1 s after a call: a block measured
 # right after a block that ran BLAS on both cores would share a core with that spinner. A
 # dump limits BLAS to leave its writer a core (dump/cores.py); in a training run the spin
@@ -112,15 +116,16 @@ def dump_overhead(digits, where, batch):
                                             data_dir=root)
             sessions[data] = pt.Session(m.graph, target="npu", config=cfg)
         xb, yb = digits.x_train[:batch], digits.y_train[:batch]
+        steps = DUMP_STEPS.get(batch, 12)
         samples = {k: [] for k in sessions}
         for _ in range(DUMP_REPEATS):
             for k, sess in sessions.items():
                 time.sleep(BLAS_SPIN)
                 start = time.perf_counter()
-                for _ in range(DUMP_STEPS):
+                for _ in range(steps):
                     sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
                 sess.close()
-                samples[k].append((time.perf_counter() - start) / DUMP_STEPS)
+                samples[k].append((time.perf_counter() - start) / steps)
                 if where != ".":
                     _drop_steps(root)
         t = {k: statistics.median(v) for k, v in samples.items()}
