@@ -25,6 +25,7 @@ from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json
 from ..runtime import Session, SessionConfig
+from .writer import contiguous_arrays
 
 BUNDLE_VERSION = 1
 
@@ -74,14 +75,9 @@ def _bin(arrays: Mapping[str, np.ndarray]) -> _Bin:
             return _Bin((tuple(arrays), tuple(map(_DTYPE, values)), shapes), data, values)
         except (BufferError, ValueError, TypeError):
             pass
-    values = tuple(map(_contiguous, values))
+    values = tuple(contiguous_arrays(map(np.asarray, values)))
     key = (tuple(arrays), tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
     return _Bin(key, native.pack(values)[0] if native.enabled() else values, values)
-
-
-def _contiguous(a) -> np.ndarray:
-    a = np.asarray(a)
-    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def _dtype_name(dtype: np.dtype) -> str:
