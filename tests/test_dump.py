@@ -16,6 +16,7 @@ import pytest
 import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.dump import DumpConfigError, Workspace, load_bundle, parse_steps, replay
+from precision_tool.dump.replay import ReplayError
 
 import refs
 
@@ -415,6 +416,80 @@ def test_replaying_a_bundle_reproduces_the_dumped_tensors_bit_for_bit(tmp_path, 
     assert want.keys() == got.keys()
     for key in want:
         assert want[key].dtype == got[key].dtype and want[key].tobytes() == got[key].tobytes(), key
+
+
+def test_replaying_a_step_dumped_after_blas_was_cut_reproduces_it_bit_for_bit(tmp_path):
+    """A dump runs BLAS one thread short once its first dumped step has run, and OpenBLAS's
+    sums depend on its thread count: each bundle records the count its step ran with, and a
+    replay runs with it, whatever the replaying process has, and gives back its own after."""
+    from precision_tool.dump import cores
+    m = pt.models.transformer()
+    full = cores.usable_cores()
+    keep = max(1, full - 1)
+    with cores.blas_threads_as(full):     # a fresh process's pool, whatever earlier tests left
+        npu, cpu = _train(m, str(tmp_path), steps=3, cpu_action=None, dump_step="all")
+        npu.close(), cpu.close()
+        original = Workspace(str(tmp_path)).run("npu")
+        bundles = [load_bundle(os.path.join(original.path, "replay", str(k))) for k in range(3)]
+        assert [b.meta["blas_threads"] for b in bundles] == [full, keep, keep]
+        for step in (0, 2):
+            replay(bundles[step], "npu", hooks.session_dump_config(
+                bundles[step].config(), action="dump", dump_step=str(step),
+                data_dir=str(tmp_path)))
+            assert cores.blas_threads() == full
+            ws = Workspace(str(tmp_path))
+            want, got = _by_key(ws, original, step), _by_key(ws, ws.runs("npu")[-1], step)
+            assert want.keys() == got.keys()
+            for key in want:
+                assert want[key].tobytes() == got[key].tobytes(), (step, key)
+
+
+def test_a_bundle_with_a_malformed_blas_thread_count_is_refused(tmp_path):
+    m = pt.models.mlp()
+    npu, _ = _train(m, str(tmp_path), steps=1, cpu_action=None, dump_step="0")
+    path = os.path.join(Workspace(str(tmp_path)).run("npu").path, "replay", "0")
+    meta_path = os.path.join(path, "replay.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    assert isinstance(meta["blas_threads"], int) or meta["blas_threads"] is None
+    for bad in (0, -2, "4", 1.5, True):
+        meta["blas_threads"] = bad
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+        with pytest.raises(ReplayError, match="blas_threads must be a positive integer"):
+            load_bundle(path)
+    del meta["blas_threads"]                # a bundle written before the count was kept
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    assert load_bundle(path).meta.get("blas_threads") is None
+
+
+@pytest.mark.skipif(__import__("precision_tool.dump.cores", fromlist=["x"]).usable_cores() < 2,
+                    reason="with one core a dump leaves BLAS as it is")
+def test_a_dump_computes_every_step_up_to_its_first_dumped_one_as_an_undumped_run(tmp_path):
+    """The step a user dumps (after an overflow check found it, say) holds the numbers the
+    run without the dump computed: BLAS is cut only once the first dumped step has run."""
+    m = pt.models.transformer()
+    d = pt.data.digits()
+    feeds = [{m.x: d.x_train[32 * i:32 * (i + 1)], m.y: d.y_train[32 * i:32 * (i + 1)]}
+             for i in range(3)]
+
+    def losses(config):
+        sess = pt.Session(m.graph, target="npu", config=config)
+        out = [sess.run([m.loss, m.train_op], feed)[0] for feed in feeds]
+        variables = sess.variables()
+        sess.close()
+        return out, variables
+
+    from precision_tool.dump import cores
+    base = pt.SessionConfig(precision_mode="allow_mix_precision")
+    with cores.blas_threads_as(cores.usable_cores()):    # whatever earlier tests left
+        plain, plain_vars = losses(base)
+        dumped, dumped_vars = losses(hooks.session_dump_config(
+            base, action="dump", dump_step="2|3", data_dir=str(tmp_path)))
+    assert [x.tobytes() for x in dumped] == [x.tobytes() for x in plain]
+    for name in plain_vars:
+        assert dumped_vars[name].tobytes() == plain_vars[name].tobytes(), name
 
 
 @pytest.mark.parametrize("links", [True, False])

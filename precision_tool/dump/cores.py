@@ -5,13 +5,18 @@ next step runs. A BLAS pool with a thread per core keeps its idle threads spinni
 every call (OpenBLAS does, for about 0.1 s), so the writer and a spinner share a core and
 the training step waits for both: the Transformer's tensor dump at batch 32 measured 2.6x
 its undumped step with two BLAS threads on two cores and 1.5x with one, and its undumped
-step is no slower with one. The pool is cut once, at the first dumped step, and given back
-when the dump closes: changing it every step would wake the idle threads every step.
+step is no slower with one. The pool is cut once, when the first dumped step has run, and
+given back when the dump closes: changing it every step would wake the idle threads every
+step. Not before that step: OpenBLAS's float32 sums depend on its thread count, and the
+step a user dumps should hold the numbers the run computes without the dump (the steps
+after it can differ from an undumped run's in their last bits). Each replay bundle records
+the count its step ran with, and a replay runs with it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 
 def usable_cores() -> int:
@@ -46,6 +51,13 @@ class WriterCore:
             except Exception:       # a pool that cannot be asked or set is left as it is
                 continue
 
+    def threads(self) -> Optional[int]:
+        """The BLAS thread count a step run now gets (the first pool's: numpy's), None when
+        no pool is visible."""
+        if self._pools is None:
+            self._pools = _blas_pools()
+        return _threads(self._pools)
+
     def restore(self) -> None:
         changed, self._changed, self._limited = self._changed, [], False
         for pool, before, after in changed:
@@ -54,6 +66,35 @@ class WriterCore:
                     pool.set_num_threads(before)
             except Exception:
                 continue
+
+
+def _threads(pools) -> Optional[int]:
+    try:
+        return int(pools[0].num_threads) if pools else None
+    except Exception:           # a pool that cannot be asked
+        return None
+
+
+def blas_threads() -> Optional[int]:
+    """The BLAS thread count of this process now (its first pool's: numpy's), None when no
+    pool is visible."""
+    return _threads(_blas_pools())
+
+
+@contextlib.contextmanager
+def blas_threads_as(threads: Optional[int]):
+    """BLAS at `threads` threads inside the block (None: as it is), given back after: a
+    replayed step runs as it ran, since OpenBLAS's sums depend on its thread count."""
+    if threads is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:         # nothing to set
+        yield
+        return
+    with threadpool_limits(limits=int(threads), user_api="blas"):
+        yield
 
 
 def _blas_pools() -> list:

@@ -192,12 +192,12 @@ class DumpObserver:
             if self.settings.data == "stats" else None
         self._step = _Step(number, path, "dump" in acts, inputs)
         if self._step.dump:
-            self._core.limit()
             if self._bundles is None:
                 from .replay import BundleWriter
                 self._bundles = BundleWriter(session)
             self._step.bundle = self._bundles.files(self._replay_dir, str(number), session,
-                                                    feeds, fetch_tensors, fetch_nodes)
+                                                    feeds, fetch_tensors, fetch_nodes,
+                                                    self._core.threads())
         # a statistics dump whose last plan was made from the same fetches and feeds' shapes
         # needs no values: the same kernels give tensors of the same shapes (no op's output
         # shape depends on its input's values; _put_step checks the sizes)
@@ -222,7 +222,10 @@ class DumpObserver:
         if st.dump or st.status:          # an overflow check writes only steps that overflowed
             self._put_step(st, trace, traced)
         steps = self.settings.steps
-        if steps is not None and st.number >= max(steps):
+        last = steps is not None and st.number >= max(steps)
+        if st.dump and not last:
+            self._core.limit()          # after the step: see cores (its numbers stay as they were)
+        if last:
             self.close()               # the last step of the dump: on disk before run() returns
 
     def abort_run(self, session, error):

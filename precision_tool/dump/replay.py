@@ -4,8 +4,10 @@
                                   to the previous bundle's where the file system allows
     replay/<step>/variables.bin   every variable's value at the start of the step
     replay/<step>/feeds.bin       the step's feeds, by placeholder
-    replay/<step>/replay.json     session step (it seeds Dropout), fetches, target, config,
-                                  and each array's name, dtype, shape and offset in the .bin
+    replay/<step>/replay.json     session step (it seeds Dropout), the BLAS thread count the
+                                  step ran with (OpenBLAS's sums depend on it), fetches,
+                                  target, config, and each array's name, dtype, shape and
+                                  offset in the .bin
 
 The .bin files are raw bytes read back with np.frombuffer: no op name becomes a path and
 nothing is ever unpickled.
@@ -25,6 +27,7 @@ from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json
 from ..runtime import Session, SessionConfig
+from .cores import blas_threads_as
 from .writer import contiguous_arrays
 
 BUNDLE_VERSION = 1
@@ -119,10 +122,11 @@ class BundleWriter:
         self._tail = (None, b"")                   # (arrays' keys, the rest of replay.json)
         self._graph_file: Optional[str] = None     # the last bundle's graph.json
 
-    def _meta(self, session, fetch_tensors, fetch_nodes, bins: Dict[str, _Bin]) -> tuple:
-        """replay.json, in two parts: only the session step changes from step to step of a
-        training loop; the rest is encoded once for each set of fetches and of arrays' names,
-        dtypes and shapes."""
+    def _meta(self, session, fetch_tensors, fetch_nodes, bins: Dict[str, _Bin],
+              blas_threads: Optional[int]) -> tuple:
+        """replay.json, in two parts: only the session step and the BLAS thread count change
+        from step to step of a training loop; the rest is encoded once for each set of
+        fetches and of arrays' names, dtypes and shapes."""
         head_key = (session.target, tuple(fetch_tensors), tuple(fetch_nodes))
         tail_key = tuple(b.key for b in bins.values())
         if self._head[0] != head_key:
@@ -135,18 +139,21 @@ class BundleWriter:
                               for kind, b in bins.items())
             self._tail = (tail_key, f'{entries}, "config": {self.config}}}\n'.encode("utf-8"))
         _, before, after = self._head
-        return f"{before}{int(session.step)}{after}".encode("utf-8"), self._tail[1]
+        threads = "null" if blas_threads is None else int(blas_threads)
+        return f'{before}{int(session.step)}, "blas_threads": {threads}{after}'.encode("utf-8"), \
+            self._tail[1]
 
     def files(self, directory: str, name: str, session, feeds: Dict[str, np.ndarray],
-              fetch_tensors, fetch_nodes) -> "BundleFiles":
+              fetch_tensors, fetch_nodes, blas_threads: Optional[int] = None) -> "BundleFiles":
         """The step's bundle, directory/name (directory ends with a separator), as files to
         write into a partial directory renamed into place when complete: taken now, on the
-        training thread, and written by the dump's writer with the step's own files."""
+        training thread, and written by the dump's writer with the step's own files.
+        blas_threads: the BLAS thread count the step runs with (None: not known)."""
         bins = {"variables": _bin(session.variables(copy=False)), "feeds": _bin(feeds)}
         path, partial = directory + name, f"{directory}.{name}.partial"
         files = [(f"{partial}{os.sep}{kind}.bin", b.data) for kind, b in bins.items()]
         files.append((f"{partial}{os.sep}replay.json",
-                      self._meta(session, fetch_tensors, fetch_nodes, bins)))
+                      self._meta(session, fetch_tensors, fetch_nodes, bins, blas_threads)))
         # within a run, graph.json is a hard link to the previous bundle's (which the writer,
         # working in order, has renamed into place by then), or written where that fails
         graph = f"{partial}{os.sep}graph.json"
@@ -201,6 +208,10 @@ def load_bundle(path: str) -> Bundle:
     meta = load_json(os.path.join(path, "replay.json"), ReplayError, "replay bundle")
     if not isinstance(meta, dict) or meta.get("version") != BUNDLE_VERSION:
         raise ReplayError(f"replay bundle {path} has an unsupported version")
+    threads = meta.get("blas_threads")      # absent from bundles written before it was kept
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ReplayError(f"replay bundle {path}: blas_threads must be a positive integer, "
+                          f"not {threads!r}")
     graph = load_graph(os.path.join(path, "graph.json"))
     variables = _load_arrays(os.path.join(path, "variables.bin"), meta["variables"])
     feeds = _load_arrays(os.path.join(path, "feeds.bin"), meta["feeds"])
@@ -218,4 +229,5 @@ def replay(bundle: Bundle, target: Optional[str] = None, config: Optional[Sessio
     sess.load_variables(bundle.variables, exact=same)
     sess.step = bundle.meta["session_step"]
     fetches = bundle.meta["fetch_tensors"] + bundle.meta["fetch_nodes"]
-    return sess, sess.run(fetches, dict(bundle.feeds))
+    with blas_threads_as(bundle.meta.get("blas_threads")):    # OpenBLAS's sums depend on it
+        return sess, sess.run(fetches, dict(bundle.feeds))
