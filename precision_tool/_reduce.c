@@ -1990,6 +1990,11 @@ static void *writer_main(void *arg)
     }
     pthread_mutex_unlock(&w->lock);
     scratch_free(&scratch);
+#ifdef __linux__
+    /* a joined thread stays listed in /proc for a moment while the kernel finishes its exit:
+     * renamed first, it is not taken for a running writer (native.writer_running) */
+    pthread_setname_np(pthread_self(), "pt-dump-ended");
+#endif
     return NULL;
 }
 

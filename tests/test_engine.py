@@ -1,6 +1,7 @@
 """The compare engines: ranges of a split tensor merge into the single-pass numbers; local
 worker processes and a Dask cluster give the local run's result exactly."""
 import gc
+import os
 import threading
 
 import numpy as np
@@ -156,6 +157,21 @@ def test_a_compare_maps_files_above_map_bytes_where_a_plain_load_reads_them(tmp_
     plain = ws.load_file(str(tmp_path / "big.npy"))
     assert not isinstance(plain, np.memmap) and plain.flags.writeable
     assert np.array_equal(plain, big)
+
+
+def test_a_closed_dump_writer_is_not_taken_for_a_running_one():
+    """A joined thread stays in /proc for a moment while the kernel finishes its exit (a
+    fifth of the time here, right after close()): the writer renames itself as it ends, so
+    a pool started right after a dump closed may fork."""
+    from precision_tool import native
+    from precision_tool.dump.writer import NativeWriter
+    if not native.enabled() or not os.path.isdir("/proc/self/task"):
+        pytest.skip("the C module's writer thread, as Linux lists it, is what this is about")
+    for _ in range(300):
+        w = NativeWriter()
+        assert native.writer_running()
+        w.close()
+        assert not native.writer_running()
 
 
 def test_worker_processes_are_not_forked_while_a_dump_writer_runs(tmp_path):
