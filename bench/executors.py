@@ -5,7 +5,8 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up (on tmpfs its steps are then removed, untimed: see
+  time includes the writer catching up, and is a dump of its own, so it includes a dump's
+  one-off start too (its first step runs with every BLAS thread: dump/cores.py) (on tmpfs its steps are then removed, untimed: see
   _drop_steps); the floor under a tensor dump (an observer that only
   keeps each step's outputs until the next step ends) and under a statistics dump (one that
   only asks for the values' statistics, which the run computes as it makes them); a
