@@ -436,7 +436,7 @@ def test_replaying_a_step_dumped_after_blas_was_cut_reproduces_it_bit_for_bit(tm
             replay(bundles[step], "npu", hooks.session_dump_config(
                 bundles[step].config(), action="dump", dump_step=str(step),
                 data_dir=str(tmp_path)))
-            assert cores.blas_threads() == full
+            assert cores.WriterCore().threads() == full
             ws = Workspace(str(tmp_path))
             want, got = _by_key(ws, original, step), _by_key(ws, ws.runs("npu")[-1], step)
             assert want.keys() == got.keys()

@@ -57,7 +57,10 @@ class WriterCore:
         no pool is visible."""
         if self._pools is None:
             self._pools = _blas_pools()
-        return _threads(self._pools)
+        try:
+            return int(self._pools[0].num_threads) if self._pools else None
+        except Exception:           # a pool that cannot be asked
+            return None
 
     def restore(self) -> None:
         changed, self._changed, self._limited = self._changed, [], False
@@ -67,19 +70,6 @@ class WriterCore:
                     pool.set_num_threads(before)
             except Exception:
                 continue
-
-
-def _threads(pools) -> Optional[int]:
-    try:
-        return int(pools[0].num_threads) if pools else None
-    except Exception:           # a pool that cannot be asked
-        return None
-
-
-def blas_threads() -> Optional[int]:
-    """The BLAS thread count of this process now (its first pool's: numpy's), None when no
-    pool is visible."""
-    return _threads(_blas_pools())
 
 
 @contextlib.contextmanager
