@@ -5,8 +5,8 @@
 - the Transformer's NPU step time with a full tensor dump and with a statistics-only dump of
   every step, against no dump, at batch 32 and 256, with the workspace on the disk of the
   current directory and on tmpfs (/dev/shm); each dumping block ends with close(), so the
-  time includes the writer catching up, and is a dump of its own, so it includes a dump's
-  one-off start too (its first step runs with every BLAS thread: dump/cores.py) (on tmpfs its steps are then removed, untimed: see
+  time includes the writer catching up; each block's first step is run untimed before it
+  (START) (on tmpfs its steps are then removed, untimed: see
   _drop_steps); the floor under a tensor dump (an observer that only
   keeps each step's outputs until the next step ends) and under a statistics dump (one that
   only asks for the values' statistics, which the run computes as it makes them); a
@@ -40,6 +40,12 @@ DUMP_STEPS = {32: 48, 256: 12}
 # after that is a one-off at the dump's start. The dump blocks start after this pause, as
 # every block does, so each measures its steady state.
 BLAS_SPIN = 0.15
+# START: every block is a dump of its own (closed at its end), and a dump's first step runs
+# with every BLAS thread, whose idle threads then spin beside the writer for about 0.1 s
+# (dump/cores.py: the dumped step keeps the undumped run's numbers). Once per dump, that is
+# no step time, but a block of under a second would count it as such (the tensor blocks at
+# batch 32 read 1.20-1.24 with it, 1.11-1.13 without). So each block, of every session alike,
+# starts with one untimed step, then the BLAS_SPIN pause.
 
 
 def step_time(model, sess, batches, steps):
@@ -121,6 +127,7 @@ def dump_overhead(digits, where, batch):
         samples = {k: [] for k in sessions}
         for _ in range(DUMP_REPEATS):
             for k, sess in sessions.items():
+                sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})     # untimed: see START
                 time.sleep(BLAS_SPIN)
                 start = time.perf_counter()
                 for _ in range(steps):
