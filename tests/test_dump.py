@@ -15,7 +15,8 @@ import pytest
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.dump import DumpConfigError, Workspace, load_bundle, parse_steps, replay
+from precision_tool.dump import (DumpConfigError, Workspace, cores, load_bundle, parse_steps,
+                                 replay)
 from precision_tool.dump.replay import ReplayError
 
 import refs
@@ -422,7 +423,6 @@ def test_replaying_a_step_dumped_after_blas_was_cut_reproduces_it_bit_for_bit(tm
     """A dump runs BLAS one thread short once its first dumped step has run, and OpenBLAS's
     sums depend on its thread count: each bundle records the count its step ran with, and a
     replay runs with it, whatever the replaying process has, and gives back its own after."""
-    from precision_tool.dump import cores
     m = pt.models.transformer()
     full = cores.usable_cores()
     keep = max(1, full - 1)
@@ -464,8 +464,7 @@ def test_a_bundle_with_a_malformed_blas_thread_count_is_refused(tmp_path):
     assert load_bundle(path).meta.get("blas_threads") is None
 
 
-@pytest.mark.skipif(__import__("precision_tool.dump.cores", fromlist=["x"]).usable_cores() < 2,
-                    reason="with one core a dump leaves BLAS as it is")
+@pytest.mark.skipif(cores.usable_cores() < 2, reason="with one core a dump leaves BLAS as it is")
 def test_a_dump_computes_every_step_up_to_its_first_dumped_one_as_an_undumped_run(tmp_path):
     """The step a user dumps (after an overflow check found it, say) holds the numbers the
     run without the dump computed: BLAS is cut only once the first dumped step has run."""
@@ -481,7 +480,6 @@ def test_a_dump_computes_every_step_up_to_its_first_dumped_one_as_an_undumped_ru
         sess.close()
         return out, variables
 
-    from precision_tool.dump import cores
     base = pt.SessionConfig(precision_mode="allow_mix_precision")
     with cores.blas_threads_as(cores.usable_cores()):    # whatever earlier tests left
         plain, plain_vars = losses(base)
@@ -804,7 +802,6 @@ def test_a_dump_leaves_the_writer_a_core_while_it_is_open(tmp_path, monkeypatch)
     """At the first dumped step BLAS is cut to one thread short of the cores, once; close()
     gives back what it took, unless the pool was set again meanwhile; an overflow check,
     which writes only overflowing steps, leaves BLAS alone."""
-    from precision_tool.dump import cores
     wide, narrow = _Pool(4), _Pool(2)
     monkeypatch.setattr(cores, "_blas_pools", lambda: [wide, narrow])
     monkeypatch.setattr(cores, "usable_cores", lambda: 3)
@@ -829,7 +826,6 @@ def test_a_dump_leaves_the_writer_a_core_while_it_is_open(tmp_path, monkeypatch)
 
 def test_the_writer_core_asks_the_blas_libraries_this_process_loaded():
     """threadpoolctl finds numpy's BLAS here; limit() and restore() work on the real pool."""
-    from precision_tool.dump import cores
     pools = cores._blas_pools()
     assert pools, "numpy's BLAS is not visible to threadpoolctl"
     before = [p.num_threads for p in pools]

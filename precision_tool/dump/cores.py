@@ -34,16 +34,14 @@ class WriterCore:
     def __init__(self):
         self._changed: List[Tuple[object, int, int]] = []    # (pool, before, after)
         self._limited = False
-        self._pools = None      # found at the first limit(): finding them takes about 1 ms
+        self._pools = None      # found when first needed: finding them takes about 1 ms
 
     def limit(self) -> None:
         if self._limited:
             return
         self._limited = True
         keep = max(1, usable_cores() - 1)
-        if self._pools is None:
-            self._pools = _blas_pools()
-        for pool in self._pools:
+        for pool in self._found_pools():
             try:
                 before = pool.num_threads
                 if before > keep:
@@ -55,12 +53,16 @@ class WriterCore:
     def threads(self) -> Optional[int]:
         """The BLAS thread count a step run now gets (the first pool's: numpy's), None when
         no pool is visible."""
-        if self._pools is None:
-            self._pools = _blas_pools()
+        pools = self._found_pools()
         try:
-            return int(self._pools[0].num_threads) if self._pools else None
+            return int(pools[0].num_threads) if pools else None
         except Exception:           # a pool that cannot be asked
             return None
+
+    def _found_pools(self) -> list:
+        if self._pools is None:
+            self._pools = _blas_pools()
+        return self._pools
 
     def restore(self) -> None:
         changed, self._changed, self._limited = self._changed, [], False
@@ -79,11 +81,7 @@ def blas_threads_as(threads: Optional[int]):
     if threads is None:
         yield
         return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:         # nothing to set
-        yield
-        return
+    from threadpoolctl import threadpool_limits     # a dependency: setup.cfg
     with threadpool_limits(limits=int(threads), user_api="blas"):
         yield
 
