@@ -83,6 +83,12 @@ def attach_dump(session, action: Optional[str] = None, dump_step: Optional[str] 
     return observer
 
 
+def dump_dirs(session) -> list:
+    """The run directories (<workspace>/<target>/debug_<k>) this session's dumps write: what
+    it made itself, whatever other processes write into the same workspace meanwhile."""
+    return [o.run_dir for o in session.observers if isinstance(o, DumpObserver)]
+
+
 def sess_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
               dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
               data_dir: Optional[str] = None, debug_dir: Optional[str] = None):

@@ -62,7 +62,7 @@ def test_auto_check_leads_with_the_first_overflow(tmp_path):
     result = auto_check(Workspace(str(tmp_path)))
     assert result.first_overflow["op_name"] == "blowup"
     assert result.first_overflow["status"] == "0x20"
-    assert result.advice.startswith("The first overflow is blowup (Exp")
+    assert result.advice[0].startswith("The first overflow is blowup (Exp")
 
 
 def _loss_scaled_mlp(tmp_path):

@@ -59,7 +59,7 @@ def test_the_shell_in_a_terminal(workspace):
     child.send("vcs -l 1 --by-c\t")
     child.expect_exact("osine")                           # the completed rest of the option
     child.send("\r")
-    child.expect_exact("op(s) under 0.98")
+    child.expect_exact("op(s) diverge")
     child.expect_exact(PROMPT.strip())
     # completion of an op name from the workspace index
     child.send("ni encoder/layer_3/attention/Soft\t")

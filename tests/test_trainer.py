@@ -390,4 +390,4 @@ def test_the_readme_mindspore_script_runs_as_written_and_ac_analyses_it(tmp_path
     import json
     result = json.loads(as_json.stdout)
     assert result["first_overflow"]["op_name"].startswith("loss_scale/")
-    assert "That is the loss scale itself: 16777216.0" in result["advice"]
+    assert "That is the loss scale itself: 16777216.0" in result["advice"][0]

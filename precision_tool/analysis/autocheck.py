@@ -1,90 +1,233 @@
 """Auto check (`ac`): one call that runs the fusion summary, the overflow analysis and, on
 request, the vector compare with its summary and root cause, and says what to try next.
-The result is plain data, serialisable to JSON (`to_dict`)."""
+
+Without a step it looks at every dumped step in order and reports the first with findings:
+the overflow records of each, and with a compare each step dumped in both runs, until one
+diverges (a clean verdict needs them all). The chosen step's analysis follows divergence
+that came in with the state back to the step that wrote it (analysis.steps), reports
+underflow, replays the origin op on its own inputs, and (rank=True) weighs each candidate
+origin by what replacing its output with the golden's does to the step (analysis.impact).
+
+The result is plain data, serialisable to JSON (`to_dict`); `verdict` is "findings", "sound"
+or "incomplete" (something that should have been compared was not: never "sound").
+"""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .. import numerics
+import pandas as pd
+
 from ..dump import Workspace
 from ..dump.workspace import Run
-from .compare import COSINE_THRESHOLD, vector_compare, write_result
-from .fusion import FusionReplayError, fired_passes
+from ..errors import PrecisionToolError
+from ..ops import registry
+from .advice import advise, mode_of
+from .compare import vector_compare
+from .impact import rank_by_impact
 from .loss_scale import loss_scale_history
+from .mapping import TensorMap
 from .overflow import overflow_report
 from .replay_op import ReplayOpError, replay_op
-from .rootcause import root_cause
-from .summary import summarize
+from .result import Provenance, coverage, write_result
+from .rootcause import RootCause, root_cause
+from .steps import check_steps, trace_state
+from .summary import count_findings, summarize
+from .verdicts import Criteria
+
+GRADIENT_PREFIX = "gradients/"
 
 
 @dataclass
 class AutoCheck:
     npu_run: str
     golden_run: Optional[str]
-    step: int
-    fusion: Dict[str, int]                         # pass -> fused nodes
-    overflows: List[dict]                          # in execution order, first first
-    first_overflow: Optional[dict]
+    step: int                                      # the step analysed
+    precision_mode: str = ""
+    fusion: Optional[Dict[str, int]] = None        # pass -> fused nodes (None: no record)
+    overflows: List[dict] = field(default_factory=list)    # in execution order
+    first_overflow: Optional[dict] = None
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
-    under_threshold: List[dict] = field(default_factory=list)
+    steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
+    criteria: Optional[dict] = None
+    coverage: Optional[dict] = None                # what the compare of `step` saw
+    diverging: List[dict] = field(default_factory=list)    # the ops shown (summarize)
+    diverging_count: int = 0                       # every op that diverges, noise aside
     origin: Optional[dict] = None
     origin_replay: Optional[str] = None            # local / inherited / exact
     cancellations: List[str] = field(default_factory=list)   # ops whose divergence is noise
+    carried: Optional[dict] = None                 # state that came in diverging (StateTrace)
+    underflow: Optional[dict] = None
+    impact: Optional[dict] = None                  # candidates ranked by what fixing them does
     result_file: Optional[str] = None              # the vector compare's CSV, if written
+    advice: List[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.coverage is None or self.coverage["compared"] == self.coverage["tensors"]
 
     @property
     def has_findings(self) -> bool:
-        """An overflow, or an op under the threshold that is not cancellation noise."""
-        return bool(self.overflows) or any(
-            s["category"] != "cancellation" for s in self.under_threshold)
-    advice: str = ""
+        """An overflow, an op that diverges and is not cancellation noise, underflow, or
+        state that came in diverging."""
+        return bool(self.overflows) or self.diverging_count > 0 or \
+            self.underflow is not None or self.carried is not None
+
+    @property
+    def verdict(self) -> str:
+        if self.has_findings:
+            return "findings"
+        return "sound" if self.complete else "incomplete"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["verdict"] = self.verdict
+        return out
 
 
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
-               step: Optional[int] = None, compare: bool = False,
-               threshold: float = COSINE_THRESHOLD, limit: int = 3,
-               write_csv: bool = False) -> AutoCheck:
-    """With compare=True the vector compare runs too (written to temp/vector_compare when
-    write_csv), its summary keeps `limit` ops (all when <= 0)."""
+               step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
+               write_csv: bool = False, rank: bool = True) -> AutoCheck:
+    """With compare=True the vector compare runs too (the chosen step's written to
+    temp/vector_compare when write_csv), its summary keeps `limit` ops (all when <= 0).
+    threshold: verdicts.Criteria or a cosine threshold."""
+    criteria = Criteria.of(threshold)
     npu_run = npu_run or ws.run("npu")
-    complete = [s.step for s in npu_run.steps if s.complete]
-    if step is None:
-        step = complete[0] if complete else 0
-    try:
-        fusion = {p: len(nodes) for p, nodes in fired_passes(npu_run).items()}
-    except FusionReplayError:
-        fusion = {}
-    report = overflow_report(ws, npu_run, step) if step in complete else None
-    overflows = [_task(t) for t in (report.tasks if report else [])]
-    first = _task(report.first) if report and report.first else None
-    result = AutoCheck(npu_run.name, None, step, fusion, overflows, first)
+    if compare:
+        golden_run = golden_run or ws.run("cpu")
+        steps = check_steps(ws, npu_run, golden_run, step)
+    else:
+        steps = [ws.resolve_step(npu_run, step)] if step is not None else \
+            [ws.resolve_step(npu_run, None)] + npu_run.complete_steps[1:]
+    result = AutoCheck(npu_run.label, golden_run.label if golden_run else None, steps[0],
+                       mode_of(npu_run.info), criteria=criteria.to_dict())
+    result.fusion = _fusion(ws, npu_run)
     history = loss_scale_history(ws, npu_run)
     if history.steps:
         result.loss_scale = dataclasses.asdict(history)
+    tables: Dict[int, pd.DataFrame] = {}
+    chosen = None
+    for s in steps:                         # the first step with findings, else the first
+        report = overflow_report(ws, npu_run, s)
+        look = {"step": s, "overflowing_tasks": len(report.tasks)}
+        findings = bool(report.tasks)
+        if compare:
+            table = tables[s] = vector_compare(ws, npu_run, golden_run, s, threshold=criteria)
+            cause = root_cause(table, criteria)
+            look.update(compared="statistics" if _stats_only(table) else "tensors",
+                        diverging_ops=count_findings(table, criteria, cause),
+                        coverage=coverage(table).text())
+            findings = findings or look["diverging_ops"] > 0 or bool(cause.carried) or \
+                _underflow(table, cause) is not None
+        result.steps.append(look)
+        if findings:
+            chosen = (s, report)
+            break
+    if chosen is None:
+        chosen = (steps[0], overflow_report(ws, npu_run, steps[0]))
+    step, report = chosen
+    result.step = step
+    result.overflows = [_task(t) for t in report.tasks]
+    result.first_overflow = _task(report.first) if report.first else None
     if compare:
-        golden_run = golden_run or ws.run("cpu")
-        result.golden_run = golden_run.name
-        table = vector_compare(ws, npu_run, golden_run, step, threshold=threshold)
+        _compare_step(ws, npu_run, golden_run, step, tables[step], criteria, limit, rank, result)
         if write_csv:
-            result.result_file = write_result(ws, table)
-        cause = root_cause(table, threshold)
-        result.under_threshold = [dataclasses.asdict(s)
-                                  for s in summarize(table, threshold, limit, cause=cause)]
-        result.cancellations = sorted(cause.noise_ops)
-        origin = cause.first_origin
-        if origin is not None:
-            result.origin = dataclasses.asdict(origin)
-            try:
-                result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
-            except ReplayOpError as e:
-                result.origin_replay = f"not replayed: {e}"
-    result.advice = _advice(result)
+            cov = coverage(tables[step])
+            result.result_file = write_result(ws, tables[step], Provenance.of(
+                ws, npu_run, golden_run, step, step, criteria, cov))
+    result.advice = advise(result, npu_run.info)
     return result
+
+
+def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
+    fired = ws.fusion_result(run)
+    return None if fired is None else {p: len(nodes) for p, nodes in fired.items()}
+
+
+def _stats_only(table: pd.DataFrame) -> bool:
+    reasons = table.CompareFailReason.fillna("").astype(str)
+    compared = table.Verdict.isin(["pass", "fail", "nonfinite"])
+    return bool(compared.any()) and bool(reasons[compared].str.startswith("statistics only").all())
+
+
+def _compare_step(ws, npu_run, golden_run, step, table, criteria, limit, rank, result):
+    cause = root_cause(table, criteria)
+    result.coverage = coverage(table).to_dict()
+    result.diverging = [dataclasses.asdict(s)
+                        for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
+    result.diverging_count = count_findings(table, criteria, cause)
+    result.cancellations = sorted(cause.noise_ops)
+    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    origin = cause.first_origin
+    if origin is not None:
+        result.origin = _describe(origin, tmap)
+        try:
+            result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
+        except (ReplayOpError, PrecisionToolError) as e:
+            result.origin_replay = f"not replayed: {e}"
+    if cause.carried and cause.state_first:
+        trace = trace_state(ws, npu_run, golden_run, step, cause.diverging_state, criteria)
+        result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
+    result.underflow = _underflow(table, cause)
+    if rank and len(cause.origins) > 1:
+        result.impact = _impact(ws, npu_run, golden_run, step, cause)
+
+
+def _describe(d, tmap: TensorMap) -> dict:
+    """An origin as the report and the advice need it."""
+    node = tmap.node(d.op_name) or {}
+    attrs = node.get("attrs", {})
+    try:
+        update = bool(registry.get(d.op_type).updates)
+    except Exception:
+        update = False
+    return dict(dataclasses.asdict(d), inserted=bool(attrs.get("inserted_by")), update=update,
+                compute_dtype=attrs.get("compute_dtype", ""))
+
+
+def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
+    """Tensors that diverge only by elements flushed to zero (beyond the golden's zeros: a
+    tensor that diverges otherwise too lost its small values to that, as a softmax that
+    overflowed does), noise aside: which, how many, the worst share, the first in execution
+    order, and for gradients their largest golden magnitude (what a loss scale must keep
+    under 65504)."""
+    t = cause.rows
+    noise = cause.noise_ops
+    hits = [i for i, reason in enumerate(t.reason)
+            if reason.endswith("flushed to zero") and ";" not in reason
+            and t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
+    if not hits:
+        return None
+    order = table.Index.to_numpy()
+    first = min(hits, key=lambda i: order[i])
+    share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
+    gradients = all(str(t.golden_tensor[i]).startswith(GRADIENT_PREFIX) for i in hits)
+    grad_rows = [i for i, g in enumerate(t.golden_tensor) if str(g).startswith(GRADIENT_PREFIX)]
+    peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
+    peak = max((float(peaks[i]) for i in grad_rows if peaks[i] == peaks[i]), default=None)
+    return {"tensors": len({t.golden_tensor[i] for i in hits}),
+            "worst": float(max(share[i] for i in hits)),
+            "first": t.tensor[first], "gradients": gradients, "peak": peak,
+            "examples": [t.tensor[i] for i in sorted(hits, key=lambda i: order[i])[:5]]}
+
+
+def _impact(ws, npu_run, golden_run, step, cause: RootCause) -> Optional[dict]:
+    candidates = [d.op_name for d in cause.origins]
+    try:
+        ranking = rank_by_impact(ws, npu_run, golden_run, step, candidates)
+    except PrecisionToolError as e:
+        return {"not_ranked": str(e)}
+    out = dataclasses.asdict(ranking)
+    first = cause.first_origin.op_name
+    mine, best = ranking.of(first), (ranking.impacts[0] if ranking.impacts else None)
+    if mine is not None and best is not None and best.op_name != first and \
+            mine.removed < 0.1 <= best.removed and best.removed >= 0.5:
+        out["harmless_first"] = (
+            f"The first divergence, at {first}, is harmless: with its output as the golden's "
+            f"the step's error stays ({mine.removed * 100:.3g}% of it goes). {best.op_name} is what "
+            f"matters: with its output fixed, {best.removed * 100:.3g}% of the error goes.")
+    return out
 
 
 def _task(t) -> dict:
@@ -95,50 +238,3 @@ def _task(t) -> dict:
     return {"op_name": t.op_name, "op_type": t.op_type, "task_id": t.task_id,
             "status": f"0x{t.status:x}", "status_bits": t.status_bits,
             "inputs_finite": t.inputs_finite, "tensors": tensors}
-
-
-def _scales(history: Optional[dict]) -> set:
-    """Every loss-scale value a run's history shows."""
-    if not history or history["first_scale"] != history["first_scale"]:
-        return set()
-    return {history["first_scale"]} | {m[1] for m in history["moves"]}
-
-
-def _advice(r: AutoCheck) -> str:
-    o = r.origin
-    if r.first_overflow is not None:
-        op = r.first_overflow
-        text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
-        inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
-        peak = max((max(abs(t["max"]), abs(t["min"])) for t in inputs), default=None)
-        if peak is not None:
-            text += f"; its inputs reach {peak:.6g}"
-        text += ". "
-        if peak is not None and peak > numerics.FP16_MAX and peak in _scales(r.loss_scale):
-            return text + (f"That is the loss scale itself: {peak!r} does not fit in fp16, so "
-                           f"each step overflows and is skipped until the dynamic manager has "
-                           f"shrunk it below 65504. Start it lower (init_loss_scale 2**15 or "
-                           f"less) and no step is lost.")
-        if o is not None and o["op_name"] == op["op_name"] and o["pass_name"]:
-            return text + (f"It is also where the divergence starts, fused by {o['pass_name']}. "
-                           f"Confirm with the fusion-off replay (fo), then switch {o['pass_name']} off "
-                           f"in fusion_switch.cfg, keep the op in fp32 (modify_mixlist black-list), or "
-                           f"normalise what feeds it.")
-        return text + ("Keep that op in fp32 (modify_mixlist black-list), or use dynamic loss "
-                       "scaling if it is a gradient; the later overflows only carry it.")
-    if o is not None:
-        fused = f", fused by {o['pass_name']}" if o["pass_name"] else ""
-        what = {"local": "its own numerics", "inherited": "error it inherited",
-                "exact": "nothing measurable"}.get(r.origin_replay or "", "an undetermined cause")
-        step = (f"Switch {o['pass_name']} off in fusion_switch.cfg and compare again, or run the "
-                f"fusion-off replay (fo) to confirm it." if o["pass_name"] else
-                "Keep this op in fp32 (modify_mixlist) and compare again.")
-        return (f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}); its single-op "
-                f"replay points at {what}. {step}")
-    if r.golden_run is not None and r.cancellations:
-        return (f"Nothing overflowed, and the only ops under the threshold compute a result that "
-                f"is zero up to rounding noise in both runs (cancellation, e.g. "
-                f"{r.cancellations[0]}): precision looks sound.")
-    if r.golden_run is not None:
-        return "No op falls under the threshold and nothing overflowed: precision looks sound."
-    return "Nothing overflowed. Dump the golden run too and add -c to compare every op."

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import native, numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
+from .verdicts import UNREADABLE
 from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,
                       span_kl, span_totals)
 
@@ -73,7 +74,6 @@ def _load(ws: Workspace, side: Side) -> np.ndarray:
     return logical_tensor(ws.load_file(side.path, MAP_BYTES), side.fmt, side.original_shape)
 
 
-UNREADABLE = "unreadable: "     # a result row's reason when a tensor file could not be read
 
 
 def _failed(reason: str) -> dict:

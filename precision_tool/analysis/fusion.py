@@ -3,8 +3,9 @@
 Rerun a dumped step from its replay bundle on the simulated NPU with fusion switched off
 (all of it, or per a switch), into the next npu/debug_<k>; compare each run with the golden.
 A run is *worse* than the fusion-off baseline when golden tensors fail in it that do not
-fail without fusion (tensors that fail either way — noise the golden itself holds — say
-nothing about fusion). Bisection over the passes that fired then names the pass(es) whose
+fail without fusion, or a kernel overflows that has no counterpart overflowing without
+fusion (tensors that fail either way — noise the golden itself holds — say nothing about
+fusion). Bisection over the passes that fired then names the pass(es) whose
 fusion makes the run worse, in about ceil(log2 P) + 2 replays.
 """
 from __future__ import annotations
@@ -17,9 +18,11 @@ from .. import hooks
 from ..dump import Workspace, load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
-from ..fileio import load_json
 from ..runtime.npu.fusion import GRAPH, PASSES, UB
-from .compare import COSINE_THRESHOLD, diverging, vector_compare
+from .compare import vector_compare
+from .mapping import TensorMap
+from .overflow import overflow_report
+from .verdicts import diverging
 
 
 class FusionReplayError(PrecisionToolError, ValueError):
@@ -35,25 +38,50 @@ def switch_for(passes_on: Set[str]) -> dict:
 
 def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[str]) -> Run:
     """Rerun the step's bundle on the NPU with only `passes_on` fused, dumped into the next
-    debug_<k>; returns that run."""
-    bundle_path = os.path.join(npu_run.path, "replay", str(step))
-    if not os.path.isdir(bundle_path):
-        raise FusionReplayError(f"{npu_run.name} has no replay bundle for step {step} "
-                                f"(dump the step with the 'dump' action)")
-    bundle = load_bundle(bundle_path)
+    debug_<k>; returns that run (the one this replay wrote, whatever else writes into the
+    workspace meanwhile)."""
+    bundle = load_bundle(ws.bundle_path(npu_run, step))
     config = bundle.config(fusion_switch=switch_for(passes_on))
     config = hooks.session_dump_config(config, action="dump", dump_step=str(step),
-                                       data_dir=ws.root, replay_of=f"{npu_run.target}/{npu_run.name}")
+                                       data_dir=ws.root, replay_of=npu_run.label)
     sess, _ = replay(bundle, "npu", config)
     sess.close()
-    fresh = Workspace(ws.root)
-    return fresh.runs("npu")[-1]
+    (run_dir,) = hooks.dump_dirs(sess)
+    return Workspace(ws.root).run("npu", os.path.basename(run_dir))
 
 
-def failing(ws: Workspace, run: Run, golden: Run, step: int, threshold: float) -> Set[str]:
-    """Golden tensors whose NPU counterpart fails in this run."""
-    table = vector_compare(ws, run, golden, step, threshold=threshold)
-    return set(table[diverging(table, threshold)].GoldenTensor)
+@dataclass
+class Failures:
+    """What goes wrong in a replayed step: the golden tensors whose NPU counterpart diverges,
+    and each overflow a kernel made from finite inputs, as the golden tensors its outputs
+    stand for (a fused kernel's overflow and the unfused op's are the same overflow when
+    they share one)."""
+    diverging: Set[str] = field(default_factory=set)
+    overflows: List[frozenset] = field(default_factory=list)
+
+    def beyond(self, baseline: "Failures") -> "Failures":
+        """What fails here and not in the baseline."""
+        return Failures(self.diverging - baseline.diverging,
+                        [o for o in self.overflows
+                         if not any(o & b for b in baseline.overflows)])
+
+    def __bool__(self):
+        return bool(self.diverging or self.overflows)
+
+    def names(self) -> List[str]:
+        return sorted(self.diverging) + [f"overflow in {', '.join(sorted(o))}" for o in self.overflows]
+
+
+def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> Failures:
+    """What fails in this run's step: diverging tensors (verdicts) and overflows."""
+    table = vector_compare(ws, run, golden, step, threshold=criteria)
+    failures = Failures(set(table[diverging(table, criteria)].GoldenTensor))
+    if step in run.complete_steps:
+        tmap = TensorMap(ws.graph_json(run) or {})
+        for task in overflow_report(ws, run, step).tasks:
+            if task.is_producer:
+                failures.overflows.append(frozenset(tmap.stands_for(task.op_name)))
+    return failures
 
 
 @dataclass
@@ -63,32 +91,29 @@ class FusionVerdict:
     culprits: List[str] = field(default_factory=list)
     fused_nodes: Dict[str, List[str]] = field(default_factory=dict)
     new_failures: List[str] = field(default_factory=list)   # failing only with fusion
+    unfused_failures: List[str] = field(default_factory=list)   # failing with every pass off
     replays: int = 0
     runs: List[str] = field(default_factory=list)
 
 
-def fired_passes(npu_run: Run) -> Dict[str, List[str]]:
+def fired_passes(ws: Workspace, npu_run: Run) -> Dict[str, List[str]]:
     """Pass -> fused nodes, for the passes that fused something (fusion_result.json)."""
-    result = load_json(os.path.join(npu_run.path, "fusion_result.json"), FusionReplayError,
-                       "fusion result")
-    fired = {}
-    for graph in result.values():
-        for kind in ("graph_fusion", "ub_fusion"):
-            for name, counts in graph.get(kind, {}).items():
-                if counts.get("effect_times", 0) > 0:
-                    fired[name] = list(counts.get("fused_nodes", []))
+    fired = ws.fusion_result(npu_run)
+    if fired is None:
+        raise FusionReplayError(f"{npu_run.label} has no fusion_result.json: which passes "
+                                f"fired is not known")
     return fired
 
 
 def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
-                  threshold: float = COSINE_THRESHOLD) -> FusionVerdict:
-    """Is fusion to blame for the step's divergence, and which pass?"""
-    fired = fired_passes(npu_run)
+                  threshold=None) -> FusionVerdict:
+    """Is fusion to blame for the step's divergence or its overflow, and which pass?"""
+    fired = fired_passes(ws, npu_run)
     names = [p for p in PASSES if p in fired]          # the compiler's order
     replays = 0
     runs = []
 
-    def run_with(on: Set[str]) -> Set[str]:
+    def run_with(on: Set[str]) -> Failures:
         nonlocal replays
         replays += 1
         r = replay_with_passes(ws, npu_run, step, on)
@@ -97,10 +122,11 @@ def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
 
     baseline = run_with(set())
     original = run_with(set(names))          # the same step replayed, fusion as it was
-    new = original - baseline
-    verdict = FusionVerdict(bool(new), names, new_failures=sorted(new))
+    new = original.beyond(baseline)
+    verdict = FusionVerdict(bool(new), names, new_failures=new.names(),
+                            unfused_failures=baseline.names())
     if new:
-        culprits = _bisect(names, lambda on: bool(run_with(set(on)) - baseline))
+        culprits = _bisect(names, lambda on: bool(run_with(set(on)).beyond(baseline)))
         verdict.culprits = culprits
         verdict.fused_nodes = {p: fired[p] for p in culprits}
     verdict.replays, verdict.runs = replays, runs

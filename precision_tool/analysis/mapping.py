@@ -12,22 +12,6 @@ from typing import Dict, Optional
 from ..graph import split_tensor_name
 
 
-def check_compiled_graph(data) -> dict:
-    """A compiled graph's JSON, checked as a graph: well formed, no dangling input, no
-    cycle, every op type known. (Not shape-checked: compiled tensors are in 5HD.)"""
-    from ..errors import GraphFormatError
-    from ..graph.serialize import graph_from_dict
-    from ..ops import REGISTRY
-
-    def known(node):
-        if node.type not in REGISTRY:
-            raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}")
-    if not isinstance(data, dict):
-        raise GraphFormatError("a compiled graph is a JSON object with a node list")
-    graph_from_dict(data, known)
-    return data
-
-
 class TensorMap:
     """Built once from the compiled graph's JSON (as dumped in graph/<graph>.json)."""
 
@@ -57,9 +41,23 @@ class TensorMap:
             return sources[index] if index < len(sources) else None
         return tensor
 
+    def node(self, op_name: str) -> Optional[dict]:
+        """The compiled node's JSON, or None."""
+        return self._nodes.get(op_name)
+
     def original_ops(self, op_name: str):
         node = self._nodes.get(op_name, {})
         return list(node.get("attrs", {}).get("original_op_names", [])) or [op_name]
+
+    def stands_for(self, op_name: str) -> set:
+        """The original tensors an op's outputs stand for: a fused op's every role, an
+        inserted Cast's input's, any other op's own outputs."""
+        node = self._nodes.get(op_name)
+        if node is None:
+            return {f"{op_name}:0"}
+        found = {self.golden_tensor(f"{op_name}:{k}") for k in range(len(node.get("outputs", [])) or 1)}
+        found |= set(node.get("attrs", {}).get("output_sources", []))
+        return found - {None}
 
     def pass_name(self, op_name: str) -> str:
         return self._nodes.get(op_name, {}).get("attrs", {}).get("pass_name", "")

@@ -10,6 +10,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from .. import numerics
 from ..dump import Workspace
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
@@ -34,12 +35,26 @@ class OpReplay:
     own: dict                    # metrics: NPU output against the float64 replay
     inherited: Optional[dict]    # metrics: the float64 replay against the golden (None: no golden)
     npu_dtype: str
+    replay_at_max: int = 0       # elements of the float64 replay at or beyond 65504
+
+    @property
+    def made_nonfinite(self) -> bool:
+        """The op itself turned finite values into inf or nan, or (an fp16 output) clipped
+        them at 65504: its NPU output holds more of them than the float64 replay on the
+        same inputs. The metrics leave those elements out, so this decides on its own."""
+        own = self.own
+        more = own["NpuNanCount"] + own["NpuInfCount"] > own["GoldenNanCount"] + own["GoldenInfCount"]
+        clipped = self.npu_dtype == "float16" and own["NpuAtFp16Max"] > self.replay_at_max
+        return bool(more or clipped)
 
     @property
     def verdict(self) -> str:
         """'local' when the op's own error (against a float64 replay on its own inputs) is
-        the larger part, 'inherited' when the error its inputs brought is, 'exact' when both
-        are below 1e-7 (relative Euclidean distance)."""
+        the larger part, or when it made inf, nan or 65504 of finite values; 'inherited' when
+        the error its inputs brought is the larger; 'exact' when both are below 1e-7
+        (relative Euclidean distance)."""
+        if self.made_nonfinite:
+            return "local"
         own = _err(self.own)
         inherited = _err(self.inherited) if self.inherited is not None else 0.0
         if max(own, inherited) < 1e-7:
@@ -106,8 +121,10 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
         match = gold[gold.tensor == target]
         if not match.empty:
             inherited = compare_tensors(replayed, ws.load(golden_run, step, match.iloc[0]["file"]))
+    with np.errstate(invalid="ignore"):
+        at_max = int(np.count_nonzero(np.abs(replayed) >= numerics.FP16_MAX))
     return OpReplay(op_name, target or "", compare_tensors(npu_out, replayed), inherited,
-                    str(out_row["dtype"]))
+                    str(out_row["dtype"]), at_max)
 
 
 def _replay_fused(npu_run: Run, step: int, node: dict, args, tmap: TensorMap, ctx) -> Dict[str, np.ndarray]:

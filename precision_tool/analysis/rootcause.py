@@ -1,62 +1,83 @@
 """Root cause: in execution order, the origin of a divergence is the first op whose inputs
 match the golden and whose outputs do not; ops downstream whose inputs already diverged are
-propagators (DESIGN §6).
+propagators (DESIGN §6). Two more kinds are neither:
 
-Cancellation is neither. An op whose exact result is zero up to rounding noise diverges in
-cosine without anything being wrong: attention's key-bias gradient is zero in exact
-arithmetic, so both runs hold noise and their cosine is meaningless. The test, from the norm
-inequalities: a sum's output is bounded by its largest input, a product's by the product of
-its two largest inputs; when the golden output is no larger than the op's tolerance times
-that bound, the output is cancellation noise. Ops whose only diverging inputs are such noise
-(Adam turning the noisy gradient into full-size steps) are listed with the cancellations:
-neither is a lead to follow.
+Cancellation. An op whose exact result is zero up to rounding noise diverges without
+anything being wrong: attention's key-bias gradient is zero in exact arithmetic, so both runs
+hold noise and their cosine is meaningless. Only a sum can cancel: its output is bounded by
+its inputs (a sum's by its largest input's norm, a contraction's, a matmul or a convolution,
+by the product of its two largest inputs' norms, Cauchy-Schwarz), and when the golden output
+is no larger than the op's rounding tolerance times that bound, the output is cancellation
+noise. A product is small because a factor is, never by cancellation: elementwise products,
+and fused elementwise chains with one inside, are never excused (`SumKind` of the compare row
+says which outputs are sums). Ops whose only diverging inputs are such noise (Adam turning the
+noisy gradient into full-size steps) are listed with the cancellations: neither is a lead.
+
+Carried. An op whose only diverging inputs are variables read at the start of the step (the
+weights, optimizer moments, the loss scale) did not start the divergence in this step: it
+entered with the state an earlier step left (see analysis.steps for following it back).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Set
+from typing import List, Optional, Set
 
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD, TOLERANCE, diverging, statistics_only
-
-SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "ReduceSum",
-                  "ReduceMean", "SumToLike", "FusedEltwise"})
-PRODUCTS = frozenset({"Mul", "MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2", "Conv2D",
-                      "Conv2DBackpropInput", "Conv2DBackpropFilter"})
-
+from .compare import TOLERANCE, statistics_only
+from .sums import CONTRACTIONS, SUMS
+from .verdicts import DIVERGING, NONFINITE, Criteria, judge
 
 class OpRows:
-    """A result table's columns as Python lists, its divergence evaluated once for every row,
-    and, in execution order, each op that has a diverging output as (name, row positions,
-    execution order): what root cause and the summary walk, op by op (per-op pandas or numpy
-    selections cost microseconds each, and a 100,000-row table has thousands of such ops)."""
+    """A result table's columns as Python lists, its verdicts judged once for every row
+    under the criteria, and, in execution order, each op that has a diverging output as
+    (name, row positions, execution order): what root cause and the summary walk, op by op
+    (per-op pandas or numpy selections cost microseconds each, and a 100,000-row table has
+    thousands of such ops)."""
 
-    def __init__(self, table: pd.DataFrame, threshold: float):
+    def __init__(self, table: pd.DataFrame, criteria=None):
         n = len(table)
+        self.criteria = Criteria.of(criteria)
 
         def col(name, default):
             return table[name].tolist() if name in table else [default] * n
         self.tensor = table.TensorIndex.astype(str).tolist()
         self.is_out = [":output:" in s for s in self.tensor]
-        bad = diverging(table, threshold).to_numpy(dtype=bool)
+        judged = judge(table, self.criteria)
+        self.verdict = judged.Verdict.tolist()
+        self.reason = judged.Reason.tolist()
+        bad = judged.Verdict.isin(DIVERGING).to_numpy(dtype=bool)
         self.bad = bad.tolist()
-        self.verdict = table.Verdict.tolist()
         self.op_type = table.OpType.astype(str).tolist()
         self.pass_name = col("PassName", "")
         self.golden_op = col("GroundTruth", "")
+        self.golden_op_type = col("GoldenOpType", "")
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
         self.golden_norm = table.GoldenNorm.to_numpy(dtype=float).tolist() \
             if "GoldenNorm" in table else None
+        self.sum_kind = col("SumKind", None)
         self.dtype = col("NpuDataType", "")
         self.cosine = table.CosineSimilarity.to_numpy(dtype=float).tolist()
+        self.fail_reason = col("CompareFailReason", "")
         # rows compared by their statistics only (a side dumped no tensor): no cosine
-        self.stats_only = statistics_only(col("CompareFailReason", ""))
+        self.stats_only = statistics_only(self.fail_reason)
         self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
+
+    def kind_of(self, i: int) -> str:
+        """The row's SumKind, or (a table without the column) what its op type says."""
+        kind = self.sum_kind[i]
+        if isinstance(kind, str):
+            return kind
+        op_type = self.op_type[i]
+        return "sum" if op_type in SUMS else "contraction" if op_type in CONTRACTIONS else ""
+
+    def is_state(self, i: int) -> bool:
+        """An input row holding a variable's value at the start of the step."""
+        return not self.is_out[i] and self.golden_op_type[i] == "Variable"
 
 
 def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
@@ -76,16 +97,17 @@ def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) ->
 
 def is_cancellation(t: OpRows, rows: list, bad_out: list) -> bool:
     """See the module doc; rows are one op's positions, bad_out its diverging outputs'. Never
-    for nan/inf outputs (those are real), other op types, or without the norms."""
-    op_type = t.op_type[rows[0]]
-    if t.golden_norm is None or any(t.verdict[i] == "nan" for i in bad_out) or \
-            op_type not in SUMS | PRODUCTS:
+    for nan/inf outputs (those are real), outputs that are not sums, or without the norms."""
+    if t.golden_norm is None or any(t.verdict[i] == NONFINITE for i in bad_out):
+        return False
+    kinds = {t.kind_of(i) for i in bad_out}
+    if "" in kinds:
         return False
     norms = sorted((v for v in (t.golden_norm[i] for i in rows if not t.is_out[i]) if v == v),
                    reverse=True)
     if not norms:
         return False
-    bound = norms[0] if op_type in SUMS else norms[0] * (norms[1] if len(norms) > 1 else 1.0)
+    bound = norms[0] if kinds == {"sum"} else norms[0] * (norms[1] if len(norms) > 1 else 1.0)
     tol = max(TOLERANCE.get(str(t.dtype[i]), 1e-3) for i in rows)
     return bound > 0 and all(t.golden_norm[i] <= tol * bound for i in bad_out)
 
@@ -98,6 +120,9 @@ class Divergence:
     pass_name: str
     bad_outputs: List[str]
     bad_inputs: List[str] = field(default_factory=list)
+    # what decided, per diverging output (verdicts.judge's reason: "norm -94.1%; ...")
+    reasons: List[str] = field(default_factory=list)
+    state_inputs: List[str] = field(default_factory=list)   # the variables among bad_inputs
 
     @property
     def is_origin(self) -> bool:
@@ -109,21 +134,38 @@ class RootCause:
     origins: List[Divergence]
     propagators: List[Divergence]
     cancellations: List[Divergence] = field(default_factory=list)   # and what only carries them
+    # ops whose only diverging inputs are variables: the divergence came in with the state
+    carried: List[Divergence] = field(default_factory=list)
     rows: "OpRows" = field(default=None, repr=False, compare=False)   # what it was computed from
 
     @property
-    def first_origin(self):
+    def first_origin(self) -> Optional[Divergence]:
         return self.origins[0] if self.origins else None
 
     @property
     def noise_ops(self) -> Set[str]:
         return {d.op_name for d in self.cancellations}
 
+    @property
+    def diverging_state(self) -> List[str]:
+        """The variables (golden tensor names) that already differ when the step starts."""
+        return sorted({v for d in self.carried for v in d.state_inputs})
 
-def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
-               rows: "OpRows" = None) -> RootCause:
-    t = rows if rows is not None else OpRows(table, threshold)
-    found = {"origin": [], "propagator": [], "cancellation": []}
+    @property
+    def state_first(self) -> bool:
+        """Whether state carried in from an earlier step diverges before (or without) any op
+        of this step starting a divergence of its own."""
+        if not self.carried:
+            return False
+        return self.first_origin is None or self.carried[0].order < self.first_origin.order
+
+
+def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> RootCause:
+    """Every op with a diverging output, as an origin, a propagator, cancellation noise or
+    carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
+    threshold)."""
+    t = rows if rows is not None else OpRows(table, criteria)
+    found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
@@ -131,15 +173,20 @@ def root_cause(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
         pass_name = t.pass_name[pos[0]]
         d = Divergence(op_name, t.op_type[pos[0]], order,
                        pass_name if isinstance(pass_name, str) else "",
-                       [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in])
+                       [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in],
+                       [t.reason[i] for i in bad_out],
+                       [str(t.golden_tensor[i]) for i in bad_in if t.is_state(i)])
         carries_noise = bool(bad_in) and t.has_golden and \
             all(t.golden_tensor[i] in noise for i in bad_in) and \
-            all(t.verdict[i] != "nan" for i in bad_out)
+            all(t.verdict[i] != NONFINITE for i in bad_out)
         if carries_noise or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)
+        elif bad_in and all(t.is_state(i) for i in bad_in):
+            kind = "carried"
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)
-    return RootCause(found["origin"], found["propagator"], found["cancellation"], rows=t)
+    return RootCause(found["origin"], found["propagator"], found["cancellation"],
+                     found["carried"], rows=t)

@@ -1,6 +1,7 @@
-"""The vector-compare summary (`vcs`): the ops whose output cosine falls under the threshold
-(or whose output became nan/inf), one entry per op with the cosines of its inputs and
-outputs, in execution order or by cosine."""
+"""The vector-compare summary (`vcs`): the ops with a diverging output (verdicts.judge: under
+the cosine threshold, a norm apart, clipped at 65504, flushed to zero, nan/inf...), one entry
+per op with the cosines of its inputs and outputs and what decided, in execution order or by
+cosine."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,8 +10,8 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from .compare import COSINE_THRESHOLD
 from .rootcause import OpRows, RootCause, root_cause
+from .verdicts import NONFINITE
 
 
 @dataclass
@@ -27,10 +28,16 @@ class OpSummary:
     statistics_only: bool = False
     input_norm_diffs: List[float] = field(default_factory=list)
     output_norm_diffs: List[float] = field(default_factory=list)
-    # "under threshold"; "nan": the output holds nan/inf the golden lacks; "cancellation":
-    # the golden output is cancellation noise, or only carries it (see rootcause)
-    category: str = "under threshold"
-    role: str = ""          # from root cause: origin, propagator or cancellation
+    # per output: what decided its verdict ("norm -94.1%; 32 at 65504"), "" where it passes
+    output_reasons: List[str] = field(default_factory=list)
+    # per output: why a metric is undefined or left elements out (CompareFailReason: "npu
+    # tensor is all zero", "3 non-finite element(s) left out"), "" where nothing is
+    output_notes: List[str] = field(default_factory=list)
+    # "diverging"; "nonfinite": an output holds nan/inf the golden lacks;
+    # "cancellation": the golden output is cancellation noise, or only carries it;
+    # "carried": only variables read at the start of the step diverge among its inputs
+    category: str = "diverging"
+    role: str = ""          # from root cause: origin, propagator, cancellation or carried
 
     @property
     def is_finding(self) -> bool:
@@ -42,10 +49,11 @@ class OpSummary:
         return min(finite) if finite else float("nan")
 
 
-def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: int = 3,
+def summarize(table: pd.DataFrame, threshold=None, limit: int = 3,
               by_cosine: bool = False, cause: Optional[RootCause] = None,
               noise_last: bool = False) -> List[OpSummary]:
-    """Ops with an output under the threshold or with the 'nan' verdict; the first `limit`
+    """Ops with a diverging output under the criteria (`threshold`: verdicts.Criteria, or a
+    cosine threshold); the first `limit`
     (all when limit <= 0), in execution order or, with by_cosine, worst first, and with
     noise_last the cancellation noise after the findings. Pass `cause` when the table's root
     cause is already at hand (computed with the same threshold). Only the ops returned are
@@ -59,11 +67,12 @@ def summarize(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD, limit: i
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
+    roles.update({d.op_name: "carried" for d in cause.carried})
     return [_summary(t, op, category, roles)
             for op, category in (ops if limit <= 0 else ops[:limit])]
 
 
-def count_findings(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
+def count_findings(table: pd.DataFrame, threshold=None,
                    cause: Optional[RootCause] = None) -> int:
     """How many ops summarize would list as findings (all but cancellation noise)."""
     t, cause = _rows_and_cause(table, threshold, cause)
@@ -71,6 +80,7 @@ def count_findings(table: pd.DataFrame, threshold: float = COSINE_THRESHOLD,
 
 
 def _rows_and_cause(table, threshold, cause):
+    """The table's rows and root cause (the cause's own rows when it has them)."""
     t = cause.rows if cause is not None and cause.rows is not None else OpRows(table, threshold)
     return t, cause if cause is not None else root_cause(table, threshold, rows=t)
 
@@ -80,11 +90,11 @@ def _outputs(t: OpRows, pos: list) -> list:
 
 
 def _categories(t: OpRows, cause: RootCause) -> List[str]:
-    """Per op of t.ops: "nan" when an output holds nan/inf the golden lacks (whatever else),
-    "cancellation" when it is noise, else "under threshold"."""
+    """Per op of t.ops: "nonfinite" when an output holds nan/inf the golden lacks (whatever
+    else), "cancellation" when it is noise, else "diverging"."""
     noise = cause.noise_ops
-    return ["nan" if any(t.verdict[i] == "nan" for i in _outputs(t, pos)) else
-            "cancellation" if name in noise else "under threshold" for name, pos, _ in t.ops]
+    return [NONFINITE if any(t.verdict[i] == NONFINITE for i in _outputs(t, pos)) else
+            "cancellation" if name in noise else "diverging" for name, pos, _ in t.ops]
 
 
 def _worst_output(t: OpRows, pos: list) -> float:
@@ -108,4 +118,7 @@ def _summary(t: OpRows, op: tuple, category: str, roles: dict) -> OpSummary:
         category=category, role=roles.get(op_name, ""),
         statistics_only=all(t.stats_only[i] for i in outputs),
         input_norm_diffs=[float(t.norm_diff[i]) for i in inputs],
-        output_norm_diffs=[float(t.norm_diff[i]) for i in outputs])
+        output_norm_diffs=[float(t.norm_diff[i]) for i in outputs],
+        output_reasons=[t.reason[i] for i in outputs],
+        output_notes=[t.fail_reason[i] if isinstance(t.fail_reason[i], str) else ""
+                      for i in outputs])

@@ -91,6 +91,7 @@ def cli(ctx, data_dir, as_json, log_level):
         if data_dir is not None:
             app.data_dir = layout.resolve_root(data_dir)
     app.as_json, app.log_level = as_json, int(log_level)
+    app.noted = set()                # each command names a run's interrupted steps again
     ctx.obj = app
     if ctx.invoked_subcommand is None:
         if sys.stdin.isatty() and sys.stdout.isatty() and not app.in_shell:

@@ -2,9 +2,7 @@
 renders; --json prints the analysis result itself."""
 from __future__ import annotations
 
-import glob
 import os
-from typing import List
 
 import click
 import pandas as pd
@@ -14,52 +12,111 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import analysis
-from ..analysis.compare import COSINE_THRESHOLD, statistics_only
-from ..analysis.mapping import check_compiled_graph
-from ..dump.workspace import WorkspaceError
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
+from ..analysis import Coverage, Criteria
+from ..analysis.compare import statistics_only
+from ..dump.workspace import WorkspaceError, check_compiled_graph
+from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt
 
-STEP = click.option("-s", "--step", type=int, default=None,
-                    help="The dumped step (default: the first complete one).")
-THRESHOLD = click.option("-c", "--cosine", "threshold", type=click.FloatRange(-1.0, 1.0),
-                         default=COSINE_THRESHOLD, show_default=True,
-                         help="Ops whose output cosine similarity is under this are reported.")
+STEP = click.option("-s", "--step", type=click.IntRange(0), default=None,
+                    help="The dumped step (default: every step dumped in both runs, the first "
+                         "with findings reported).")
+LEFT = click.option("-lt", "--left", default=None, metavar="RUN",
+                    help="The run to check: npu/debug_0, debug_0 or its directory (default: the "
+                         "newest NPU run that is not a replay).")
+RIGHT = click.option("-rt", "--right", default=None, metavar="RUN",
+                     help="The reference run (default: the newest golden run).")
+
+
+def criteria_options(cosine_flag: str):
+    """The verdict's thresholds (analysis.Criteria) as options; `cosine_flag` is the cosine
+    threshold's short flag (-c in vc/vcs/fo, -t in ac, whose -c is --compare)."""
+    d = Criteria()
+
+    def wrap(fn):
+        for option in reversed([
+                click.option(cosine_flag, "--cosine", "cosine", type=click.FloatRange(-1.0, 1.0),
+                             default=d.cosine, show_default=True,
+                             help="A tensor whose cosine similarity is under this diverges."),
+                click.option("--norm", type=click.FloatRange(0.0), default=d.norm,
+                             show_default=True,
+                             help="...or whose L2 norm is this far from the golden's, "
+                                  "relatively (0.1: 10%)."),
+                click.option("--flushed", type=click.FloatRange(0.0), default=d.flushed,
+                             show_default=True,
+                             help="...or that holds as zero more than this share of the "
+                                  "golden's non-zero elements (underflow)."),
+                click.option("--rel-error", type=click.FloatRange(0.0), default=d.rel_error,
+                             show_default=True,
+                             help=f"...or, of at most {d.small_size} elements (a loss), whose "
+                                  f"relative error is over this."),
+                ]):
+            fn = option(fn)
+        return fn
+    return wrap
+
+
+def _criteria(cosine, norm, flushed, rel_error) -> Criteria:
+    return Criteria(cosine=cosine, norm=norm, flushed=flushed, rel_error=rel_error)
+
+
+def _incomplete(what: str, cov: dict) -> CommandError:
+    """The one line that makes an incomplete compare exit 2, after its results are shown."""
+    return CommandError(f"error: {what} is incomplete: {Coverage(**cov).text()}", EXIT_USAGE)
 
 
 # -- ac ---------------------------------------------------------------------------------------
 @command("ac", "auto-check", short_help="Auto check: fusion, overflow, and with -c the compare.")
 @click.option("-c", "--compare", is_flag=True, help="Also compare every op with the golden run "
               "and find the root cause.")
-@click.option("-l", "--limit", type=int, default=3, show_default=True,
-              help="Overflows after the first, and ops under the threshold, to show.")
-@click.option("-t", "--threshold", type=click.FloatRange(-1.0, 1.0), default=COSINE_THRESHOLD,
-              show_default=True, help="Cosine threshold of the compare.")
+@click.option("-l", "--limit", type=click.IntRange(0), default=3, show_default=True,
+              help="Overflows after the first, and diverging ops, to show.")
+@criteria_options("-t")
+@click.option("--rank/--no-rank", default=True, show_default=True,
+              help="With several origins, replay the step once per origin with its output "
+                   "replaced by the golden's, to say which one matters.")
+@LEFT
+@RIGHT
 @STEP
-def auto_check_cmd(app: App, compare, limit, threshold, step):
+def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, rank, left, right,
+                   step):
     """Auto check: the fusion summary (passes and what they fused), the overflow analysis (the
     first overflow, then the next LIMIT, with decoded status and tensor statistics), and with
-    -c the vector compare, the ops under the threshold and the root cause: the origin op,
-    its fusion pass and its single-op replay. Ends with what to try next.
+    -c the vector compare, the diverging ops and the root cause: the origin op, its fusion
+    pass and its single-op replay, or the earlier step whose state carried the divergence
+    in. Without -s every dumped step is looked at and the first with findings reported.
+    Ends with what to try next.
 
-    Exit code 1 when something overflowed or an op is under the threshold."""
-    npu = app.run(None, "npu")
+    Exit code 1 when something overflowed or diverges; 2 when something that should have
+    been compared could not be (the results are shown first)."""
+    npu = app.run(left, "npu")
+    golden = app.run(right, "cpu") if compare else None
     if compare:
         app.info("comparing every op with the golden run...")
-    result = analysis.auto_check(app.ws, npu, step=step, compare=compare, threshold=threshold,
-                                 limit=limit, write_csv=compare)
-    app.emit(result.to_dict(), lambda: _render_ac(app, result, limit, threshold))
+    result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
+                                 threshold=_criteria(cosine, norm, flushed, rel_error),
+                                 limit=limit, write_csv=compare, rank=rank)
+    app.emit(result.to_dict(), lambda: _render_ac(app, result, limit))
+    if not result.complete:         # the origin may be among what was not compared
+        raise _incomplete(f"the compare of step {result.step}", result.coverage)
     return EXIT_FINDINGS if result.has_findings else EXIT_OK
 
 
-def _render_ac(app: App, r, limit, threshold):
+def _render_ac(app: App, r, limit):
     out = app.console
     fusion = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     fusion.add_column("pass")
     fusion.add_column("fused nodes", justify="right")
-    for name, count in sorted(r.fusion.items(), key=lambda kv: -kv[1]):
+    for name, count in sorted((r.fusion or {}).items(), key=lambda kv: -kv[1]):
         fusion.add_row(name, str(count))
-    out.print(Panel(fusion if r.fusion else "no fusion pass fired",
-                    title=f"Fusion  {r.npu_run}, step {r.step}", title_align="left"))
+    body = fusion if r.fusion else ("no fusion pass fired" if r.fusion is not None
+                                    else "no fusion record (fusion_result.json) in this run")
+    out.print(Panel(body, title=f"Fusion  {r.npu_run}, step {r.step}", title_align="left"))
+    if len(r.steps) > 1 or (r.steps and r.steps[0]["step"] != r.step):
+        lines = [f"step {x['step']}: " + ", ".join(
+            [f"{x['overflowing_tasks']} overflowing task(s)"] +
+            ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]]
+             if "compared" in x else [])) for x in r.steps]
+        out.print(Panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.overflows:
         lines = []
         shown = r.overflows[:limit + 1]
@@ -76,37 +133,61 @@ def _render_ac(app: App, r, limit, threshold):
         title = f"Overflow  {len(r.overflows)} overflowing task(s)" + (f", {more} more not shown" if more > 0 else "")
         out.print(Panel("\n".join(lines), title=title, title_align="left"))
     else:
-        out.print(Panel("no overflow in this step", title="Overflow", title_align="left"))
+        out.print(Panel(f"no overflow in step {r.step}", title="Overflow", title_align="left"))
     ls = r.loss_scale
     if ls and ls["first_scale"] == ls["first_scale"]:          # nan: no loss scaling
-        moves = ", ".join(f"step {s}: {fmt(a)} -> {fmt(b)}" for s, a, b in ls["moves"][:limit]) or "none"
+        moves = ", ".join(f"step {s}: {fmt(a)} -> {fmt(b)}" for s, a, b in ls["moves"][:max(limit, 1)]) or "none"
         out.print(Panel(f"{len(ls['overflow_steps'])} of {ls['steps']} observed steps overflowed; "
                         f"{len(ls['skipped_steps'])} updates skipped.\nscale {fmt(ls['first_scale'])} "
                         f"-> {fmt(ls['last_scale'])}; moves: {moves}",
                         title="Loss scale", title_align="left"))
     if r.golden_run is not None:
-        if r.under_threshold:
-            for s in r.under_threshold:
-                _render_op(app, s)
-        else:
-            out.print(Panel(f"every op's output cosine is at or above {fmt(threshold)}",
-                            title="Compare", title_align="left"))
+        cov = Coverage(**r.coverage)
+        for s in r.diverging:
+            _render_op(app, s)
+        if not r.diverging:
+            out.print(Panel(f"no op diverges ({_criteria_text(r.criteria)})",
+                            title=f"Compare  {r.npu_run} against {r.golden_run}", title_align="left"))
+        if not cov.complete:
+            app.warn(f"step {r.step}: {cov.text()}; the results above cover what was compared")
         if r.origin:
             o = r.origin
             fused = f"fused by {o['pass_name']}" if o["pass_name"] else "not fused"
-            out.print(Panel(f"{o['op_name']} ({o['op_type']}, {fused})\nits inputs match the golden, "
-                            f"its outputs do not: {', '.join(o['bad_outputs'])}\n"
-                            f"single-op replay: {r.origin_replay}",
+            why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
+            out.print(Panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\nits inputs match the "
+                                   f"golden, its outputs do not: {', '.join(o['bad_outputs'])}{why}\n"
+                                   f"single-op replay: {r.origin_replay}"),
                             title="Root cause", title_align="left"))
+        if r.carried:
+            c = r.carried
+            where = (f"written in step {c['written_at']} by {', '.join(c['writers'][:3])}"
+                     if c.get("written_at") is not None else
+                     f"written in steps {c['missing'][0]}-{c['missing'][1]}, not dumped"
+                     if c.get("missing") else "not written in any dumped step")
+            out.print(Panel(escape(f"{len(c['variables'])} variable(s) already differ when step "
+                                   f"{c['step']} starts: {', '.join(c['variables'][:5])}\n{where}"),
+                            title="Carried in with the state", title_align="left"))
+        if r.impact and r.impact.get("impacts"):
+            lines = [f"as it ran: output error {fmt(r.impact['baseline']['output'], 6)}, update "
+                     f"error {fmt(r.impact['baseline']['update'], 6)}"]
+            lines += [f"{i['op_name']} fixed: {i['removed'] * 100:.3g}% of the error goes"
+                      for i in r.impact["impacts"]]
+            out.print(Panel(escape("\n".join(lines)), title="What each origin does to the step",
+                            title_align="left"))
         if r.result_file:
             app.info(f"compare result: {r.result_file}")
-    out.print(Panel(r.advice, title="Next", title_align="left"))
+    out.print(Panel(escape("\n".join(r.advice)), title="Next", title_align="left"))
+
+
+def _criteria_text(c: dict) -> str:
+    return (f"cosine >= {fmt(c['cosine'])}, norms within {fmt(c['norm'])}, flushed <= "
+            f"{fmt(c['flushed'])}, few-element relative error <= {fmt(c['rel_error'])}")
 
 
 def _render_op(app: App, s: dict):
     role = s["role"] or s["category"]
-    if s["category"] == "nan" and s["role"]:
-        role += ", nan"
+    if s["category"] == "nonfinite" and s["role"]:
+        role += ", nan/inf"
     lines = [f"golden ops: {', '.join(s['golden_ops']) or '-'}"]
     if s["pass_name"]:
         lines.append(f"pass: {s['pass_name']}")
@@ -116,18 +197,20 @@ def _render_op(app: App, s: dict):
         lines.append("outputs: " + " ".join(fmt(c) for c in s["output_norm_diffs"]))
     else:
         lines.append("input cosines:  " + (" ".join(fmt(c) for c in s["input_cosines"]) or "-"))
-        lines.append("output cosines: " + " ".join(fmt(c) for c in s["output_cosines"]))
+        lines.append("output cosines: " + " ".join(
+            fmt(c) + (f" ({note})" if c != c and note else "")
+            for c, note in zip(s["output_cosines"], s.get("output_notes", [""] * len(s["output_cosines"])))))
+    reasons = [r for r in s.get("output_reasons", []) if r]
+    if reasons:
+        lines.append("diverges: " + " | ".join(reasons))
     app.console.print(Panel(escape("\n".join(lines)), title=escape(f"{s['op_name']} ({s['op_type']})  [{role}]"),
                             title_align="left"))
 
 
 # -- vc ---------------------------------------------------------------------------------------
 @command("vc", "vector-compare", short_help="Compare every op of a step with the golden run.")
-@click.option("-lt", "--left", default=None, metavar="RUN",
-              help="The run to check: npu/debug_0, debug_0 or its directory (default: the "
-                   "newest NPU run). Another NPU run compares fusion on against off.")
-@click.option("-rt", "--right", default=None, metavar="RUN",
-              help="The reference run (default: the newest golden run).")
+@LEFT
+@RIGHT
 @click.option("-g", "--graph", "graph_file", default=None, metavar="GRAPH",
               type=click.Path(dir_okay=False),
               help="The compiled graph JSON to map tensors with (default: the run's graph/).")
@@ -137,18 +220,25 @@ def _render_op(app: App, s: dict):
               help="Run the comparisons on this Dask cluster (tcp://host:8786); the workers "
                    "read the dump from storage shared with this machine. Needs "
                    "pip install \"precision_tool[cluster]\".")
-@STEP
-@THRESHOLD
-def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, step, threshold):
+@click.option("-s", "--step", type=click.IntRange(0), default=None,
+              help="The dumped step (default: the NPU run's first complete one).")
+@criteria_options("-c")
+def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, step, cosine, norm,
+                       flushed, rel_error):
     """Vector compare: map every dumped NPU tensor to its golden tensor (through fused ops,
-    inserted Cast/TransData and 5HD), compute the metrics, write
-    temp/vector_compare/<ts>/result_<ts>.csv and print the counts. A step dumped as
-    statistics only is compared by its norms.
+    inserted Cast/TransData and 5HD), compute the metrics, judge each tensor on all of them
+    (cosine, norm, values clipped at 65504, flushed to zero, nan/inf, the relative error of
+    a scalar), write temp/vector_compare/<ts>/result_<ts>.csv with what it compared beside it
+    (result_<ts>.json) and print the counts. A step dumped as statistics only is compared
+    by its norms.
 
-    Exit code 1 when an op's output falls under the threshold."""
+    Exit code 1 when an op diverges; 2 when a tensor could not be compared (a file missing
+    or corrupt, no golden tensor): the counts are printed first."""
     npu = app.run(left, "npu")
     golden = app.run(right, "cpu")
-    step = first_step(npu, step)
+    step = app.step(npu, step)
+    app.step(golden, step)
+    criteria = _criteria(cosine, norm, flushed, rel_error)
     graph = None
     if graph_file is not None:
         from ..fileio import load_json
@@ -156,134 +246,182 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)
-        table = analysis.vector_compare(app.ws, npu, golden, step, threshold=threshold, graph=graph,
+        table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria, graph=graph,
                                         progress=lambda k, n: bar.update(task, completed=k, total=n),
                                         workers=workers, scheduler=scheduler)
-    path = analysis.write_result(app.ws, table)
-    under = analysis.count_findings(table, threshold)
+    cov = analysis.coverage(table)
+    provenance = analysis.Provenance.of(app.ws, npu, golden, step, step, criteria, cov,
+                                        os.path.abspath(graph_file) if graph_file else None)
+    path = analysis.write_result(app.ws, table, provenance)
+    diverging = analysis.count_findings(table, criteria)
     counts = table.Verdict.value_counts().to_dict()
-    payload = {"result_file": path, "npu_run": f"{npu.target}/{npu.name}",
-               "golden_run": f"{golden.target}/{golden.name}", "step": step, "rows": len(table),
-               "verdicts": counts, "ops_under_threshold": under}
+    payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
+               "step": step, "rows": len(table), "verdicts": counts,
+               "diverging_ops": diverging, "coverage": cov.to_dict(),
+               "criteria": criteria.to_dict()}
 
     def render():
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        app.console.print(f"{npu.target}/{npu.name} against {golden.target}/{golden.name}, step {step}: "
-                          f"{len(table)} tensors ({parts}); {under} op(s) under {fmt(threshold)}")
+        app.line(f"{npu.label} against {golden.label}, step {step}: {len(table)} tensors ({parts})")
+        app.line(f"{cov.text()}; {diverging} op(s) diverge")
         app.line(f"result: {path}")
-        if under:
-            app.console.print("summary: precision-tool vcs" + ("" if threshold == COSINE_THRESHOLD
-                                                               else f" -c {threshold}"))
+        if diverging:
+            app.line("summary: precision-tool vcs")
     app.emit(payload, render)
-    return EXIT_FINDINGS if under else EXIT_OK
+    if not cov.complete:
+        raise _incomplete(f"the compare of step {step}", cov.to_dict())
+    return EXIT_FINDINGS if diverging else EXIT_OK
 
 
 # -- vcs --------------------------------------------------------------------------------------
-@command("vcs", "vector-summary", short_help="Ops under the cosine threshold, origin first.")
+@command("vcs", "vector-summary", short_help="The diverging ops of a compare, origin first.")
 @click.option("-f", "--file", "files", multiple=True, metavar="CSV",
-              help="Result file(s) of vc (default: the newest; without one, vc runs first).")
-@THRESHOLD
-@click.option("-l", "--limit", type=int, default=3, show_default=True,
+              help="Result file(s) of vc (default: the newest that compares the newest runs as "
+                   "they are now; without any result, vc runs first).")
+@criteria_options("-c")
+@click.option("-l", "--limit", type=click.IntRange(0), default=3, show_default=True,
               help="Ops to show per file (0: all).")
 @click.option("--by-cosine", is_flag=True, help="Worst cosine first instead of execution order.")
-def vector_summary_cmd(app: App, files, threshold, limit, by_cosine):
-    """Summary of a vector compare: the ops whose output cosine is under the threshold (and
-    those whose output became nan/inf, always), in execution order (the origin of a
-    divergence comes first) or by cosine, each with its golden ops, its fusion pass and its
-    input and output cosines. Cancellation noise (an exact result of zero) is shown last.
+def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit, by_cosine):
+    """Summary of a vector compare: the ops with a diverging output (under the cosine
+    threshold, norms apart, clipped at 65504, flushed to zero, nan/inf: what decided is
+    shown), in execution order (the origin of a divergence comes first) or by cosine, each
+    with its golden ops, its fusion pass and its input and output cosines. Cancellation
+    noise (an exact result of zero) is shown last. It says which runs and step the result
+    compares; a result older than the runs it would summarise is refused unless named
+    with -f.
 
-    Exit code 1 when an op is under the threshold; 0 when none is."""
-    paths = list(files) or _newest_results(app)
+    Exit code 1 when an op diverges; 0 when none does; 2 when the result is stale or its
+    compare was incomplete."""
+    criteria = _criteria(cosine, norm, flushed, rel_error)
+    paths = list(files)
     if not paths:
-        app.info("no compare result yet: running vc first")
-        npu, golden = app.run(None, "npu"), app.run(None, "cpu")
-        table = analysis.vector_compare(app.ws, npu, golden, first_step(npu, None))
-        paths = [analysis.write_result(app.ws, table)]
+        found = analysis.current_result(app.ws)
+        if found is None:
+            app.info("no compare result yet: running vc first")
+            npu, golden = app.run(None, "npu"), app.run(None, "cpu")
+            step = app.step(npu, None)
+            app.step(golden, step)
+            table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria)
+            cov = analysis.coverage(table)
+            paths = [analysis.write_result(app.ws, table, analysis.Provenance.of(
+                app.ws, npu, golden, step, step, criteria, cov))]
+        else:
+            paths = [found[0]]
     reports = []
     for path in paths:
         table = _read_result(path)
-        cause = analysis.root_cause(table, threshold)
-        ops = analysis.summarize(table, threshold, limit=limit, by_cosine=by_cosine, cause=cause,
+        provenance = analysis.read_provenance(path)
+        cause = analysis.root_cause(table, criteria)
+        ops = analysis.summarize(table, criteria, limit=limit, by_cosine=by_cosine, cause=cause,
                                  noise_last=True)
         origin = cause.first_origin
         reasons = table["CompareFailReason"].tolist() if "CompareFailReason" in table else []
-        reports.append({"file": path, "threshold": threshold,
+        cov = analysis.coverage(table)
+        stale = None if provenance is None else analysis.staleness(app.ws, provenance)
+        reports.append({"file": path, "criteria": criteria.to_dict(),
+                        "compares": provenance.describes() if provenance else None,
+                        "stale": stale,
                         "statistics_only": bool(reasons) and all(statistics_only(reasons)),
-                        "under_threshold": analysis.count_findings(table, threshold, cause),
+                        "diverging_ops": analysis.count_findings(table, criteria, cause),
+                        "coverage": cov.to_dict(),
                         "origin": origin.op_name if origin else None,
                         "ops": [vars(s) for s in ops]})
 
     def render():
         for rep in reports:
             app.line(rep["file"])           # a line of its own: long, and copied whole
-            app.line(f"{rep['under_threshold']} op(s) under {fmt(threshold)}"
-                     + (f" (statistics only: norms apart by more than {fmt(1 - threshold)})"
-                        if rep["statistics_only"] else "")
+            app.line(rep["compares"] or "(no record of which runs and step it compares)")
+            if rep["stale"]:
+                app.warn(f"this result is out of date: {rep['stale']}")
+            app.line(f"{rep['diverging_ops']} op(s) diverge"
+                     + (" (statistics only: judged by the norms)" if rep["statistics_only"] else "")
                      + (f", origin {rep['origin']}" if rep["origin"] else ""))
+            if not Coverage(**rep["coverage"]).complete:
+                app.warn(Coverage(**rep["coverage"]).text())
             for s in rep["ops"]:
                 _render_op(app, s)
     app.emit(reports if len(reports) > 1 else reports[0], render)
-    return EXIT_FINDINGS if any(r["under_threshold"] for r in reports) else EXIT_OK
+    incomplete = next((r for r in reports if not Coverage(**r["coverage"]).complete), None)
+    if incomplete is not None:
+        raise _incomplete(f"the compare of {incomplete['file']}", incomplete["coverage"])
+    stale = next((r for r in reports if r["stale"]), None)
+    if stale is not None:
+        raise CommandError(f"error: {stale['file']} is out of date: {stale['stale']}", EXIT_USAGE)
+    return EXIT_FINDINGS if any(r["diverging_ops"] for r in reports) else EXIT_OK
 
 
-def _newest_results(app: App) -> List[str]:
-    found = glob.glob(os.path.join(app.ws.root, "temp", "vector_compare", "*", "result_*.csv"))
-    return [max(found, key=os.path.getmtime)] if found else []
-
-
-# what the summary and the root cause read of a result table
+# what the summary and the root cause read of a result table (a third of its columns)
 SUMMARY_COLUMNS = frozenset({"Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth",
-                             "TensorIndex", "PassName", "GoldenTensor", "CosineSimilarity",
-                             "MaxAbsoluteError", "NpuNanCount", "NpuInfCount", "GoldenNanCount",
-                             "GoldenInfCount", "NpuNorm", "GoldenNorm", "NormRelativeDiff",
+                             "TensorIndex", "PassName", "GoldenTensor", "GoldenOpType",
+                             "CosineSimilarity", "MaxAbsoluteError", "RelativeEuclideanDistance",
+                             "NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount",
+                             "NpuAtFp16Max", "FlushedToZeroRatio", "NpuNorm", "GoldenNorm",
+                             "NormRelativeDiff", "Elements", "GoldenAbsMax", "SumKind",
                              "CompareFailReason", "Verdict"})
+TEXT_COLUMNS = ("NPUDump", "TensorIndex", "GoldenTensor", "GoldenOpType", "PassName",
+                "GroundTruth", "CompareFailReason", "Verdict", "SumKind", "NpuDataType", "OpType")
 
 
 def _read_result(path: str) -> pd.DataFrame:
+    """A result CSV as the summary reads it. Text columns are read as text, never as
+    numbers: an op named "nan", a verdict... (only numeric columns take "nan" for nan)."""
+    numeric = {c for c in SUMMARY_COLUMNS if c not in TEXT_COLUMNS}
     try:
-        table = pd.read_csv(path, keep_default_na=False, na_values=["nan", "NaN", ""],
-                            usecols=lambda c: c in SUMMARY_COLUMNS,     # a third of them
-                            dtype={"NPUDump": str, "TensorIndex": str, "GoldenTensor": str,
-                                   "PassName": str, "GroundTruth": str, "CompareFailReason": str})
+        table = pd.read_csv(path, keep_default_na=False,
+                            na_values={c: ["nan", "NaN", ""] for c in numeric},
+                            usecols=lambda c: c in SUMMARY_COLUMNS,
+                            dtype={c: str for c in TEXT_COLUMNS})
     except FileNotFoundError:
         raise WorkspaceError(f"no result file {path}") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError,
+            ValueError) as e:
         raise WorkspaceError(f"{path} is not a readable compare result: {e}") from None
     missing = {"NPUDump", "OpType", "TensorIndex", "CosineSimilarity", "Verdict", "Index"} - set(table.columns)
     if missing:
         raise WorkspaceError(f"{path} is not a compare result of precision-tool vc: no "
                              f"{', '.join(sorted(missing))} column")
-    for col in ("PassName", "GroundTruth", "GoldenTensor", "CompareFailReason"):
-        if col in table:
-            table[col] = table[col].fillna("")
     return table
 
 
 # -- fo ---------------------------------------------------------------------------------------
 @command("fo", "fusion-off", short_help="Replay a step with fusion off; bisect the passes.")
-@STEP
-@THRESHOLD
-def fusion_off_cmd(app: App, step, threshold):
+@click.option("-s", "--step", type=click.IntRange(0), default=None,
+              help="The dumped step (default: the NPU run's first complete one).")
+@LEFT
+@RIGHT
+@criteria_options("-c")
+def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error):
     """Replay the dumped step from its bundle with every fusion pass off (into the next
-    npu/debug_<k>), compare both runs with the golden run and say whether fusion is to blame;
-    if it is, bisect over the passes that fired to name the pass(es) and their fused nodes.
+    npu/debug_<k>), compare both runs with the golden run and say whether fusion is to blame
+    for a divergence or an overflow; if it is, bisect over the passes that fired to name the
+    pass(es) and their fused nodes.
 
     Exit code 1 when fusion is to blame."""
-    npu, golden = app.run(None, "npu"), app.run(None, "cpu")
-    step = first_step(npu, step)
-    app.info(f"replaying step {step} of {npu.target}/{npu.name} with fusion off, then bisecting...")
-    verdict = analysis.bisect_fusion(app.ws, npu, golden, step, threshold)
+    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    step = app.step(npu, step)
+    app.step(golden, step)
+    app.info(f"replaying step {step} of {npu.label} with fusion off, then bisecting...")
+    verdict = analysis.bisect_fusion(app.ws, npu, golden, step,
+                                     _criteria(cosine, norm, flushed, rel_error))
     app.refresh()
 
     def render():
-        if not verdict.fusion_to_blame:
-            body = (f"Fusion is not to blame: with every pass off, the same tensors diverge.\n"
-                    f"passes that fired: {', '.join(verdict.fired) or 'none'}")
+        if verdict.fusion_to_blame:
+            lines = [f"Fusion is to blame: {len(verdict.new_failures)} failure(s) only with "
+                     f"fusion on ({', '.join(verdict.new_failures[:3])}"
+                     f"{', ...' if len(verdict.new_failures) > 3 else ''})."]
+            lines += [f"{p}: {', '.join(verdict.fused_nodes.get(p, []))}" for p in verdict.culprits]
+        elif verdict.unfused_failures:
+            lines = [f"Fusion is not to blame: with every pass off the same "
+                     f"{len(verdict.unfused_failures)} failure(s) remain.",
+                     f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
         else:
-            body = "\n".join([f"Fusion is to blame: {len(verdict.new_failures)} tensor(s) diverge "
-                              f"only with fusion on."] +
-                             [f"{p}: {', '.join(verdict.fused_nodes.get(p, []))}" for p in verdict.culprits])
-        body += f"\nreplays: {verdict.replays} ({', '.join(verdict.runs)})"
-        app.console.print(Panel(body, title="Fusion-off replay", title_align="left"))
+            lines = ["Fusion is not to blame: nothing diverges or overflows in this step, with "
+                     "fusion or without.",
+                     f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
+        lines.append(f"replays: {verdict.replays} ({', '.join(verdict.runs)})")
+        app.console.print(Panel(escape("\n".join(lines)), title="Fusion-off replay",
+                                title_align="left"))
     app.emit(verdict, render)
     return EXIT_FINDINGS if verdict.fusion_to_blame else EXIT_OK

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
 import click
+import numpy as np
 from rich.console import Console
 
 from ..dump import Workspace, layout
-from ..dump.workspace import Run, WorkspaceError
+from ..dump.workspace import Run
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 # Ascend's slog levels
@@ -41,6 +41,7 @@ class App:
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False,
                                                          soft_wrap=True))
     in_shell: bool = False
+    noted: set = field(default_factory=set)     # runs whose interrupted steps were named
     _ws: Optional[Workspace] = None
 
     @property
@@ -80,42 +81,26 @@ class App:
 
     def run(self, spec: Optional[str], target: str) -> Run:
         """A run named as npu/debug_1, debug_1 (this target first) or its directory; by
-        default the target's newest run that dumped something."""
-        ws = self.ws
-        if spec is None:
-            return ws.run(target)
-        path = os.path.realpath(spec)
-        for r in ws.runs():
-            if os.path.realpath(r.path) == path:
-                return r
-        if "/" in spec.strip("/"):
-            t, _, name = spec.strip("/").partition("/")
-            if t in ("npu", "cpu") and name:
-                return ws.run(t, name)
-        for t in (target, "cpu" if target == "npu" else "npu"):
-            for r in ws.runs(t):
-                if r.name == spec:
-                    return r
-        names = [f"{r.target}/{r.name}" for r in ws.runs()]
-        raise WorkspaceError(f"no run {spec!r} in {ws.root}; runs: {names}")
+        default the target's newest original run that dumped something. Its interrupted
+        steps are named on stderr, once per command."""
+        run = self.ws.resolve_run(spec, target)
+        if run.interrupted and run.path not in self.noted:
+            self.noted.add(run.path)
+            self.warn(f"{run.label}: step(s) {', '.join(map(str, run.interrupted))} were "
+                      f"interrupted before they were written whole (a killed dump); not read")
+        return run
 
-
-def first_step(run: Run, step: Optional[int] = None) -> int:
-    """The step asked for, or the run's first complete dumped step."""
-    if step is not None:
-        return step
-    complete = [s.step for s in run.steps if s.complete]
-    if not complete:
-        raise WorkspaceError(f"{run.target}/{run.name} has no complete dumped step")
-    return complete[0]
+    def step(self, run: Run, step: Optional[int] = None) -> int:
+        """The step asked for, checked to be dumped in the run, or its first complete one."""
+        return self.ws.resolve_step(run, step)
 
 
 def jsonable(value):
-    """Plain JSON: NaN and inf become null, numpy scalars and arrays plain numbers and lists,
-    dataclasses dicts, DataFrames lists of records."""
+    """Plain JSON. A number that is not finite becomes the string "nan", "inf" or "-inf"
+    (JSON has no such numbers, and null would not tell them apart); numpy scalars and arrays
+    become plain numbers and lists, dataclasses dicts, DataFrames lists of records."""
     import dataclasses
 
-    import numpy as np
     import pandas as pd
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value))
@@ -130,7 +115,7 @@ def jsonable(value):
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
     return value
 
 
@@ -162,10 +147,16 @@ def alias_of(word: str) -> str:
 
 
 def fmt(value, digits: int = 8) -> str:
-    """A number as the verdict needs it: full precision (0.99999992, never a rounded 1)."""
-    if value is None or (isinstance(value, float) and value != value):
+    """A number as the verdict needs it: full precision (0.99999992, never a rounded 1);
+    nan, inf and -inf by name."""
+    if value is None:
         return "nan"
-    if isinstance(value, float):
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if value != value:
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
         if value == int(value) and abs(value) < 1e15:
             return f"{value:.1f}"
         if abs(value) < 1e-3 or abs(value) >= 1e5:
@@ -174,3 +165,4 @@ def fmt(value, digits: int = 8) -> str:
         # never let rounding print a verdict-deciding 1.0 (or any integer) that is not one
         return repr(value) if float(text) == round(value) else text
     return str(value)
+

@@ -5,21 +5,23 @@ from __future__ import annotations
 import difflib
 import os
 from collections import Counter
-from typing import List
+from typing import List, NamedTuple
 
 import click
 import numpy as np
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from .. import numerics
-from ..analysis import TensorMap, compare_tensors
+from ..analysis import TensorMap
 from ..analysis.engine import logical_tensor
-from ..dump.layout import mangle
-from ..dump.workspace import Run, WorkspaceError, read_tensor_file
+from ..analysis.pair import compare_pair
+from ..dump.layout import fit_file_name, mangle
+from ..dump.workspace import Run, WorkspaceError, npy_header, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, first_step, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
 
 RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
                    help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
@@ -32,7 +34,7 @@ def _nodes(app: App, run: Run) -> List[dict]:
     if graph:
         return graph.get("nodes", [])
     # a golden run has no compiled graph: its ops are in the step index
-    table = app.ws.index(run, first_step(run, None))
+    table = app.ws.index(run, app.step(run, None))
     return [{"name": n, "type": t, "attrs": {}} for n, t in
             table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
 
@@ -109,19 +111,25 @@ def _did_you_mean(name: str, names) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-def _find_node(app: App, run: Run, name: str) -> dict:
+def _find_node(app: App, run: Run, name: str) -> tuple:
+    """(node, note): the op of that exact name, or the fused op that absorbed it (the note
+    says so and names the pass). A name that is only part of op names is never taken for
+    one of them: the candidates are listed in the error."""
     nodes = _nodes(app, run)
     for n in nodes:
         if n["name"] == name:
-            return n
+            return n, ""
+    for n in nodes:
+        attrs = n.get("attrs", {})
+        if name in attrs.get("original_op_names", []):
+            return n, (f"{name} was fused into {n['name']} ({n['type']}) by "
+                       f"{attrs.get('pass_name', 'a fusion pass')}: shown is that op")
     candidates = [n["name"] for n in nodes if name in n["name"]]
-    if len(candidates) == 1:
-        return next(n for n in nodes if n["name"] == candidates[0])
     if not candidates:
-        raise WorkspaceError(f"no op {name!r} in {run.target}/{run.name}"
+        raise WorkspaceError(f"no op {name!r} in {run.label}"
                              + _did_you_mean(name, [n["name"] for n in nodes]))
     shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
-    raise WorkspaceError(f"{name!r} matches several ops: {shown}")
+    raise WorkspaceError(f"no op {name!r} in {run.label}; op(s) whose name holds it: {shown}")
 
 
 @command("ni", "node-info", short_help="An op: type, tensors, pass, dump files, golden files.")
@@ -137,27 +145,31 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     that fused it and the ops it stands for, its dump files with statistics and the matching
     golden files. An inexact name lists the candidates."""
     run = app.run(run_spec, "npu")
-    node = _find_node(app, run, name)
+    node, note = _find_node(app, run, name)
     attrs = node.get("attrs", {})
-    info = {"name": node["name"], "type": node["type"], "inputs": node.get("inputs", []),
-            "outputs": node.get("outputs", []), "pass_name": attrs.get("pass_name", ""),
-            "original_ops": attrs.get("original_op_names", []), "dump": [], "golden": []}
+    info = {"name": node["name"], "asked": name, "note": note, "type": node["type"],
+            "inputs": node.get("inputs", []), "outputs": node.get("outputs", []),
+            "pass_name": attrs.get("pass_name", ""),
+            "original_ops": attrs.get("original_op_names", []), "dump": [], "golden": [],
+            "golden_note": ""}
     if show_all:
         info["attrs"] = attrs
-    if run.steps:
-        s = first_step(run, step)
+    if run.complete_steps or step is not None:
+        s = app.step(run, step)
         table = app.ws.index(run, s)
         mine = table[table.op_name == node["name"]]
         cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count"]
         info["dump"] = mine[[c for c in cols if c in mine]].to_dict("records")
-        try:
+        if app.ws.runs("cpu"):
             golden = app.run(None, "cpu")
-            gt = app.ws.index(golden, s)
-            tmap = TensorMap(app.ws.graph_json(run) or {})
-            wanted = {tmap.golden_tensor(f"{node['name']}:{k}") for k in range(len(info["outputs"]) or 1)}
-            info["golden"] = gt[gt.tensor.isin(wanted)][["tensor", "dtype", "shape", "file"]].to_dict("records")
-        except WorkspaceError:
-            pass
+            if s in golden.complete_steps:
+                gt = app.ws.index(golden, s)
+                tmap = TensorMap(app.ws.graph_json(run) or {})
+                wanted = {tmap.golden_tensor(f"{node['name']}:{k}") for k in range(len(info["outputs"]) or 1)}
+                gt = gt[gt.tensor.isin(wanted) & (gt.io == "output")]
+                info["golden"] = gt[["tensor", "dtype", "shape", "file"]].to_dict("records")
+            else:
+                info["golden_note"] = f"{golden.label} has no dump of step {s}"
     if depth is not None:
         info["dot_file"] = _export_dot(app, run, node, depth)
 
@@ -170,7 +182,9 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
         lines.append("outputs:")
         for k, o in enumerate(info["outputs"]):
             lines.append(f"  {k}: {o.get('dtype')} {o.get('format', '')} {o.get('shape')}")
-        app.console.print(Panel("\n".join(lines), title=info["name"], title_align="left"))
+        if note:
+            lines.insert(0, note)
+        app.console.print(Panel(escape("\n".join(lines)), title=escape(info["name"]), title_align="left"))
         if info["dump"]:
             t = Table(box=None, pad_edge=False, title="dump", title_justify="left")
             for col in ("tensor", "dtype", "max", "min", "mean", "file"):
@@ -181,6 +195,8 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
             app.console.print(t)
         for g in info["golden"]:
             app.line(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
+        if info["golden_note"]:
+            app.line(f"golden: {info['golden_note']}")
         if show_all:
             app.console.print(f"attrs: {attrs}", markup=False)
         if "dot_file" in info:
@@ -217,25 +233,49 @@ def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
             if src in keep:
                 lines.append(f"  {q(src)} -> {q(name)};")
     lines.append("}")
-    path = os.path.join(app.ws.root, "temp", "op_graph", f"{mangle(node['name'])}_{depth}.dot")
+    path = os.path.join(app.ws.root, "temp", "op_graph",
+                        fit_file_name(mangle(node["name"]), f"_{depth}.dot"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
 # -- pt ---------------------------------------------------------------------------------------
-def _tensor(app: App, ref: str, run_spec, step, target: str = "npu"):
-    """(array, label, row) for a dump file name/path or a tensor name (op:output:0, op:0) in
-    the run, or any .npy file given by its path (row None: no index row describes it). A
-    path is read as dump files are (no unpickling) but need not lie in a workspace: the
-    user named it. One outside the workspace is that file, whatever a dump file of the same
-    name holds."""
+class Found(NamedTuple):
+    """A tensor a command was named: its value as stored, a label, its index row (None for
+    a file given by path), its dtype as the run holds it (the index's: bfloat16 is dumped as
+    its float32 values) and, where the file's own header differs, how it was saved."""
+    value: np.ndarray
+    label: str
+    row: object
+    dtype: str
+    saved_as: str
+
+    def logical(self) -> np.ndarray:
+        """The value as NCHW where it is stored as NC1HWC0 (padding left out)."""
+        if self.row is not None and self.row.get("format") == "NC1HWC0":
+            return logical_tensor(self.value, "NC1HWC0", self.row["original_shape"])
+        return self.value
+
+
+def _from_path(path: str, value: np.ndarray) -> Found:
+    saved = npy_header(path)[2]
+    note = "" if saved == value.dtype else \
+        f"saved as {saved.str} (2-byte raw values, which is how numpy saves ml_dtypes' bfloat16)"
+    return Found(value, path, None, str(value.dtype), note)
+
+
+def _tensor(app: App, ref: str, run_spec, step, target: str = "npu") -> Found:
+    """The tensor a dump file name/path or a tensor name (op:output:0, op:0) names in the
+    run, or any .npy file given by its path (row None: no index row describes it). A path is
+    read as dump files are (no unpickling) but need not lie in a workspace: the user named
+    it. One outside the workspace is that file, whatever a dump file of the same name holds."""
     is_file = os.path.isfile(ref)
     root = os.path.realpath(app.ws_root()) + os.sep
     if is_file and not os.path.realpath(ref).startswith(root):
-        return read_tensor_file(ref), ref, None
+        return _from_path(ref, read_tensor_file(ref))
     run = app.run(run_spec, target)
-    s = first_step(run, step)
+    s = app.step(run, step)
     table = app.ws.index(run, s)
     base = os.path.basename(ref)
     hit = table[table.file == base] if base.endswith(".npy") else table.iloc[0:0]
@@ -248,19 +288,21 @@ def _tensor(app: App, ref: str, run_spec, step, target: str = "npu"):
             hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
     if hit.empty:
         if is_file:                    # in the workspace, outside the run's index
-            return app.ws.load_file(ref), ref, None
-        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.target}/{run.name}"
+            return _from_path(ref, app.ws.load_file(ref))
+        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.label}"
                              + _did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
     row = hit.iloc[0]
     if not row["file"]:
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
     value = app.ws.load(run, s, row["file"])
-    return value, f"{run.target}/{run.name} {row['op_name']}:{row['io']}:{row['index']}", row
+    dtype = str(row["dtype"])
+    return Found(value, f"{run.label} {row['op_name']}:{row['io']}:{row['index']}", row, dtype,
+                 f"stored as {value.dtype}" if dtype != str(value.dtype) else "")
 
 
-def _output_path(app: App, kind: str, ref: str, name: str) -> str:
+def _output_path(app: App, kind: str, ref: str, stem: str, suffix: str) -> str:
     """Where pt -c and dc write: the workspace's temp/<kind>/, or beside the file given when
-    there is no workspace (a file compared on its own)."""
+    there is no workspace (a file compared on its own); the name within 255 bytes."""
     try:
         directory = os.path.join(app.ws.root, "temp", kind)
     except WorkspaceError:
@@ -268,7 +310,7 @@ def _output_path(app: App, kind: str, ref: str, name: str) -> str:
             raise
         directory = os.path.dirname(os.path.abspath(ref))
     os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, name)
+    return os.path.join(directory, fit_file_name(stem, suffix))
 
 
 @command("pt", "print-tensor", short_help="A tensor's summary and first values.")
@@ -279,28 +321,39 @@ def _output_path(app: App, kind: str, ref: str, name: str) -> str:
 @RUN
 @STEP
 def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
-    """Print a dumped tensor: shape, dtype, statistics and its first values. REF is a dump file
-    name, or a tensor as op:output:0 / op:input:1 / op (its first output)."""
-    value, label, row = _tensor(app, ref, run_spec, step)
+    """Print a dumped tensor: shape, dtype, statistics and its first values. REF is a dump
+    file name or path, any .npy file, or a tensor as op:output:0 / op:input:1 / op (its first
+    output). An NC1HWC0 tensor is shown as NCHW: its statistics leave the padding out."""
+    found = _tensor(app, ref, run_spec, step)
+    value = found.logical()
     stats = numerics.tensor_stats(value)
     flat = np.asarray(value).reshape(-1)
-    info = {"tensor": label, "shape": list(value.shape), "dtype": str(value.dtype),
-            "format": (row["format"] if row is not None and "format" in row else ""),
-            **stats, "head": flat[:head].astype(np.float64).tolist() if flat.dtype.kind in "fiub" else []}
+    fmt_in = found.row["format"] if found.row is not None and "format" in found.row else ""
+    info = {"tensor": found.label, "shape": list(value.shape), "dtype": found.dtype,
+            "format": fmt_in, "stored_shape": list(found.value.shape),
+            "saved_as": found.saved_as, **stats,
+            "head": flat[:head].astype(np.float64).tolist() if flat.size else []}
     if copy:
-        path = _output_path(app, "print_tensor", ref,
-                            os.path.basename(row["file"] if row is not None else ref) + ".txt")
+        name = os.path.basename(found.row["file"] if found.row is not None else ref)
+        path = _output_path(app, "print_tensor", ref, name, ".txt")
         text = "\n".join(repr(float(v)) for v in flat.astype(np.float64)) + "\n"
         write_text_atomic(path, text)
         info["copy"] = path
 
     def render():
-        lines = [f"shape {info['shape']}  dtype {info['dtype']}" + (f"  format {info['format']}" if info["format"] else ""),
+        shape = f"shape {info['shape']}  dtype {info['dtype']}"
+        if fmt_in == "NC1HWC0":
+            shape += f"  (stored NC1HWC0 {info['stored_shape']}: shown as NCHW, padding left out)"
+        elif fmt_in:
+            shape += f"  format {fmt_in}"
+        lines = [shape] + ([info["saved_as"]] if info["saved_as"] else []) + [
                  f"max {fmt(stats['max'])}  min {fmt(stats['min'])}  mean {fmt(stats['mean'])}  "
-                 f"l2norm {fmt(stats['l2norm'])}",
+                 f"l2norm {fmt(stats['l2norm'])}"
+                 + ("  (over the finite elements)" if stats["nan_count"] + stats["pos_inf_count"]
+                    + stats["neg_inf_count"] else ""),
                  f"nan {stats['nan_count']}  +inf {stats['pos_inf_count']}  -inf {stats['neg_inf_count']}",
-                 "head: " + " ".join(fmt(v, 6) for v in info["head"])]
-        app.console.print(Panel("\n".join(lines), title=label, title_align="left"))
+                 "head: " + (" ".join(fmt(v, 6) for v in info["head"]) or "(empty)")]
+        app.console.print(Panel(escape("\n".join(lines)), title=escape(found.label), title_align="left"))
         if copy:
             app.line(f"text copy: {info['copy']}")
     app.emit(info, render)
@@ -308,13 +361,15 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
 
 
 # -- cp ---------------------------------------------------------------------------------------
-def _golden_or_npu(app: App) -> str:
-    """RIGHT's default target: the newest golden run, else the newest NPU run (or no
-    workspace at all: then only files given by path are compared)."""
-    try:
-        return "cpu" if app.ws.runs("cpu") else "npu"
-    except WorkspaceError:
-        return "npu"
+def _golden_target(app: App, right_run) -> str:
+    """RIGHT's run when it names no file: the one given with -rr, else the newest golden run;
+    a workspace without one is an error (comparing the NPU tensor with itself says nothing)."""
+    if right_run is not None:
+        return "cpu"
+    if not app.ws.runs("cpu"):
+        raise WorkspaceError(f"the workspace {app.ws.root} has no golden run to compare with: "
+                             f"dump one (cpu-dump), name RIGHT's run with -rr, or give a file")
+    return "cpu"
 
 
 @command("cp", "compare-pair", short_help="Two tensors side by side: errors, cosine, allclose.")
@@ -322,57 +377,55 @@ def _golden_or_npu(app: App) -> str:
 @click.argument("right", metavar="RIGHT")
 @click.option("-p", "--print", "items", type=click.IntRange(0), default=10, show_default=True,
               help="Rows in the error-item and top-item tables.")
-@click.option("-al", "--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
-@click.option("-rl", "--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("-al", "--atol", type=click.FloatRange(0.0), default=1e-3, show_default=True,
+              help="Absolute tolerance.")
+@click.option("-rl", "--rtol", type=click.FloatRange(0.0), default=1e-3, show_default=True,
+              help="Relative tolerance.")
 @click.option("-s", "--summary", is_flag=True, help="The verdict lines only, no item tables.")
 @click.option("-lr", "--left-run", default=None, metavar="RUN", help="Run of LEFT (default: newest NPU).")
 @click.option("-rr", "--right-run", default=None, metavar="RUN", help="Run of RIGHT (default: newest golden).")
 @STEP_LONG
 def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run, right_run, step):
-    """Compare two tensors (dump files, tensor names, or any .npy files by path) element by element: the items out of
-    tolerance, the largest errors, cosine similarity, allclose, and the error ratio with its
-    formula. Tensors of different sizes are refused. Exit code 1 when allclose fails."""
-    x, xl, xrow = _tensor(app, left, left_run, step)
-    y, yl, _ = _tensor(app, right, right_run, step, target=_golden_or_npu(app))
-    if xrow is not None and "format" in xrow:
-        x = logical_tensor(x, xrow["format"], xrow["original_shape"])
-    if x.size != y.size:
-        raise WorkspaceError(f"cannot compare {xl} ({x.size} elements, shape {list(x.shape)}) with "
-                             f"{yl} ({y.size} elements, shape {list(y.shape)}): sizes differ")
-    a = np.asarray(x, np.float64).reshape(-1)
-    b = np.asarray(y, np.float64).reshape(-1)
-    metrics = compare_tensors(a, b)
-    err = np.abs(a - b)
-    bad = ~(err <= atol + rtol * np.abs(b))         # nan counts as out of tolerance
-    ratio = float(bad.mean()) if a.size else 0.0
-    order = np.argsort(-np.nan_to_num(err, nan=np.inf), kind="stable")[:items]
-    out_of_tol = np.flatnonzero(bad)[:items]
-    result = {"left": xl, "right": yl, "elements": int(a.size), "cosine": metrics["CosineSimilarity"],
-              "allclose": not bool(bad.any()), "atol": atol, "rtol": rtol, "error_count": int(bad.sum()),
-              "error_ratio": ratio, "formula": "|left - right| > atol + rtol * |right|",
-              "max_abs_error": metrics["MaxAbsoluteError"],
-              "error_items": [{"index": int(i), "left": a[i], "right": b[i], "abs_error": err[i]} for i in out_of_tol],
-              "top_items": [{"index": int(i), "left": a[i], "right": b[i], "abs_error": err[i]} for i in order]}
+    """Compare two tensors (dump files, tensor names, or any .npy files by path) element by
+    element: the items out of tolerance, the largest errors, cosine similarity, allclose, and
+    the error ratio with its formula. A nan or inf on one side only is out of tolerance; the
+    same nan or inf on both sides is equal; the cosine and max |error| are taken over the
+    finite pairs, as vc takes them. Tensors of different sizes are refused.
+
+    Exit code 1 when allclose fails."""
+    x = _tensor(app, left, left_run, step)
+    y = _tensor(app, right, right_run, step, target="npu" if os.path.isfile(right) else
+                _golden_target(app, right_run))
+    a, b = x.logical(), y.logical()
+    if a.size != b.size:
+        raise WorkspaceError(f"cannot compare {x.label} ({a.size} elements, shape {list(a.shape)}) "
+                             f"with {y.label} ({b.size} elements, shape {list(b.shape)}): sizes differ")
+    result = compare_pair(a, b, atol, rtol, items, x.label, y.label)
 
     def table(title, rows):
         t = Table(title=title, title_justify="left", box=None, pad_edge=False)
         for col in ("index", "left", "right", "|error|"):
             t.add_column(col, justify="right")
         for r in rows:
-            t.add_row(str(r["index"]), fmt(r["left"]), fmt(r["right"]), fmt(r["abs_error"]))
+            t.add_row(str(r.index), fmt(r.left), fmt(r.right), fmt(r.abs_error))
         app.console.print(t)
 
     def render():
         if not summary:
-            table(f"out of tolerance (first {items})", result["error_items"])
-            table(f"largest errors (top {items})", result["top_items"])
-        app.console.print(Panel(
-            f"{xl}\n  vs {yl}\ncosine {fmt(result['cosine'])}   max |error| {fmt(result['max_abs_error'])}\n"
-            f"allclose(atol={atol}, rtol={rtol}): {result['allclose']}\n"
-            f"error ratio {result['error_count']}/{result['elements']} = {fmt(ratio)}  "
-            f"where {result['formula']}", title="compare", title_align="left"))
-    app.emit(result, render)
-    return EXIT_OK if result["allclose"] else EXIT_FINDINGS
+            table(f"out of tolerance (first {items})", result.error_items)
+            table(f"largest finite errors (top {items})", result.top_items)
+        lines = [f"{x.label}\n  vs {y.label}",
+                 f"cosine {fmt(result.cosine)}   max |error| {fmt(result.max_abs_error)}"
+                 + (f"   ({result.note})" if result.note else ""),
+                 f"allclose(atol={atol}, rtol={rtol}): {result.allclose}",
+                 f"error ratio {result.error_count}/{result.elements} = {fmt(result.error_ratio)}"
+                 f"  where {result.formula}"]
+        if result.nonfinite_mismatch or result.nonfinite_equal:
+            lines.append(f"nan/inf: {result.nonfinite_mismatch} on one side only (errors), "
+                         f"{result.nonfinite_equal} the same on both sides (equal)")
+        app.console.print(Panel(escape("\n".join(lines)), title="compare", title_align="left"))
+    app.emit(result.to_dict(), render)
+    return EXIT_OK if result.allclose else EXIT_FINDINGS
 
 
 # -- dc ---------------------------------------------------------------------------------------
@@ -388,17 +441,18 @@ FORMATS = ("NCHW", "NHWC")
 def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
     """Convert a dumped NPU tensor from its device format (NC1HWC0) to NCHW or NHWC, written
     to temp/convert/<file>.<format>.npy."""
-    value, label, row = _tensor(app, ref, run_spec, step)
+    found = _tensor(app, ref, run_spec, step)
+    label, row = found.label, found.row
     fmt_in = row["format"] if row is not None and "format" in row else ""
-    if fmt_in == "NC1HWC0":
-        value = logical_tensor(value, fmt_in, row["original_shape"])
-    elif value.ndim != 4:
+    value = found.logical()
+    if fmt_in != "NC1HWC0" and value.ndim != 4:
         raise WorkspaceError(f"{label} is {fmt_in or 'not 5HD'} with shape {list(value.shape)}: "
                              f"nothing to convert to {target}")
     if target == "NHWC":
         value = np.transpose(value, (0, 2, 3, 1))
     name = os.path.basename(row["file"] if row is not None else ref)
-    path = _output_path(app, "convert", ref, f"{name[:-4] if name.endswith('.npy') else name}.{target}.npy")
+    path = _output_path(app, "convert", ref, name[:-4] if name.endswith(".npy") else name,
+                        f".{target}.npy")
     array = np.ascontiguousarray(value)
     write_atomic(path, lambda f: np.save(f, array, allow_pickle=False))
     info = {"tensor": label, "from": fmt_in or "NCHW", "to": target, "shape": list(value.shape), "file": path}

@@ -22,20 +22,18 @@ from .app import EXIT_FINDINGS, EXIT_OK, App, command
               show_default=True, help="dump: dump it again; overflow: the overflow check (exit 1 "
                                       "when a kernel overflows); fusion_off: dump it with every "
                                       "fusion pass off (NPU).")
-@click.option("-s", "--step", type=int, default=None, help="The dumped step (default: the first).")
+@click.option("-s", "--step", type=click.IntRange(0), default=None,
+              help="The dumped step (default: the first with a replay bundle).")
 def replay_cmd(app: App, device, action, step):
     """Rerun a dumped step from its replay bundle (graph, variables and feeds as they were),
     without the training script, into new npu/ and cpu/ debug_<k> runs."""
     npu = app.run(None, "npu")
-    steps = sorted(int(d) for d in os.listdir(os.path.join(npu.path, "replay"))) \
-        if os.path.isdir(os.path.join(npu.path, "replay")) else []
-    if not steps:
-        raise WorkspaceError(f"{npu.target}/{npu.name} has no replay bundle (dump a step with the "
-                             f"dump action first)")
-    step = steps[0] if step is None else step
-    if step not in steps:
-        raise WorkspaceError(f"no replay bundle for step {step}; bundles: {steps}")
-    bundle = load_bundle(os.path.join(npu.path, "replay", str(step)))
+    if step is None:
+        if not npu.bundles:
+            raise WorkspaceError(f"{npu.label} has no replay bundle (dump a step with the dump "
+                                 f"action first)")
+        step = npu.bundles[0]
+    bundle = load_bundle(app.ws.bundle_path(npu, step))
     made = {}                          # target -> the run the replay wrote
     for target in (["npu", "cpu"] if device == "all" else [device]):
         act = action
@@ -43,12 +41,13 @@ def replay_cmd(app: App, device, action, step):
             act = "dump|fusion_off" if target == "npu" else "dump"
         base = bundle.config() if target == "npu" else SessionConfig()
         cfg = hooks.session_dump_config(base, action=act, dump_step=str(step), data_dir=app.ws.root,
-                                        replay_of=f"{npu.target}/{npu.name}")
+                                        replay_of=npu.label)
         app.info(f"replaying step {step} on the {target} ({act})...")
         sess, _ = replay(bundle, target, cfg)
         sess.close()
+        (run_dir,) = hooks.dump_dirs(sess)      # this replay's run, not the newest on disk
         app.refresh()
-        made[target] = app.ws.runs(target)[-1]
+        made[target] = app.ws.run(target, os.path.basename(run_dir))
     names = [f"{r.target}/{r.name}" for r in made.values()]
     result = {"step": step, "runs": names}
     if action == "overflow" and "npu" in made:
@@ -140,4 +139,4 @@ def demo_cmd(ctx, app: App, steps, fresh):
                           f"golden {acc['cpu']:.4f}, NPU {acc['npu']:.4f}")
         app.line(f"dumps: {root}\n")
     from .analyse import auto_check_cmd
-    return ctx.invoke(auto_check_cmd, compare=True, limit=3, threshold=0.98, step=0)
+    return ctx.invoke(auto_check_cmd, compare=True, step=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import click
 
@@ -29,13 +30,13 @@ SHORT = {"npu-dump": "Run a training script dumping the NPU run.",
 ALIASES = {"npu_dump": "npu-dump", "npu_overflow": "npu-overflow", "tf_dump": "cpu-dump"}
 
 
-def _debug_dirs(root):
-    found = set()
-    for target in ("npu", "cpu"):
-        parent = os.path.join(root, target)
-        if os.path.isdir(parent):
-            found |= {os.path.join(target, d) for d in os.listdir(parent) if d.startswith("debug_")}
-    return found
+def _runs_written(path: str) -> list:
+    """The run directories the script's dumps named in the runs file, in order, once each."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return list(dict.fromkeys(line.strip() for line in f if line.strip()))
+    except OSError:
+        return []
 
 
 def _command(script) -> list:
@@ -67,6 +68,7 @@ def make_runner(name: str):
         root = ctx.obj.ws_root()
         if dump_step is not None:
             layout.parse_steps(dump_step)        # refuse a bad value before running anything
+        app = ctx.obj
         env = dict(os.environ)
         env[env_var] = action + ("|fusion_off" if fusion_off and env_var == layout.ENV_NPU_ACTION else "")
         env[layout.ENV_ROOT] = root
@@ -74,33 +76,46 @@ def make_runner(name: str):
                            (layout.ENV_DUMP_DATA, dump_data)):
             if value is not None:
                 env[var] = value
-        before = _debug_dirs(root)
+        fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
+        os.close(fd)
+        env[layout.ENV_RUNS_FILE] = runs_file
         command = _command(script)
         click.echo(f"running {' '.join(command)} with {env_var}={env[env_var]}", err=True)
         try:
-            rc = subprocess.call(command, env=env)
-        except OSError as e:
-            raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
-        new = sorted(_debug_dirs(root) - before)
+            try:             # with --json, stdout is the summary's: the script's output goes to stderr
+                rc = subprocess.call(command, env=env,
+                                     stdout=sys.stderr.fileno() if app.as_json else None)
+            except OSError as e:
+                raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
+            new = _runs_written(runs_file)
+        finally:
+            os.unlink(runs_file)
         if rc != 0:
             raise CommandError(f"error: the script exited with status {rc}")
         if not new:
-            click.echo(f"the script wrote no dump into {root}: does it use precision_tool.hooks "
-                       f"(session_dump_config / sess_dump)?", err=True)
-            return
-        ws = Workspace(root)
-        overflowing = 0
+            raise CommandError(f"error: the script wrote no dump into {root}: does it use "
+                               f"precision_tool.hooks (session_dump_config / sess_dump)?")
+        runs, overflowing = [], 0
         for path in new:
-            target, name = path.split(os.sep)
-            run = ws.run(target, name)
-            records = sum(len(overflow_report(ws, run, s.step).tasks) for s in run.steps)
-            overflowing += records
-            click.echo(f"{path}: steps {[s.step for s in run.steps]} dumped"
-                       + (f", {records} overflowing kernel(s)" if action == "overflow" else ""))
-        if action == "overflow":
-            if overflowing:
+            parent, name = os.path.split(path)
+            ws = Workspace(os.path.dirname(parent))
+            run = ws.run(os.path.basename(parent), name)
+            kernels = sum(len(overflow_report(ws, run, s).tasks) for s in run.complete_steps)
+            overflowing += kernels
+            runs.append({"run": run.label, "path": path, "steps": run.complete_steps,
+                         "interrupted": run.interrupted, "overflowing_kernels": kernels})
+        summary = {"action": action, "runs": runs, "overflowing_kernels": overflowing}
+
+        def render():
+            for r in runs:
+                click.echo(f"{r['run']}: steps {r['steps']} dumped"
+                           + (f", {r['overflowing_kernels']} overflowing kernel(s)"
+                              if action == "overflow" else "")
+                           + (f"; step(s) {r['interrupted']} interrupted" if r["interrupted"] else ""))
+            if action == "overflow":
                 click.echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
-                           f"are in {root}")
-                ctx.exit(EXIT_FINDINGS)
-            click.echo("no overflow")
+                           f"are in {root}" if overflowing else "no overflow")
+        app.emit(summary, render)
+        if action == "overflow" and overflowing:
+            ctx.exit(EXIT_FINDINGS)
     return runner

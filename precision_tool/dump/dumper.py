@@ -123,6 +123,7 @@ class DumpObserver:
                                                  settings.debug_dir)
         except OSError as e:        # a workspace under a file, a read-only disk...
             raise write_error(e) from None
+        _announce(self.run_dir)
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.graph = session.compiled.graph if self.npu else session.graph
         # where the step directories go (each named by its number)
@@ -269,10 +270,12 @@ class DumpObserver:
         if s is None:
             def fields(tensor, spec):
                 orig = _dims(spec.original_shape) if spec.original_shape else ""
-                return (_q(tensor), spec.dtype, spec.format, orig)
+                channels = spec.original_shape[1] if spec.format == "NC1HWC0" else 0
+                return (_q(tensor), spec.dtype, spec.format, orig, channels)
             ins = [fields(t, self.graph.tensor(t).spec) for t in node.inputs]
             outs = [fields(f"{node.name}:{k}", spec) for k, spec in enumerate(node.outputs)]
-            s = self._static[node.name] = (layout.mangle(node.type), layout.mangle(node.name),
+            # the real names: file names are mangled to fit by layout's name functions
+            s = self._static[node.name] = (node.type, node.name,
                                            _q(node.type), _q(node.name),
                                            _q(node.attrs.get("pass_name", "")), ins, outs)
         return s
@@ -282,15 +285,28 @@ class DumpObserver:
         the file of the tensor they read: written once, by its first line."""
         rows = []
         if not self.npu:
-            for r, (node, _, outputs, _, _) in enumerate(records):
-                _, n_name, q_type, q_name, _, _, outs = self._statics(node)
-                for k, (value, (q_tensor, _, _, _)) in enumerate(zip(outputs, outs)):
+            # an op's outputs, then (but in "output" mode) its inputs, which name the file of
+            # the op that made them: no file more, and the analysis sees what each op read
+            # (the origin and cancellation checks need that of a golden run compared with
+            # another golden run)
+            inputs_too = mode != "output"
+            for r, (node, inputs, outputs, _, _) in enumerate(records):
+                _, n_name, q_type, q_name, _, ins, outs = self._statics(node)
+                for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(outputs, outs)):
                     # the golden holds every float in its golden dtype: that is what it dumps
                     dtype = value.dtype.name
                     rows.append(Row(r, 2, k, f"{node.name}:{k}", f"{q_type},{q_name},",
                                     f",output,{k},{q_tensor},{dtype},{_dims(value.shape)}",
                                     tuple(layout.cpu_file_name(n_name, k, _STAMP).split(_STAMP)),
                                     value.dtype))
+                if inputs_too and inputs:
+                    for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(inputs, ins)):
+                        producer, _, index = node.inputs[k].rpartition(":")
+                        rows.append(Row(r, 1, k, node.inputs[k], f"{q_type},{q_name},",
+                                        f",input,{k},{q_tensor},{value.dtype.name},"
+                                        f"{_dims(value.shape)}",
+                                        tuple(layout.cpu_file_name(producer, index, _STAMP)
+                                              .split(_STAMP)), value.dtype))
             return rows
         sides = [side for side in ("input", "output") if mode in (side, "all")]
         for r, (node, inputs, outputs, task, _) in enumerate(records):
@@ -298,14 +314,14 @@ class DumpObserver:
             before = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
             for side in sides:
                 values, specs = (inputs, ins) if side == "input" else (outputs, outs)
-                for k, (v, (q_tensor, dtype, fmt, orig)) in enumerate(zip(values, specs)):
+                for k, (v, (q_tensor, dtype, fmt, orig, channels)) in enumerate(zip(values, specs)):
                     file = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
                                                 _STAMP, side, k).split(_STAMP)
                     rows.append(Row(r, 1 if side == "input" else 2, k,
                                     node.inputs[k] if side == "input" else f"{node.name}:{k}",
                                     before, f",{side},{k},{q_tensor},{dtype},{fmt},"
                                             f"{_dims(v.shape)},{orig},{q_pass}",
-                                    tuple(file), disk_dtype(v, dtype)))
+                                    tuple(file), disk_dtype(v, dtype), channels))
         return rows
 
     def _build_plan(self, key, records, mode, tensor_mode) -> StepPlan:
@@ -415,6 +431,19 @@ class DumpObserver:
             if time.monotonic() - self._history_at >= 1.0:
                 self._write_history()
         self.writer.put_step(plan, filled, more, links, renames, dirs, written)
+
+
+def _announce(run_dir: str) -> None:
+    """Name the run in the script runner's file, when a runner started this process (one
+    short append: whole lines even when several dumps of the script start at once)."""
+    path = os.environ.get(layout.ENV_RUNS_FILE)
+    if path:
+        line = os.path.abspath(run_dir) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
 
 
 def _opdebug(task, step: int) -> dict:

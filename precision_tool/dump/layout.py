@@ -24,6 +24,9 @@ ENV_CPU_ACTION = "PRECISION_TOOL_CPU_ACTION"
 ENV_DUMP_STEP = "PRECISION_TOOL_DUMP_STEP"
 ENV_DUMP_MODE = "PRECISION_TOOL_DUMP_MODE"
 ENV_DUMP_DATA = "PRECISION_TOOL_DUMP_DATA"
+# the script runner's file in which each dump of the script names the run it writes: what the
+# script dumped, whatever other processes write into the same workspace
+ENV_RUNS_FILE = "PRECISION_TOOL_RUNS_FILE"
 
 ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
 DUMP_MODES = ("input", "output", "all")
@@ -31,7 +34,9 @@ DUMP_DATA = ("tensor", "stats")
 INDEX_FILE = "index.csv"
 HISTORY_FILE = "step_history.csv"        # per run: every observed step's status and loss scale
 HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite"
-MAX_NAME_BYTES = 200          # file names stay well under the 255-byte limit of filesystems
+MAX_FILE_BYTES = 255         # a file name's limit on common file systems (ext4, xfs, tmpfs)
+MAX_NAME_BYTES = 200          # a mangled op name on its own (a directory name, a golden file)
+STAMP_DIGITS = 20             # what a name reserves for its timestamp (an int64's digits)
 
 
 class DumpConfigError(PrecisionToolError, ValueError):
@@ -45,26 +50,46 @@ def resolve_root(data_dir: Optional[str] = None) -> str:
 _UNSAFE = re.compile(r"[/\\. \x00-\x1f\x7f]")
 
 
-def mangle(op_name: str) -> str:
+def mangle(op_name: str, budget: int = MAX_NAME_BYTES) -> str:
     """An op name as it appears in a file name: '/', '\\', '.', spaces and control characters
-    become '_' (Ascend's rule, which also makes '..' harmless); an over-long name is cut and
-    given a hash suffix. The index keeps the real name."""
+    become '_' (Ascend's rule, which also makes '..' harmless); a name over `budget` bytes is
+    cut (never inside a UTF-8 character) and given a hash of the whole name, so that two long
+    names stay apart. The index keeps the real name."""
     name = _UNSAFE.sub("_", op_name) or "_"
-    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+    if len(name.encode("utf-8")) > budget:
         digest = hashlib.sha1(op_name.encode("utf-8")).hexdigest()[:12]
-        cut = name.encode("utf-8")[:MAX_NAME_BYTES - 13].decode("utf-8", "ignore")
+        cut = name.encode("utf-8")[:max(budget - 13, 1)].decode("utf-8", "ignore")
         name = f"{cut}_{digest}"
     return name
 
 
+def fit_file_name(stem: str, suffix: str) -> str:
+    """stem + suffix within MAX_FILE_BYTES: a derived file (pt -c's text copy, dc's
+    conversion, a subgraph) of a dump file whose name is already near the limit."""
+    room = MAX_FILE_BYTES - len(suffix.encode("utf-8"))
+    if len(stem.encode("utf-8")) > room:
+        digest = hashlib.sha1(stem.encode("utf-8")).hexdigest()[:12]
+        stem = stem.encode("utf-8")[:room - 13].decode("utf-8", "ignore") + "_" + digest
+    return stem + suffix
+
+
+def _room(tail: str, timestamp) -> int:
+    """The bytes left for names beside `tail`, its timestamp counted at STAMP_DIGITS."""
+    return MAX_FILE_BYTES - len(tail.encode("utf-8")) + len(str(timestamp)) - STAMP_DIGITS
+
+
 def npu_file_name(op_type, op_name, task_id, stream_id, timestamp, io, index) -> str:
-    """Ascend's NPU dump name; op_type and op_name already mangled."""
-    return f"{op_type}.{op_name}.{task_id}.{stream_id}.{timestamp}.{io}.{index}.npy"
+    """Ascend's NPU dump name from the real op type and name, mangled here so that the whole
+    name stays within MAX_FILE_BYTES whatever the timestamp's digits."""
+    tail = f".{task_id}.{stream_id}.{timestamp}.{io}.{index}.npy"
+    kind = mangle(op_type, 64)
+    return f"{kind}.{mangle(op_name, _room(tail, timestamp) - len(kind.encode('utf-8')) - 1)}{tail}"
 
 
 def cpu_file_name(op_name, output_index, timestamp) -> str:
-    """The golden dump name; op_name already mangled."""
-    return f"{op_name}.{output_index}.{timestamp}.npy"
+    """The golden dump name from the real op name, within MAX_FILE_BYTES likewise."""
+    tail = f".{output_index}.{timestamp}.npy"
+    return f"{mangle(op_name, min(MAX_NAME_BYTES, _room(tail, timestamp)))}{tail}"
 
 
 def opdebug_file_name(task_id, stream_id, timestamp) -> str:

@@ -36,6 +36,8 @@ class Row(NamedTuple):
     after: str
     file: tuple            # (name before the timestamp, after it): the file of a first line
     disk: np.dtype         # what the file holds (see disk_dtype)
+    channels: int = 0      # an NC1HWC0 tensor's real channels: its statistics leave out the
+                           # padding (numerics.logical_view), 0 for any other format
 
 
 def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
@@ -96,8 +98,11 @@ class StepPlan:
         unique = [values[i] for i in first]
         self.dtypes = [v.dtype for v in unique]
         # the C module's statistics where it takes the kind; the rest (empty tensors, other
-        # dtypes) is computed by numerics and handed in
-        kinds = [native.stats_kind(v) if v.size else None for v in unique]
+        # dtypes, NC1HWC0 tensors, whose padding channels are left out) is computed by
+        # numerics and handed in
+        self.channels = [rows[i].channels for i in first]
+        kinds = [native.stats_kind(v) if v.size and not c else None
+                 for v, c in zip(unique, self.channels)]
         self.kinds = "".join(k or "." for k in kinds)
         # 0: statistics from numerics; 1: numpy's own numbers, passed as they are when
         # contiguous; 2: bfloat16, passed as its bits (native.flat)
@@ -110,6 +115,11 @@ class StepPlan:
                               for d, v in zip(disk, unique))
         self.casts = {i: d for i, (d, v) in enumerate(zip(disk, unique))
                       if d != v.dtype and self.halves[i] == "."}
+
+    def _logical(self, values, i: int) -> np.ndarray:
+        """values[i] as its statistics see it: an NC1HWC0 tensor without its padding."""
+        c = self.channels[i]
+        return numerics.logical_view(values[i], c) if c else values[i]
 
     def gather(self, records) -> List[np.ndarray]:
         """Each tensor's value, in the order of their first lines."""
@@ -143,7 +153,7 @@ class StepPlan:
         if native.enabled():
             stats = np.empty((len(values), 7))
             if self.numpy_stats:    # the kinds the C module does not take
-                some = numerics.batch_stats([values[i] for i in self.numpy_stats])
+                some = numerics.batch_stats([self._logical(values, i) for i in self.numpy_stats])
                 stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
                       stats)
@@ -192,7 +202,8 @@ class StepPlan:
                 text = native.index_text(self.c_arrays(filled, True), self.kinds, filled.stats,
                                          filled.stamps, self.index)
         else:
-            stats = numerics.batch_stats(filled.values)
+            stats = numerics.batch_stats([self._logical(filled.values, i)
+                                          for i in range(len(filled.values))])
             text = self.index.fill(filled.stamps, numerics.stats_text(stats))
         paths, arrays, headers, halves = self._files(filled, more)
         write_files(paths + [filled.index_path], arrays + [text], headers + [b""], halves + ".",

@@ -16,10 +16,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import ml_dtypes
 import numpy as np
 import pandas as pd
 
-from ..errors import PrecisionToolError
+from ..errors import GraphFormatError, PrecisionToolError
+from ..fileio import load_json
 from . import layout
 
 
@@ -50,18 +52,33 @@ class Run:
     path: str
     info: dict
     steps: List[StepDump] = field(default_factory=list)
-    interrupted: List[int] = field(default_factory=list)   # steps a killed run left partial
+    # steps a killed run left partial: their dump directory or their replay bundle (never read)
+    interrupted: List[int] = field(default_factory=list)
+    bundles: List[int] = field(default_factory=list)      # steps with a whole replay bundle
 
     @property
     def ours(self) -> bool:
         return self.info.get("writer") == "precision_tool"
 
+    @property
+    def label(self) -> str:
+        """How commands name the run: npu/debug_0."""
+        return f"{self.target}/{self.name}"
+
+    @property
+    def complete_steps(self) -> List[int]:
+        return [s.step for s in self.steps if s.complete]
+
     def step(self, number: int) -> StepDump:
         for s in self.steps:
-            if s.step == number:
+            if s.step == number and s.complete:
                 return s
-        raise WorkspaceError(f"{self.target}/{self.name} has no dump of step {number}; "
-                             f"dumped steps: {[s.step for s in self.steps if s.complete]}")
+        if number in self.interrupted or any(s.step == number for s in self.steps):
+            raise WorkspaceError(f"step {number} of {self.label} was interrupted before it was "
+                                 f"written whole; it is not read (dumped steps: "
+                                 f"{self.complete_steps})")
+        raise WorkspaceError(f"{self.label} has no dump of step {number}; "
+                             f"dumped steps: {self.complete_steps}")
 
 
 class Workspace:
@@ -89,6 +106,8 @@ class Workspace:
                     path = os.path.join(parent, name)
                     run = Run(tgt, name, path, _read_json(os.path.join(path, "run.json")))
                     run.steps = self._find_steps(run)
+                    self._find_bundles(run)
+                    run.interrupted = sorted(set(run.interrupted))
                     self._runs[(tgt, name)] = run
         return [r for r in self._runs.values() if target is None or r.target == target]
 
@@ -104,6 +123,64 @@ class Workspace:
             if r.name == name:
                 return r
         raise WorkspaceError(f"no {target} run {name!r} in {self.root}; runs: {[r.name for r in runs]}")
+
+    def resolve_run(self, spec: Optional[str], target: str) -> Run:
+        """The one way commands name a run: npu/debug_1, debug_1 (this target's first) or its
+        directory; None is the target's default run (Workspace.run)."""
+        if spec is None:
+            return self.run(target)
+        path = os.path.realpath(spec)
+        for r in self.runs():
+            if os.path.realpath(r.path) == path:
+                return r
+        if "/" in spec.strip("/"):
+            t, _, name = spec.strip("/").partition("/")
+            if t in ("npu", "cpu") and name:
+                return self.run(t, name)
+        for t in (target, "cpu" if target == "npu" else "npu"):
+            for r in self.runs(t):
+                if r.name == spec:
+                    return r
+        raise WorkspaceError(f"no run {spec!r} in {self.root}; runs: "
+                             f"{[r.label for r in self.runs()] or 'none'}")
+
+    def resolve_step(self, run: Run, step: Optional[int] = None) -> int:
+        """The step asked for, checked to be dumped whole in the run (the error names the
+        runs that have it), or the run's first complete step."""
+        if step is None:
+            if not run.complete_steps:
+                raise WorkspaceError(f"{run.label} has no complete dumped step"
+                                     + (f" (interrupted: {run.interrupted})" if run.interrupted else ""))
+            return run.complete_steps[0]
+        if step < 0:
+            raise WorkspaceError(f"step {step} is negative: steps count from 0")
+        try:
+            run.step(step)
+        except WorkspaceError as e:
+            others = [r.label for r in self.runs() if r is not run and step in r.complete_steps]
+            raise WorkspaceError(f"{e}" + (f"; runs with step {step}: {', '.join(others)}"
+                                           if others else "")) from None
+        return step
+
+    def _find_bundles(self, run: Run) -> None:
+        """A run's replay bundles: whole ones (replay/<step>/) and interrupted ones
+        (replay/.<step>.partial/, a killed dump's)."""
+        replay_dir = os.path.join(run.path, "replay")
+        names = os.listdir(replay_dir) if os.path.isdir(replay_dir) else []
+        run.bundles = sorted(int(d) for d in names if d.isdigit())
+        run.interrupted += [int(m.group(1)) for d in names
+                            if (m := re.fullmatch(r"\.(\d+)\.partial", d))]
+
+    def bundle_path(self, run: Run, step: int) -> str:
+        """The replay bundle of a step, refused in one line when it is missing or interrupted."""
+        if step in run.bundles:
+            return os.path.join(run.path, "replay", str(step))
+        if step in run.interrupted:
+            raise WorkspaceError(f"the replay bundle of step {step} of {run.label} was "
+                                 f"interrupted before it was written whole: it cannot be replayed")
+        raise WorkspaceError(f"{run.label} has no replay bundle for step {step}"
+                             + (f"; bundles: {run.bundles}" if run.bundles else
+                                " (dump the step with the 'dump' action)"))
 
     def _find_steps(self, run: Run) -> List[StepDump]:
         dump = os.path.join(run.path, "dump")
@@ -130,12 +207,55 @@ class Workspace:
         return sorted(steps, key=lambda s: s.step)
 
     def graph_json(self, run: Run) -> Optional[dict]:
-        """The run's compiled graph (NPU runs), read once."""
+        """The run's compiled graph (NPU runs), read and checked once: None where the run has
+        none (a golden run, a foreign dump); one that cannot be read as a graph is an error,
+        never an empty graph (the mapping would then silently miss every fused op), and so
+        is a missing one where our NPU dump always writes it."""
         if run.path not in self._graphs:
             gdir = os.path.join(run.path, "graph")
             files = sorted(f for f in os.listdir(gdir) if f.endswith(".json")) if os.path.isdir(gdir) else []
-            self._graphs[run.path] = _read_json(os.path.join(gdir, files[0])) if files else None
+            if files:
+                path = os.path.join(gdir, files[0])
+                data = load_json(path, WorkspaceError, "compiled graph")
+                try:
+                    check_compiled_graph(data)
+                except PrecisionToolError as e:
+                    raise WorkspaceError(f"compiled graph {path} is broken: {e}") from None
+                self._graphs[run.path] = data
+            elif run.ours and run.target == "npu":
+                raise WorkspaceError(f"{run.label} has no compiled graph ({gdir}/*.json is missing)")
+            else:
+                self._graphs[run.path] = None
         return self._graphs[run.path]
+
+    def fusion_result(self, run: Run) -> Optional[dict]:
+        """fusion_result.json of an NPU run as pass -> fused nodes, for the passes that fused
+        something; None where the run has no such record (a golden run, a foreign dump). A
+        broken one, or one missing where our NPU dump always writes it, is an error: "no pass
+        fired" would be a guess."""
+        path = os.path.join(run.path, "fusion_result.json")
+        if not os.path.isfile(path):
+            if run.ours and run.target == "npu":
+                raise WorkspaceError(f"{run.label} has no fusion result ({path} is missing)")
+            return None
+        data = load_json(path, WorkspaceError, "fusion result")
+        fired = {}
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not an object of graphs")
+            for graph in data.values():
+                for kind in ("graph_fusion", "ub_fusion"):
+                    for name, counts in graph.get(kind, {}).items():
+                        effect = counts.get("effect_times", 0)
+                        nodes = counts.get("fused_nodes", [])
+                        if not isinstance(effect, int) or not isinstance(nodes, list) or \
+                                not all(isinstance(n, str) for n in nodes):
+                            raise TypeError(f"pass {name!r} has malformed counts")
+                        if effect > 0:
+                            fired[str(name)] = list(nodes)
+        except (AttributeError, TypeError) as e:
+            raise WorkspaceError(f"fusion result {path} is broken: {e}") from None
+        return fired
 
     def step_history(self, run: Run) -> pd.DataFrame:
         """step_history.csv: every observed step's status word and loss scale (empty if the
@@ -182,11 +302,7 @@ class Workspace:
             if missing:
                 raise WorkspaceError(f"{index_path} is not a readable index: no "
                                      f"{', '.join(missing)} column")
-            bad = table[~table["io"].isin(["input", "output"]) |
-                        pd.to_numeric(table["index"], errors="coerce").isna()]
-            if len(bad):
-                raise WorkspaceError(f"{index_path} is not a readable index: row "
-                                     f"{int(bad.index[0]) + 2} is not a tensor row")
+            _check_rows(table, index_path)
             table["index"] = table["index"].astype(int)
             table["file"] = table["file"].fillna("").astype(str)
         else:
@@ -258,9 +374,10 @@ def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) ->
         raise WorkspaceError(f"tensor file {path} is missing") from None
     except IsADirectoryError:
         raise WorkspaceError(f"{path} is a directory, not a tensor file") from None
-    except (ValueError, EOFError) as e:      # EOFError: an empty or cut-off file
-        raise WorkspaceError(f"tensor file {path} cannot be loaded without unpickling or is "
-                             f"corrupt: {e or 'no data'}") from None
+    except ValueError as e:          # its message says what the file is (read_npy)
+        raise WorkspaceError(f"tensor file {path} {e}") from None
+    except EOFError:
+        raise WorkspaceError(f"tensor file {path} is corrupt: empty or cut off") from None
     except OSError as e:
         raise WorkspaceError(f"tensor file {path} is unreadable: {e}") from None
 
@@ -293,8 +410,8 @@ def _npy_header(f):
     except MemoryError:
         raise
     except Exception as e:        # SyntaxError, TokenError, TypeError... from a corrupt header
-        raise ValueError(f"not an .npy file, or its header is corrupt ({type(e).__name__}: "
-                         f"{e})") from None
+        raise ValueError(f"is corrupt: not an .npy file, or its header is broken "
+                         f"({type(e).__name__}: {e})") from None
 
 
 def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
@@ -307,6 +424,7 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
     if size > mmap_over:
         with os.fdopen(os.dup(fd), "rb") as f:
             shape, fortran, dtype = _npy_header(f)
+            dtype = stored_dtype(dtype)
             offset = f.tell()
             if _checked(shape, dtype, size - offset):
                 return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
@@ -317,10 +435,11 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
     while got < size:                            # one call but for a signal's short read
         n = os.readv(fd, [view[got:]])
         if n == 0:
-            raise ValueError("the file changed while it was read")
+            raise ValueError("is corrupt: it changed while it was read")
         got += n
     header = io.BytesIO(view[:_HEADER_BYTES])    # a copy of the header's bytes only
     shape, fortran, dtype = _npy_header(header)
+    dtype = stored_dtype(dtype)
     offset = header.tell()
     want = _checked(shape, dtype, size - offset)
     array = np.frombuffer(raw, dtype, count=want // dtype.itemsize, offset=offset)
@@ -329,18 +448,73 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
     return array.reshape(shape, order="F" if fortran else "C")
 
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def stored_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a tensor file's data is read as: its header's, but for 2-byte raw values
+    (descr '<V2' or '|V2'), which is how numpy saves an ml_dtypes bfloat16 array: .npy has
+    no name for bfloat16, so such a file is read as bfloat16."""
+    return BFLOAT16 if dtype.kind == "V" and dtype.itemsize == 2 and dtype.names is None \
+        and dtype.subdtype is None else dtype
+
+
 def _checked(shape, dtype, have: int) -> int:
-    """The data bytes the header claims, refused unless a plain numeric array of `have`."""
+    """The data bytes the header claims, refused unless a plain numeric array of `have`.
+    The messages say what the file is: read_tensor_file puts its path before them."""
     if dtype.hasobject:
-        raise ValueError("it holds Python objects, which only unpickling could read "
-                         "(refused: allow_pickle=False)")
-    if dtype.kind not in "biufc":
-        raise ValueError(f"its dtype {dtype} is not a numeric tensor")
+        raise ValueError("holds Python objects, which only unpickling could read (refused: "
+                         "allow_pickle=False)")
+    if dtype.kind not in "biufc" and dtype != BFLOAT16:
+        raise ValueError(f"holds {dtype.str} values, not a numeric tensor")
     want = math.prod(shape) * dtype.itemsize
     if have != want:
-        raise ValueError(f"the header's {dtype}{list(shape)} needs {want} data bytes, the "
-                         f"file holds {have}")
+        raise ValueError(f"is corrupt or cut off: the header's {dtype.str}{list(shape)} needs "
+                         f"{want} data bytes, the file holds {have}")
     return want
+
+
+INTEGER_COLUMNS = ("index", "task_id", "stream_id", "timestamp", "nan_count", "pos_inf_count",
+                   "neg_inf_count")
+
+
+def _check_rows(table: pd.DataFrame, path: str) -> None:
+    """Every row of an index is whole: names present, io an io, integers integral. A file
+    cut off mid-row (a dump killed while a foreign tool copied it, a full disk) is refused
+    naming the row, never read as a row with holes. Rows count as lines of the file."""
+    bad = table["io"].isin(["input", "output"]) == False  # noqa: E712 (a Series)
+    for column in ("op_type", "op_name", "tensor", "dtype"):
+        bad |= table[column].isna() | (table[column].astype(str) == "")
+    for column in INTEGER_COLUMNS:
+        if column in table:
+            numbers = pd.to_numeric(table[column], errors="coerce")
+            bad |= numbers.isna() | (numbers != numbers.round())
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise WorkspaceError(f"{path} is not a readable index: row {row + 2} is incomplete or "
+                             f"not a tensor row (was the file cut off?)")
+    with open(path, "rb") as f:          # our index ends every row with a line break
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                raise WorkspaceError(f"{path} is not a readable index: row {len(table) + 1} "
+                                     f"is cut off (no line break at the end of the file)")
+
+
+def check_compiled_graph(data) -> dict:
+    """A compiled graph's JSON, checked as a graph: well formed, no dangling input, no
+    cycle, every op type known. (Not shape-checked: compiled tensors are in 5HD.)"""
+    from ..graph.serialize import graph_from_dict
+    from ..ops import REGISTRY
+
+    def known(node):
+        if node.type not in REGISTRY:
+            raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}")
+    if not isinstance(data, dict):
+        raise GraphFormatError("a compiled graph is a JSON object with a node list")
+    graph_from_dict(data, known)
+    return data
 
 
 def _read_json(path: str) -> dict:

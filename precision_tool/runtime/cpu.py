@@ -9,7 +9,7 @@ from ..errors import ExecutionError
 from ..graph import dtypes, format_shape
 from ..ops import registry
 from ..ops.state_ops import initial_value
-from .plan import ExecutionPlan, build_plan, read_source, run_plan
+from .plan import ExecutionPlan, build_plan, read_source, run_plan, substituted
 
 
 class CpuExecutor:
@@ -19,6 +19,7 @@ class CpuExecutor:
         self.graph = graph
         self.float_dtype = np.dtype(config.golden_dtype)
         self._constants: Dict[str, np.ndarray] = {}
+        self._substitute: Dict[str, dict] = {}     # this run's (Session.run's substitute)
         self.stats = None          # the last run's statistics, when asked (see run)
 
     def initial_variables(self) -> Dict[str, np.ndarray]:
@@ -50,11 +51,13 @@ class CpuExecutor:
 
     def run(self, plan: ExecutionPlan, values: Dict[str, np.ndarray],
             variables: Dict[str, np.ndarray], step: int, trace=None,
-            stats: bool = False) -> Dict[str, np.ndarray]:
+            stats: bool = False, substitute=None) -> Dict[str, np.ndarray]:
         """Run the plan; trace: see run_plan; stats: fill the plan's StatsTable with every
-        value's statistics as it is made (self.stats: the table, until the next run)."""
+        value's statistics as it is made (self.stats: the table, until the next run);
+        substitute: see Session.run."""
         ctx = registry.KernelContext(self.float_dtype, step, self.graph.seed)
         self.stats = None
+        self._substitute = substitute or {}
         if not stats:
             return run_plan(plan, values, variables,
                             lambda node: self._execute(node, values, variables, ctx), trace)
@@ -81,6 +84,13 @@ class CpuExecutor:
         op = registry.get(node.type)
         if op.constant and node.name in self._constants:
             return [self._constants[node.name]]
+        given = self._substitute.get(node.name)
+        if given is not None:
+            computed = None if len(given) == len(node.outputs) else self._compute(node, op, values, ctx)
+            return substituted(computed, given, lambda k, v: self.cast_in(v, node.outputs[k].dtype))
+        return self._compute(node, op, values, ctx)
+
+    def _compute(self, node, op, values, ctx):
         inputs = [values[i] for i in node.inputs]
         if op.gated and len(inputs) > op.min_inputs:
             if not inputs[-1]:                  # gate closed: the variables keep their values

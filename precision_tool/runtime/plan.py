@@ -85,6 +85,16 @@ def read_source(node, values, variables):
     return None
 
 
+def substituted(outputs: list, given: Dict[int, np.ndarray], store) -> list:
+    """A node's outputs when Session.run substitutes some of them: the given ones as
+    `store(output, value)` holds them, the others as computed (outputs: None where the node
+    did not compute, every output being given)."""
+    out = list(outputs) if outputs is not None else [None] * len(given)
+    for k, value in given.items():
+        out[k] = store(k, np.asarray(value))
+    return out
+
+
 def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, trace=None) -> Dict:
     """Run the plan's ops in order with `execute(node) -> outputs`: store the outputs, append
     them to `trace` when given (the dump hook point: one list append per op, a RunTrace

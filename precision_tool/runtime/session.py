@@ -52,6 +52,11 @@ class Session:
         statistics instead (RunTrace.stats), computed as the values are made."""
         self._observers.append(observer)
 
+    @property
+    def observers(self) -> tuple:
+        """The observers watching this session's runs (a dump's, among others)."""
+        return tuple(self._observers)
+
     def __enter__(self):
         return self
 
@@ -67,7 +72,11 @@ class Session:
                 close()
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, fetches, feed_dict=None):
+    def run(self, fetches, feed_dict=None, substitute=None):
+        """Run the fetches' ops once (one step). substitute: {op name: {output: value}}, the
+        what-if of an analysis: those ops do not compute (no status word either) and hand on
+        the given values instead (logical layout, rounded to the output's dtype), so that
+        what follows is computed from them."""
         flat = []
         structure = self._flatten(fetches, flat)
         feeds = self._feeds(feed_dict or {})
@@ -84,7 +93,7 @@ class Session:
         trace = [] if watching and not stats else None
         try:
             values = self._executor.run(plan, dict(feeds), self._variables, self.step, trace,
-                                        stats)
+                                        stats, substitute)
         except BaseException as e:
             for o in watching:
                 o.abort_run(self, e)

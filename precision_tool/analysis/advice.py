@@ -1,0 +1,173 @@
+"""What to try next (ac's "Next" panel): each line an action the tool can check afterwards (a
+configuration to train or replay with, then `ac -c` again, or a command of its own).
+
+The advice follows the finding and what the run can take: a modify_mixlist black-list only
+under the precision modes that read one (allow_mix_precision, its bf16 variant, amp O1) and
+for ops a policy places (not a Cast the compiler inserted, not an optimizer update, which
+computes in its variable's dtype whatever the mode); elsewhere the precision_mode that keeps
+the op in fp32. A loss scale is advised with a value worked out from the gradients' range.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+from .. import numerics
+
+MIXLIST_MODES = frozenset({"allow_mix_precision", "allow_mix_precision_bf16", "O1"})
+# the modes whose black-list move an op into fp32, by what the run used instead
+FP32_MODES = {"force_fp16": "allow_mix_precision", "O3": "O2", "O2": "O1",
+              "allow_fp32_to_fp16": "must_keep_origin_dtype"}
+
+
+def mode_of(info: dict) -> str:
+    """The run's precision mode as run.json names it (an amp level when one was used)."""
+    return info.get("amp_level") or info.get("precision_mode") or "unknown"
+
+
+def keep_in_fp32(op: dict, mode: str) -> str:
+    """How to keep an op in fp32 under this mode: a mixlist where the mode reads one and a
+    policy places the op, else the mode that does."""
+    kind = op.get("op_type", "")
+    if op.get("inserted"):
+        return (f"{op['op_name']} is a Cast the compiler inserted: no list moves it. Keep its "
+                f"producer in fp32 instead (or run under precision_mode force_fp32 to confirm)")
+    if op.get("update"):
+        return (f"{op['op_name']} updates state, which computes in its variable's dtype under "
+                f"every mode: declare the variable (and its optimizer slots) float32")
+    if mode in MIXLIST_MODES:
+        return (f'keep {kind} in fp32: modify_mixlist {{"black-list": {{"to-add": ["{kind}"]}}}} '
+                f"(SessionConfig(modify_mixlist=...) or config/modify_mixlist.json)")
+    other = FP32_MODES.get(mode, "allow_mix_precision")
+    via = "amp_level" if other.startswith("O") else "precision_mode"
+    extra = (f' with modify_mixlist {{"black-list": {{"to-add": ["{kind}"]}}}}'
+             if other in MIXLIST_MODES else "")
+    return (f"keep {kind} in fp32: {mode} takes no mixlist, so train with {via} {other}{extra}, "
+            f"or force_fp32 to confirm the op is the cause")
+
+
+def suggested_scale(current: float, peak: Optional[float]) -> Optional[float]:
+    """A static loss scale that lifts the smallest gradients while the largest (`peak`, at the
+    current scale) stays under fp16's maximum with a factor of 2 to spare: a power of two."""
+    if peak is None or not peak > 0 or not math.isfinite(peak):
+        return None
+    room = numerics.FP16_MAX / (2 * peak)
+    if room < 2:
+        return None
+    return current * 2.0 ** math.floor(math.log2(room))
+
+
+def advise(r, info: dict) -> List[str]:
+    """The advice lines for an AutoCheck `r` of a run whose run.json is `info`."""
+    mode = mode_of(info)
+    lines: List[str] = []
+    cov = r.coverage
+    if cov is not None and cov["compared"] != cov["tensors"]:
+        lines.append(f"{cov['tensors'] - cov['compared']} of {cov['tensors']} tensors could not "
+                     f"be compared ({', '.join(cov['missing'])}): dump the step again (or restore "
+                     f"the files) and run ac -c again; what follows covers what was compared.")
+    first = r.first_overflow
+    o = r.origin
+    if first is not None:
+        lines.extend(_overflow_advice(r, first, o, mode))
+    if r.underflow is not None:
+        lines.append(_underflow_advice(r.underflow, r.loss_scale))
+    if r.carried is not None:
+        lines.append(_carried_advice(r.carried))
+    if o is not None and (first is None or o["op_name"] != first["op_name"]):
+        lines.append(_origin_advice(r, o, mode))
+    if r.impact and r.impact.get("harmless_first"):
+        lines.append(r.impact["harmless_first"])
+    if lines:
+        return lines
+    if r.diverging_count:
+        return [f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
+                f"inputs already differ from values this dump does not show (a feed, or state). "
+                f"Compare the step against a golden replay of the NPU's own state "
+                f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)."]
+    if r.golden_run is None:
+        return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
+                "every op."]
+    if r.cancellations:
+        return [f"Nothing overflowed, and the only ops that diverge compute a result that is "
+                f"zero up to rounding noise in both runs (cancellation, e.g. "
+                f"{r.cancellations[0]}): precision looks sound."]
+    return ["No op diverges and nothing overflowed: precision looks sound."]
+
+
+def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str]:
+    text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
+    inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
+    peak = max((max(abs(t["max"]), abs(t["min"])) for t in inputs), default=None)
+    if peak is not None:
+        text += f"; its inputs reach {peak:.6g}"
+    text += "."
+    scales = _scales(r.loss_scale)
+    if peak is not None and peak > numerics.FP16_MAX and peak in scales:
+        return [text + f" That is the loss scale itself: {peak!r} does not fit in fp16, so each "
+                f"step overflows and is skipped until the dynamic manager has shrunk it below "
+                f"65504. Start it lower (init_loss_scale 2**15 or less) and no step is lost."]
+    if origin is not None and origin["op_name"] == op["op_name"] and origin.get("pass_name"):
+        p = origin["pass_name"]
+        return [text + f" It is also where the divergence starts, fused by {p}: confirm with "
+                f"precision-tool fo, then switch {p} off in fusion_switch.cfg, or "
+                f"{keep_in_fp32(origin, mode)}; or normalise what feeds it."]
+    if op["op_name"].startswith("gradients/") and scales:
+        return [text + " It is in the backward pass under loss scaling: lower the loss scale "
+                "(or let a dynamic manager shrink it), or " + keep_in_fp32(op, mode) + "."]
+    return [text + " " + keep_in_fp32(op, mode)[0].upper() + keep_in_fp32(op, mode)[1:]
+            + ", or scale what feeds it down; the later overflows only carry it."]
+
+
+def _underflow_advice(u: dict, history: Optional[dict]) -> str:
+    scale = history["first_scale"] if history and history["first_scale"] == history["first_scale"] else 1.0
+    text = (f"Gradients underflow: {u['tensors']} tensor(s) lose up to {u['worst'] * 100:.4g}% of "
+            f"their non-zero elements to zero in fp16, the first {u['first']}.")
+    if not u.get("gradients"):
+        return text.replace("Gradients underflow", "Values underflow") + \
+            " Scale what feeds them up, or keep those ops in fp32."
+    new = suggested_scale(scale, u.get("peak"))
+    if new is not None:
+        return (text + f" Scale the loss: a static loss scale of {new:g} (2**{int(math.log2(new))}; "
+                f"the largest gradient then stays under 65504 with room to spare), or a dynamic "
+                f"manager starting there (DynamicLossScaleManager(init_loss_scale={new:g})).")
+    return (text + " A larger loss scale has no room (the largest gradients are near 65504 "
+            "already): keep the gradient ops that flush in fp32.")
+
+
+def _carried_advice(c: dict) -> str:
+    names = ", ".join(c["variables"][:3]) + (f" and {len(c['variables']) - 3} more"
+                                             if len(c["variables"]) > 3 else "")
+    text = f"The divergence of step {c['step']} came in with the state: {names} already differ when it starts."
+    if c.get("written_at") is not None:
+        return (text + f" Step {c['written_at']} wrote the first diverging value "
+                f"({', '.join(c['writers'][:3])}): see precision-tool ac -c -s {c['written_at']}.")
+    if c.get("missing"):
+        a, b = c["missing"]
+        return (text + f" It was written in steps {a}-{b}, which were not dumped: "
+                f"dump them ({c['command']}) and run ac -c again.")
+    return text + " Where it was written is not in the dumped steps."
+
+
+def _origin_advice(r, o: dict, mode: str) -> str:
+    fused = f", fused by {o['pass_name']}" if o.get("pass_name") else ""
+    why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
+    replay = r.origin_replay or ""
+    head = f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}){why}."
+    if replay == "inherited":
+        return (head + " Its single-op replay says its own numerics are exact: it amplifies "
+                "differences its inputs bring, small as they are. Look at what feeds it "
+                f"(precision-tool ni {o['op_name']} -s 2).")
+    if o.get("pass_name"):
+        return (head + f" Switch {o['pass_name']} off in fusion_switch.cfg and compare again, or "
+                f"run the fusion-off replay (precision-tool fo) to confirm it; or "
+                f"{keep_in_fp32(o, mode)}.")
+    return head + " " + keep_in_fp32(o, mode)[0].upper() + keep_in_fp32(o, mode)[1:] + \
+        ", and compare again."
+
+
+def _scales(history: Optional[dict]) -> set:
+    """Every loss-scale value a run's history shows."""
+    if not history or history["first_scale"] != history["first_scale"]:
+        return set()
+    return {history["first_scale"]} | {m[1] for m in history["moves"]}

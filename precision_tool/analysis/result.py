@@ -1,0 +1,227 @@
+"""A compare result on disk, and what it can be trusted for.
+
+`vc` writes temp/vector_compare/<ts>/result_<ts>.csv (msaccucmp's columns, and ours after
+them) and beside it result_<ts>.json, its provenance: the runs and steps compared, the
+criteria, a fingerprint of each step's index (so that a dump written again since is noticed)
+and the coverage. A summary read later (`vcs`) says which runs and step it summarises, and
+refuses a result that no longer describes the workspace: a run gone, an index changed, or
+newer runs than the ones it compared.
+
+Coverage: how many tensors a compare should have compared and how many it could not, by
+reason. An answer of "nothing diverges" is only as good as it: an incomplete compare is never
+"sound".
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+import pandas as pd
+
+from ..dump import Workspace
+from ..dump.workspace import Run, WorkspaceError
+from ..fileio import load_json, write_text_atomic
+from .verdicts import ERROR, NPU_ONLY, UNREADABLE
+
+RESULT_VERSION = 1
+
+
+@dataclass
+class Coverage:
+    """What a compare saw: `tensors` rows that stand for a golden tensor, `compared` of them
+    compared, and the others by reason (a tensor file missing or corrupt, no golden tensor
+    in the golden dump, shapes that differ). NPU-only tensors (nothing in the golden stands
+    for them) are counted apart: they are not a gap."""
+    tensors: int = 0
+    compared: int = 0
+    npu_only: int = 0
+    missing: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.compared == self.tensors
+
+    @property
+    def not_compared(self) -> int:
+        return self.tensors - self.compared
+
+    def text(self) -> str:
+        """One line: "374 of 375 tensors compared; 1 not: unreadable (file missing)"."""
+        head = f"{self.compared} of {self.tensors} tensors compared"
+        if self.complete:
+            return head
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.missing.items(),
+                                                                key=lambda kv: -kv[1]))
+        return f"{head}; {self.not_compared} not: {why}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _gap(reason: str) -> str:
+    """Why a row was not compared, without its paths (they differ row by row)."""
+    if reason.startswith(UNREADABLE):
+        detail = reason[len(UNREADABLE):]
+        for word, kind in (("is missing", "file missing"), ("outside the workspace", "outside the workspace"),
+                           ("corrupt", "file corrupt"), ("unpickling", "file holds objects"),
+                           ("not a numeric", "not a numeric tensor"), ("directory", "not a file")):
+            if word in detail:
+                return f"unreadable ({kind})"
+        return "unreadable"
+    if reason.startswith("no golden tensor"):
+        return "no golden tensor in the golden dump"
+    if reason.startswith("shape mismatch"):
+        return "shapes differ"
+    return reason or "not compared"
+
+
+def coverage(table: pd.DataFrame) -> Coverage:
+    verdicts = table.Verdict.tolist() if "Verdict" in table else []
+    reasons = table.CompareFailReason.tolist() if "CompareFailReason" in table else [""] * len(verdicts)
+    npu_only = sum(v == NPU_ONLY for v in verdicts)
+    missing = Counter(_gap(r if isinstance(r, str) else "") for v, r in zip(verdicts, reasons)
+                      if v == ERROR)
+    tensors = len(verdicts) - npu_only
+    return Coverage(tensors, tensors - sum(missing.values()), npu_only, dict(missing))
+
+
+# -- provenance -------------------------------------------------------------------------------
+def fingerprint(ws: Workspace, run: Run, step: int) -> list:
+    """What notices a step dumped again: its index's size and modification time (a foreign
+    step without an index: its directory's)."""
+    path = ws.step_path(run, step)
+    index = os.path.join(path, "index.csv")
+    st = os.stat(index if os.path.isfile(index) else path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+@dataclass
+class Provenance:
+    npu_run: str                     # the run checked (npu/debug_0), the left side
+    golden_run: str                  # the reference, the right side
+    step: int
+    golden_step: int
+    criteria: dict
+    inputs: Dict[str, list]          # run label -> fingerprint of the step compared
+    coverage: dict
+    graph: Optional[str] = None      # a compiled graph given instead of the run's own
+    created: str = ""
+    version: int = RESULT_VERSION
+
+    @classmethod
+    def of(cls, ws: Workspace, npu_run: Run, golden_run: Run, step: int, golden_step: int,
+           criteria, cov: Coverage, graph: Optional[str] = None) -> "Provenance":
+        return cls(npu_run.label, golden_run.label, step, golden_step,
+                   criteria.to_dict() if hasattr(criteria, "to_dict") else dict(criteria),
+                   {npu_run.label: fingerprint(ws, npu_run, step),
+                    golden_run.label: fingerprint(ws, golden_run, golden_step)},
+                   cov.to_dict(), graph, time.strftime("%Y-%m-%d %H:%M:%S"))
+
+    def describes(self) -> str:
+        """"npu/debug_0 against cpu/debug_0, step 0"."""
+        steps = f"step {self.step}" if self.step == self.golden_step else \
+            f"step {self.step} against step {self.golden_step}"
+        return f"{self.npu_run} against {self.golden_run}, {steps}"
+
+
+def sidecar(csv_path: str) -> str:
+    return csv_path[:-len(".csv")] + ".json" if csv_path.endswith(".csv") else csv_path + ".json"
+
+
+def write_result(ws: Workspace, table: pd.DataFrame, provenance: Optional[Provenance] = None) -> str:
+    """temp/vector_compare/<ts>/result_<ts>.csv and its provenance beside it (the CSV last:
+    a result is found by its CSV, so it is never found without the sidecar it was written
+    with); a second run in the same second gets its own directory."""
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    parent = os.path.join(ws.root, "temp", "vector_compare")
+    os.makedirs(parent, exist_ok=True)
+    k = 0
+    while True:
+        name = stamp if k == 0 else f"{stamp}_{k}"
+        try:
+            os.mkdir(os.path.join(parent, name))
+            break
+        except FileExistsError:
+            k += 1
+    path = os.path.join(parent, name, f"result_{stamp}.csv")
+    if provenance is not None:
+        write_text_atomic(sidecar(path), json.dumps(asdict(provenance), indent=1) + "\n")
+    write_text_atomic(path, table.to_csv(index=False))
+    return path
+
+
+def read_provenance(csv_path: str) -> Optional[Provenance]:
+    """The result's provenance, or None when it has none (an older result, a file from
+    elsewhere); a sidecar that cannot be read is an error."""
+    path = sidecar(csv_path)
+    if not os.path.isfile(path):
+        return None
+    data = load_json(path, WorkspaceError, "compare result provenance")
+    try:
+        if data.get("version") != RESULT_VERSION:
+            raise ValueError(f"version {data.get('version')!r}")
+        return Provenance(**data)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise WorkspaceError(f"compare result provenance {path} is broken: {e}") from None
+
+
+def result_files(ws: Workspace) -> List[str]:
+    """The workspace's compare results, newest first (by the time in their names, which
+    sorts as it reads; the modification time breaks ties)."""
+    found = glob.glob(os.path.join(ws.root, "temp", "vector_compare", "*", "result_*.csv"))
+
+    def key(path):
+        stamp = os.path.basename(os.path.dirname(path))
+        m = re.fullmatch(r"(\d{14})(?:_(\d+))?", stamp)
+        return (m.group(1), int(m.group(2) or 0)) if m else ("", 0), os.path.getmtime(path)
+    return sorted(found, key=key, reverse=True)
+
+
+def staleness(ws: Workspace, p: Provenance) -> Optional[str]:
+    """Why a result no longer describes what it compared, or None when it still does: a run
+    it compared is gone, or a step it compared was dumped again since."""
+    for label, fp in p.inputs.items():
+        target, _, name = label.partition("/")
+        step = p.step if label == p.npu_run else p.golden_step
+        try:
+            now = fingerprint(ws, ws.run(target, name), step)
+        except (WorkspaceError, OSError):
+            return f"{label} step {step} is no longer in the workspace"
+        if now != list(fp):
+            return f"{label} step {step} was dumped again since"
+    return None
+
+
+class StaleResultError(WorkspaceError):
+    """No compare result describes the workspace's default runs as they are now."""
+
+
+def current_result(ws: Workspace) -> Optional[tuple]:
+    """(path, provenance) of the newest result that compares the default NPU run with the
+    default golden run as they are now; None when the workspace holds no result at all.
+    Results exist but none is current: StaleResultError, saying what the newest one holds
+    and why it does not do."""
+    files = result_files(ws)
+    if not files:
+        return None
+    npu, golden = ws.run("npu").label, ws.run("cpu").label
+    for path in files:
+        p = read_provenance(path)
+        if p is not None and p.npu_run == npu and p.golden_run == golden and \
+                staleness(ws, p) is None:
+            return path, p
+    newest = read_provenance(files[0])
+    if newest is None:
+        held = "has no record of what it compared (written by an older version, or copied in)"
+    else:
+        why = staleness(ws, newest)
+        held = f"compares {newest.describes()}" + (f", but {why}" if why else
+                                                    f", not the newest runs {npu} against {golden}")
+    raise StaleResultError(f"the newest compare result {files[0]} {held}: run vc again, or "
+                           f"name the file with vcs -f")

@@ -1,0 +1,116 @@
+"""Across steps: which dumped steps to look at, and where divergence carried in with the
+state (weights, optimizer moments, the loss scale) was first written.
+
+A step starts from the variables the step before left. At step k > 0 the NPU's variables may
+already differ from the golden's, and then the first diverging op of step k is no origin: the
+divergence came in with the state (root cause's "carried"). It was written by an update op
+of an earlier step: the one whose output for that variable first diverged while its own
+start value did not. `trace_state` walks the dumped steps back from k to find it, and where
+the steps in between were not dumped, says which to dump.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set
+
+import pandas as pd
+
+from ..dump import Workspace
+from ..dump.workspace import Run, WorkspaceError
+from ..ops import registry
+from .compare import vector_compare
+from .rootcause import OpRows
+
+
+def common_steps(npu_run: Run, golden_run: Run) -> List[int]:
+    """The steps dumped whole in both runs, in order."""
+    return sorted(set(npu_run.complete_steps) & set(golden_run.complete_steps))
+
+
+def check_steps(ws: Workspace, npu_run: Run, golden_run: Run, step: Optional[int]) -> List[int]:
+    """The steps a compare of the two runs looks at: the one asked for (dumped in both, or
+    an error naming which runs have it), else every step both dumped."""
+    if step is not None:
+        ws.resolve_step(npu_run, step)
+        ws.resolve_step(golden_run, step)
+        return [step]
+    steps = common_steps(npu_run, golden_run)
+    if not steps:
+        raise WorkspaceError(f"{npu_run.label} and {golden_run.label} have no step dumped in both "
+                             f"(NPU: {npu_run.complete_steps}, golden: {golden_run.complete_steps})")
+    return steps
+
+
+def _state_rows(t: OpRows) -> Dict[str, dict]:
+    """Per variable (golden tensor name): whether its value at the start of the step
+    diverges ("start": True/False, from the rows that read it) and whether the value an
+    update op wrote for it diverges ("written", with the writers' names)."""
+    out: Dict[str, dict] = {}
+    by_tensor = {tensor: i for i, tensor in enumerate(t.tensor)}
+    for i, tensor in enumerate(t.tensor):
+        if not t.is_state(i):
+            continue
+        var = str(t.golden_tensor[i])
+        entry = out.setdefault(var, {"start": False, "written": False, "writers": []})
+        entry["start"] = entry["start"] or t.bad[i]
+        op, _, pos = tensor.rpartition(":input:")
+        try:
+            updates = registry.get(t.op_type[i]).updates
+        except Exception:
+            continue
+        if int(pos) in updates:
+            written = by_tensor.get(f"{op}:output:{list(updates).index(int(pos))}")
+            if written is not None:
+                entry["writers"].append(op)
+                entry["written"] = entry["written"] or t.bad[written]
+    return out
+
+
+@dataclass
+class StateTrace:
+    """Where diverging state came from (see the module doc)."""
+    step: int                               # the step whose start state diverges
+    variables: List[str]                    # those variables (golden names)
+    written_at: Optional[int] = None        # the dumped step whose update first wrote one
+    writers: List[str] = field(default_factory=list)     # its update ops
+    missing: Optional[List[int]] = None     # the first and last step to dump, where it was
+                                            # written in steps that were not dumped
+    looked_at: List[int] = field(default_factory=list)   # the earlier steps compared
+
+    def dump_command(self) -> Optional[str]:
+        if self.missing is None:
+            return None
+        a, b = self.missing
+        steps = str(a) if a == b else f"{a}-{b}"
+        return (f'precision-tool npu-dump --dump-step "{steps}" -- <your training command>, '
+                f'and cpu-dump likewise')
+
+
+def trace_state(ws: Workspace, npu_run: Run, golden_run: Run, step: int, variables: List[str],
+                criteria=None, tables: Optional[Dict[int, pd.DataFrame]] = None) -> StateTrace:
+    """Follow diverging variables back from `step` through the dumped steps before it.
+    tables: compare tables already made, by step (made here where missing)."""
+    trace = StateTrace(step, sorted(variables))
+    wanted: Set[str] = set(variables)
+    later = step
+    for j in sorted((s for s in common_steps(npu_run, golden_run) if s < step), reverse=True):
+        table = (tables or {}).get(j)
+        if table is None:
+            table = vector_compare(ws, npu_run, golden_run, j, threshold=criteria)
+        trace.looked_at.append(j)
+        state = _state_rows(OpRows(table, criteria))
+        started = {v for v in wanted if state.get(v, {}).get("start")}
+        wrote = {v for v in wanted if state.get(v, {}).get("written")}
+        if started:                      # already wrong when step j began: further back
+            wanted, later = started, j
+            continue
+        if wrote:                        # step j wrote it; the steps after j kept it
+            trace.written_at = j
+            trace.writers = sorted({w for v in wrote for w in state[v]["writers"]})
+            return trace
+        # right at the start and at the end of step j: it went wrong in the steps after j
+        trace.missing = [j + 1, later - 1] if later - 1 >= j + 1 else None
+        return trace
+    # already wrong at the start of the earliest dumped step: written before it
+    trace.missing = [0, later - 1] if later > 0 else None
+    return trace

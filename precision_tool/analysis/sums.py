@@ -1,0 +1,37 @@
+"""Which op outputs are sums of their inputs' terms: the only outputs that cancellation can
+make small (root cause's cancellation rule; the SumKind column of a compare row)."""
+from __future__ import annotations
+
+# the ops whose output is a sum of terms of its inputs, and how their output is bounded
+SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "ReduceSum",
+                  "ReduceMean", "SumToLike"})
+CONTRACTIONS = frozenset({"MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2", "Conv2D",
+                          "Conv2DBackpropInput", "Conv2DBackpropFilter"})
+SUM_STEPS = frozenset({"Add", "Sub", "Neg"})    # a fused elementwise chain's sum-only steps
+
+
+def sum_kind(op_type: str, attrs: dict, output: int) -> str:
+    """"sum", "contraction" or "" for an op's output: whether cancellation can make it small
+    (the compare row's SumKind). A fused elementwise kernel's output is a sum only when
+    every step it is computed through is one (a Mul inside makes it a product)."""
+    if op_type in SUMS:
+        return "sum"
+    if op_type in CONTRACTIONS:
+        return "contraction"
+    if op_type != "FusedEltwise":
+        return ""
+    roles, role_steps, steps = attrs.get("roles", []), attrs.get("role_steps", {}), attrs.get("steps", [])
+    try:
+        todo = [int(role_steps[roles[output]].split(":")[1])]
+        seen = set()
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if steps[k]["type"] not in SUM_STEPS:
+                return ""
+            todo += [int(r.split(":")[1]) for r in steps[k]["inputs"] if r.startswith("step:")]
+    except (IndexError, KeyError, ValueError, TypeError, AttributeError):
+        return ""              # a malformed record: never excuse
+    return "sum"

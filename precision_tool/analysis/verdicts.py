@@ -1,0 +1,204 @@
+"""What makes a compared tensor diverge: one rule, on all the evidence a compare row holds.
+
+Cosine similarity alone is blind to magnitude and to small elements: a row clipped at 65504
+keeps its direction while its norm falls by 94%, a gradient whose small entries flushed to
+zero keeps a cosine of 0.9999, and a scalar (the loss) 10% off has a cosine of 1. A row
+diverges when any of these holds (Criteria, each a documented option):
+
+- nonfinite: the NPU holds more nan/inf elements than the golden (always);
+- cosine: its cosine similarity is under `cosine`;
+- norm: its L2 norm is more than `norm` apart from the golden's, relatively;
+- at max: an fp16 NPU tensor holds elements at 65504 (or beyond) where the golden stays under
+  it: saturation clipped them (in inf_nan mode they would be inf: nonfinite);
+- flushed: of a tensor of more than `small_size` elements, the NPU holds as zero more than
+  `flushed` of the elements the golden holds as non-zero (underflow);
+- relative error: a tensor of at most `small_size` elements, whose cosine says little, is
+  more than `rel_error` away from the golden (relative Euclidean distance);
+- one side all zero and not the other.
+
+The defaults sit well above what fp16 or bf16 rounding does against an fp32 golden in the
+shipped models' clean runs (norms within 6%, at most 3% flushed, scalars within 3%), so the
+verdict stays dtype-aware: rounding passes. A row compared by statistics only (a side dumped
+no tensor) has no cosine and no flush count: it is judged on its norms, its nan/inf counts
+and its extremes. `judge` takes a whole table (one pass of column operations), so a table
+made with one set of criteria is judged again with another without reading any tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from .. import numerics
+
+UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
+STATS_ONLY = "statistics only"
+ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE)
+# verdicts of a row: the first two diverge; error rows were not compared (coverage)
+FAIL, NONFINITE, PASS, ERROR, NPU_ONLY = "fail", "nonfinite", "pass", "error", "npu-only"
+DIVERGING = frozenset({FAIL, NONFINITE})
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """The thresholds of a verdict (see the module doc)."""
+    cosine: float = 0.98      # cosine similarity under this fails
+    norm: float = 0.1         # |NPU norm - golden norm| / golden norm over this fails
+    flushed: float = 0.05     # share of the golden's non-zero elements the NPU holds as 0
+    rel_error: float = 0.05   # relative Euclidean distance of a tensor of few elements
+    small_size: int = 4       # "few elements": scalars and tiny vectors
+
+    def __post_init__(self):
+        for name in ("norm", "flushed", "rel_error"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"the {name} threshold must be 0 or more, got {getattr(self, name)}")
+        if not -1.0 <= self.cosine <= 1.0:
+            raise ValueError(f"the cosine threshold must be within [-1, 1], got {self.cosine}")
+
+    @classmethod
+    def of(cls, value) -> "Criteria":
+        """Criteria from Criteria, a cosine threshold (the older calling convention), a dict
+        of its fields, or None (the defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, Criteria):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        return cls(cosine=float(value))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _column(table: pd.DataFrame, name: str, default=np.nan) -> pd.Series:
+    if name in table:
+        return table[name]
+    return pd.Series(default, index=table.index)
+
+
+def _text(table: pd.DataFrame, name: str) -> np.ndarray:
+    """A text column, "" where a value is missing (a CSV's empty field, a column not there)."""
+    return np.array([v if isinstance(v, str) else "" for v in _column(table, name, "").tolist()],
+                    dtype=object)
+
+
+def _numbers(table: pd.DataFrame, name: str) -> np.ndarray:
+    return pd.to_numeric(_column(table, name), errors="coerce").to_numpy(dtype=float)
+
+
+def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
+    """Verdict and Reason of every row: pass, fail (with the evidence that decided, e.g.
+    "norm -94.1%; 32 at 65504"), nonfinite, error (not compared: CompareFailReason says why)
+    or npu-only. Missing evidence columns count as no evidence (a hand-made table)."""
+    c = Criteria.of(criteria)
+    n = len(table)
+    reason = _text(table, "CompareFailReason")
+    given = _text(table, "Verdict")
+    error = np.array([r.startswith(ERROR_REASONS) for r in reason], dtype=bool) | (given == ERROR)
+    npu_only = given == NPU_ONLY
+    stats = np.array([r.startswith(STATS_ONLY) for r in reason], dtype=bool)
+
+    counts = [_numbers(table, k) for k in ("NpuNanCount", "NpuInfCount", "GoldenNanCount",
+                                           "GoldenInfCount")]
+    npu_bad = np.nan_to_num(counts[0]) + np.nan_to_num(counts[1])
+    gold_bad = np.nan_to_num(counts[2]) + np.nan_to_num(counts[3])
+    # a hand-made or older table may say "nan" (the former name) without the counts
+    nonfinite = (npu_bad > gold_bad) | np.isin(given, ["nan", NONFINITE]) & np.isnan(counts[0])
+
+    cos = _numbers(table, "CosineSimilarity")
+    nx, ny = _numbers(table, "NpuNorm"), _numbers(table, "GoldenNorm")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norm_diff = np.where(ny > 0, (nx - ny) / ny, np.where(nx > 0, np.inf, 0.0))
+    norm_diff = np.where(np.isnan(nx) | np.isnan(ny), np.nan, norm_diff)
+    # a hand-made table with the cosine only: no norm evidence
+    if "NormRelativeDiff" in table and "NpuNorm" not in table:
+        norm_diff = _numbers(table, "NormRelativeDiff")
+    elements = _numbers(table, "Elements")
+    small = elements <= c.small_size
+    red = _numbers(table, "RelativeEuclideanDistance")
+    flushed = _numbers(table, "FlushedToZeroRatio")
+    at_max = np.nan_to_num(_numbers(table, "NpuAtFp16Max"))
+    golden_abs_max = _numbers(table, "GoldenAbsMax")
+    fp16 = _text(table, "NpuDataType") == "float16"
+
+    tests = {
+        "cosine": ~stats & (cos < c.cosine),
+        "norm": np.abs(norm_diff) > c.norm,
+        # a golden that reaches 65504 itself may hold it by design (an attention mask's
+        # -65504): there the cosine and the norm decide
+        "at max": fp16 & (at_max > 0) & ~(golden_abs_max >= numerics.FP16_MAX),
+        "flushed": ~small & (flushed > c.flushed),
+        "relative error": small & (red > c.rel_error),
+        "zero": (nx == 0) != (ny == 0),
+    }
+    # without any evidence column, the verdict a hand-made table gives stands
+    fail = np.zeros(n, dtype=bool)
+    for mask in tests.values():
+        fail |= mask
+    no_evidence = np.isnan(cos) & np.isnan(norm_diff) & np.isnan(red)
+    fail |= no_evidence & (given == FAIL)
+
+    verdicts = np.full(n, PASS, dtype=object)
+    verdicts[fail] = FAIL
+    verdicts[nonfinite] = NONFINITE
+    verdicts[error] = ERROR
+    verdicts[npu_only] = NPU_ONLY
+    reasons = np.full(n, "", dtype=object)
+    for i in np.flatnonzero(fail | nonfinite):
+        if verdicts[i] in (ERROR, NPU_ONLY):
+            continue
+        parts = []
+        if nonfinite[i]:
+            parts.append(_nonfinite_text(counts, i))
+        for name, mask in tests.items():
+            if mask[i]:
+                parts.append(_evidence(name, i, cos, norm_diff, at_max, flushed, red, nx, ny))
+        reasons[i] = "; ".join(parts) or "judged so when the table was made"
+    return pd.DataFrame({"Verdict": verdicts, "Reason": reasons}, index=table.index)
+
+
+def _nonfinite_text(counts, i) -> str:
+    nan, inf, gnan, ginf = (int(np.nan_to_num(v[i])) for v in counts)
+    what = ", ".join(f"{v} {k}" for k, v in (("nan", nan), ("inf", inf)) if v) or "nan/inf"
+    gold = ", ".join(f"{v} {k}" for k, v in (("nan", gnan), ("inf", ginf)) if v) or "none"
+    return f"{what} (golden: {gold})"
+
+
+def _evidence(name, i, cos, norm_diff, at_max, flushed, red, nx, ny) -> str:
+    """One piece of evidence as the panels show it, at full precision where it decides."""
+    if name == "cosine":
+        return f"cosine {cos[i]:.8g}"
+    if name == "norm":
+        d = norm_diff[i]
+        return "golden all zero, NPU norm {:.6g}".format(nx[i]) if np.isinf(d) else \
+            f"norm {d * 100:+.4g}%"
+    if name == "at max":
+        return f"{int(at_max[i])} at 65504"
+    if name == "flushed":
+        return f"{flushed[i] * 100:.4g}% flushed to zero"
+    if name == "relative error":
+        return f"relative error {red[i]:.6g}"
+    return "NPU tensor is all zero" if nx[i] == 0 else "golden tensor is all zero"
+
+
+def diverging(table: pd.DataFrame, criteria=None) -> pd.Series:
+    """The rows that diverge under these criteria (fail or nonfinite): what the summary, root
+    cause and fusion bisection all use, so that `vcs -c 0` on a table made at 0.98 finds what
+    0 finds."""
+    return judge(table, criteria).Verdict.isin(DIVERGING)
+
+
+def verdict(row: dict, criteria=None) -> str:
+    """The verdict of one row (a dict of a compare row's columns)."""
+    return judge(pd.DataFrame([row]), criteria).Verdict.iloc[0]
+
+
+def element_count(shape: str) -> Optional[int]:
+    """The elements of a shape as the index writes it ("32 2 8 8"; "" for a scalar)."""
+    try:
+        return int(np.prod([int(d) for d in str(shape).split()], dtype=np.int64))
+    except ValueError:
+        return None
