@@ -29,6 +29,10 @@ def keep_in_fp32(op: dict, mode: str) -> str:
     """How to keep an op in fp32 under this mode: a mixlist where the mode reads one and a
     policy places the op, else the mode that does."""
     kind = op.get("op_type", "")
+    if op.get("inserted") and op.get("feeds"):
+        return (f"{op['op_name']} is the Cast the compiler inserted to feed {op['feeds'][0]} to "
+                f"an fp16 op: the data itself does not fit fp16. Normalise or scale what is "
+                f"fed to {op['feeds'][0]}, or keep the ops that read it in fp32")
     if op.get("inserted"):
         return (f"{op['op_name']} is a Cast the compiler inserted: no list moves it. Keep its "
                 f"producer in fp32 instead (or run under precision_mode force_fp32 to confirm)")
@@ -115,8 +119,13 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str
     if op["op_name"].startswith("gradients/") and scales:
         return [text + " It is in the backward pass under loss scaling: lower the loss scale "
                 "(or let a dynamic manager shrink it), or " + keep_in_fp32(op, mode) + "."]
-    return [text + " " + keep_in_fp32(op, mode)[0].upper() + keep_in_fp32(op, mode)[1:]
-            + ", or scale what feeds it down; the later overflows only carry it."]
+    # the origin's description knows what the op is (an inserted Cast, an update)
+    described = origin if origin is not None and origin["op_name"] == op["op_name"] else op
+    how = keep_in_fp32(described, mode)
+    if described.get("feeds"):
+        return [text + " " + how + "; the later overflows only carry it."]
+    return [text + " " + how[0].upper() + how[1:] + ", or scale what feeds it down; the later "
+            "overflows only carry it."]
 
 
 def _underflow_advice(u: dict, history: Optional[dict]) -> str:

@@ -182,8 +182,11 @@ def _describe(d, tmap: TensorMap) -> dict:
         update = bool(registry.get(d.op_type).updates)
     except Exception:
         update = False
+    # an inserted Cast of a feed: what overflows is the data itself, not any op's numerics
+    producers = [tmap.node(str(t).rpartition(":")[0]) or {} for t in node.get("inputs", [])]
+    feeds = [p["name"] for p in producers if p.get("type") == "Placeholder"]
     return dict(dataclasses.asdict(d), inserted=bool(attrs.get("inserted_by")), update=update,
-                compute_dtype=attrs.get("compute_dtype", ""))
+                compute_dtype=attrs.get("compute_dtype", ""), feeds=feeds)
 
 
 def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:

@@ -17,12 +17,13 @@ import pandas as pd
 
 from .. import numerics
 from ..dump import Workspace
+from ..dump.dumper import NOT_KERNELS
 from ..dump.workspace import Run
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS
 from .sums import sum_kind
-from .verdicts import STATS_ONLY, Criteria, element_count, judge
+from .verdicts import NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
 
 # The defaults of a verdict (verdicts.Criteria); COSINE_THRESHOLD is vcs's -c. The per-dtype
 # tolerances are for telling an op's own error from fp16 rounding (root cause): an fp16 tensor
@@ -75,6 +76,25 @@ def compare_stats(npu: dict, golden: dict) -> dict:
     return out
 
 
+def _undumped_ops(graph: dict, indexed: set, start: int) -> list:
+    """An error row for each kernel of the compiled graph that has no row in the step's
+    index: the dump of that step holds every kernel it ran, so a kernel without a row means
+    an index cut off at a line break or rows removed. Without them the compare would look
+    whole while it never saw those ops."""
+    rows = []
+    for node in graph.get("nodes", []):
+        if node.get("type") in NOT_KERNELS or node.get("name") in indexed:
+            continue
+        rows.append({"Index": start + len(rows), "OpType": node.get("type", ""),
+                     "NPUDump": node.get("name", ""), "TensorIndex": f"{node.get('name')}:output:0",
+                     "PassName": node.get("attrs", {}).get("pass_name", "") or "",
+                     **{name: np.nan for name in METRICS},
+                     "CompareFailReason": f"{NOT_IN_INDEX}: the compiled graph runs this op, "
+                                          f"the step's index has no row of it",
+                     "Verdict": "error"})
+    return rows
+
+
 def records(table: pd.DataFrame) -> list:
     """The table's rows as dicts of Python values, column by column: pandas' own row
     iteration (itertuples, to_dict) takes each string element through its array's
@@ -93,11 +113,18 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     graph = ws.graph_json(run) if run.target == "npu" else None
     tmap = TensorMap(graph) if graph else None
     exact, original_of, by_original = {}, {}, {}
+    # a tensor's own row is its producer's output row; the input rows of the ops that read
+    # it name the same file under the reader's name (GroundTruth would name the reader)
+    outputs = (table["io"] == "output").tolist()
     for k, tensor in enumerate(table["tensor"]):
         original = tmap.golden_tensor(tensor) if tmap else tensor
-        exact.setdefault(tensor, k)
+        if tensor not in exact or outputs[k] and not outputs[exact[tensor]]:
+            exact[tensor] = k
         original_of[tensor] = original
-        if original is not None and (original not in by_original or tensor == original):
+        if original is None:
+            continue
+        held = by_original.get(original)
+        if held is None or (tensor == original and (outputs[k] or not outputs[held])):
             by_original[original] = k
     return table, exact, original_of, by_original
 
@@ -169,6 +196,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                              grow["min"], grow["max"])))
                 row["_pair"] = pair_of[key]
         rows.append(row)
+    rows += _undumped_ops(graph, set(npu["op_name"]), len(rows))
     engine = engine_for(workers, scheduler)
     try:
         results = compare_pairs(ws.root, pairs, engine, progress)

@@ -109,6 +109,9 @@ def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
                   threshold=None) -> FusionVerdict:
     """Is fusion to blame for the step's divergence or its overflow, and which pass?"""
     fired = fired_passes(ws, npu_run)
+    # the run's files are read as every command reads them: a broken compiled graph is an
+    # input error here too, although the replays run from the bundle's own graph
+    ws.graph_json(npu_run)
     names = [p for p in PASSES if p in fired]          # the compiler's order
     replays = 0
     runs = []

@@ -27,7 +27,7 @@ import pandas as pd
 from ..dump import Workspace
 from ..dump.workspace import Run, WorkspaceError
 from ..fileio import load_json, write_text_atomic
-from .verdicts import ERROR, NPU_ONLY, UNREADABLE
+from .verdicts import ERROR, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
 
 RESULT_VERSION = 1
 
@@ -76,6 +76,8 @@ def _gap(reason: str) -> str:
         return "unreadable"
     if reason.startswith("no golden tensor"):
         return "no golden tensor in the golden dump"
+    if reason.startswith(NOT_IN_INDEX):
+        return "op missing from the step's index"
     if reason.startswith("shape mismatch"):
         return "shapes differ"
     return reason or "not compared"

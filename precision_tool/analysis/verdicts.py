@@ -35,7 +35,8 @@ from .. import numerics
 
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"
-ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE)
+NOT_IN_INDEX = "not in the index"    # a compiled graph's kernel that the step's index lacks
+ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE, NOT_IN_INDEX)
 # verdicts of a row: the first two diverge; error rows were not compared (coverage)
 FAIL, NONFINITE, PASS, ERROR, NPU_ONLY = "fail", "nonfinite", "pass", "error", "npu-only"
 DIVERGING = frozenset({FAIL, NONFINITE})

@@ -3,6 +3,7 @@ renders; --json prints the analysis result itself."""
 from __future__ import annotations
 
 import os
+import re
 
 import click
 import pandas as pd
@@ -184,6 +185,19 @@ def _criteria_text(c: dict) -> str:
             f"{fmt(c['flushed'])}, few-element relative error <= {fmt(c['rel_error'])}")
 
 
+def _cosine_note(cosine: float, note: str) -> str:
+    """What a shown cosine stands on, where it is not every element: undefined (why), or
+    taken over the finite pairs only (how many were left out)."""
+    if not note:
+        return ""
+    if "no finite element" in note:
+        return " (no finite element to compare)"
+    left_out = re.match(r"(\d+) non-finite", note)
+    if left_out:
+        return f" (over the finite elements: {left_out.group(1)} nan/inf left out)"
+    return f" ({note})" if cosine != cosine else ""
+
+
 def _render_op(app: App, s: dict):
     role = s["role"] or s["category"]
     if s["category"] == "nonfinite" and s["role"]:
@@ -198,7 +212,7 @@ def _render_op(app: App, s: dict):
     else:
         lines.append("input cosines:  " + (" ".join(fmt(c) for c in s["input_cosines"]) or "-"))
         lines.append("output cosines: " + " ".join(
-            fmt(c) + (f" ({note})" if c != c and note else "")
+            fmt(c) + _cosine_note(c, note)
             for c, note in zip(s["output_cosines"], s.get("output_notes", [""] * len(s["output_cosines"])))))
     reasons = [r for r in s.get("output_reasons", []) if r]
     if reasons:
