@@ -18,6 +18,7 @@ import pandas as pd
 from .. import numerics
 from ..dump import Workspace
 from ..dump.dumper import NOT_KERNELS
+from ..dump.replay import bundle_fetches
 from ..dump.workspace import Run
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
@@ -76,21 +77,40 @@ def compare_stats(npu: dict, golden: dict) -> dict:
     return out
 
 
-def _undumped_ops(graph: dict, indexed: set, start: int) -> list:
-    """An error row for each kernel of the compiled graph that has no row in the step's
-    index: the dump of that step holds every kernel it ran, so a kernel without a row means
-    an index cut off at a line break or rows removed. Without them the compare would look
-    whole while it never saw those ops."""
+def _undumped_ops(graph: dict, indexed: set, fetched: Optional[list], start: int) -> list:
+    """An error row for each kernel the step ran (the compiled graph's ancestors of what the
+    step fetched, as its replay bundle records) that has no row in the step's index: the
+    dump holds every kernel a step runs, so a missing one means an index cut off at a line
+    break or rows removed. Without them the compare would look whole while it never saw
+    those ops. A step without a bundle says nothing of what ran: no rows."""
+    if not fetched:
+        return []
+    nodes = graph.get("nodes", [])
+    by_name = {n.get("name"): n for n in nodes}
+    wanted = set(fetched)
+    todo = [n for n in nodes if n.get("name") in wanted
+            or wanted & set(n.get("attrs", {}).get("original_op_names", []))]
+    ran = set()
+    while todo:
+        node = todo.pop()
+        if node.get("name") in ran:
+            continue
+        ran.add(node.get("name"))
+        for t in node.get("inputs", []):
+            producer = by_name.get(str(t).lstrip("^").rpartition(":")[0] or str(t).lstrip("^"))
+            if producer is not None:
+                todo.append(producer)
     rows = []
-    for node in graph.get("nodes", []):
-        if node.get("type") in NOT_KERNELS or node.get("name") in indexed:
+    for node in nodes:
+        if node.get("type") in NOT_KERNELS or node.get("name") in indexed or \
+                node.get("name") not in ran:
             continue
         rows.append({"Index": start + len(rows), "OpType": node.get("type", ""),
                      "NPUDump": node.get("name", ""), "TensorIndex": f"{node.get('name')}:output:0",
                      "PassName": node.get("attrs", {}).get("pass_name", "") or "",
                      **{name: np.nan for name in METRICS},
-                     "CompareFailReason": f"{NOT_IN_INDEX}: the compiled graph runs this op, "
-                                          f"the step's index has no row of it",
+                     "CompareFailReason": f"{NOT_IN_INDEX}: the step ran this op, its index has "
+                                          f"no row of it",
                      "Verdict": "error"})
     return rows
 
@@ -196,7 +216,9 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                              grow["min"], grow["max"])))
                 row["_pair"] = pair_of[key]
         rows.append(row)
-    rows += _undumped_ops(graph, set(npu["op_name"]), len(rows))
+    fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \
+        if step in npu_run.bundles else None
+    rows += _undumped_ops(graph, set(npu["op_name"]), fetched, len(rows))
     engine = engine_for(workers, scheduler)
     try:
         results = compare_pairs(ws.root, pairs, engine, progress)

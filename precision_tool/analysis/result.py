@@ -14,6 +14,7 @@ reason. An answer of "nothing diverges" is only as good as it: an incomplete com
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -95,12 +96,21 @@ def coverage(table: pd.DataFrame) -> Coverage:
 
 # -- provenance -------------------------------------------------------------------------------
 def fingerprint(ws: Workspace, run: Run, step: int) -> list:
-    """What notices a step dumped again: its index's size and modification time (a foreign
-    step without an index: its directory's)."""
+    """What notices a step dumped again: its index's size and a hash of its bytes (a foreign
+    step without an index: its file names and sizes). Not the modification time: a workspace
+    copied to another machine is the same workspace."""
     path = ws.step_path(run, step)
     index = os.path.join(path, "index.csv")
-    st = os.stat(index if os.path.isfile(index) else path)
-    return [st.st_size, st.st_mtime_ns]
+    digest = hashlib.sha1()
+    if os.path.isfile(index):
+        with open(index, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return [os.path.getsize(index), digest.hexdigest()]
+    names = sorted(os.listdir(path))
+    for name in names:
+        digest.update(f"{name}\0{os.path.getsize(os.path.join(path, name))}\0".encode())
+    return [len(names), digest.hexdigest()]
 
 
 @dataclass

@@ -52,6 +52,10 @@ class _Group(click.Group):
             where = f": {e.filename}" if e.filename else ""
             raise CommandError(f"error: {e.strerror or e}{where}", EXIT_USAGE) from None
         except Exception as e:       # a bug of ours: one line, not a traceback
+            app = ctx.obj
+            if app is not None and getattr(app, "log_level", 1) == 0:   # debug: the whole story
+                import traceback
+                click.echo(traceback.format_exc().rstrip(), err=True)
             raise CommandError(f"internal error: {type(e).__name__}: {e}", EXIT_INTERNAL) from None
         if isinstance(code, int) and code:
             ctx.exit(code)

@@ -83,7 +83,14 @@ class App:
         """A run named as npu/debug_1, debug_1 (this target first) or its directory; by
         default the target's newest original run that dumped something. Its interrupted
         steps are named on stderr, once per command."""
-        run = self.ws.resolve_run(spec, target)
+        return self.noting(self.ws.resolve_run(spec, target))
+
+    def runs(self, target: Optional[str] = None) -> list:
+        """Every run (of the target), their interrupted steps named as run() names them."""
+        return [self.noting(run) for run in self.ws.runs(target)]
+
+    def noting(self, run: Run) -> Run:
+        """The run, its interrupted steps named on stderr once per command."""
         if run.interrupted and run.path not in self.noted:
             self.noted.add(run.path)
             self.warn(f"{run.label}: step(s) {', '.join(map(str, run.interrupted))} were "

@@ -59,7 +59,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     """List the ops of a run. Filters match substrings literally (no regex). With no filter,
     the counts of ops by type for every run."""
     if not any((name, op_type, pass_name, kernel)):
-        runs = [app.run(run_spec, "npu")] if run_spec else app.ws.runs()
+        runs = [app.run(run_spec, "npu")] if run_spec else app.runs()
         counts = {f"{r.target}/{r.name}": dict(Counter(n["type"] for n in _nodes(app, r)
                                                       if n["type"] not in ("Const", "Variable", "NoOp")))
                   for r in runs if r.steps or app.ws.graph_json(r)}
@@ -274,7 +274,12 @@ def _tensor(app: App, ref: str, run_spec, step, target: str = "npu") -> Found:
     root = os.path.realpath(app.ws_root()) + os.sep
     if is_file and not os.path.realpath(ref).startswith(root):
         return _from_path(ref, read_tensor_file(ref))
-    run = app.run(run_spec, target)
+    try:
+        run = app.run(run_spec, target)
+    except WorkspaceError:
+        if not is_file:
+            raise
+        return _from_path(ref, app.ws.load_file(ref))   # a file in a workspace without runs
     s = app.step(run, step)
     table = app.ws.index(run, s)
     base = os.path.basename(ref)
@@ -402,8 +407,12 @@ def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run
                              f"with {y.label} ({b.size} elements, shape {list(b.shape)}): sizes differ")
     result = compare_pair(a, b, atol, rtol, items, x.label, y.label)
 
-    def table(title, rows):
-        t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    def table(title, rows, empty):
+        # the title as a line of its own: a table's title wraps at the table's width
+        app.console.print(title if rows else empty, markup=False)
+        if not rows:
+            return
+        t = Table(box=None, pad_edge=False)
         for col in ("index", "left", "right", "|error|"):
             t.add_column(col, justify="right")
         for r in rows:
@@ -412,8 +421,10 @@ def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run
 
     def render():
         if not summary:
-            table(f"out of tolerance (first {items})", result.error_items)
-            table(f"largest finite errors (top {items})", result.top_items)
+            table(f"out of tolerance (first {items})", result.error_items,
+                  "no element out of tolerance")
+            table(f"largest finite errors (top {items})", result.top_items,
+                  "no finite pair of elements to compare")
         lines = [f"{x.label}\n  vs {y.label}",
                  f"cosine {fmt(result.cosine)}   max |error| {fmt(result.max_abs_error)}"
                  + (f"   ({result.note})" if result.note else ""),

@@ -18,7 +18,7 @@ import json
 import operator
 import os
 from dataclasses import dataclass, fields
-from typing import Dict, Mapping, NamedTuple, Optional
+from typing import Dict, List, Mapping, NamedTuple, Optional
 
 import numpy as np
 
@@ -201,6 +201,16 @@ def _load_arrays(path: str, entries) -> Dict[str, np.ndarray]:
         return out
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ReplayError(f"replay bundle file {path} is unreadable: {e}") from None
+
+
+def bundle_fetches(path: str) -> Optional[List[str]]:
+    """The ops a bundle's step fetched (their original names), from its replay.json alone;
+    None when the step has no readable bundle."""
+    try:
+        meta = load_json(os.path.join(path, "replay.json"), ReplayError, "replay bundle")
+        return [t.rpartition(":")[0] for t in meta["fetch_tensors"]] + list(meta["fetch_nodes"])
+    except (ReplayError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def load_bundle(path: str) -> Bundle:
