@@ -75,10 +75,13 @@ def advise(r, info: dict) -> List[str]:
     if first is not None:
         lines.extend(_overflow_advice(r, first, o, mode))
     if r.underflow is not None:
-        lines.append(_underflow_advice(r.underflow, r.loss_scale))
+        where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
+        lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode))
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
-    if o is not None and (first is None or o["op_name"] != first["op_name"]):
+    # an origin that only underflows is the underflow advice's (a loss scale), not its own
+    flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
+    if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed:
         lines.append(_origin_advice(r, o, mode))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
@@ -128,13 +131,15 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str
             "overflows only carry it."]
 
 
-def _underflow_advice(u: dict, history: Optional[dict]) -> str:
+def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] = None,
+                      mode: str = "") -> str:
     scale = history["first_scale"] if history and history["first_scale"] == history["first_scale"] else 1.0
     text = (f"Gradients underflow: {u['tensors']} tensor(s) lose up to {u['worst'] * 100:.4g}% of "
             f"their non-zero elements to zero in fp16, the first {u['first']}.")
     if not u.get("gradients"):
+        keep = keep_in_fp32(origin, mode) if origin is not None else "keep those ops in fp32"
         return text.replace("Gradients underflow", "Values underflow") + \
-            " Scale what feeds them up, or keep those ops in fp32."
+            f" Scale what feeds them up, or {keep}."
     new = suggested_scale(scale, u.get("peak"))
     if new is not None:
         return (text + f" Scale the loss: a static loss scale of {new:g} (2**{int(math.log2(new))}; "

@@ -37,6 +37,7 @@ from .summary import count_findings, summarize
 from .verdicts import Criteria
 
 GRADIENT_PREFIX = "gradients/"
+FP16_MIN_NORMAL = 2.0 ** -14      # below it fp16 holds subnormals, then zero
 
 
 @dataclass
@@ -197,22 +198,31 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     under 65504)."""
     t = cause.rows
     noise = cause.noise_ops
+    share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
+    peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
+
+    def underflows(i, reason):
+        if reason.endswith("flushed to zero") and ";" not in reason:
+            return True           # flushing is all that differs
+        # a whole fp16 tensor below fp16's smallest normal: its norm, its cosine, an NPU
+        # tensor all zero are what the flushing did
+        return bool(t.bad[i]) and t.dtype[i] == "float16" and \
+            share[i] > t.criteria.flushed and peaks[i] < FP16_MIN_NORMAL
     hits = [i for i, reason in enumerate(t.reason)
-            if reason.endswith("flushed to zero") and ";" not in reason
+            if underflows(i, reason) and t.is_out[i]
             and t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
     if not hits:
         return None
     order = table.Index.to_numpy()
     first = min(hits, key=lambda i: order[i])
-    share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
     gradients = all(str(t.golden_tensor[i]).startswith(GRADIENT_PREFIX) for i in hits)
     grad_rows = [i for i, g in enumerate(t.golden_tensor) if str(g).startswith(GRADIENT_PREFIX)]
-    peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
     peak = max((float(peaks[i]) for i in grad_rows if peaks[i] == peaks[i]), default=None)
     return {"tensors": len({t.golden_tensor[i] for i in hits}),
             "worst": float(max(share[i] for i in hits)),
             "first": t.tensor[first], "gradients": gradients, "peak": peak,
-            "examples": [t.tensor[i] for i in sorted(hits, key=lambda i: order[i])[:5]]}
+            "examples": [t.tensor[i] for i in sorted(hits, key=lambda i: order[i])[:5]],
+            "ops": sorted({t.tensor[i].split(":")[0] for i in hits})}
 
 
 def _impact(ws, npu_run, golden_run, step, cause: RootCause) -> Optional[dict]:
@@ -224,12 +234,21 @@ def _impact(ws, npu_run, golden_run, step, cause: RootCause) -> Optional[dict]:
     out = dataclasses.asdict(ranking)
     first = cause.first_origin.op_name
     mine, best = ranking.of(first), (ranking.impacts[0] if ranking.impacts else None)
-    if mine is not None and best is not None and best.op_name != first and \
-            mine.removed < 0.1 <= best.removed and best.removed >= 0.5:
-        out["harmless_first"] = (
-            f"The first divergence, at {first}, is harmless: with its output as the golden's "
-            f"the step's error stays ({mine.removed * 100:.3g}% of it goes). {best.op_name} is what "
-            f"matters: with its output fixed, {best.removed * 100:.3g}% of the error goes.")
+    # an output that overflowed or clipped cannot be given the golden's value in its own
+    # dtype (the substitution rounds it back): what the replay measures says nothing there
+    clipped = any(w in r for r in cause.first_origin.reasons for w in ("65504", "inf", "nan"))
+    if mine is None or best is None or mine.removed >= 0.1 or clipped:
+        return out
+    text = (f"The first divergence, at {first}, is harmless: with its output as the golden's "
+            f"the step's error stays ({mine.removed * 100:.3g}% of it goes).")
+    if best.op_name != first and best.removed >= 0.5:
+        text += (f" {best.op_name} is what matters: with its output fixed, "
+                 f"{best.removed * 100:.3g}% of the error goes.")
+    else:
+        text += (" No single diverging op of this step accounts for most of it (the best, "
+                 f"{best.op_name}, {best.removed * 100:.3g}%): it comes from several ops "
+                 "together, or from state the step started with.")
+    out["harmless_first"] = text
     return out
 
 

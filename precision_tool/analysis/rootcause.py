@@ -11,7 +11,11 @@ is no larger than the op's rounding tolerance times that bound, the output is ca
 noise. A product is small because a factor is, never by cancellation: elementwise products,
 and fused elementwise chains with one inside, are never excused (`SumKind` of the compare row
 says which outputs are sums). Ops whose only diverging inputs are such noise (Adam turning the
-noisy gradient into full-size steps) are listed with the cancellations: neither is a lead.
+noisy gradient into full-size steps, or updating state that such steps left noisy) are listed
+with the cancellations: neither is a lead. So is an update whose inputs all match and whose
+outputs differ in direction only (norms kept): Adam's per-element normalised step turns the
+rounding of near-zero gradient elements into sign flips; a real fault in an update shows in
+its norms, its non-finite counts or an input.
 
 Carried. An op whose only diverging inputs are variables read at the start of the step (the
 weights, optimizer moments, the loss scale) did not start the divergence in this step: it
@@ -25,6 +29,8 @@ from typing import List, Optional, Set
 import numpy as np
 import pandas as pd
 
+from ..errors import GraphError
+from ..ops import registry
 from .compare import TOLERANCE, statistics_only
 from .sums import CONTRACTIONS, SUMS
 from .verdicts import DIVERGING, NONFINITE, Criteria, judge
@@ -160,6 +166,14 @@ class RootCause:
         return self.first_origin is None or self.carried[0].order < self.first_origin.order
 
 
+def _updates(op_type: str) -> bool:
+    """Whether the op writes state (an optimizer update, an assignment)."""
+    try:
+        return bool(registry.get(op_type).updates)
+    except GraphError:            # an op type this build does not know (a foreign dump)
+        return False
+
+
 def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
@@ -176,10 +190,17 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
                        [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in],
                        [t.reason[i] for i in bad_out],
                        [str(t.golden_tensor[i]) for i in bad_in if t.is_state(i)])
-        carries_noise = bool(bad_in) and t.has_golden and \
-            all(t.golden_tensor[i] in noise for i in bad_in) and \
-            all(t.verdict[i] != NONFINITE for i in bad_out)
-        if carries_noise or (d.is_origin and is_cancellation(t, pos, bad_out)):
+        noisy = [i for i in bad_in if t.has_golden and t.golden_tensor[i] in noise]
+        # an update from a noise gradient writes noise into its variable and its optimizer
+        # slots, and in later steps reads that state back: noise carried over, no lead
+        carries_noise = bool(noisy) and all(t.verdict[i] != NONFINITE for i in bad_out) and \
+            all(i in noisy or (t.is_state(i) and _updates(d.op_type)) for i in bad_in)
+        # an update whose inputs all match and whose outputs differ in direction alone:
+        # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
+        # near-zero gradient elements, within tolerance, into sign flips of full-size steps
+        amplified = d.is_origin and _updates(d.op_type) and \
+            all(t.reason[i].startswith("cosine") and ";" not in t.reason[i] for i in bad_out)
+        if carries_noise or amplified or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)

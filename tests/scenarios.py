@@ -1,0 +1,290 @@
+"""Realistic mixed-precision failures (and clean runs), each built with the public API into a
+workspace of its own: a model, a cause, a precision mode and an overflow mode. The diagnosis
+suite (test_scenarios.py) runs `ac -c` on each and checks what it says; `python
+tests/scenarios.py` prints the table of what `ac -c` says for every scenario.
+
+A scenario's expectations are what a user who knows the cause would accept: the op where
+the divergence starts (or a part of its name), the first overflowing kernel, the step
+reported, a phrase the advice must hold (and one it must not), and the exit code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+import precision_tool as pt
+from precision_tool import hooks
+
+
+@dataclass
+class Scenario:
+    name: str
+    summary: str                           # model, cause, mode in a few words
+    build: Callable[[str], None]           # writes the workspace at root
+    exit_code: int
+    origin: Optional[str] = None           # a substring of the origin op's name; "" none
+    first_overflow: Optional[str] = None   # a substring of the first overflow's op; "" none
+    step: Optional[int] = None
+    advice: List[str] = field(default_factory=list)      # phrases the advice holds
+    not_advice: List[str] = field(default_factory=list)  # phrases it must not hold
+    args: List[str] = field(default_factory=list)        # more ac options
+
+
+def _sessions(root, graph, npu_config, steps, golden_config=None, dump_step=None):
+    when = dump_step or f"0-{steps - 1}"
+    npu = pt.Session(graph, target="npu", config=hooks.session_dump_config(
+        npu_config, action="dump", dump_step=when, data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(graph, config=golden_config or pt.SessionConfig()),
+                          action="dump", dump_step=when, data_dir=root)
+    return npu, cpu
+
+
+def _train(root, model, npu_config, steps=1, scale=1.0, batch=32, golden_config=None,
+           dump_step=None, fetch_extra=()):
+    d = pt.data.digits()
+    npu, cpu = _sessions(root, model.graph, npu_config, steps, golden_config, dump_step)
+    for sess in (npu, cpu):
+        for _, (xb, yb) in zip(range(steps), d.batches(batch, seed=0, epoch=0)):
+            sess.run([model.loss, model.train_op, *fetch_extra], {model.x: xb * scale, model.y: yb})
+        sess.close()
+
+
+# -- the causes -------------------------------------------------------------------------------
+def softmax_overflow(root):
+    """The Transformer on raw pixels: attention scores beyond fp16 in the fused softmax."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="allow_mix_precision"),
+           scale=16.0)
+
+
+def input_beyond_fp16_inf_nan(root):
+    """Inputs of 1e5 fed to an fp16 MLP: the inserted Cast of the feed overflows to inf."""
+    _train(root, pt.models.mlp(), pt.SessionConfig(precision_mode="force_fp16",
+                                                   overflow_mode="inf_nan"), scale=1e5)
+
+
+def input_beyond_fp16_saturation(root):
+    """The same inputs under saturation: clipped at 65504, finite, direction kept."""
+    _train(root, pt.models.mlp(), pt.SessionConfig(precision_mode="force_fp16"), scale=1e5)
+
+
+def _tiny_loss_mlp():
+    """An MLP whose loss is scaled down by 2**-20 (a loss averaged over a huge batch, say):
+    its gradients sit below fp16's smallest subnormal."""
+    g = pt.Graph("tiny_loss", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.ops.relu(pt.nn.dense(x, 32, name="fc1"))
+        logits = pt.nn.dense(h, 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y)) \
+            * pt.constant(2.0 ** -20, name="loss_weight")
+        train_op = pt.train.SGD(0.1).minimize(loss)
+    return _Bundle(g, x, y, loss, train_op)
+
+
+@dataclass
+class _Bundle:
+    graph: object
+    x: object
+    y: object
+    loss: object
+    train_op: object
+
+
+def gradient_underflow(root):
+    """fp16 gradients of a tiny loss, no loss scale: most of them flush to zero."""
+    _train(root, _tiny_loss_mlp(), pt.SessionConfig(precision_mode="force_fp16"))
+
+
+def gradient_underflow_mixed(root):
+    """The same under allow_mix_precision (the matmuls in fp16, the rest in fp32)."""
+    _train(root, _tiny_loss_mlp(), pt.SessionConfig(precision_mode="allow_mix_precision"))
+
+
+def _small_factor_graph():
+    """A fused elementwise chain of multiplies by a small factor: products, not sums."""
+    g = pt.Graph("small_factor", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.nn.dense(x, 32, name="fc1")
+        scaled = pt.ops.mul(pt.ops.mul(h, pt.constant(1e-4, name="f1")), pt.constant(2e-4, name="f2"))
+        logits = pt.nn.dense(pt.ops.relu(scaled) * pt.constant(3e4, name="f3"), 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.01).minimize(loss)
+    return _Bundle(g, x, y, loss, train_op)
+
+
+def small_factor_product(root):
+    """Values multiplied down to 2e-8 in fp16 lose their digits (subnormals): a product is
+    no cancellation, so the fused multiply is the origin."""
+    _train(root, _small_factor_graph(), pt.SessionConfig(precision_mode="force_fp16"))
+
+
+def carried_state(root):
+    """The unnormalised Transformer over four steps: from step 1 the weights the fused
+    softmax's error updated differ when the step starts."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="allow_mix_precision"),
+           steps=4, scale=16.0, dump_step="2")
+
+
+def carried_state_all(root):
+    """The same, every step dumped: the update of an earlier step wrote the state."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="allow_mix_precision"),
+           steps=3, scale=16.0)
+
+
+def loss_scale_too_large(root):
+    """MindSpore-style O2 training of the CNN: the default dynamic loss scale 2**24 does not
+    fit fp16, so the first steps overflow in the scaled backward."""
+    from precision_tool.trainer import DumpCallback, Model, NumpySlicesDataset
+    d = pt.data.digits()
+    data = NumpySlicesDataset((d.x_train[:128], d.y_train[:128])).batch(32, drop_remainder=True)
+    for target in ("cpu", "npu"):
+        model = Model(pt.models.cnn_network(), pt.nn.SoftmaxCrossEntropyWithLogits(),
+                      pt.train.Momentum(0.05, 0.9), amp_level="O2", target=target)
+        model.train(1, data, callbacks=[DumpCallback(action="dump", dump_step="0",
+                                                     data_dir=root)])
+
+
+def layer_norm_fp16_variance(root):
+    """A Transformer on features scaled by 300 under force_fp16: the fused LayerNorm's
+    variance leaves fp16's range inside its kernel; the attention softmax diverges."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="force_fp16"),
+           scale=300.0)
+
+
+def bf16_overflow_free(root):
+    """bf16 has fp32's range: the same unnormalised Transformer does not overflow, and its
+    rounding passes (a clean run)."""
+    _train(root, pt.models.transformer(),
+           pt.SessionConfig(precision_mode="allow_mix_precision_bf16"), scale=16.0)
+
+
+# -- clean runs -------------------------------------------------------------------------------
+def clean_fp32(root):
+    _train(root, pt.models.cnn(), pt.SessionConfig(precision_mode="force_fp32",
+                                                   fusion_switch="off"), steps=3)
+
+
+def clean_fp32_fused(root):
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="force_fp32"), steps=2)
+
+
+def clean_mixed(root):
+    """Normalised inputs under the default allow_fp32_to_fp16: fp16 rounding only."""
+    _train(root, pt.models.mlp(), pt.SessionConfig(), steps=3)
+
+
+def golden_against_fp64(root):
+    """An fp32 golden checked against an fp64 golden: rounding noise only, several steps."""
+    m = pt.models.mlp()
+    d = pt.data.digits()
+    for dtype in ("float32", "float64"):
+        sess = hooks.sess_dump(pt.Session(m.graph, config=pt.SessionConfig(golden_dtype=dtype)),
+                               action="dump", dump_step="0-2", data_dir=root)
+        for _, (xb, yb) in zip(range(3), d.batches(32, seed=0, epoch=0)):
+            sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
+        sess.close()
+
+
+def npu_fp32_against_fp64(root):
+    _train(root, pt.models.cnn(), pt.SessionConfig(precision_mode="force_fp32",
+                                                   fusion_switch="off"), steps=2,
+           golden_config=pt.SessionConfig(golden_dtype="float64"))
+
+
+SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
+    Scenario("softmax_overflow", "Transformer, unnormalised, allow_mix_precision, saturation: "
+             "fused softmax overflows", softmax_overflow, 1, origin="attention/Softmax",
+             first_overflow="attention/Softmax", step=0,
+             advice=["SoftmaxFusionPass", "precision-tool fo"]),
+    Scenario("input_inf_nan", "MLP, inputs 1e5, force_fp16, inf_nan: the feed's Cast overflows",
+             input_beyond_fp16_inf_nan, 1, origin="x/Cast_fp16", first_overflow="x/Cast_fp16",
+             step=0, advice=["Normalise or scale what is fed to x"], not_advice=["modify_mixlist"]),
+    Scenario("input_saturation", "MLP, inputs 1e5, force_fp16, saturation: clipped at 65504",
+             input_beyond_fp16_saturation, 1, origin="x/Cast_fp16", first_overflow="x/Cast_fp16",
+             step=0, advice=["fed to x"], not_advice=["modify_mixlist"]),
+    Scenario("underflow_fp16", "MLP, loss x 2**-20, force_fp16, no loss scale: gradients flush",
+             gradient_underflow, 1, first_overflow="", step=0,
+             advice=["Gradients underflow", "loss scale"]),
+    Scenario("underflow_mixed", "MLP, loss x 2**-20, allow_mix_precision: gradients flush",
+             gradient_underflow_mixed, 1, first_overflow="", step=0,
+             advice=["Gradients underflow", "loss scale"]),
+    Scenario("small_factor", "fused Mul chain to 2e-8 in fp16 (force_fp16): a product, not "
+             "cancellation", small_factor_product, 1, origin="Relu", first_overflow="",
+             advice=["Values underflow"],
+             step=0),
+    Scenario("carried_state", "Transformer, 4 steps, only step 2 dumped: divergence came in "
+             "with the weights", carried_state, 1, step=2,
+             advice=["came in with the state", "dump them"]),
+    Scenario("loss_scale_2_24", "CNN via Model.train at O2: loss scale 2**24 overflows fp16",
+             loss_scale_too_large, 1, first_overflow="loss_scale", step=0,
+             advice=["That is the loss scale itself"]),
+    Scenario("layernorm_fp16", "Transformer, features x300, force_fp16: the fused LayerNorm "
+             "overflows (status only), the softmax diverges", layer_norm_fp16_variance, 1, step=0,
+             origin="attention/Softmax", first_overflow="attention_norm",
+             advice=["force_fp16 takes no mixlist"], not_advice=["(SessionConfig(modify_mixlist=...)"]),
+    Scenario("carried_state_dumped", "Transformer, 3 steps all dumped, asked about step 2: "
+             "the earlier update that wrote the diverging state", carried_state_all, 1, step=2,
+             advice=["came in with the state", "wrote the first diverging value"],
+             args=["-s", "2"]),
+    Scenario("bf16_clean", "Transformer, unnormalised, allow_mix_precision_bf16: no overflow",
+             bf16_overflow_free, 0, origin="", first_overflow=""),
+    Scenario("clean_fp32", "CNN, force_fp32, fusion off, 3 steps", clean_fp32, 0, origin="",
+             first_overflow="", advice=["precision looks sound"]),
+    Scenario("clean_fp32_fused", "Transformer, force_fp32, fusion on, 2 steps", clean_fp32_fused,
+             0, origin="", first_overflow=""),
+    Scenario("clean_mixed", "MLP, normalised, allow_fp32_to_fp16, 3 steps", clean_mixed, 0,
+             origin="", first_overflow=""),
+    Scenario("golden_fp32_vs_fp64", "fp32 golden against an fp64 golden, 3 steps",
+             golden_against_fp64, 0, origin="", first_overflow="",
+             args=["-lt", "cpu/debug_0", "-rt", "cpu/debug_1"]),
+    Scenario("npu_fp32_vs_fp64", "CNN, force_fp32, fusion off, against an fp64 golden",
+             npu_fp32_against_fp64, 0, origin="", first_overflow=""),
+]}
+
+
+def run_ac(root: str, scenario: Scenario):
+    """`ac -c --json` on the scenario's workspace: (exit code, the AutoCheck as data, text)."""
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    runner = CliRunner()
+    data = runner.invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "ac", "-c",
+                               *scenario.args])
+    text = runner.invoke(cli, ["--data-dir", root, "--log-level", "4", "ac", "-c", *scenario.args])
+    return data.exit_code, json.loads(data.stdout) if data.stdout.strip() else {}, text.stdout
+
+
+def describe(code: int, result: dict) -> str:
+    """One cell of the table: what ac -c says, in a line."""
+    parts = []
+    if result.get("first_overflow"):
+        parts.append(f"first overflow {result['first_overflow']['op_name']}")
+    if result.get("origin"):
+        parts.append(f"origin {result['origin']['op_name']} ({'; '.join(result['origin'].get('reasons', []))})")
+    if result.get("underflow"):
+        parts.append(f"underflow in {result['underflow']['tensors']} tensor(s)")
+    if result.get("carried"):
+        parts.append(f"carried in with {', '.join(result['carried']['variables'][:1])}...")
+    parts.append(f"step {result.get('step')}")
+    advice = result.get("advice") or [""]
+    parts.append("next: " + advice[-1][:90] + ("..." if len(advice[-1]) > 90 else ""))
+    return "; ".join(parts)
+
+
+if __name__ == "__main__":
+    import tempfile
+    names = sys.argv[1:] or list(SCENARIOS)
+    print("| scenario | what `ac -c` says | exit |\n|---|---|---|")
+    for name in names:
+        s = SCENARIOS[name]
+        root = os.path.join(tempfile.mkdtemp(), "precision_data")
+        s.build(root)
+        code, result, _ = run_ac(root, s)
+        print(f"| {s.name}: {s.summary} | {describe(code, result)} | {code} |", flush=True)

@@ -1,0 +1,105 @@
+"""The diagnosis on realistic causes it was not built around (tests/scenarios.py): for each
+scenario `ac -c` names the origin, the first overflow, the step and advice that applies, and
+exits as it should; clean runs (fp32 against itself and against fp64, bf16, fp16 rounding
+only, several steps) exit 0."""
+import json
+import os
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from precision_tool.cli import cli
+from scenarios import SCENARIOS, run_ac
+
+
+@pytest.fixture(scope="module")
+def workspaces(tmp_path_factory):
+    """Each scenario's workspace, built once when a test first asks for it."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            root = str(tmp_path_factory.mktemp(name) / "precision_data")
+            SCENARIOS[name].build(root)
+            built[name] = root
+        return built[name]
+    return get
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_ac_tells_what_a_user_who_knows_the_cause_would_accept(workspaces, name):
+    s = SCENARIOS[name]
+    code, result, text = run_ac(workspaces(name), s)
+    assert code == s.exit_code, (name, text)
+    assert "Traceback" not in text
+    origin = (result.get("origin") or {}).get("op_name", "")
+    if s.origin is not None:
+        assert (s.origin in origin) if s.origin else origin == "", (name, origin)
+    first = (result.get("first_overflow") or {}).get("op_name", "")
+    if s.first_overflow is not None:
+        assert (s.first_overflow in first) if s.first_overflow else first == "", (name, first)
+    if s.step is not None:
+        assert result["step"] == s.step
+    advice = " ".join(result["advice"])
+    for phrase in s.advice:
+        assert phrase in advice, (name, phrase, advice)
+    for phrase in s.not_advice:
+        assert phrase not in advice, (name, phrase, advice)
+    if s.exit_code == 0:
+        assert result["verdict"] == "sound" and "sound" in text
+    else:
+        assert "precision looks sound" not in advice
+    # the evidence that decided each diverging op is shown with it
+    for op in result["diverging"]:
+        assert any(op["output_reasons"]), op["op_name"]
+
+
+def test_the_verdict_fields_are_in_the_json_of_vc_vcs_and_ac(workspaces):
+    root = workspaces("input_saturation")
+    runner = CliRunner()
+
+    def as_json(*args):
+        r = runner.invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", *args])
+        return json.loads(r.stdout)
+    vc = as_json("vc")
+    table = pd.read_csv(vc["result_file"])
+    for column in ("CosineSimilarity", "NormRelativeDiff", "FlushedToZeroRatio", "NpuAtFp16Max",
+                   "NpuNanCount", "NpuInfCount", "RelativeEuclideanDistance", "Verdict", "Reason"):
+        assert column in table, column
+    assert vc["criteria"] == {"cosine": 0.98, "norm": 0.1, "flushed": 0.05, "rel_error": 0.05,
+                              "small_size": 4}
+    cast = table[(table.NPUDump == "x/Cast_fp16") & table.TensorIndex.str.contains(":output:")]
+    assert "at 65504" in cast.Reason.iloc[0] and "norm -" in cast.Reason.iloc[0]
+    vcs = as_json("vcs", "-l", "0")
+    op = next(o for o in vcs["ops"] if o["op_name"] == "x/Cast_fp16")
+    assert "at 65504" in op["output_reasons"][0]
+    ac = as_json("ac", "-c")
+    assert ac["criteria"]["norm"] == 0.1 and "at 65504" in " ".join(ac["origin"]["reasons"])
+
+
+def test_a_loss_a_tenth_off_fails_though_its_cosine_is_1():
+    from precision_tool.analysis import compare_tensors, verdict
+    import numpy as np
+    row = compare_tensors(np.array(1.1, np.float32), np.array(1.0, np.float32))
+    assert row["CosineSimilarity"] == 1.0 and verdict(row) == "fail"
+    assert verdict(compare_tensors(np.array(1.001, np.float32), np.array(1.0, np.float32))) == "pass"
+
+
+def test_single_op_replay_calls_an_op_that_makes_inf_from_finite_inputs_local(workspaces):
+    for name in ("input_inf_nan", "input_saturation"):
+        _, result, _ = run_ac(workspaces(name), SCENARIOS[name])
+        assert result["origin_replay"] == "local", name
+
+
+def test_fusion_off_replay_blames_fusion_for_an_overflow(workspaces):
+    root = workspaces("softmax_overflow")
+    r = CliRunner().invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "fo"])
+    verdict = json.loads(r.stdout)
+    assert r.exit_code == 1 and verdict["fusion_to_blame"]
+    assert verdict["culprits"] == ["SoftmaxFusionPass"]
+    assert any("overflow" in f or "Softmax" in f for f in verdict["new_failures"])
+    # a run where fusion changes nothing: never "the same tensors diverge"
+    clean = workspaces("clean_fp32_fused")
+    text = CliRunner().invoke(cli, ["--data-dir", clean, "fo"])
+    assert text.exit_code == 0 and "same tensors diverge" not in text.stdout
