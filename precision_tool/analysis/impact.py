@@ -66,11 +66,10 @@ def _red(x: np.ndarray, y: np.ndarray) -> float:
     return d / ny if ny > 0 else (0.0 if d == 0 else 1.0)
 
 
-def _run(bundle, target: str, config: SessionConfig, extra=(), substitute=None):
-    """The bundle's step on a target: (fetched values by name, variables before, after)."""
-    sess = Session(bundle.graph, target=target, config=config)
-    same = target == bundle.meta["target"]
-    sess.load_variables(bundle.variables, exact=same)
+def _run(sess: Session, bundle, extra=(), substitute=None):
+    """The bundle's step on a session (compiled once, its variables loaded from the bundle
+    anew each time): (fetched values by name, variables before, after)."""
+    sess.load_variables(bundle.variables, exact=sess.target == bundle.meta["target"])
     sess.step = bundle.meta["session_step"]
     before = sess.variables()
     fetches = list(bundle.meta["fetch_tensors"]) + list(extra)
@@ -111,13 +110,13 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             ranking_skipped[op] = "no golden tensor stands for its outputs"
     golden_cfg = SessionConfig(golden_dtype=golden_run.info.get("golden_dtype", "float32"))
     extra = sorted({g for outs in wanted.values() for g in outs.values()})
-    golden = _run(bundle, "cpu", golden_cfg, extra)
-    npu_cfg = bundle.config()
-    baseline = _error(_run(bundle, "npu", npu_cfg), golden)
+    golden = _run(Session(bundle.graph, target="cpu", config=golden_cfg), bundle, extra)
+    npu = Session(bundle.graph, target="npu", config=bundle.config())
+    baseline = _error(_run(npu, bundle), golden)
     ranking = ImpactRanking(baseline, skipped=ranking_skipped)
     for op, outs in wanted.items():
         try:
-            err = _error(_run(bundle, "npu", npu_cfg, substitute={
+            err = _error(_run(npu, bundle, substitute={
                 op: {k: golden[0][g] for k, g in outs.items()}}), golden)
         except PrecisionToolError as e:
             ranking.skipped[op] = str(e)

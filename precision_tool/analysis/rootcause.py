@@ -59,6 +59,10 @@ class OpRows:
         self.pass_name = col("PassName", "")
         self.golden_op = col("GroundTruth", "")
         self.golden_op_type = col("GoldenOpType", "")
+        # input rows holding a variable's value at the start of the step
+        self.state = ((table.GoldenOpType == "Variable").to_numpy(dtype=bool) if "GoldenOpType" in table
+                      else np.zeros(n, dtype=bool)) & ~np.array(self.is_out, dtype=bool)
+        self.state = self.state.tolist()
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
         self.golden_norm = table.GoldenNorm.to_numpy(dtype=float).tolist() \
@@ -83,7 +87,7 @@ class OpRows:
 
     def is_state(self, i: int) -> bool:
         """An input row holding a variable's value at the start of the step."""
-        return not self.is_out[i] and self.golden_op_type[i] == "Variable"
+        return self.state[i]
 
 
 def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
@@ -189,12 +193,12 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
                        pass_name if isinstance(pass_name, str) else "",
                        [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in],
                        [t.reason[i] for i in bad_out],
-                       [str(t.golden_tensor[i]) for i in bad_in if t.is_state(i)])
-        noisy = [i for i in bad_in if t.has_golden and t.golden_tensor[i] in noise]
+                       [str(t.golden_tensor[i]) for i in bad_in if t.state[i]])
+        noisy = [i for i in bad_in if t.golden_tensor[i] in noise] if noise and t.has_golden else ()
         # an update from a noise gradient writes noise into its variable and its optimizer
         # slots, and in later steps reads that state back: noise carried over, no lead
         carries_noise = bool(noisy) and all(t.verdict[i] != NONFINITE for i in bad_out) and \
-            all(i in noisy or (t.is_state(i) and _updates(d.op_type)) for i in bad_in)
+            all(i in noisy or (t.state[i] and _updates(d.op_type)) for i in bad_in)
         # an update whose inputs all match and whose outputs differ in direction alone:
         # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps

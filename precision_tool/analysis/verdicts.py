@@ -82,8 +82,10 @@ def _column(table: pd.DataFrame, name: str, default=np.nan) -> pd.Series:
 
 def _text(table: pd.DataFrame, name: str) -> np.ndarray:
     """A text column, "" where a value is missing (a CSV's empty field, a column not there)."""
-    return np.array([v if isinstance(v, str) else "" for v in _column(table, name, "").tolist()],
-                    dtype=object)
+    column = _column(table, name, "")
+    if column.dtype.kind in "fiub":       # all missing (read as nan), or numbers: no text
+        return np.full(len(column), "", dtype=object)
+    return column.fillna("").astype(str).to_numpy(dtype=object)
 
 
 def _numbers(table: pd.DataFrame, name: str) -> np.ndarray:
@@ -98,9 +100,15 @@ def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
     n = len(table)
     reason = _text(table, "CompareFailReason")
     given = _text(table, "Verdict")
-    error = np.array([r.startswith(ERROR_REASONS) for r in reason], dtype=bool) | (given == ERROR)
+    # numpy's string functions, in C, over the rows that give a reason at all (most do not)
+    some = np.flatnonzero(reason != "")
+    text = reason[some].astype(str)
+    error, stats = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    for prefix in ERROR_REASONS:
+        error[some] |= np.char.startswith(text, prefix)
+    error |= given == ERROR
     npu_only = given == NPU_ONLY
-    stats = np.array([r.startswith(STATS_ONLY) for r in reason], dtype=bool)
+    stats[some] = np.char.startswith(text, STATS_ONLY)
 
     counts = [_numbers(table, k) for k in ("NpuNanCount", "NpuInfCount", "GoldenNanCount",
                                            "GoldenInfCount")]
@@ -148,42 +156,70 @@ def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
     verdicts[nonfinite] = NONFINITE
     verdicts[error] = ERROR
     verdicts[npu_only] = NPU_ONLY
+    # the reasons, column by column (a 100,000-row table has tens of thousands failing)
     reasons = np.full(n, "", dtype=object)
-    for i in np.flatnonzero(fail | nonfinite):
-        if verdicts[i] in (ERROR, NPU_ONLY):
-            continue
-        parts = []
-        if nonfinite[i]:
-            parts.append(_nonfinite_text(counts, i))
-        for name, mask in tests.items():
-            if mask[i]:
-                parts.append(_evidence(name, i, cos, norm_diff, at_max, flushed, red, nx, ny))
-        reasons[i] = "; ".join(parts) or "judged so when the table was made"
+    shown = (fail | nonfinite) & ~np.isin(verdicts, [ERROR, NPU_ONLY])
+    parts = [(nonfinite & shown, _nonfinite_texts(counts))]
+    for name, mask in tests.items():
+        parts.append((mask & shown, _EVIDENCE[name]((cos, norm_diff, at_max, flushed, red, nx, ny))))
+    for mask, texts in parts:
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            got = texts(idx)
+            before = reasons[idx]
+            reasons[idx] = np.where(before == "", got, before + "; " + got)
+    reasons[shown & (reasons == "")] = "judged so when the table was made"
     return pd.DataFrame({"Verdict": verdicts, "Reason": reasons}, index=table.index)
 
 
-def _nonfinite_text(counts, i) -> str:
-    nan, inf, gnan, ginf = (int(np.nan_to_num(v[i])) for v in counts)
-    what = ", ".join(f"{v} {k}" for k, v in (("nan", nan), ("inf", inf)) if v) or "nan/inf"
-    gold = ", ".join(f"{v} {k}" for k, v in (("nan", gnan), ("inf", ginf)) if v) or "none"
-    return f"{what} (golden: {gold})"
+def _joined(pieces) -> np.ndarray:
+    """Elementwise concatenation of string arrays (and plain strings) as an object array."""
+    out = np.asarray(pieces[0], dtype=object)
+    for p in pieces[1:]:
+        out = out + np.asarray(p, dtype=object)
+    return out
 
 
-def _evidence(name, i, cos, norm_diff, at_max, flushed, red, nx, ny) -> str:
-    """One piece of evidence as the panels show it, at full precision where it decides."""
-    if name == "cosine":
-        return f"cosine {cos[i]:.8g}"
-    if name == "norm":
-        d = norm_diff[i]
-        return "golden all zero, NPU norm {:.6g}".format(nx[i]) if np.isinf(d) else \
-            f"norm {d * 100:+.4g}%"
-    if name == "at max":
-        return f"{int(at_max[i])} at 65504"
-    if name == "flushed":
-        return f"{flushed[i] * 100:.4g}% flushed to zero"
-    if name == "relative error":
-        return f"relative error {red[i]:.6g}"
-    return "NPU tensor is all zero" if nx[i] == 0 else "golden tensor is all zero"
+def _g(values, digits: int) -> np.ndarray:
+    """Numbers as %g text at `digits` significant digits, elementwise."""
+    return np.char.mod(f"%.{digits}g", np.asarray(values, dtype=float)).astype(object)
+
+
+def _nonfinite_texts(counts):
+    nan, inf, gnan, ginf = (np.nan_to_num(v).astype(np.int64) for v in counts)
+
+    def texts(idx):
+        out = []
+        for a, b, c, d in zip(nan[idx], inf[idx], gnan[idx], ginf[idx]):
+            what = ", ".join(f"{v} {k}" for k, v in (("nan", a), ("inf", b)) if v) or "nan/inf"
+            gold = ", ".join(f"{v} {k}" for k, v in (("nan", c), ("inf", d)) if v) or "none"
+            out.append(f"{what} (golden: {gold})")
+        return np.array(out, dtype=object)
+    return texts
+
+
+def _norm_texts(norm_diff, nx):
+    def texts(idx):
+        d = norm_diff[idx]
+        finite = np.isfinite(d)
+        percent = np.char.mod("%+.4g", np.where(finite, d * 100, 0.0)).astype(object)
+        return np.where(finite, "norm " + percent + "%",
+                        "golden all zero, NPU norm " + _g(nx[idx], 6))
+    return texts
+
+
+# per evidence: (the table's columns) -> (row positions -> their texts), as the panels show
+# them, at full precision where it decides
+_EVIDENCE = {
+    "cosine": lambda c: lambda idx: _joined(["cosine ", _g(c[0][idx], 8)]),
+    "norm": lambda c: _norm_texts(c[1], c[5]),
+    "at max": lambda c: lambda idx: _joined([np.char.mod("%d", c[2][idx].astype(np.int64)).astype(object),
+                                             " at 65504"]),
+    "flushed": lambda c: lambda idx: _joined([_g(c[3][idx] * 100, 4), "% flushed to zero"]),
+    "relative error": lambda c: lambda idx: _joined(["relative error ", _g(c[4][idx], 6)]),
+    "zero": lambda c: lambda idx: np.where(c[5][idx] == 0, "NPU tensor is all zero",
+                                           "golden tensor is all zero").astype(object),
+}
 
 
 def diverging(table: pd.DataFrame, criteria=None) -> pd.Series:
