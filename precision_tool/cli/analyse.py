@@ -91,6 +91,10 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
     been compared could not be (the results are shown first)."""
     npu = app.run(left, "npu")
     golden = app.run(right, "cpu") if compare else None
+    if step is not None:            # a step that is not there is said before any work
+        app.step(npu, step)
+        if golden is not None:
+            app.step(golden, step)
     if compare:
         app.info("comparing every op with the golden run...")
     result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
@@ -171,7 +175,11 @@ def _render_ac(app: App, r, limit):
         if r.impact and r.impact.get("impacts"):
             lines = [f"as it ran: output error {fmt(r.impact['baseline']['output'], 6)}, update "
                      f"error {fmt(r.impact['baseline']['update'], 6)}"]
-            lines += [f"{i['op_name']} fixed: {i['removed'] * 100:.3g}% of the error goes"
+            lines.append("each origin's output replaced by the golden's, the rest of the step "
+                         "replayed:")
+            lines += [f"  {i['op_name']}: " + (f"{i['removed'] * 100:.3g}% of the error goes"
+                                               if i["removed"] >= 0 else
+                                               f"the error grows by {-i['removed'] * 100:.3g}%")
                       for i in r.impact["impacts"]]
             out.print(Panel(escape("\n".join(lines)), title="What each origin does to the step",
                             title_align="left"))
