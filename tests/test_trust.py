@@ -361,8 +361,11 @@ def test_concurrent_replays_each_report_their_own_run(built, tmp_path):
     for label in claimed:                     # each is a replay of debug_0, as labelled
         run = ws.run(*label.split("/"))
         assert run.info.get("replay_of") == "npu/debug_0"
-    fusion_off = ws.run("npu", fo["runs"][0])
-    assert fusion_off.info.get("fusion_switch") or "fusion" in json.dumps(fusion_off.info)
+    # fo's first replay is the fusion-off baseline, labelled so; train's keep the original's
+    assert ws.run("npu", fo["runs"][0]).info["fusion_passes"] == []
+    original = ws.run("npu", "debug_0").info["fusion_passes"]
+    assert original and all(ws.run(*label.split("/")).info["fusion_passes"] == original
+                            for label in claimed[:2])
 
 
 # -- 12. dtypes ---------------------------------------------------------------------------------
@@ -391,10 +394,14 @@ def test_bfloat16_files_strings_and_nc1hwc0_statistics(tmp_path):
         real = numerics.logical_view(value, channels).astype(np.float64)
         assert np.isclose(r.mean, real.mean(), rtol=1e-5, atol=1e-7), r.op_name
         assert r.max == real.max() and r.min == real.min()
-    # pt says the dtype the index says
+    # pt says the dtype the index says: NC1HWC0, and bfloat16 (stored as its bits)
     name = five.op_name.iloc[0]
     code, shown = as_json(root, "pt", name)
     assert shown["dtype"] == five.dtype.iloc[0]
+    bf16 = tmp_path / "bf16"
+    dump(bf16, steps=1, golden=False, precision_mode="allow_mix_precision_bf16")
+    code, shown = as_json(bf16, "pt", "fc1/BiasAdd")
+    assert code == 0 and shown["dtype"] == "bfloat16"
 
 
 # -- 13. options --------------------------------------------------------------------------------
