@@ -5,7 +5,7 @@ Without a step it looks at every dumped step in order and reports the first with
 the overflow records of each, and with a compare each step dumped in both runs, until one
 diverges (a clean verdict needs them all). The chosen step's analysis follows divergence
 that came in with the state back to the step that wrote it (analysis.steps), reports
-underflow, replays the origin op on its own inputs, and (rank=True) weighs each candidate
+underflow, replays the origin op on its own inputs, and (rank) weighs each candidate
 origin by what replacing its output with the golden's does to the step (analysis.impact).
 
 The result is plain data, serialisable to JSON (`to_dict`); `verdict` is "findings", "sound"
@@ -89,7 +89,7 @@ class AutoCheck:
 
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
-               write_csv: bool = False, rank: bool = True) -> AutoCheck:
+               write_csv: bool = False, rank: Optional[bool] = None) -> AutoCheck:
     """With compare=True the vector compare runs too (the chosen step's written to
     temp/vector_compare when write_csv), its summary keeps `limit` ops (all when <= 0).
     threshold: verdicts.Criteria or a cosine threshold."""
@@ -171,7 +171,12 @@ def _compare_step(ws, npu_run, golden_run, step, table, criteria, limit, rank, r
         trace = trace_state(ws, npu_run, golden_run, step, cause.diverging_state, criteria)
         result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
     result.underflow = _underflow(table, cause)
-    if rank and len(cause.origins) > 1:
+    # rank=None: when the first origin is not already proven by an overflow of its own (an
+    # op that overflowed is what hurts; replaying each other origin only costs time)
+    first = result.first_overflow
+    proven = first is not None and cause.first_origin is not None and \
+        first["op_name"] == cause.first_origin.op_name
+    if (rank or rank is None and not proven) and len(cause.origins) > 1:
         result.impact = _impact(ws, npu_run, golden_run, step, cause)
 
 
@@ -201,15 +206,15 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
     peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
 
-    def underflows(i, reason):
-        if reason.endswith("flushed to zero") and ";" not in reason:
+    def underflows(i):
+        if t.flushed_only[i]:
             return True           # flushing is all that differs
         # a whole fp16 tensor below fp16's smallest normal: its norm, its cosine, an NPU
         # tensor all zero are what the flushing did
         return bool(t.bad[i]) and t.dtype[i] == "float16" and \
             share[i] > t.criteria.flushed and peaks[i] < FP16_MIN_NORMAL
-    hits = [i for i, reason in enumerate(t.reason)
-            if underflows(i, reason) and t.is_out[i]
+    hits = [i for i in range(len(t.verdict))
+            if t.bad[i] and t.is_out[i] and underflows(i)
             and t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
     if not hits:
         return None

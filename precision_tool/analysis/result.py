@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
+import numpy as np
 import pandas as pd
 
 from ..dump import Workspace
@@ -85,13 +86,16 @@ def _gap(reason: str) -> str:
 
 
 def coverage(table: pd.DataFrame) -> Coverage:
-    verdicts = table.Verdict.tolist() if "Verdict" in table else []
-    reasons = table.CompareFailReason.tolist() if "CompareFailReason" in table else [""] * len(verdicts)
-    npu_only = sum(v == NPU_ONLY for v in verdicts)
-    missing = Counter(_gap(r if isinstance(r, str) else "") for v, r in zip(verdicts, reasons)
-                      if v == ERROR)
+    if "Verdict" not in table:
+        return Coverage()
+    verdicts = table.Verdict.to_numpy(dtype=object)
+    npu_only = int((verdicts == NPU_ONLY).sum())
+    errors = np.flatnonzero(verdicts == ERROR)        # few rows: their reasons one by one
+    reasons = table.CompareFailReason.to_numpy(dtype=object)[errors] \
+        if "CompareFailReason" in table else [""] * len(errors)
+    missing = Counter(_gap(r if isinstance(r, str) else "") for r in reasons)
     tensors = len(verdicts) - npu_only
-    return Coverage(tensors, tensors - sum(missing.values()), npu_only, dict(missing))
+    return Coverage(tensors, tensors - len(errors), npu_only, dict(missing))
 
 
 # -- provenance -------------------------------------------------------------------------------

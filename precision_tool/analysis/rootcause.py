@@ -23,6 +23,8 @@ entered with the state an earlier step left (see analysis.steps for following it
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
@@ -31,9 +33,9 @@ import pandas as pd
 
 from ..errors import GraphError
 from ..ops import registry
-from .compare import TOLERANCE, statistics_only
+from .compare import TOLERANCE
 from .sums import CONTRACTIONS, SUMS
-from .verdicts import DIVERGING, NONFINITE, Criteria, judge
+from .verdicts import DIVERGING, NONFINITE, Criteria, evaluate
 
 class OpRows:
     """A result table's columns as Python lists, its verdicts judged once for every row
@@ -50,10 +52,10 @@ class OpRows:
             return table[name].tolist() if name in table else [default] * n
         self.tensor = table.TensorIndex.astype(str).tolist()
         self.is_out = [":output:" in s for s in self.tensor]
-        judged = judge(table, self.criteria)
-        self.verdict = judged.Verdict.tolist()
-        self.reason = judged.Reason.tolist()
-        bad = judged.Verdict.isin(DIVERGING).to_numpy(dtype=bool)
+        self.judged = evaluate(table, self.criteria)
+        self.verdict = self.judged.verdicts.tolist()
+        self._reasons = {}             # row -> reason, made when asked (reasons)
+        bad = np.isin(self.judged.verdicts, list(DIVERGING))
         self.bad = bad.tolist()
         self.op_type = table.OpType.astype(str).tolist()
         self.pass_name = col("PassName", "")
@@ -62,7 +64,11 @@ class OpRows:
         # input rows holding a variable's value at the start of the step
         self.state = ((table.GoldenOpType == "Variable").to_numpy(dtype=bool) if "GoldenOpType" in table
                       else np.zeros(n, dtype=bool)) & ~np.array(self.is_out, dtype=bool)
-        self.state = self.state.tolist()
+        # rows that fail on one piece of evidence alone (root cause's and underflow's tests);
+        # these stay numpy arrays: read for a few rows each, and no list of 100,000 items
+        # more for the garbage collector to walk
+        self.cosine_only = self.judged.only("cosine")
+        self.flushed_only = self.judged.only("flushed")
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
         self.golden_norm = table.GoldenNorm.to_numpy(dtype=float).tolist() \
@@ -72,7 +78,7 @@ class OpRows:
         self.cosine = table.CosineSimilarity.to_numpy(dtype=float).tolist()
         self.fail_reason = col("CompareFailReason", "")
         # rows compared by their statistics only (a side dumped no tensor): no cosine
-        self.stats_only = statistics_only(self.fail_reason)
+        self.stats_only = self.judged.stats.tolist()
         self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
@@ -84,6 +90,13 @@ class OpRows:
             return kind
         op_type = self.op_type[i]
         return "sum" if op_type in SUMS else "contraction" if op_type in CONTRACTIONS else ""
+
+    def reasons(self, rows) -> list:
+        """The reasons of these rows (what decided each verdict), made once per row."""
+        todo = [i for i in rows if i not in self._reasons]
+        if todo:
+            self._reasons.update(zip(todo, self.judged.reasons(todo).tolist()))
+        return [self._reasons[i] for i in rows]
 
     def is_state(self, i: int) -> bool:
         """An input row holding a variable's value at the start of the step."""
@@ -178,13 +191,32 @@ def _updates(op_type: str) -> bool:
         return False
 
 
+@contextmanager
+def _collector_paused():
+    """Root cause makes a few objects per op and no reference cycles; the cyclic garbage
+    collector, triggered by those allocations, would walk the table's columns (lists of
+    100,000 items) again and again for nothing: a fifth of the time on a large table."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
     threshold)."""
-    t = rows if rows is not None else OpRows(table, criteria)
+    with _collector_paused():
+        return _root_cause(rows if rows is not None else OpRows(table, criteria))
+
+
+def _root_cause(t: "OpRows") -> RootCause:
     found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
+    leading = []                     # (origin or carried, its diverging outputs' rows)
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
         bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]]
@@ -192,8 +224,8 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
         d = Divergence(op_name, t.op_type[pos[0]], order,
                        pass_name if isinstance(pass_name, str) else "",
                        [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in],
-                       [t.reason[i] for i in bad_out],
-                       [str(t.golden_tensor[i]) for i in bad_in if t.state[i]])
+                       (),                    # filled below for the ops that lead
+                       tuple(str(t.golden_tensor[i]) for i in bad_in if t.state[i]))
         noisy = [i for i in bad_in if t.golden_tensor[i] in noise] if noise and t.has_golden else ()
         # an update from a noise gradient writes noise into its variable and its optimizer
         # slots, and in later steps reads that state back: noise carried over, no lead
@@ -203,7 +235,7 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
         # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps
         amplified = d.is_origin and _updates(d.op_type) and \
-            all(t.reason[i].startswith("cosine") and ";" not in t.reason[i] for i in bad_out)
+            all(t.cosine_only[i] for i in bad_out)
         if carries_noise or amplified or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
@@ -213,5 +245,11 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)
+        # what the report and the advice quote: the first origin, and carried state
+        if kind == "carried" or kind == "origin" and len(found["origin"]) == 1:
+            leading.append((d, bad_out))
+    t.reasons([i for _, rows in leading for i in rows])          # in one pass
+    for d, rows in leading:
+        d.reasons = t.reasons(rows)
     return RootCause(found["origin"], found["propagator"], found["cancellation"],
                      found["carried"], rows=t)

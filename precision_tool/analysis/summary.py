@@ -68,8 +68,9 @@ def summarize(table: pd.DataFrame, threshold=None, limit: int = 3,
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
-    return [_summary(t, op, category, roles)
-            for op, category in (ops if limit <= 0 else ops[:limit])]
+    shown = ops if limit <= 0 else ops[:limit]
+    t.reasons([i for (_, pos, _), _ in shown for i in _outputs(t, pos)])   # in one pass
+    return [_summary(t, op, category, roles) for op, category in shown]
 
 
 def count_findings(table: pd.DataFrame, threshold=None,
@@ -119,6 +120,6 @@ def _summary(t: OpRows, op: tuple, category: str, roles: dict) -> OpSummary:
         statistics_only=all(t.stats_only[i] for i in outputs),
         input_norm_diffs=[float(t.norm_diff[i]) for i in inputs],
         output_norm_diffs=[float(t.norm_diff[i]) for i in outputs],
-        output_reasons=[t.reason[i] for i in outputs],
+        output_reasons=t.reasons(outputs),
         output_notes=[t.fail_reason[i] if isinstance(t.fail_reason[i], str) else ""
                       for i in outputs])

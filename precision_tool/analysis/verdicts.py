@@ -96,6 +96,48 @@ def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
     """Verdict and Reason of every row: pass, fail (with the evidence that decided, e.g.
     "norm -94.1%; 32 at 65504"), nonfinite, error (not compared: CompareFailReason says why)
     or npu-only. Missing evidence columns count as no evidence (a hand-made table)."""
+    judged = evaluate(table, criteria)
+    return pd.DataFrame({"Verdict": judged.verdicts, "Reason": judged.reasons()},
+                        index=table.index)
+
+
+class Judged:
+    """The verdicts of a table's rows and the tests behind them; the reasons' text is made
+    when asked for, for the rows asked (a summary shows a few of tens of thousands)."""
+
+    def __init__(self, verdicts, tests, shown, columns, stats):
+        self.verdicts = verdicts       # per row: pass, fail, nonfinite, error, npu-only
+        self.stats = stats             # rows compared by their statistics only
+        self.tests = tests             # evidence name -> rows it fails ("nonfinite" first)
+        self.shown = shown             # rows whose verdict has a reason (fail, nonfinite)
+        self._columns = columns
+
+    def only(self, name: str) -> np.ndarray:
+        """The rows that this evidence alone fails."""
+        others = np.zeros(len(self.verdicts), dtype=bool)
+        for other, mask in self.tests.items():
+            if other != name:
+                others |= mask
+        return self.shown & self.tests[name] & ~others
+
+    def reasons(self, rows=None) -> np.ndarray:
+        """The reason of each row (all rows when None), "" where it passes."""
+        every = rows is None
+        rows = np.arange(len(self.verdicts)) if every else np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), "", dtype=object)
+        shown = self.shown[rows]
+        for name, mask in self.tests.items():
+            at = np.flatnonzero(mask[rows] & shown)
+            if len(at):
+                got = _EVIDENCE[name](self._columns)(rows[at])
+                before = out[at]
+                out[at] = np.where(before == "", got, before + "; " + got)
+        out[shown & (out == "")] = "judged so when the table was made"
+        return out
+
+
+def evaluate(table: pd.DataFrame, criteria=None) -> Judged:
+    """judge's verdicts and their tests, the reasons' text left for later (see Judged)."""
     c = Criteria.of(criteria)
     n = len(table)
     reason = _text(table, "CompareFailReason")
@@ -156,20 +198,11 @@ def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
     verdicts[nonfinite] = NONFINITE
     verdicts[error] = ERROR
     verdicts[npu_only] = NPU_ONLY
-    # the reasons, column by column (a 100,000-row table has tens of thousands failing)
-    reasons = np.full(n, "", dtype=object)
     shown = (fail | nonfinite) & ~np.isin(verdicts, [ERROR, NPU_ONLY])
-    parts = [(nonfinite & shown, _nonfinite_texts(counts))]
-    for name, mask in tests.items():
-        parts.append((mask & shown, _EVIDENCE[name]((cos, norm_diff, at_max, flushed, red, nx, ny))))
-    for mask, texts in parts:
-        idx = np.flatnonzero(mask)
-        if len(idx):
-            got = texts(idx)
-            before = reasons[idx]
-            reasons[idx] = np.where(before == "", got, before + "; " + got)
-    reasons[shown & (reasons == "")] = "judged so when the table was made"
-    return pd.DataFrame({"Verdict": verdicts, "Reason": reasons}, index=table.index)
+    # the non-finite counts lead the reason, then the evidence in the order above
+    tests = {"nonfinite": nonfinite, **tests}
+    return Judged(verdicts, tests, shown, (cos, norm_diff, at_max, flushed, red, nx, ny, counts),
+                  stats)
 
 
 def _joined(pieces) -> np.ndarray:
@@ -211,6 +244,7 @@ def _norm_texts(norm_diff, nx):
 # per evidence: (the table's columns) -> (row positions -> their texts), as the panels show
 # them, at full precision where it decides
 _EVIDENCE = {
+    "nonfinite": lambda c: _nonfinite_texts(c[7]),
     "cosine": lambda c: lambda idx: _joined(["cosine ", _g(c[0][idx], 8)]),
     "norm": lambda c: _norm_texts(c[1], c[5]),
     "at max": lambda c: lambda idx: _joined([np.char.mod("%d", c[2][idx].astype(np.int64)).astype(object),

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .. import analysis
 from ..analysis import Coverage, Criteria
-from ..analysis.compare import statistics_only
+
 from ..dump.workspace import WorkspaceError, check_compiled_graph
 from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt
 
@@ -72,9 +72,10 @@ def _incomplete(what: str, cov: dict) -> CommandError:
 @click.option("-l", "--limit", type=click.IntRange(0), default=3, show_default=True,
               help="Overflows after the first, and diverging ops, to show.")
 @criteria_options("-t")
-@click.option("--rank/--no-rank", default=True, show_default=True,
+@click.option("--rank/--no-rank", default=None,
               help="With several origins, replay the step once per origin with its output "
-                   "replaced by the golden's, to say which one matters.")
+                   "replaced by the golden's, to say which one matters (default: unless the "
+                   "first origin is the first overflow, which settles it).")
 @LEFT
 @RIGHT
 @STEP
@@ -338,13 +339,12 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
         ops = analysis.summarize(table, criteria, limit=limit, by_cosine=by_cosine, cause=cause,
                                  noise_last=True)
         origin = cause.first_origin
-        reasons = table["CompareFailReason"].tolist() if "CompareFailReason" in table else []
         cov = analysis.coverage(table)
         stale = None if provenance is None else analysis.staleness(app.ws, provenance)
         reports.append({"file": path, "criteria": criteria.to_dict(),
                         "compares": provenance.describes() if provenance else None,
                         "stale": stale,
-                        "statistics_only": bool(reasons) and all(statistics_only(reasons)),
+                        "statistics_only": bool(cause.rows.stats_only) and all(cause.rows.stats_only),
                         "diverging_ops": analysis.count_findings(table, criteria, cause),
                         "coverage": cov.to_dict(),
                         "origin": origin.op_name if origin else None,
