@@ -25,6 +25,8 @@ made with one set of criteria is judged again with another without reading any t
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -268,9 +270,10 @@ def verdict(row: dict, criteria=None) -> str:
     return judge(pd.DataFrame([row]), criteria).Verdict.iloc[0]
 
 
+@functools.lru_cache(maxsize=4096)       # a step's tensors share a few shapes
 def element_count(shape: str) -> Optional[int]:
     """The elements of a shape as the index writes it ("32 2 8 8"; "" for a scalar)."""
     try:
-        return int(np.prod([int(d) for d in str(shape).split()], dtype=np.int64))
+        return math.prod(int(d) for d in str(shape).split())
     except ValueError:
         return None

@@ -505,15 +505,12 @@ def _check_rows(table: pd.DataFrame, path: str) -> None:
 def check_compiled_graph(data) -> dict:
     """A compiled graph's JSON, checked as a graph: well formed, no dangling input, no
     cycle, every op type known. (Not shape-checked: compiled tensors are in 5HD.)"""
-    from ..graph.serialize import graph_from_dict
+    from ..graph.serialize import check_graph_dict
     from ..ops import REGISTRY
 
-    def known(node):
-        if node.type not in REGISTRY:
-            raise GraphFormatError(f"op {node.name!r} has unknown type {node.type!r}")
     if not isinstance(data, dict):
         raise GraphFormatError("a compiled graph is a JSON object with a node list")
-    graph_from_dict(data, known)
+    check_graph_dict(data, REGISTRY.__contains__)
     return data
 
 

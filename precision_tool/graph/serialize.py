@@ -5,7 +5,7 @@ import json
 from typing import Callable, Optional
 
 from ..errors import GraphError, GraphFormatError
-from .ir import Graph, Node, TensorSpec
+from .ir import Graph, Node, TensorSpec, split_tensor_name
 
 FORMAT = "precision_tool.graph"
 VERSION = 1
@@ -48,8 +48,30 @@ def graph_to_json(graph: Graph) -> str:
     return json.dumps(graph_to_dict(graph), indent=1, sort_keys=False)
 
 
-def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> Graph:
-    """Build a Graph from its dict form; `validate(node)` may reject a node (unknown type...)."""
+def _entry(entry: dict, specs: bool = True):
+    """A node entry's name, type, inputs, attrs and output specs, each checked for its kind
+    (KeyError, TypeError or GraphError when one is not); specs=False checks the outputs'
+    form only (a list of objects with a dtype) and returns them as they are."""
+    name, type_ = entry["name"], entry["type"]
+    if not isinstance(name, str) or not isinstance(type_, str) or not name:
+        raise TypeError("name and type must be non-empty strings")
+    inputs = entry.get("inputs", [])
+    if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+        raise TypeError("inputs must be a list of tensor names")
+    attrs = entry.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise TypeError("attrs must be an object")
+    outputs = entry.get("outputs", [])
+    if not specs:
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) and
+                                                    isinstance(o.get("dtype"), str) for o in outputs):
+            raise TypeError("outputs must be a list of tensor specs")
+        return name, type_, inputs, attrs, outputs
+    return name, type_, inputs, attrs, [_spec_from_dict(o) for o in outputs]
+
+
+def _nodes_of(data) -> list:
+    """The node list of a graph's dict form, its header checked."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise GraphFormatError(f"not a precision_tool graph (expected format {FORMAT!r})")
     if data.get("version") != VERSION:
@@ -57,22 +79,56 @@ def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> 
     nodes = data.get("nodes")
     if not isinstance(nodes, list):
         raise GraphFormatError("graph JSON has no 'nodes' list")
+    return nodes
+
+
+def check_graph_dict(data, known_type: Callable[[str], bool]) -> None:
+    """graph_from_dict's checks (each entry well formed, names unique, every input produced,
+    no cycle, every type known) without building the graph: a compiled graph that is read
+    as JSON (its mapping) is checked as a graph, at the cost of a walk over its entries."""
+    sources = {}                     # op -> the ops it reads
+    for i, entry in enumerate(_nodes_of(data)):
+        try:
+            name, type_, inputs, _, _ = _entry(entry, specs=False)
+        except (KeyError, TypeError, GraphError) as e:
+            raise GraphFormatError(f"node #{i} of graph JSON is malformed: {e}") from None
+        if name in sources:
+            raise GraphFormatError(f"node #{i} of graph JSON is malformed: duplicate op name {name!r}")
+        if not known_type(type_):
+            raise GraphFormatError(f"op {name!r} has unknown type {type_!r}")
+        sources[name] = {split_tensor_name(t)[0] for t in inputs} if inputs else ()
+    # Kahn's algorithm over the names: a dangling input or a cycle leaves ops unvisited
+    users, pending, ready = {}, {}, []
+    for name, srcs in sources.items():
+        for src in srcs:
+            if src not in sources:
+                raise GraphFormatError(f"op {name!r} reads from {src!r}, which is no op")
+            users.setdefault(src, []).append(name)
+        pending[name] = len(srcs)
+        if not srcs:
+            ready.append(name)
+    done = 0
+    while ready:
+        done += 1
+        for u in users.get(ready.pop(), ()):
+            pending[u] -= 1
+            if not pending[u]:
+                ready.append(u)
+    if done != len(sources):
+        stuck = next(name for name, k in pending.items() if k > 0)
+        raise GraphFormatError(f"graph {data.get('name', 'graph')!r} has a cycle through op {stuck!r}")
+
+
+def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> Graph:
+    """Build a Graph from its dict form; `validate(node)` may reject a node (unknown type...)."""
+    nodes = _nodes_of(data)
     try:
         graph = Graph(data.get("name", "graph"), int(data.get("seed", 0)))
     except (GraphError, TypeError, ValueError) as e:
         raise GraphFormatError(f"bad graph header: {e}") from None
     for i, entry in enumerate(nodes):
         try:
-            name, type_ = entry["name"], entry["type"]
-            if not isinstance(name, str) or not isinstance(type_, str) or not name:
-                raise TypeError("name and type must be non-empty strings")
-            inputs = entry.get("inputs", [])
-            if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
-                raise TypeError("inputs must be a list of tensor names")
-            attrs = entry.get("attrs", {})
-            if not isinstance(attrs, dict):
-                raise TypeError("attrs must be an object")
-            outputs = [_spec_from_dict(o) for o in entry.get("outputs", [])]
+            name, type_, inputs, attrs, outputs = _entry(entry)
             node = Node(graph, name, type_, inputs, attrs, outputs)
         except (KeyError, TypeError, GraphError) as e:
             raise GraphFormatError(f"node #{i} of graph JSON is malformed: {e}") from None
