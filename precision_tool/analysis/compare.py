@@ -83,9 +83,9 @@ def _undumped_ops(graph: dict, indexed: set, fetched: Optional[list], start: int
     dump holds every kernel a step runs, so a missing one means an index cut off at a line
     break or rows removed. Without them the compare would look whole while it never saw
     those ops. A step without a bundle says nothing of what ran: no rows."""
-    if not fetched:
-        return []
     nodes = graph.get("nodes", [])
+    if not fetched or all(n.get("name") in indexed or n.get("type") in NOT_KERNELS for n in nodes):
+        return []                    # every kernel has its rows: nothing to walk
     by_name = {n.get("name"): n for n in nodes}
     wanted = set(fetched)
     todo = [n for n in nodes if n.get("name") in wanted
@@ -135,16 +135,16 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     exact, original_of, by_original = {}, {}, {}
     # a tensor's own row is its producer's output row; the input rows of the ops that read
     # it name the same file under the reader's name (GroundTruth would name the reader)
-    outputs = (table["io"] == "output").tolist()
-    for k, tensor in enumerate(table["tensor"]):
-        original = tmap.golden_tensor(tensor) if tmap else tensor
-        if tensor not in exact or outputs[k] and not outputs[exact[tensor]]:
-            exact[tensor] = k
-        original_of[tensor] = original
-        if original is None:
+    outputs = (table["io"] == "output").to_numpy()
+    tensors = table["tensor"].tolist()
+    # output rows first: an input row stands for its tensor only where no output row does
+    for k in [*np.flatnonzero(outputs).tolist(), *np.flatnonzero(~outputs).tolist()]:
+        tensor = tensors[k]
+        if tensor in exact:
             continue
-        held = by_original.get(original)
-        if held is None or (tensor == original and (outputs[k] or not outputs[held])):
+        exact[tensor] = k
+        original = original_of[tensor] = tmap.golden_tensor(tensor) if tmap else tensor
+        if original is not None and (original not in by_original or tensor == original):
             by_original[original] = k
     return table, exact, original_of, by_original
 
@@ -170,7 +170,10 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if column not in npu:          # a golden run on the left: golden against golden
             npu[column] = default
     gold, gold_exact, gold_original, gold_by_original = _golden_rows(ws, golden_run, gold_step)
-    gold_rows = records(gold)
+    # only the rows a lookup can return (the golden's input rows mostly name a tensor its
+    # output row stands for already)
+    wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values()))
+    gold_rows = dict(zip(wanted, records(gold.iloc[wanted])))
     graph = graph if graph is not None else ws.graph_json(npu_run) or {}
     tmap = TensorMap(graph)
     nodes = {n["name"]: n for n in graph.get("nodes", [])}

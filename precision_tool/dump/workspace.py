@@ -484,9 +484,12 @@ def _check_rows(table: pd.DataFrame, path: str) -> None:
     naming the row, never read as a row with holes. Rows count as lines of the file."""
     bad = table["io"].isin(["input", "output"]) == False  # noqa: E712 (a Series)
     for column in ("op_type", "op_name", "tensor", "dtype"):
-        bad |= table[column].isna() | (table[column].astype(str) == "")
+        values = table[column]
+        bad |= values.isna()
+        if values.dtype.kind not in "iufb":          # text: an empty field is a hole too
+            bad |= values.eq("")
     for column in INTEGER_COLUMNS:
-        if column in table:
+        if column in table and table[column].dtype.kind not in "iu":   # parsed whole: fine
             numbers = pd.to_numeric(table[column], errors="coerce")
             bad |= numbers.isna() | (numbers != numbers.round())
     if bad.any():
