@@ -82,11 +82,17 @@ def _nodes_of(data) -> list:
     return nodes
 
 
+def _source(tensor: str) -> str:
+    """The op a tensor name ('a/b:1', or a bare op name) comes from."""
+    return split_tensor_name(tensor)[0]
+
+
 def check_graph_dict(data, known_type: Callable[[str], bool]) -> None:
     """graph_from_dict's checks (each entry well formed, names unique, every input produced,
     no cycle, every type known) without building the graph: a compiled graph that is read
     as JSON (its mapping) is checked as a graph, at the cost of a walk over its entries."""
     sources = {}                     # op -> the ops it reads
+    ordered = True                   # every op reads only ops before it (as ours are written)
     for i, entry in enumerate(_nodes_of(data)):
         try:
             name, type_, inputs, _, _ = _entry(entry, specs=False)
@@ -96,7 +102,11 @@ def check_graph_dict(data, known_type: Callable[[str], bool]) -> None:
             raise GraphFormatError(f"node #{i} of graph JSON is malformed: duplicate op name {name!r}")
         if not known_type(type_):
             raise GraphFormatError(f"op {name!r} has unknown type {type_!r}")
-        sources[name] = {split_tensor_name(t)[0] for t in inputs} if inputs else ()
+        srcs = sources[name] = set(map(_source, inputs)) if inputs else ()
+        if ordered and srcs:
+            ordered = name not in srcs and srcs <= sources.keys()
+    if ordered:                      # in topological order already: no cycle, none dangling
+        return
     # Kahn's algorithm over the names: a dangling input or a cycle leaves ops unvisited
     users, pending, ready = {}, {}, []
     for name, srcs in sources.items():
