@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
+import numpy as np
 import pandas as pd
 
 from ..dump import Workspace
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
+from ..graph import split_tensor_name
 from ..ops import registry
 from .advice import advise, mode_of
 from .compare import vector_compare
@@ -30,7 +32,7 @@ from .loss_scale import loss_scale_history
 from .mapping import TensorMap
 from .overflow import overflow_report
 from .replay_op import ReplayOpError, replay_op
-from .result import Provenance, coverage, write_result
+from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause
 from .steps import check_steps, trace_state
 from .summary import count_findings, summarize
@@ -107,36 +109,34 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     history = loss_scale_history(ws, npu_run)
     if history.steps:
         result.loss_scale = dataclasses.asdict(history)
-    tables: Dict[int, pd.DataFrame] = {}
-    chosen = None
+    compared: Dict[int, _Compared] = {}
+    reports = {}
     for s in steps:                         # the first step with findings, else the first
-        report = overflow_report(ws, npu_run, s)
+        report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
         findings = bool(report.tasks)
         if compare:
-            table = tables[s] = vector_compare(ws, npu_run, golden_run, s, threshold=criteria)
-            cause = root_cause(table, criteria)
-            look.update(compared="statistics" if _stats_only(table) else "tensors",
-                        diverging_ops=count_findings(table, criteria, cause),
-                        coverage=coverage(table).text())
-            findings = findings or look["diverging_ops"] > 0 or bool(cause.carried) or \
-                _underflow(table, cause) is not None
+            c = compared[s] = _Compared.of(
+                vector_compare(ws, npu_run, golden_run, s, threshold=criteria), criteria)
+            look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
+                        diverging_ops=c.findings, coverage=c.coverage.text())
+            findings = findings or c.findings > 0 or bool(c.cause.carried) or \
+                c.underflow is not None
         result.steps.append(look)
         if findings:
-            chosen = (s, report)
             break
-    if chosen is None:
-        chosen = (steps[0], overflow_report(ws, npu_run, steps[0]))
-    step, report = chosen
-    result.step = step
+    else:
+        s = steps[0]
+    report = reports[s]
+    result.step = s
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
     if compare:
-        _compare_step(ws, npu_run, golden_run, step, tables[step], criteria, limit, rank, result)
+        tables = {k: c.table for k, c in compared.items()}
+        _compare_step(ws, npu_run, golden_run, s, compared[s], tables, criteria, limit, rank,
+                      result)
         if write_csv:
-            cov = coverage(tables[step])
-            result.result_file = write_result(ws, tables[step], Provenance.of(
-                ws, npu_run, golden_run, step, step, criteria, cov))
+            result.result_file = write_result(ws, compared[s].table)
     result.advice = advise(result, npu_run.info)
     return result
 
@@ -146,18 +146,28 @@ def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
     return None if fired is None else {p: len(nodes) for p, nodes in fired.items()}
 
 
-def _stats_only(table: pd.DataFrame) -> bool:
-    reasons = table.CompareFailReason.fillna("").astype(str)
-    compared = table.Verdict.isin(["pass", "fail", "nonfinite"])
-    return bool(compared.any()) and bool(reasons[compared].str.startswith("statistics only").all())
+class _Compared(NamedTuple):
+    """A step's compare and what the step loop and the report both read of it (made once)."""
+    table: pd.DataFrame
+    cause: RootCause
+    coverage: Coverage
+    findings: int                  # diverging ops, noise aside
+    underflow: Optional[dict]
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, criteria) -> "_Compared":
+        cause = root_cause(table, criteria)
+        return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
+                   _underflow(table, cause))
 
 
-def _compare_step(ws, npu_run, golden_run, step, table, criteria, limit, rank, result):
-    cause = root_cause(table, criteria)
-    result.coverage = coverage(table).to_dict()
+def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria, limit, rank,
+                  result):
+    table, cause = c.table, c.cause
+    result.coverage = c.coverage.to_dict()
     result.diverging = [dataclasses.asdict(s)
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
-    result.diverging_count = count_findings(table, criteria, cause)
+    result.diverging_count = c.findings
     result.cancellations = sorted(cause.noise_ops)
     tmap = TensorMap(ws.graph_json(npu_run) or {})
     origin = cause.first_origin
@@ -168,9 +178,10 @@ def _compare_step(ws, npu_run, golden_run, step, table, criteria, limit, rank, r
         except (ReplayOpError, PrecisionToolError) as e:
             result.origin_replay = f"not replayed: {e}"
     if cause.carried and cause.state_first:
-        trace = trace_state(ws, npu_run, golden_run, step, cause.diverging_state, criteria)
+        trace = trace_state(ws, npu_run, golden_run, step, cause.diverging_state, criteria,
+                            tables)     # the earlier steps the loop compared already
         result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
-    result.underflow = _underflow(table, cause)
+    result.underflow = c.underflow
     # rank=None: when the first origin is not already proven by an overflow of its own (an
     # op that overflowed is what hurts; replaying each other origin only costs time)
     first = result.first_overflow
@@ -184,12 +195,9 @@ def _describe(d, tmap: TensorMap) -> dict:
     """An origin as the report and the advice need it."""
     node = tmap.node(d.op_name) or {}
     attrs = node.get("attrs", {})
-    try:
-        update = bool(registry.get(d.op_type).updates)
-    except Exception:
-        update = False
+    update = bool(registry.updated_inputs(d.op_type))
     # an inserted Cast of a feed: what overflows is the data itself, not any op's numerics
-    producers = [tmap.node(str(t).rpartition(":")[0]) or {} for t in node.get("inputs", [])]
+    producers = [tmap.node(split_tensor_name(t)[0]) or {} for t in node.get("inputs", [])]
     feeds = [p["name"] for p in producers if p.get("type") == "Placeholder"]
     return dict(dataclasses.asdict(d), inserted=bool(attrs.get("inserted_by")), update=update,
                 compute_dtype=attrs.get("compute_dtype", ""), feeds=feeds)
@@ -205,24 +213,23 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     noise = cause.noise_ops
     share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
     peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
-
-    def underflows(i):
-        if t.flushed_only[i]:
-            return True           # flushing is all that differs
-        # a whole fp16 tensor below fp16's smallest normal: its norm, its cosine, an NPU
-        # tensor all zero are what the flushing did
-        return bool(t.bad[i]) and t.dtype[i] == "float16" and \
-            share[i] > t.criteria.flushed and peaks[i] < FP16_MIN_NORMAL
-    hits = [i for i in range(len(t.verdict))
-            if t.bad[i] and t.is_out[i] and underflows(i)
-            and t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
+    with np.errstate(invalid="ignore"):
+        # flushing is all that differs; or a whole fp16 tensor below fp16's smallest normal,
+        # whose norm, cosine and all-zero NPU side are what the flushing did
+        whole = (np.asarray(t.dtype, dtype=object) == "float16") & (share > t.criteria.flushed) \
+            & (peaks < FP16_MIN_NORMAL)
+    candidates = np.asarray(t.bad) & np.asarray(t.is_out) & (t.flushed_only | whole)
+    hits = [i for i in np.flatnonzero(candidates).tolist()
+            if t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
     if not hits:
         return None
     order = table.Index.to_numpy()
     first = min(hits, key=lambda i: order[i])
-    gradients = all(str(t.golden_tensor[i]).startswith(GRADIENT_PREFIX) for i in hits)
-    grad_rows = [i for i, g in enumerate(t.golden_tensor) if str(g).startswith(GRADIENT_PREFIX)]
-    peak = max((float(peaks[i]) for i in grad_rows if peaks[i] == peaks[i]), default=None)
+    gradient = table.GoldenTensor.fillna("").astype(str).str.startswith(GRADIENT_PREFIX).to_numpy() \
+        if "GoldenTensor" in table else np.zeros(len(table), dtype=bool)
+    gradients = bool(gradient[hits].all())
+    known = gradient & ~np.isnan(peaks)
+    peak = float(peaks[known].max()) if known.any() else None
     return {"tensors": len({t.golden_tensor[i] for i in hits}),
             "worst": float(max(share[i] for i in hits)),
             "first": t.tensor[first], "gradients": gradients, "peak": peak,
@@ -241,8 +248,7 @@ def _impact(ws, npu_run, golden_run, step, cause: RootCause) -> Optional[dict]:
     mine, best = ranking.of(first), (ranking.impacts[0] if ranking.impacts else None)
     # an output that overflowed or clipped cannot be given the golden's value in its own
     # dtype (the substitution rounds it back): what the replay measures says nothing there
-    clipped = any(w in r for r in cause.first_origin.reasons for w in ("65504", "inf", "nan"))
-    if mine is None or best is None or mine.removed >= 0.1 or clipped:
+    if mine is None or best is None or mine.removed >= 0.1 or cause.first_origin.overflowed:
         return out
     text = (f"The first divergence, at {first}, is harmless: with its output as the golden's "
             f"the step's error stays ({mine.removed * 100:.3g}% of it goes).")

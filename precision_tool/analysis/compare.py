@@ -20,16 +20,16 @@ from ..dump import Workspace
 from ..dump.dumper import NOT_KERNELS
 from ..dump.replay import bundle_fetches
 from ..dump.workspace import Run
+from ..graph import split_tensor_name
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS
 from .sums import sum_kind
 from .verdicts import NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
 
-# The defaults of a verdict (verdicts.Criteria); COSINE_THRESHOLD is vcs's -c. The per-dtype
-# tolerances are for telling an op's own error from fp16 rounding (root cause): an fp16 tensor
-# against an fp32 golden is expected to differ by that much.
-COSINE_THRESHOLD = Criteria().cosine
+# The per-dtype tolerances tell an op's own error from fp16 rounding (root cause): an fp16
+# tensor against an fp32 golden is expected to differ by that much. (A verdict's thresholds:
+# verdicts.Criteria.)
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 
@@ -77,7 +77,8 @@ def compare_stats(npu: dict, golden: dict) -> dict:
     return out
 
 
-def _undumped_ops(graph: dict, indexed: set, fetched: Optional[list], start: int) -> list:
+def _undumped_ops(graph: dict, tmap: TensorMap, indexed: set, fetched: Optional[list],
+                  start: int) -> list:
     """An error row for each kernel the step ran (the compiled graph's ancestors of what the
     step fetched, as its replay bundle records) that has no row in the step's index: the
     dump holds every kernel a step runs, so a missing one means an index cut off at a line
@@ -86,7 +87,6 @@ def _undumped_ops(graph: dict, indexed: set, fetched: Optional[list], start: int
     nodes = graph.get("nodes", [])
     if not fetched or all(n.get("name") in indexed or n.get("type") in NOT_KERNELS for n in nodes):
         return []                    # every kernel has its rows: nothing to walk
-    by_name = {n.get("name"): n for n in nodes}
     wanted = set(fetched)
     todo = [n for n in nodes if n.get("name") in wanted
             or wanted & set(n.get("attrs", {}).get("original_op_names", []))]
@@ -97,7 +97,7 @@ def _undumped_ops(graph: dict, indexed: set, fetched: Optional[list], start: int
             continue
         ran.add(node.get("name"))
         for t in node.get("inputs", []):
-            producer = by_name.get(str(t).lstrip("^").rpartition(":")[0] or str(t).lstrip("^"))
+            producer = tmap.node(split_tensor_name(t)[0])
             if producer is not None:
                 todo.append(producer)
     rows = []
@@ -176,7 +176,6 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     gold_rows = dict(zip(wanted, records(gold.iloc[wanted])))
     graph = graph if graph is not None else ws.graph_json(npu_run) or {}
     tmap = TensorMap(graph)
-    nodes = {n["name"]: n for n in graph.get("nodes", [])}
     gold_format = "format" in gold.columns
     npu_dir, gold_dir = ws.step_path(npu_run, step), ws.step_path(golden_run, gold_step)
     rows, pairs = [], []
@@ -189,7 +188,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                "OverFlow": "", "TaskId": r["task_id"], "PassName": r["pass_name"] or "",
                "GoldenTensor": golden_tensor or "", "Elements": element_count(r["shape"]),
                "SumKind": "" if r["io"] != "output" else
-               sum_kind(r["op_type"], nodes.get(r["op_name"], {}).get("attrs", {}), r["index"])}
+               sum_kind(r["op_type"], (tmap.node(r["op_name"]) or {}).get("attrs", {}), r["index"])}
         g = gold_exact.get(r["tensor"])
         if g is None or golden_tensor is None or gold_original.get(r["tensor"]) != golden_tensor:
             g = gold_by_original.get(golden_tensor) if golden_tensor else None
@@ -221,7 +220,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         rows.append(row)
     fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \
         if step in npu_run.bundles else None
-    rows += _undumped_ops(graph, set(npu["op_name"]), fetched, len(rows))
+    rows += _undumped_ops(graph, tmap, set(npu["op_name"]), fetched, len(rows))
     engine = engine_for(workers, scheduler)
     try:
         results = compare_pairs(ws.root, pairs, engine, progress)
@@ -234,4 +233,8 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             row["NormRelativeDiff"] = norm_relative_diff(row["NpuNorm"], row["GoldenNorm"])
     table = pd.DataFrame(rows, columns=COLUMNS)
     table[["Verdict", "Reason"]] = judge(table, threshold)
+    # what it was computed from: write_result keeps it beside the CSV (result.Provenance)
+    table.attrs["compared"] = {"npu_run": npu_run.label, "golden_run": golden_run.label,
+                               "step": step, "golden_step": gold_step,
+                               "criteria": Criteria.of(threshold).to_dict()}
     return table

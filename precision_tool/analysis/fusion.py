@@ -23,7 +23,7 @@ from .compare import vector_compare
 from .mapping import TensorMap
 from .overflow import overflow_report
 from .rootcause import root_cause
-from .verdicts import diverging
+from .verdicts import DIVERGING
 
 
 class FusionReplayError(PrecisionToolError, ValueError):
@@ -79,7 +79,7 @@ def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> F
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
     # by chance: it is no failure of either
     noise = root_cause(table, criteria).noise_ops
-    bad = diverging(table, criteria) & ~table.NPUDump.isin(noise)
+    bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
     failures = Failures(set(table[bad].GoldenTensor))
     if step in run.complete_steps:
         tmap = TensorMap(ws.graph_json(run) or {})

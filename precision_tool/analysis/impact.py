@@ -22,6 +22,7 @@ from ..dump import Workspace, load_bundle
 from ..dump.cores import blas_threads_as
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
+from ..graph import split_tensor_name
 from ..runtime import Session, SessionConfig
 from .mapping import TensorMap
 
@@ -128,5 +129,4 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
 
 
 def _in_graph(graph, tensor: str) -> bool:
-    name, _, _ = tensor.rpartition(":")
-    return name in graph
+    return split_tensor_name(tensor)[0] in graph

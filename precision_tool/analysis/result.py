@@ -131,13 +131,18 @@ class Provenance:
     version: int = RESULT_VERSION
 
     @classmethod
-    def of(cls, ws: Workspace, npu_run: Run, golden_run: Run, step: int, golden_step: int,
-           criteria, cov: Coverage, graph: Optional[str] = None) -> "Provenance":
-        return cls(npu_run.label, golden_run.label, step, golden_step,
-                   criteria.to_dict() if hasattr(criteria, "to_dict") else dict(criteria),
-                   {npu_run.label: fingerprint(ws, npu_run, step),
-                    golden_run.label: fingerprint(ws, golden_run, golden_step)},
-                   cov.to_dict(), graph, time.strftime("%Y-%m-%d %H:%M:%S"))
+    def of(cls, ws: Workspace, table: pd.DataFrame, graph: Optional[str] = None) -> Optional["Provenance"]:
+        """What a table of vector_compare was computed from (its attrs say which runs, steps
+        and criteria), with the steps' fingerprints as they are now and its coverage; None
+        for a table made otherwise."""
+        c = table.attrs.get("compared")
+        if c is None:
+            return None
+        npu, golden = c["npu_run"], c["golden_run"]
+        return cls(npu, golden, c["step"], c["golden_step"], c["criteria"],
+                   {npu: fingerprint(ws, ws.resolve_run(npu, "npu"), c["step"]),
+                    golden: fingerprint(ws, ws.resolve_run(golden, "cpu"), c["golden_step"])},
+                   coverage(table).to_dict(), graph, time.strftime("%Y-%m-%d %H:%M:%S"))
 
     def describes(self) -> str:
         """"npu/debug_0 against cpu/debug_0, step 0"."""
@@ -150,10 +155,13 @@ def sidecar(csv_path: str) -> str:
     return csv_path[:-len(".csv")] + ".json" if csv_path.endswith(".csv") else csv_path + ".json"
 
 
-def write_result(ws: Workspace, table: pd.DataFrame, provenance: Optional[Provenance] = None) -> str:
-    """temp/vector_compare/<ts>/result_<ts>.csv and its provenance beside it (the CSV last:
-    a result is found by its CSV, so it is never found without the sidecar it was written
-    with); a second run in the same second gets its own directory."""
+def write_result(ws: Workspace, table: pd.DataFrame, graph: Optional[str] = None) -> str:
+    """temp/vector_compare/<ts>/result_<ts>.csv and, for a table of vector_compare, its
+    provenance beside it (Provenance.of; graph: the compiled graph file the compare was
+    given instead of the run's own). The CSV is written last: a result is found by its CSV,
+    so it is never found without the sidecar it was written with. A second run in the same
+    second gets its own directory."""
+    provenance = Provenance.of(ws, table, graph)
     stamp = time.strftime("%Y%m%d%H%M%S")
     parent = os.path.join(ws.root, "temp", "vector_compare")
     os.makedirs(parent, exist_ok=True)

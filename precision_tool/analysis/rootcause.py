@@ -31,11 +31,10 @@ from typing import List, Optional, Set
 import numpy as np
 import pandas as pd
 
-from ..errors import GraphError
 from ..ops import registry
 from .compare import TOLERANCE
 from .sums import CONTRACTIONS, SUMS
-from .verdicts import DIVERGING, NONFINITE, Criteria, evaluate
+from .verdicts import DIVERGING, NONFINITE, PASS, Criteria, evaluate
 
 class OpRows:
     """A result table's columns as Python lists, its verdicts judged once for every row
@@ -60,7 +59,6 @@ class OpRows:
         self.op_type = table.OpType.astype(str).tolist()
         self.pass_name = col("PassName", "")
         self.golden_op = col("GroundTruth", "")
-        self.golden_op_type = col("GoldenOpType", "")
         # input rows holding a variable's value at the start of the step
         self.state = ((table.GoldenOpType == "Variable").to_numpy(dtype=bool) if "GoldenOpType" in table
                       else np.zeros(n, dtype=bool)) & ~np.array(self.is_out, dtype=bool)
@@ -79,6 +77,9 @@ class OpRows:
         self.fail_reason = col("CompareFailReason", "")
         # rows compared by their statistics only (a side dumped no tensor): no cosine
         self.stats_only = self.judged.stats.tolist()
+        # compared at all, and every compared row by its statistics (a statistics-only dump)
+        compared = np.isin(self.judged.verdicts, [PASS, *DIVERGING])
+        self.by_statistics = bool(compared.any() and self.judged.stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
@@ -97,10 +98,6 @@ class OpRows:
         if todo:
             self._reasons.update(zip(todo, self.judged.reasons(todo).tolist()))
         return [self._reasons[i] for i in rows]
-
-    def is_state(self, i: int) -> bool:
-        """An input row holding a variable's value at the start of the step."""
-        return self.state[i]
 
 
 def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
@@ -146,6 +143,8 @@ class Divergence:
     # what decided, per diverging output (verdicts.judge's reason: "norm -94.1%; ...")
     reasons: List[str] = field(default_factory=list)
     state_inputs: List[str] = field(default_factory=list)   # the variables among bad_inputs
+    # an output holds nan/inf the golden lacks, or finite 65504s (saturation clipped it)
+    overflowed: bool = False
 
     @property
     def is_origin(self) -> bool:
@@ -181,14 +180,6 @@ class RootCause:
         if not self.carried:
             return False
         return self.first_origin is None or self.carried[0].order < self.first_origin.order
-
-
-def _updates(op_type: str) -> bool:
-    """Whether the op writes state (an optimizer update, an assignment)."""
-    try:
-        return bool(registry.get(op_type).updates)
-    except GraphError:            # an op type this build does not know (a foreign dump)
-        return False
 
 
 @contextmanager
@@ -230,17 +221,17 @@ def _root_cause(t: "OpRows") -> RootCause:
         # an update from a noise gradient writes noise into its variable and its optimizer
         # slots, and in later steps reads that state back: noise carried over, no lead
         carries_noise = bool(noisy) and all(t.verdict[i] != NONFINITE for i in bad_out) and \
-            all(i in noisy or (t.state[i] and _updates(d.op_type)) for i in bad_in)
+            all(i in noisy or (t.state[i] and bool(registry.updated_inputs(d.op_type))) for i in bad_in)
         # an update whose inputs all match and whose outputs differ in direction alone:
         # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps
-        amplified = d.is_origin and _updates(d.op_type) and \
+        amplified = d.is_origin and bool(registry.updated_inputs(d.op_type)) and \
             all(t.cosine_only[i] for i in bad_out)
         if carries_noise or amplified or (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)
-        elif bad_in and all(t.is_state(i) for i in bad_in):
+        elif bad_in and all(t.state[i] for i in bad_in):
             kind = "carried"
         else:
             kind = "origin" if d.is_origin else "propagator"
@@ -249,7 +240,9 @@ def _root_cause(t: "OpRows") -> RootCause:
         if kind == "carried" or kind == "origin" and len(found["origin"]) == 1:
             leading.append((d, bad_out))
     t.reasons([i for _, rows in leading for i in rows])          # in one pass
+    overflow = t.judged.tests["nonfinite"] | t.judged.tests["at max"]
     for d, rows in leading:
         d.reasons = t.reasons(rows)
+        d.overflowed = bool(overflow[rows].any())
     return RootCause(found["origin"], found["propagator"], found["cancellation"],
                      found["carried"], rows=t)

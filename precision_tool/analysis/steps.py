@@ -48,16 +48,13 @@ def _state_rows(t: OpRows) -> Dict[str, dict]:
     out: Dict[str, dict] = {}
     by_tensor = {tensor: i for i, tensor in enumerate(t.tensor)}
     for i, tensor in enumerate(t.tensor):
-        if not t.is_state(i):
+        if not t.state[i]:
             continue
         var = str(t.golden_tensor[i])
         entry = out.setdefault(var, {"start": False, "written": False, "writers": []})
         entry["start"] = entry["start"] or t.bad[i]
         op, _, pos = tensor.rpartition(":input:")
-        try:
-            updates = registry.get(t.op_type[i]).updates
-        except Exception:
-            continue
+        updates = registry.updated_inputs(t.op_type[i])
         if int(pos) in updates:
             written = by_tensor.get(f"{op}:output:{list(updates).index(int(pos))}")
             if written is not None:

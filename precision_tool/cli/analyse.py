@@ -273,9 +273,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                                         progress=lambda k, n: bar.update(task, completed=k, total=n),
                                         workers=workers, scheduler=scheduler)
     cov = analysis.coverage(table)
-    provenance = analysis.Provenance.of(app.ws, npu, golden, step, step, criteria, cov,
-                                        os.path.abspath(graph_file) if graph_file else None)
-    path = analysis.write_result(app.ws, table, provenance)
+    path = analysis.write_result(app.ws, table, os.path.abspath(graph_file) if graph_file else None)
     diverging = analysis.count_findings(table, criteria)
     counts = table.Verdict.value_counts().to_dict()
     payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
@@ -326,9 +324,7 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
             step = app.step(npu, None)
             app.step(golden, step)
             table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria)
-            cov = analysis.coverage(table)
-            paths = [analysis.write_result(app.ws, table, analysis.Provenance.of(
-                app.ws, npu, golden, step, step, criteria, cov))]
+            paths = [analysis.write_result(app.ws, table)]
         else:
             paths = [found[0]]
     reports = []
@@ -344,7 +340,7 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
         reports.append({"file": path, "criteria": criteria.to_dict(),
                         "compares": provenance.describes() if provenance else None,
                         "stale": stale,
-                        "statistics_only": bool(cause.rows.stats_only) and all(cause.rows.stats_only),
+                        "statistics_only": cause.rows.by_statistics,
                         "diverging_ops": analysis.count_findings(table, criteria, cause),
                         "coverage": cov.to_dict(),
                         "origin": origin.op_name if origin else None,

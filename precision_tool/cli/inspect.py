@@ -18,7 +18,7 @@ from ..analysis import TensorMap
 from ..analysis.engine import logical_tensor
 from ..analysis.pair import compare_pair
 from ..dump.layout import fit_file_name, mangle
-from ..dump.workspace import Run, WorkspaceError, npy_header, read_tensor_file
+from ..dump.workspace import BFLOAT16, Run, WorkspaceError, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
@@ -259,9 +259,9 @@ class Found(NamedTuple):
 
 
 def _from_path(path: str, value: np.ndarray) -> Found:
-    saved = npy_header(path)[2]
-    note = "" if saved == value.dtype else \
-        f"saved as {saved.str} (2-byte raw values, which is how numpy saves ml_dtypes' bfloat16)"
+    # .npy has no name for bfloat16: such a file holds 2-byte raw values, read as bfloat16
+    note = "saved as |V2 (2-byte raw values, which is how numpy saves ml_dtypes' bfloat16)" \
+        if value.dtype == BFLOAT16 else ""
     return Found(value, path, None, str(value.dtype), note)
 
 
@@ -369,9 +369,7 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
 def _golden_target(app: App, right_run) -> str:
     """RIGHT's run when it names no file: the one given with -rr, else the newest golden run;
     a workspace without one is an error (comparing the NPU tensor with itself says nothing)."""
-    if right_run is not None:
-        return "cpu"
-    if not app.ws.runs("cpu"):
+    if right_run is None and not app.ws.runs("cpu"):
         raise WorkspaceError(f"the workspace {app.ws.root} has no golden run to compare with: "
                              f"dump one (cpu-dump), name RIGHT's run with -rr, or give a file")
     return "cpu"

@@ -482,7 +482,7 @@ def _check_rows(table: pd.DataFrame, path: str) -> None:
     """Every row of an index is whole: names present, io an io, integers integral. A file
     cut off mid-row (a dump killed while a foreign tool copied it, a full disk) is refused
     naming the row, never read as a row with holes. Rows count as lines of the file."""
-    bad = table["io"].isin(["input", "output"]) == False  # noqa: E712 (a Series)
+    bad = ~table["io"].isin(["input", "output"])
     for column in ("op_type", "op_name", "tensor", "dtype"):
         values = table[column]
         bad |= values.isna()

@@ -55,6 +55,13 @@ def get(type: str) -> OpDef:
         raise GraphError(f"unknown op type {type!r}") from None
 
 
+def updated_inputs(type: str) -> Sequence[int]:
+    """The inputs an op type overwrites (an optimizer update, an assignment); () for a type
+    this build does not know, as a dump from elsewhere may name."""
+    op = REGISTRY.get(type)
+    return op.updates if op is not None else ()
+
+
 def _check_arity(op: OpDef, n: int, where: str):
     hi = op.min_inputs if op.max_inputs is None else op.max_inputs
     if n < op.min_inputs or (hi != -1 and n > hi):
