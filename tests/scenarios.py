@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 
 import precision_tool as pt
 from precision_tool import hooks
@@ -159,6 +158,31 @@ def layer_norm_fp16_variance(root):
            scale=300.0)
 
 
+def epsilon_below_fp16(root):
+    """A hand-written layer norm with BERT's epsilon of 1e-12 under force_fp16 (saturation),
+    fed a batch whose first rows are padding (zeros): the epsilon flushes to zero in fp16, the
+    padding rows' variance is 0, and rsqrt saturates there. The loss stays plausible."""
+    g = pt.Graph("eps_norm", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.nn.dense(x, 32, name="fc1")
+        with pt.name_scope("norm"):
+            c = h - pt.ops.reduce_mean(h, axis=1, keep_dims=True)
+            var = pt.ops.reduce_mean(pt.ops.square(c), axis=1, keep_dims=True)
+            n = c * pt.ops.rsqrt(var + pt.constant(1e-12, name="eps"))
+        logits = pt.nn.dense(pt.ops.relu(n), 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.1).minimize(loss)
+    d = pt.data.digits()
+    xb = d.x_train[:32].copy()
+    xb[:4] = 0.0
+    npu, cpu = _sessions(root, g, pt.SessionConfig(precision_mode="force_fp16"), 1)
+    for sess in (npu, cpu):
+        sess.run([loss, train_op], {x: xb, y: d.y_train[:32]})
+        sess.close()
+
+
 def bf16_overflow_free(root):
     """bf16 has fp32's range: the same unnormalised Transformer does not overflow, and its
     rounding passes (a clean run)."""
@@ -234,6 +258,12 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
              "the earlier update that wrote the diverging state", carried_state_all, 1, step=2,
              advice=["came in with the state", "wrote the first diverging value"],
              args=["-s", "2"]),
+    Scenario("epsilon_1e-12", "hand-written layer norm, eps 1e-12, force_fp16, padding rows: "
+             "the constant flushes to zero", epsilon_below_fp16, 1, origin="norm/eps/Cast_fp16",
+             first_overflow="norm/Rsqrt", step=0,
+             advice=["carries the divergence that starts upstream at norm/eps/Cast_fp16",
+                     "Give the constant norm/eps a value fp16 holds"],
+             not_advice=["is harmless", '["FusedEltwise"]']),
     Scenario("bf16_clean", "Transformer, unnormalised, allow_mix_precision_bf16: no overflow",
              bf16_overflow_free, 0, origin="", first_overflow=""),
     Scenario("clean_fp32", "CNN, force_fp32, fusion off, 3 steps", clean_fp32, 0, origin="",

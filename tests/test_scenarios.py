@@ -3,7 +3,6 @@ scenario `ac -c` names the origin, the first overflow, the step and advice that 
 exits as it should; clean runs (fp32 against itself and against fp64, bf16, fp16 rounding
 only, several steps) exit 0."""
 import json
-import os
 
 import pandas as pd
 import pytest
@@ -103,3 +102,31 @@ def test_fusion_off_replay_blames_fusion_for_an_overflow(workspaces):
     clean = workspaces("clean_fp32_fused")
     text = CliRunner().invoke(cli, ["--data-dir", clean, "fo"])
     assert text.exit_code == 0 and "same tensors diverge" not in text.stdout
+
+
+def test_mixlist_advice_names_the_types_a_policy_placed():
+    """A UB-fused elementwise kernel was placed op by op before fusion: the black-list names
+    its steps' types, never "FusedEltwise"; an inserted Cast names what it casts."""
+    from precision_tool.analysis.advice import keep_in_fp32
+    fused = {"op_name": "norm/Rsqrt", "op_type": "FusedEltwise",
+             "policy_types": ["Add", "Rsqrt"]}
+    text = keep_in_fp32(fused, "allow_mix_precision")
+    assert '"to-add": ["Add", "Rsqrt"]' in text and "FusedEltwise" not in text
+    assert "allow_mix_precision with modify_mixlist" in keep_in_fp32(fused, "force_fp16")
+    cast = {"op_name": "x/Cast_fp16", "op_type": "Cast", "inserted": True,
+            "source": {"name": "x", "type": "Placeholder", "peak": 1e5}}
+    assert keep_in_fp32(cast, "force_fp16").startswith("normalise or scale what is fed to x")
+    const = dict(cast, source={"name": "eps", "type": "Const", "peak": 1e-12})
+    assert keep_in_fp32(const, "force_fp16").startswith("give the constant eps a value fp16 holds")
+
+
+def test_an_origin_whose_golden_output_its_dtype_cannot_hold_is_not_ranked():
+    """Handing on the golden's 1e-12 in fp16 hands on the NPU's own 0: such a replay neither
+    clears nor acquits the op, so it is said and not ranked."""
+    import numpy as np
+    from precision_tool.analysis.impact import _unfit
+    node = {"outputs": [{"dtype": "float16"}]}
+    assert "does not fit float16" in _unfit(node, {0: np.array([1e-12, 1.0])})
+    assert "does not fit float16" in _unfit(node, {0: np.array([1e5])})
+    assert _unfit(node, {0: np.array([1e-3, 60000.0])}) == ""
+    assert _unfit({"outputs": [{"dtype": "float32"}]}, {0: np.array([1e-12])}) == ""

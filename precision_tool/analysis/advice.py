@@ -26,27 +26,39 @@ def mode_of(info: dict) -> str:
 
 
 def keep_in_fp32(op: dict, mode: str) -> str:
-    """How to keep an op in fp32 under this mode: a mixlist where the mode reads one and a
-    policy places the op, else the mode that does."""
-    kind = op.get("op_type", "")
-    if op.get("inserted") and op.get("feeds"):
-        return (f"{op['op_name']} is the Cast the compiler inserted to feed {op['feeds'][0]} to "
-                f"an fp16 op: the data itself does not fit fp16. Normalise or scale what is "
-                f"fed to {op['feeds'][0]}, or keep the ops that read it in fp32")
+    """How to keep an op's numbers out of fp16 under this mode, as one imperative clause
+    (callers join it into their sentence): a mixlist of the op types a policy placed where
+    the mode reads one, else the mode that does; for a Cast the compiler inserted, the
+    value it casts (data fed in, a constant) or its producer; for an update, its variable."""
     if op.get("inserted"):
-        return (f"{op['op_name']} is a Cast the compiler inserted: no list moves it. Keep its "
-                f"producer in fp32 instead (or run under precision_mode force_fp32 to confirm)")
+        source = op.get("source") or {}
+        peak = source.get("peak")
+        reach = f" (it reaches {peak:.6g}; fp16 holds magnitudes from about 6e-8 to 65504)" \
+            if peak is not None else ""
+        if source.get("type") == "Placeholder":
+            return (f"normalise or scale what is fed to {source['name']}{reach}, or keep the ops "
+                    f"that read it in fp32: the compiler inserted {op['op_name']} to hand it to "
+                    f"an fp16 op")
+        if source.get("type") == "Const":
+            return (f"give the constant {source['name']} a value fp16 holds{reach}, or keep the "
+                    f"ops that read it in fp32: the compiler inserted {op['op_name']} to hand it "
+                    f"to an fp16 op")
+        return (f"keep the producer of {op['op_name']} in fp32 (the compiler inserted that Cast: "
+                f"no list moves it), or run under precision_mode force_fp32 to confirm")
     if op.get("update"):
-        return (f"{op['op_name']} updates state, which computes in its variable's dtype under "
-                f"every mode: declare the variable (and its optimizer slots) float32")
+        return (f"declare the variable {op['op_name']} updates (and its optimizer slots) float32: "
+                f"an update computes in its variable's dtype under every mode")
+    kinds = op.get("policy_types") or [op.get("op_type", "")]
+    listed = ", ".join(f'"{k}"' for k in kinds)
+    names = ", ".join(kinds)
     if mode in MIXLIST_MODES:
-        return (f'keep {kind} in fp32: modify_mixlist {{"black-list": {{"to-add": ["{kind}"]}}}} '
+        return (f'keep {names} in fp32: modify_mixlist {{"black-list": {{"to-add": [{listed}]}}}} '
                 f"(SessionConfig(modify_mixlist=...) or config/modify_mixlist.json)")
     other = FP32_MODES.get(mode, "allow_mix_precision")
     via = "amp_level" if other.startswith("O") else "precision_mode"
-    extra = (f' with modify_mixlist {{"black-list": {{"to-add": ["{kind}"]}}}}'
+    extra = (f' with modify_mixlist {{"black-list": {{"to-add": [{listed}]}}}}'
              if other in MIXLIST_MODES else "")
-    return (f"keep {kind} in fp32: {mode} takes no mixlist, so train with {via} {other}{extra}, "
+    return (f"keep {names} in fp32: {mode} takes no mixlist, so train with {via} {other}{extra}, "
             f"or force_fp32 to confirm the op is the cause")
 
 
@@ -114,6 +126,9 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str
         return [text + f" That is the loss scale itself: {peak!r} does not fit in fp16, so each "
                 f"step overflows and is skipped until the dynamic manager has shrunk it below "
                 f"65504. Start it lower (init_loss_scale 2**15 or less) and no step is lost."]
+    if op.get("carries"):
+        return [text + f" Its inputs already diverge: it carries the divergence that starts "
+                f"upstream at {op['carries']}, which is what to fix."]
     if origin is not None and origin["op_name"] == op["op_name"] and origin.get("pass_name"):
         p = origin["pass_name"]
         return [text + f" It is also where the divergence starts, fused by {p}: confirm with "
@@ -122,13 +137,11 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str
     if op["op_name"].startswith("gradients/") and scales:
         return [text + " It is in the backward pass under loss scaling: lower the loss scale "
                 "(or let a dynamic manager shrink it), or " + keep_in_fp32(op, mode) + "."]
-    # the origin's description knows what the op is (an inserted Cast, an update)
-    described = origin if origin is not None and origin["op_name"] == op["op_name"] else op
-    how = keep_in_fp32(described, mode)
-    if described.get("feeds"):
-        return [text + " " + how + "; the later overflows only carry it."]
-    return [text + " " + how[0].upper() + how[1:] + ", or scale what feeds it down; the later "
-            "overflows only carry it."]
+    how = keep_in_fp32(op, mode)
+    fused = f"switch {op['pass_name']} off in fusion_switch.cfg, or " if op.get("pass_name") else ""
+    scale = "" if op.get("inserted") else ", or scale what feeds it down"
+    return [text + " " + (fused + how)[0].upper() + (fused + how)[1:] + scale +
+            "; the later overflows only carry it."]
 
 
 def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] = None,
@@ -138,8 +151,10 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] =
             f"their non-zero elements to zero in fp16, the first {u['first']}.")
     if not u.get("gradients"):
         keep = keep_in_fp32(origin, mode) if origin is not None else "keep those ops in fp32"
-        return text.replace("Gradients underflow", "Values underflow") + \
-            f" Scale what feeds them up, or {keep}."
+        # a value cast in (data, a constant) is what to change; an op's inputs can be scaled
+        how = keep[0].upper() + keep[1:] if origin is not None and origin.get("inserted") \
+            else f"Scale what feeds them up, or {keep}"
+        return text.replace("Gradients underflow", "Values underflow") + f" {how}."
     new = suggested_scale(scale, u.get("peak"))
     if new is not None:
         return (text + f" Scale the loss: a static loss scale of {new:g} (2**{int(math.log2(new))}; "

@@ -131,6 +131,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     result.step = s
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
+    if report.first is not None:
+        inputs = [t for t in result.first_overflow["tensors"] if t["io"] == "input"]
+        peak = max(abs(inputs[0]["max"]), abs(inputs[0]["min"])) if inputs else None
+        result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
+                                            TensorMap(ws.graph_json(npu_run) or {}), peak))
     if compare:
         tables = {k: c.table for k, c in compared.items()}
         _compare_step(ws, npu_run, golden_run, s, compared[s], tables, criteria, limit, rank,
@@ -172,7 +177,8 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
     tmap = TensorMap(ws.graph_json(npu_run) or {})
     origin = cause.first_origin
     if origin is not None:
-        result.origin = _describe(origin, tmap)
+        result.origin = dict(dataclasses.asdict(origin), **_facts(
+            origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
         try:
             result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
         except (ReplayOpError, PrecisionToolError) as e:
@@ -182,25 +188,43 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
                             tables)     # the earlier steps the loop compared already
         result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
     result.underflow = c.underflow
+    first = result.first_overflow
+    if first is not None and origin is not None and first["op_name"] != origin.op_name and \
+            first["op_name"] in {d.op_name for d in cause.propagators}:
+        first["carries"] = origin.op_name       # its inputs already diverge: it is no cause
     # rank=None: when the first origin is not already proven by an overflow of its own (an
     # op that overflowed is what hurts; replaying each other origin only costs time)
-    first = result.first_overflow
     proven = first is not None and cause.first_origin is not None and \
         first["op_name"] == cause.first_origin.op_name
     if (rank or rank is None and not proven) and len(cause.origins) > 1:
         result.impact = _impact(ws, npu_run, golden_run, step, cause)
 
 
-def _describe(d, tmap: TensorMap) -> dict:
-    """An origin as the report and the advice need it."""
-    node = tmap.node(d.op_name) or {}
+def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[float]) -> dict:
+    """What the advice needs to know of an op (an origin, the first overflow): whether the
+    compiler inserted it (and what it casts: data fed in, a constant, with the magnitude its
+    input reaches), whether it updates state, its pass, and the op types a precision policy
+    placed for it (a UB-fused elementwise kernel's are its steps': the policy placed those
+    before fusion, never "FusedEltwise")."""
+    node = tmap.node(op_name) or {}
     attrs = node.get("attrs", {})
-    update = bool(registry.updated_inputs(d.op_type))
-    # an inserted Cast of a feed: what overflows is the data itself, not any op's numerics
     producers = [tmap.node(split_tensor_name(t)[0]) or {} for t in node.get("inputs", [])]
-    feeds = [p["name"] for p in producers if p.get("type") == "Placeholder"]
-    return dict(dataclasses.asdict(d), inserted=bool(attrs.get("inserted_by")), update=update,
-                compute_dtype=attrs.get("compute_dtype", ""), feeds=feeds)
+    source = next(({"name": p["name"], "type": p["type"], "peak": input_peak}
+                   for p in producers if p.get("type") in ("Placeholder", "Const")), None)
+    steps = attrs.get("steps") if op_type == "FusedEltwise" else None
+    placed = sorted({s.get("type") for s in steps if isinstance(s, dict)} - {None}) \
+        if isinstance(steps, list) else [op_type]
+    return {"inserted": bool(attrs.get("inserted_by")), "source": source,
+            "update": bool(registry.updated_inputs(op_type)),
+            "pass_name": attrs.get("pass_name", "") or "",
+            "compute_dtype": attrs.get("compute_dtype", ""), "policy_types": placed}
+
+
+def _input_peak(table: pd.DataFrame, op_name: str) -> Optional[float]:
+    """The largest magnitude an op's first input reaches (the golden's, from the compare)."""
+    row = table[(table.NPUDump == op_name) & (table.TensorIndex == f"{op_name}:input:0")]
+    peak = pd.to_numeric(row.GoldenAbsMax, errors="coerce").max() if len(row) else np.nan
+    return None if peak != peak else float(peak)
 
 
 def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
@@ -246,9 +270,8 @@ def _impact(ws, npu_run, golden_run, step, cause: RootCause) -> Optional[dict]:
     out = dataclasses.asdict(ranking)
     first = cause.first_origin.op_name
     mine, best = ranking.of(first), (ranking.impacts[0] if ranking.impacts else None)
-    # an output that overflowed or clipped cannot be given the golden's value in its own
-    # dtype (the substitution rounds it back): what the replay measures says nothing there
-    if mine is None or best is None or mine.removed >= 0.1 or cause.first_origin.overflowed:
+    # (an origin whose golden output its dtype cannot hold was not replayed: mine is None)
+    if mine is None or best is None or mine.removed >= 0.1:
         return out
     text = (f"The first divergence, at {first}, is harmless: with its output as the golden's "
             f"the step's error stays ({mine.removed * 100:.3g}% of it goes).")

@@ -22,7 +22,8 @@ from ..dump import Workspace, load_bundle
 from ..dump.cores import blas_threads_as
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
-from ..graph import split_tensor_name
+from .. import numerics
+from ..graph import dtypes, split_tensor_name
 from ..runtime import Session, SessionConfig
 from .mapping import TensorMap
 
@@ -116,6 +117,10 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     baseline = _error(_run(npu, bundle), golden)
     ranking = ImpactRanking(baseline, skipped=ranking_skipped)
     for op, outs in wanted.items():
+        unfit = _unfit(tmap.node(op), {k: golden[0][g] for k, g in outs.items()})
+        if unfit:          # the substitution would hand on what the NPU made: it says nothing
+            ranking.skipped[op] = unfit
+            continue
         try:
             err = _error(_run(npu, bundle, substitute={
                 op: {k: golden[0][g] for k, g in outs.items()}}), golden)
@@ -126,6 +131,27 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         ranking.impacts.append(Impact(op, err, removed))
     ranking.impacts.sort(key=lambda i: -i.removed)
     return ranking
+
+
+def _unfit(node: dict, values: Dict[int, np.ndarray]) -> str:
+    """Why an op's golden outputs cannot be handed on in its own dtypes ("" when they can):
+    rounded to them, they overflow to inf or 65504, or flush to zero, so the substitution
+    is the NPU's own result and can neither clear nor acquit the op."""
+    for k, value in values.items():
+        dtype = node["outputs"][k].get("dtype", "float32")
+        if dtype not in ("float16", "bfloat16"):
+            continue
+        exact = np.asarray(value, np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):    # what the cast loses is the point
+            rounded = exact.astype(dtypes.to_numpy(dtype)).astype(np.float64)
+            lost = (~np.isfinite(rounded) & np.isfinite(exact)) | \
+                (np.abs(rounded) >= numerics.FP16_MAX) & (np.abs(exact) > numerics.FP16_MAX) | \
+                (rounded == 0) & (exact != 0)
+        if lost.any():
+            return (f"its golden output {k} does not fit {dtype} ({int(lost.sum())} of "
+                    f"{lost.size} values overflow or flush to zero): handed on in that dtype it "
+                    f"would be what the NPU made")
+    return ""
 
 
 def _in_graph(graph, tensor: str) -> bool:

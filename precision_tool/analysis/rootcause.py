@@ -143,8 +143,6 @@ class Divergence:
     # what decided, per diverging output (verdicts.judge's reason: "norm -94.1%; ...")
     reasons: List[str] = field(default_factory=list)
     state_inputs: List[str] = field(default_factory=list)   # the variables among bad_inputs
-    # an output holds nan/inf the golden lacks, or finite 65504s (saturation clipped it)
-    overflowed: bool = False
 
     @property
     def is_origin(self) -> bool:
@@ -240,9 +238,7 @@ def _root_cause(t: "OpRows") -> RootCause:
         if kind == "carried" or kind == "origin" and len(found["origin"]) == 1:
             leading.append((d, bad_out))
     t.reasons([i for _, rows in leading for i in rows])          # in one pass
-    overflow = t.judged.tests["nonfinite"] | t.judged.tests["at max"]
     for d, rows in leading:
         d.reasons = t.reasons(rows)
-        d.overflowed = bool(overflow[rows].any())
     return RootCause(found["origin"], found["propagator"], found["cancellation"],
                      found["carried"], rows=t)

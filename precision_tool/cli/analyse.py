@@ -182,6 +182,7 @@ def _render_ac(app: App, r, limit):
                                                if i["removed"] >= 0 else
                                                f"the error grows by {-i['removed'] * 100:.3g}%")
                       for i in r.impact["impacts"]]
+            lines += [f"  {op}: not replayed: {why}" for op, why in r.impact.get("skipped", {}).items()]
             out.print(Panel(escape("\n".join(lines)), title="What each origin does to the step",
                             title_align="left"))
         if r.result_file:
@@ -331,6 +332,11 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
     for path in paths:
         table = _read_result(path)
         provenance = analysis.read_provenance(path)
+        for label in (provenance.npu_run, provenance.golden_run) if provenance else ():
+            try:                 # the runs it compares: their interrupted steps are named
+                app.run(label, label.partition("/")[0])
+            except WorkspaceError:
+                pass             # gone: staleness says so below
         cause = analysis.root_cause(table, criteria)
         ops = analysis.summarize(table, criteria, limit=limit, by_cosine=by_cosine, cause=cause,
                                  noise_last=True)
