@@ -77,9 +77,11 @@ class OpRows:
         self.fail_reason = col("CompareFailReason", "")
         # rows compared by their statistics only (a side dumped no tensor): no cosine
         self.stats_only = self.judged.stats.tolist()
-        # compared at all, and every compared row by its statistics (a statistics-only dump)
-        compared = np.isin(self.judged.verdicts, [PASS, *DIVERGING])
-        self.by_statistics = bool(compared.any() and self.judged.stats[compared].all())
+        # compared at all, and every compared row by its statistics (a statistics-only dump);
+        # a tensor dump has no such row, which settles it without looking at the verdicts
+        stats = self.judged.stats
+        compared = (bad | (self.judged.verdicts == PASS)) if stats.any() else None
+        self.by_statistics = compared is not None and bool(compared.any() and stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
