@@ -70,11 +70,22 @@ def write_text_atomic(path: str, text: str, durable: bool = True) -> None:
 
 def load_json(path, error, what: str):
     """The parsed JSON of a file; unreadable or malformed files raise `error` in one line."""
+    return parse_json(read_bytes(path, error, what), path, error, what)
+
+
+def read_bytes(path, error, what: str) -> bytes:
+    """A file's bytes; an unreadable file raises `error` in one line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            return f.read()
     except OSError as e:
         raise error(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def parse_json(raw: bytes, path, error, what: str):
+    """The JSON of a file's bytes; malformed ones raise `error` in one line."""
+    try:
+        return json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{what} {path} is not valid JSON: {e}") from None
     except RecursionError:

@@ -1,6 +1,7 @@
 """No silent wrong answer: every class of the trust review, through the command line. Each
 test builds the case a user meets (an overflowed tensor, a file deleted, a workspace dumped
 again, a killed dump...) and checks the exit code and what is said, never a traceback."""
+import hashlib
 import json
 import os
 import shutil
@@ -172,6 +173,23 @@ def test_a_broken_graph_or_fusion_file_is_exit_2_in_one_line(built, tmp_path, br
         assert result.exit_code == 2, (args, result.output)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and os.path.basename(path) in errors[0], result.stderr
+
+
+def test_an_edited_compiled_graph_is_checked_although_our_dumper_wrote_it(built, tmp_path):
+    """The dumper records its graph's digest so that a reader skips the structural walk of
+    bytes it wrote; an edit (valid JSON, a dangling input) changes them and is caught."""
+    root = copy(built, "clean", tmp_path)
+    run = Workspace(str(root)).run("npu")
+    graph_dir = os.path.join(run.path, "graph")
+    path = os.path.join(graph_dir, os.listdir(graph_dir)[0])
+    raw = open(path, "rb").read()
+    assert run.info["graph_sha1"] == hashlib.sha1(raw).hexdigest()
+    data = json.loads(raw)
+    reader = next(n for n in data["nodes"] if n.get("inputs"))
+    reader["inputs"][0] = "nowhere:0"
+    open(path, "w").write(json.dumps(data))
+    result = invoke(root, "vc")
+    assert result.exit_code == 2 and "'nowhere'" in result.stderr, result.output
 
 
 # -- 3. a non-finite NPU output against a finite golden is always a finding -------------------

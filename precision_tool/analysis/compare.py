@@ -177,7 +177,9 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     graph = graph if graph is not None else ws.graph_json(npu_run) or {}
     tmap = TensorMap(graph)
     gold_format = "format" in gold.columns
-    npu_dir, gold_dir = ws.step_path(npu_run, step), ws.step_path(golden_run, gold_step)
+    # joined by hand below: os.path.join per file is a measurable share on many small tensors
+    npu_dir = os.path.join(ws.step_path(npu_run, step), "")
+    gold_dir = os.path.join(ws.step_path(golden_run, gold_step), "")
     rows, pairs = [], []
     pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
     for k, r in enumerate(records(npu)):
@@ -210,9 +212,9 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                 if key not in pair_of:
                     pair_of[key] = len(pairs)
                     pairs.append(Pair(
-                        Side(os.path.join(npu_dir, r["file"]), r["format"] or "",
+                        Side(npu_dir + r["file"], r["format"] or "",
                              r["original_shape"] or "", r["min"], r["max"]),
-                        Side(os.path.join(gold_dir, grow["file"]),
+                        Side(gold_dir + grow["file"],
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
                              grow["min"], grow["max"])))

@@ -34,7 +34,7 @@ import pandas as pd
 from ..ops import registry
 from .compare import TOLERANCE
 from .sums import CONTRACTIONS, SUMS
-from .verdicts import DIVERGING, NONFINITE, PASS, Criteria, evaluate
+from .verdicts import NONFINITE, PASS, Criteria, evaluate
 
 class OpRows:
     """A result table's columns as Python lists, its verdicts judged once for every row
@@ -54,7 +54,7 @@ class OpRows:
         self.judged = evaluate(table, self.criteria)
         self.verdict = self.judged.verdicts.tolist()
         self._reasons = {}             # row -> reason, made when asked (reasons)
-        bad = np.isin(self.judged.verdicts, list(DIVERGING))
+        bad = self.judged.shown          # fail or nonfinite: the verdicts that have a reason
         self.bad = bad.tolist()
         self.op_type = table.OpType.astype(str).tolist()
         self.pass_name = col("PassName", "")
@@ -111,10 +111,14 @@ def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) ->
     rows = np.flatnonzero(wanted[codes])
     rows = rows[np.argsort(codes[rows], kind="stable")]       # grouped by op, in table order
     starts = np.flatnonzero(np.r_[True, np.diff(codes[rows]) != 0])
-    first = np.minimum.reduceat(order[rows], starts) if len(rows) else order[:0]
-    groups = np.split(rows, starts[1:]) if len(rows) else []
-    return [(uniques[codes[g[0]]], g.tolist(), f)
-            for f, g in sorted(zip(first.tolist(), groups), key=lambda fg: fg[0])]
+    if not len(rows):
+        return []
+    first = np.minimum.reduceat(order[rows], starts).tolist()
+    names = uniques[codes[rows[starts]]].tolist()
+    flat, bounds = rows.tolist(), [*starts.tolist(), len(rows)]   # one list, sliced per op
+    ops = [(names[k], flat[bounds[k]:bounds[k + 1]], first[k]) for k in range(len(names))]
+    ops.sort(key=lambda op: op[2])
+    return ops
 
 
 def is_cancellation(t: OpRows, rows: list, bad_out: list) -> bool:
@@ -159,6 +163,8 @@ class RootCause:
     # ops whose only diverging inputs are variables: the divergence came in with the state
     carried: List[Divergence] = field(default_factory=list)
     rows: "OpRows" = field(default=None, repr=False, compare=False)   # what it was computed from
+    # per op of rows.ops, made when the summary first asks (summary._categories)
+    categories: Optional[List[str]] = field(default=None, repr=False, compare=False)
 
     @property
     def first_origin(self) -> Optional[Divergence]:

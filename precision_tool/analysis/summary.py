@@ -92,10 +92,14 @@ def _outputs(t: OpRows, pos: list) -> list:
 
 def _categories(t: OpRows, cause: RootCause) -> List[str]:
     """Per op of t.ops: "nonfinite" when an output holds nan/inf the golden lacks (whatever
-    else), "cancellation" when it is noise, else "diverging"."""
-    noise = cause.noise_ops
-    return [NONFINITE if any(t.verdict[i] == NONFINITE for i in _outputs(t, pos)) else
+    else), "cancellation" when it is noise, else "diverging". Made once per root cause (the
+    summary and the count of findings both ask, over thousands of ops)."""
+    if cause.categories is None or cause.rows is not t:
+        noise, verdict, is_out = cause.noise_ops, t.verdict, t.is_out
+        cause.categories = [
+            NONFINITE if any(verdict[i] == NONFINITE for i in pos if is_out[i]) else
             "cancellation" if name in noise else "diverging" for name, pos, _ in t.ops]
+    return cause.categories
 
 
 def _worst_output(t: OpRows, pos: list) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import hashlib
 import json
 import operator
 import os
@@ -145,13 +146,17 @@ class DumpObserver:
         self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
         self._bundles = None                        # replay.BundleWriter, made at the first dump
         self._info = self._run_info(session)
+        compiled = graph_to_json(self.graph) + "\n" if self.npu else None
+        if compiled is not None:
+            # a reader that finds these bytes unchanged knows the graph well formed (it came
+            # from a Graph) and skips the walk that checks a hand-edited or foreign one
+            self._info["graph_sha1"] = hashlib.sha1(compiled.encode("utf-8")).hexdigest()
         try:
             save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
             if self.npu:
                 graphs = os.path.join(self.run_dir, "graph")
                 os.makedirs(graphs, exist_ok=True)
-                save_text(os.path.join(graphs, f"{layout.mangle(self.graph.name)}.json"),
-                          graph_to_json(self.graph) + "\n")
+                save_text(os.path.join(graphs, f"{layout.mangle(self.graph.name)}.json"), compiled)
                 save_text(os.path.join(self.run_dir, "fusion_result.json"),
                           _json(session.fusion_result()))
         except OSError as e:

@@ -70,7 +70,7 @@ def _entry(entry: dict, specs: bool = True):
     return name, type_, inputs, attrs, [_spec_from_dict(o) for o in outputs]
 
 
-def _nodes_of(data) -> list:
+def graph_nodes(data) -> list:
     """The node list of a graph's dict form, its header checked."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise GraphFormatError(f"not a precision_tool graph (expected format {FORMAT!r})")
@@ -93,7 +93,7 @@ def check_graph_dict(data, known_type: Callable[[str], bool]) -> None:
     as JSON (its mapping) is checked as a graph, at the cost of a walk over its entries."""
     sources = {}                     # op -> the ops it reads
     ordered = True                   # every op reads only ops before it (as ours are written)
-    for i, entry in enumerate(_nodes_of(data)):
+    for i, entry in enumerate(graph_nodes(data)):
         try:
             name, type_, inputs, _, _ = _entry(entry, specs=False)
         except (KeyError, TypeError, GraphError) as e:
@@ -131,7 +131,7 @@ def check_graph_dict(data, known_type: Callable[[str], bool]) -> None:
 
 def graph_from_dict(data, validate: Optional[Callable[[Node], None]] = None) -> Graph:
     """Build a Graph from its dict form; `validate(node)` may reject a node (unknown type...)."""
-    nodes = _nodes_of(data)
+    nodes = graph_nodes(data)
     try:
         graph = Graph(data.get("name", "graph"), int(data.get("seed", 0)))
     except (GraphError, TypeError, ValueError) as e:
