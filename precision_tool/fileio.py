@@ -1,8 +1,10 @@
-"""Small file helpers every layer uses: atomic writes and JSON reads with one-line errors."""
+"""Small file helpers every layer uses: atomic writes, JSON reads with one-line errors, and
+values made plain JSON."""
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import tempfile
 
@@ -90,3 +92,28 @@ def parse_json(raw: bytes, path, error, what: str):
         raise error(f"{what} {path} is not valid JSON: {e}") from None
     except RecursionError:
         raise error(f"{what} {path} is nested too deeply to be read") from None
+
+
+def jsonable(value):
+    """Plain JSON. A number that is not finite becomes the string "nan", "inf" or "-inf"
+    (JSON has no such numbers, and null would not tell them apart); numpy scalars and arrays
+    become plain numbers and lists, dataclasses dicts, DataFrames lists of records."""
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if isinstance(value, pd.DataFrame):
+        return jsonable(value.to_dict("records"))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    return value

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import precision_tool as pt
 from precision_tool import analysis, hooks, numerics
 from precision_tool.cli import cli, main
-from precision_tool.cli.app import jsonable
+from precision_tool.fileio import jsonable
 from precision_tool.dump import Workspace
 
 SOFTMAX = "encoder/layer_0/attention/Softmax"

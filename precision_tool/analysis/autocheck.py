@@ -64,6 +64,8 @@ class AutoCheck:
     underflow: Optional[dict] = None
     impact: Optional[dict] = None                  # candidates ranked by what fixing them does
     result_file: Optional[str] = None              # the vector compare's CSV, if written
+    # the step has a replay bundle and a golden run: `fix` can search a repair for it
+    repairable: bool = False
     advice: List[str] = field(default_factory=list)
 
     @property
@@ -129,6 +131,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         s = steps[0]
     report = reports[s]
     result.step = s
+    result.repairable = golden_run is not None and s in npu_run.bundles
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
     if report.first is not None:

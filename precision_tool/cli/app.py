@@ -14,6 +14,7 @@ from rich.console import Console
 
 from ..dump import Workspace, layout
 from ..dump.workspace import Run
+from ..fileio import jsonable
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 # Ascend's slog levels
@@ -100,30 +101,6 @@ class App:
     def step(self, run: Run, step: Optional[int] = None) -> int:
         """The step asked for, checked to be dumped in the run, or its first complete one."""
         return self.ws.resolve_step(run, step)
-
-
-def jsonable(value):
-    """Plain JSON. A number that is not finite becomes the string "nan", "inf" or "-inf"
-    (JSON has no such numbers, and null would not tell them apart); numpy scalars and arrays
-    become plain numbers and lists, dataclasses dicts, DataFrames lists of records."""
-    import dataclasses
-
-    import pandas as pd
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return jsonable(dataclasses.asdict(value))
-    if isinstance(value, pd.DataFrame):
-        return jsonable(value.to_dict("records"))
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if value != value else ("inf" if value > 0 else "-inf")
-    return value
 
 
 @dataclass

@@ -1,0 +1,690 @@
+"""Precision repair (`fix`): the smallest configuration change that makes a dumped step match
+its golden, found by replaying the step from its bundle, proven over several steps, written
+in Ascend's formats.
+
+Candidates, cheapest first: a fusion pass switched off (each pass that fired), the loss scale
+(where the graph has one: the largest power of two whose step does not overflow, halved for
+room), an op type kept in fp32 (every type the precision policy placed in fp16/bf16, the ones
+the root cause names first), and last the precision mode that keeps everything in fp32. An op
+type goes to fp32 through a modify_mixlist black-list where the precision mode reads one;
+under a mode that reads none, the change carries the mode that does (force_fp16 ->
+allow_mix_precision, O2/O3 -> O1), which the fix then reports. Optimizer state is not a
+candidate: updates compute in their variables' dtype (fp32) under every mode here.
+
+The goal is checked on a replay of the step from its bundle (no dump): the step's fetched
+outputs and each variable's update (new value less old) against the golden replay of the
+same bundle, judged by vc's criteria, and no overflow (the status word) — or, with a loss
+tolerance, the fetched loss within it and no overflow. The search takes the shortest passing
+prefix of the cheapest-first list (bisection over its length), minimises it by delta
+debugging (QuickXplain's halving: O(k log(n/k)) replays for k culprits among n candidates)
+and checks that dropping any one change breaks the fix (1-minimal); those last replays are
+independent and run together on a process pool.
+
+The proof reruns N steps from the bundle (its batch every step: the bundle holds one) on the
+simulated NPU with the fix and on the golden executor, both from the bundle's variables, and
+compares the loss step by step: a fix that holds at the dumped step and drifts later is not a
+fix.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import multiprocessing
+import numpy as np
+import pandas as pd
+
+from ..dump import Workspace, load_bundle
+from ..dump.cores import blas_threads_as
+from ..dump.workspace import Run
+from ..errors import PrecisionToolError
+from ..fileio import jsonable, write_text_atomic
+from ..graph import dtypes, split_tensor_name
+from ..ops import registry
+from ..runtime import Session, SessionConfig
+from ..runtime.npu import cost
+from ..runtime.npu.fusion import GRAPH, UB
+from .advice import MIXLIST_MODES
+from .metrics import compare_tensors
+from .verdicts import DIVERGING, Criteria, judge
+
+LOW = ("float16", "bfloat16")
+# the mode whose black-list a fp32 op type goes to, under a mode that reads no mixlist
+MIXLIST_FOR = {"force_fp16": "allow_mix_precision", "allow_fp32_to_fp16": "allow_mix_precision",
+               "O2": "O1", "O3": "O1"}
+# the mode that keeps every op in fp32: precision_mode's, or amp_level's
+ALL_FP32 = {False: "force_fp32", True: "O0"}
+CONFIG_DIR = "config"
+
+
+class RepairError(PrecisionToolError, ValueError):
+    """A repair that cannot start (no replay bundle for the step, no golden run...)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One candidate: kind "fusion" (name: a pass, switched off), "loss_scale" (value: the
+    scale), "fp32" (name: an op type kept in fp32) or "mode" (name: a precision mode)."""
+    kind: str
+    name: str
+    value: Optional[float] = None
+
+    def describe(self) -> str:
+        if self.kind == "fusion":
+            return f"fusion pass {self.name} off"
+        if self.kind == "loss_scale":
+            return f"loss scale {self.value:g}"
+        if self.kind == "fp32":
+            return f"{self.name} in fp32"
+        return f"precision mode {self.name}"
+
+
+@dataclass
+class Outcome:
+    """One replay of the step under a set of changes, against the golden replay."""
+    passed: bool
+    overflow: bool                   # the step's status word was not zero
+    loss_error: float                # relative error of the fetched loss (nan: no loss)
+    failing: List[str]               # outputs and updates that diverge, with what decided
+
+
+@dataclass
+class Proof:
+    """The loss curves of N steps from the bundle: golden, with the fix, without it."""
+    steps: int
+    rtol: float
+    golden: List[float]
+    fixed: List[float]
+    unfixed: List[float]
+    fixed_overflow_steps: List[int]
+    drift_step: Optional[int]        # the first step the fixed loss leaves the tolerance
+    # the first step whose golden loss is not finite: the training itself diverges there
+    # (a learning rate too high...), and nothing after it can be judged
+    golden_nonfinite_step: Optional[int] = None
+
+    @property
+    def holds(self) -> bool:
+        return self.drift_step is None and self.golden_nonfinite_step is None
+
+
+@dataclass
+class Repair:
+    npu_run: str
+    golden_run: str
+    step: int
+    goal: str
+    candidates: List[Change]
+    before: Outcome
+    fix: Optional[List[Change]] = None        # None: none found within the budget
+    after: Optional[Outcome] = None
+    minimal: bool = False                     # 1-minimal: dropping any element breaks it
+    replays: int = 0
+    budget: int = 0
+    proof: Optional[Proof] = None
+    config: dict = field(default_factory=dict)        # what to train with (SessionConfig fields)
+    moved_to_fp32: List[str] = field(default_factory=list)   # kernels the fix moves to fp32
+    kernels: Tuple[int, int] = (0, 0)                 # compiled kernels before, after
+    # modelled step time before and after, seconds (runtime.npu.cost: a model, for the ratio)
+    step_time: Tuple[float, float] = (0.0, 0.0)
+    files: List[str] = field(default_factory=list)    # what was written
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        return not self.before.passed
+
+    @property
+    def verified(self) -> bool:
+        """A fix (or none needed) that the proof over steps confirms."""
+        return self.fix is not None and self.proof is not None and self.proof.holds
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(needed=self.needed, verified=self.verified,
+                   fix=None if self.fix is None else [c.describe() for c in self.fix],
+                   candidates=[c.describe() for c in self.candidates])
+        return out
+
+
+# -- configurations ---------------------------------------------------------------------------
+def mode_of(config: dict) -> str:
+    return config.get("amp_level") or config.get("precision_mode", "allow_fp32_to_fp16")
+
+
+def configure(base: dict, changes: Sequence[Change]) -> dict:
+    """SessionConfig fields for the bundle's configuration `base` with the changes applied."""
+    cfg = dict(base)
+    kinds = {c.kind: c for c in changes}
+    fp32 = sorted(c.name for c in changes if c.kind == "fp32")
+    if "mode" in kinds:
+        mode = kinds["mode"].name
+        amp = mode.startswith("O")
+        cfg.update(amp_level=mode if amp else None,
+                   precision_mode=cfg.get("precision_mode") if amp else mode, modify_mixlist=None)
+    elif fp32:
+        mode = mode_of(cfg)
+        mode = mode if mode in MIXLIST_MODES else MIXLIST_FOR.get(mode, "allow_mix_precision")
+        amp = mode.startswith("O")
+        mixlist = json.loads(json.dumps(cfg.get("modify_mixlist") or {}))
+        black = mixlist.setdefault("black-list", {})
+        black["to-add"] = sorted(set(black.get("to-add", [])) | set(fp32))
+        black["to-remove"] = [t for t in black.get("to-remove", []) if t not in fp32]
+        if not black["to-remove"]:
+            del black["to-remove"]
+        cfg.update(amp_level=mode if amp else None,
+                   precision_mode=cfg.get("precision_mode") if amp else mode,
+                   modify_mixlist=mixlist)
+    off = {c.name for c in changes if c.kind == "fusion"}
+    if off:
+        switch = json.loads(json.dumps(cfg.get("fusion_switch") or {"Switch": {GRAPH: {}, UB: {}}}))
+        for section in switch["Switch"].values():
+            for name in off:
+                if name in section or section.get("ALL", "on") == "on":
+                    section[name] = "off"
+        for name in off:              # a pass the sections do not name yet
+            if not any(name in s for s in switch["Switch"].values()):
+                from ..runtime.npu.fusion import PASSES
+                switch["Switch"].setdefault(PASSES[name].kind, {})[name] = "off"
+        cfg["fusion_switch"] = switch
+    return cfg
+
+
+def _key(cfg: dict) -> str:
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
+# -- the step as a test -----------------------------------------------------------------------
+class StepReplay:
+    """The dumped step, replayed from its bundle under changed configurations and judged
+    against the golden replay of the same bundle (computed once)."""
+
+    def __init__(self, bundle, golden_dtype: str, criteria: Criteria,
+                 loss_rtol: Optional[float] = None):
+        self.bundle = bundle
+        self.base = dict(bundle.meta["config"])
+        self.criteria = criteria
+        self.loss_rtol = loss_rtol
+        self.golden_config = SessionConfig(golden_dtype=golden_dtype)
+        self.scale_variable = loss_scale_variable(bundle.graph)
+        self._declared = {n.name: dtypes.to_numpy(n.outputs[0].dtype)
+                          for n in bundle.graph.nodes if n.type == "Variable" and n.outputs}
+        self._sessions: Dict[str, Session] = {}
+        self.replays = 0
+        self.golden = self._step(Session(bundle.graph, target="cpu", config=self.golden_config), {})
+        # what the reference itself cannot pin down: the outputs and updates on which its
+        # float32 and float64 replays disagree hold rounding noise (an exact-zero gradient
+        # that Adam turns into steps), and the goal leaves them out
+        other = "float64" if golden_dtype == "float32" else "float32"
+        probe = self._step(Session(bundle.graph, target="cpu",
+                                   config=SessionConfig(golden_dtype=other)), {})
+        self.noise = set()
+        self.noise = {name for name, _ in self._diverging(probe, ())}
+
+    def session(self, cfg: dict) -> Session:
+        key = _key(cfg)
+        if key not in self._sessions:
+            self._sessions[key] = Session(self.bundle.graph, target="npu",
+                                          config=SessionConfig(**cfg))
+        return self._sessions[key]
+
+    def _variables(self, changes: Sequence[Change]) -> Dict[str, np.ndarray]:
+        values = dict(self.bundle.variables)
+        for c in changes:
+            if c.kind == "loss_scale" and self.scale_variable:
+                old = values[self.scale_variable]
+                values[self.scale_variable] = np.asarray(c.value, dtype=old.dtype)
+        return values
+
+    def _step(self, sess: Session, variables: Dict[str, np.ndarray]):
+        meta = self.bundle.meta
+        sess.load_variables(variables or self.bundle.variables,
+                            exact=sess.target == meta["target"])
+        sess.step = meta["session_step"]
+        before = sess.variables()
+        with blas_threads_as(meta.get("blas_threads")):
+            values = sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
+                              dict(self.bundle.feeds))
+        fetched = dict(zip(meta["fetch_tensors"], values))
+        return fetched, before, sess.variables(), sess.float_status()
+
+    def run(self, changes: Sequence[Change]) -> Outcome:
+        """The step under these changes, judged."""
+        self.replays += 1
+        sess = self.session(configure(self.base, changes))
+        return self.judge(self._step(sess, self._variables(changes)), changes)
+
+    def _diverging(self, npu, changes: Sequence[Change]) -> List[Tuple[str, str]]:
+        """(name, what decided) of each fetched float output and variable update that
+        diverges from the golden replay's (variables named as they are, outputs by tensor)."""
+        values, before, after, _ = npu
+        g_values, g_before, g_after, _ = self.golden
+        rows, names = [], []
+        for name, v in values.items():
+            v = np.asarray(v)
+            if name not in self.noise and _is_float(v.dtype):
+                rows.append(_row(v, g_values[name], str(v.dtype)))
+                names.append(name)
+        skip = set(self.noise)
+        if any(c.kind == "loss_scale" for c in changes):
+            skip.add(self.scale_variable)
+        for name in sorted(after):
+            if name in skip or not _is_float(after[name].dtype):
+                continue
+            # dtype-aware: an update computes in its variable's declared dtype, so a variable
+            # declared fp16 can take the golden's new value only rounded to fp16 (the golden
+            # holds every tensor in its own dtype)
+            declared = self._declared.get(name, after[name].dtype)
+            rows.append(_row(after[name].astype(np.float64) - before[name],
+                             _rounded(g_after[name], declared) - g_before[name], str(declared)))
+            names.append(name)
+        if not rows:
+            return []
+        judged = judge(pd.DataFrame(rows), self.criteria)
+        return [(n, r or v) for n, v, r in zip(names, judged.Verdict, judged.Reason)
+                if v in DIVERGING]
+
+    def judge(self, npu, changes: Sequence[Change] = ()) -> Outcome:
+        values, _, _, status = npu
+        failing = [f"{'' if n in values else 'update of '}{n}: {why}"
+                   for n, why in self._diverging(npu, changes)]
+        loss_error = _loss_error(values, self.golden[0])
+        if self.loss_rtol is not None:
+            ok = status == 0 and loss_error <= self.loss_rtol
+        else:
+            ok = status == 0 and not failing
+        return Outcome(bool(ok), status != 0, loss_error, failing)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtypes.category(dtype) == "float"
+
+
+def _rounded(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The values as a tensor of `dtype` holds them, in float64."""
+    return np.asarray(values).astype(dtype).astype(np.float64)
+
+
+def _row(npu: np.ndarray, golden: np.ndarray, dtype: str) -> dict:
+    row = compare_tensors(np.asarray(npu), np.asarray(golden))
+    row.update(Elements=int(np.asarray(golden).size), NpuDataType=dtype,
+               GoldenAbsMax=float(np.nanmax(np.abs(golden))) if np.size(golden) else np.nan)
+    return row
+
+
+def _loss_error(values: dict, golden: dict) -> float:
+    """Relative error of the first fetched float scalar (the loss); inf when it is not
+    finite, nan without one."""
+    for name, v in values.items():
+        v = np.asarray(v)
+        if v.size == 1 and v.dtype.kind == "f":
+            x, y = float(v.reshape(-1)[0]), float(np.asarray(golden[name]).reshape(-1)[0])
+            if not math.isfinite(x):
+                return math.inf
+            return abs(x - y) / abs(y) if y else (0.0 if x == 0 else math.inf)
+    return math.nan
+
+
+def loss_scale_variable(graph) -> Optional[str]:
+    """The variable holding the loss scale (the first input an UpdateLossScale overwrites),
+    or None when the graph has no loss scaling."""
+    for node in graph.nodes:
+        if node.type == "UpdateLossScale" and 0 in registry.updated_inputs(node.type):
+            return split_tensor_name(node.inputs[0])[0]
+    return None
+
+
+# -- candidates -------------------------------------------------------------------------------
+def low_precision_types(sess: Session) -> List[str]:
+    """The op types the precision policy placed in fp16/bf16 in this compiled step, in
+    execution order: never a Cast the compiler inserted or an update."""
+    seen: Dict[str, None] = {}
+    for node in sess.compiled.graph.topological_order():
+        a = node.attrs
+        if a.get("compute_dtype") not in LOW or a.get("inserted_by") or \
+                registry.updated_inputs(node.type):
+            continue
+        # the policy runs after graph fusion (a fused MatMulV2 is placed as MatMulV2) and
+        # before UB fusion (a UB kernel's steps were placed one by one)
+        steps = a.get("steps")
+        types = [s.get("type") for s in steps if isinstance(s, dict)] \
+            if isinstance(steps, list) else [node.type]
+        for t in types:
+            if t and t not in ("Cast", "Const", "Variable", "Placeholder"):
+                seen.setdefault(t, None)
+    return list(seen)
+
+
+def root_cause_types(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
+                     criteria: Criteria) -> List[str]:
+    """The op types a policy placed for the ops the root cause of the dumped step names
+    (origins, then the ops they propagate to, in execution order): the fp32 candidates
+    tried first."""
+    from .compare import vector_compare
+    from .mapping import TensorMap
+    from .rootcause import root_cause
+    cause = root_cause(vector_compare(ws, npu_run, golden_run, step, threshold=criteria), criteria)
+    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    types: Dict[str, None] = {}
+    for d in cause.origins + cause.propagators:
+        steps = ((tmap.node(d.op_name) or {}).get("attrs") or {}).get("steps")
+        for t in ([s.get("type") for s in steps if isinstance(s, dict)]
+                  if isinstance(steps, list) else [d.op_type]):
+            if t:
+                types.setdefault(t, None)
+    return list(types)
+
+
+def candidate_changes(replay: StepReplay, leads: Sequence[str] = (),
+                      scale_search: Callable[[], Optional[float]] = None) -> List[Change]:
+    """Every candidate, cheapest first (see the module doc); `leads`: op types the root cause
+    names, tried before the other fp32 candidates."""
+    base_sess = replay.session(configure(replay.base, ()))
+    out = [Change("fusion", p) for p, counts in sorted(base_sess.compiled.fusion.items())
+           if counts.effect_times]
+    scale = scale_search() if scale_search else None
+    if scale is not None:
+        out.append(Change("loss_scale", "loss_scale", scale))
+    types = low_precision_types(base_sess)
+    ordered = [t for t in leads if t in types] + [t for t in types if t not in leads]
+    out += [Change("fp32", t) for t in ordered]
+    mode = mode_of(replay.base)
+    everything = ALL_FP32[mode.startswith("O")]
+    if types and mode != everything:
+        out.append(Change("mode", everything))
+    return out
+
+
+def search_loss_scale(replay: StepReplay, highest: int = 32) -> Optional[float]:
+    """The largest power of two 2**e (e in 0..highest) under which the step does not
+    overflow, found by bisection (overflow grows with the scale), halved for room; None when
+    the graph has no loss scale, when every scale overflows, or when it is the scale in use."""
+    if replay.scale_variable is None:
+        return None
+    current = float(np.asarray(replay.bundle.variables[replay.scale_variable]))
+
+    def clean(e: int) -> bool:
+        return not replay.run([Change("loss_scale", "loss_scale", 2.0 ** e)]).overflow
+
+    if not clean(0):
+        return None
+    lo, hi = 0, highest + 1           # clean(lo); hi is past the range or overflows
+    if clean(highest):
+        lo = highest
+    else:
+        hi = highest
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if clean(mid) else (lo, mid)
+    scale = 2.0 ** max(lo - 1, 0)
+    return None if scale == current else scale
+
+
+# -- delta debugging ---------------------------------------------------------------------------
+def shortest_prefix(items: List[Change], test: Callable[[List[List[Change]]], List[bool]]) -> List[Change]:
+    """The shortest prefix of `items` (which pass as a whole) that passes, by bisection over
+    its length: adding changes rarely breaks a fix, and where it does the longer prefix
+    found still passes."""
+    lo, hi = 0, len(items)                 # items[:lo] fails (the step as it ran), items[:hi] passes
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if test([items[:mid]])[0] else (mid, hi)
+    return items[:hi]
+
+
+# -- minimising ---------------------------------------------------------------------------------
+class BudgetSpent(Exception):
+    """No replay left."""
+
+
+def minimize(items: List[Change], test: Callable[[List[List[Change]]], List[bool]]) -> List[Change]:
+    """A minimal passing subset of `items` (which pass as a whole; the empty set fails), by
+    delta debugging in QuickXplain's form: halve the set, keep one half whole while the other
+    is minimised, then minimise the first against what the second needs. For k culprits
+    among n candidates it takes O(k log(n/k)) replays when adding a change never breaks a
+    fix; `one_minimal` checks the result either way."""
+    def one(subset):
+        return test([subset])[0]
+
+    def qx(background: List[Change], added: bool, rest: List[Change]) -> List[Change]:
+        if added and one(background):
+            return []
+        if len(rest) == 1:
+            return rest
+        half = len(rest) // 2
+        first, second = rest[:half], rest[half:]
+        need_second = qx(background + first, bool(first), second)
+        need_first = qx(background + need_second, bool(need_second), first)
+        return need_first + need_second
+
+    return qx([], False, list(items))
+
+
+def one_minimal(fix: List[Change], test: Callable[[List[List[Change]]], List[bool]]) -> bool:
+    """Whether dropping any single change breaks the fix: one independent replay per change,
+    run together."""
+    if len(fix) <= 1:
+        return True                    # the empty set fails: the step as it ran does
+    return not any(test([[c for c in fix if c != drop] for drop in fix]))
+
+
+# -- the proof --------------------------------------------------------------------------------
+def prove(replay: StepReplay, fix: Sequence[Change], steps: int, rtol: float) -> Proof:
+    """N steps from the bundle, golden and NPU with and without the fix (module doc). The
+    fixed loss drifts at step i when |fixed - golden| > rtol * max(|golden_i|, |golden_0| / 100):
+    the floor keeps a loss trained near zero from being judged on its last digits."""
+    meta = replay.bundle.meta
+    curves, loss_dtype = [], "float64"          # the dtype the fixed run fetches its loss in
+    for run, (target, changes) in enumerate((("cpu", ()), ("npu", fix), ("npu", ()))):
+        sess = Session(replay.bundle.graph, target=target,
+                       config=replay.golden_config if target == "cpu"
+                       else SessionConfig(**configure(replay.base, changes)))
+        sess.load_variables(replay._variables(changes), exact=target == meta["target"])
+        sess.step = meta["session_step"]
+        losses, overflows = [], []
+        for k in range(steps):
+            with blas_threads_as(meta.get("blas_threads")):
+                values = sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
+                                  dict(replay.bundle.feeds))
+            loss = next((np.asarray(v) for v in values[:len(meta["fetch_tensors"])]
+                         if np.asarray(v).size == 1 and _is_float(np.asarray(v).dtype)), None)
+            losses.append(math.nan if loss is None else float(loss.reshape(-1)[0]))
+            if run == 1 and loss is not None:
+                loss_dtype = _computed_dtype(sess, meta["fetch_tensors"], loss.dtype)
+            if sess.float_status():
+                overflows.append(k)
+        sess.close()
+        curves.append((losses, overflows))
+    (golden, _), (fixed, fixed_overflow), (unfixed, _) = curves
+    broken = next((k for k, y in enumerate(golden) if not math.isfinite(y)), None)
+    floor = abs(golden[0]) / 100 if golden and math.isfinite(golden[0]) else 0.0
+    drift = next((k for k, (x, y) in enumerate(zip(fixed[:broken], golden[:broken]))
+                  if not (math.isfinite(x) and
+                          abs(x - y) <= rtol * max(abs(y), floor) + ulp(y, loss_dtype))), None)
+    return Proof(steps, rtol, golden, fixed, unfixed, fixed_overflow, drift, broken)
+
+
+def _computed_dtype(sess: Session, fetches: Sequence[str], fetched: np.dtype) -> str:
+    """The dtype the NPU computed the first fetched float scalar (the loss) in: a fetch is
+    handed back in its declared dtype, an fp16 value held in float32."""
+    compiled = sess.compiled
+    for name in fetches:
+        tensor = compiled.tensor_map.get(name)
+        if tensor is None:
+            continue
+        node, k = split_tensor_name(tensor)
+        spec = compiled.graph.node(node).outputs[k]
+        if math.prod(d or 1 for d in spec.shape) == 1 and dtypes.is_float(spec.dtype):
+            return dtypes.canonical(spec.dtype)
+    return dtypes.canonical(fetched)
+
+
+# significand bits and smallest subnormal of the float types a loss may be fetched in
+_GRID = {"float16": (10, 2.0 ** -24), "bfloat16": (7, 2.0 ** -133), "float32": (23, 2.0 ** -149)}
+
+
+def ulp(value: float, dtype: str) -> float:
+    """The spacing of `dtype`'s numbers at `value` (0 for float64 and other types): a loss
+    fetched in fp16 cannot be nearer the golden's than that (a loss of 2e-6 is subnormal in
+    fp16, its spacing 6e-8: 3% of it)."""
+    if dtype not in _GRID or not math.isfinite(value):
+        return 0.0
+    bits, tiny = _GRID[dtype]
+    if value == 0:
+        return tiny
+    return max(2.0 ** (math.floor(math.log2(abs(value))) - bits), tiny)
+
+
+# -- the whole repair -------------------------------------------------------------------------
+# a pool worker's replay: handed over by fork (sessions do not pickle), one per process
+_WORKER: Dict[str, StepReplay] = {}
+
+
+def _worker_init(replay: StepReplay) -> None:
+    _WORKER["replay"] = replay        # inherited by fork: nothing is pickled
+
+
+def _worker_run(changes: List[Change]) -> Outcome:
+    return _WORKER["replay"].run(changes)
+
+
+def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
+           loss_rtol: Optional[float] = None, budget: int = 64, proof_steps: int = 20,
+           proof_rtol: float = 0.02, workers: int = 1, leads: Optional[Sequence[str]] = None,
+           write: bool = True, progress: Callable[[str], None] = lambda _: None) -> Repair:
+    """Find, verify and (write=True) write the smallest fix for the step (module doc).
+    `leads`: the op types to try in fp32 first (default: those the root cause names)."""
+    if step not in npu_run.bundles:
+        raise RepairError(f"step {step} of {npu_run.label} has no replay bundle: dump the step "
+                          f"with action='dump' to repair it")
+    bundle = load_bundle(ws.bundle_path(npu_run, step))
+    criteria = Criteria.of(criteria)
+    progress("replaying the step on the golden executor in float32 and float64")
+    replay = StepReplay(bundle, golden_run.info.get("golden_dtype", "float32"), criteria, loss_rtol)
+    noise = sorted(replay.noise)
+    goal = (f"the loss within {loss_rtol:g} (relative) and no overflow" if loss_rtol is not None
+            else "every fetched output and variable update within the vc criteria, and no overflow")
+    progress("replaying the step as it ran")
+    before = replay.run(())
+    result = Repair(npu_run.label, golden_run.label, step, goal, [], before, budget=budget)
+    if noise:
+        result.notes.append(f"left out of the goal: the updates of {len(noise)} variable(s) that "
+                            f"the golden cannot pin down: its float32 and float64 replays "
+                            f"disagree on them ({', '.join(noise[:3])}"
+                            f"{', ...' if len(noise) > 3 else ''})")
+    if before.passed:
+        result.fix, result.after, result.minimal = [], before, True
+    else:
+        if leads is None:
+            progress("comparing the step for its root cause")
+            leads = root_cause_types(ws, npu_run, golden_run, step, criteria)
+        progress("searching the loss scale")
+        cands = candidate_changes(replay, leads, lambda: search_loss_scale(replay))
+        result.candidates = cands
+        if replay.scale_variable is None and any("flushed to zero" in f for f in before.failing):
+            result.notes.append("loss scaling is not a candidate: the step's graph has no loss "
+                                "scale (build it with LossScaleOptimizer, or Model(..., "
+                                "loss_scale_manager=...))")
+        progress(f"trying all {len(cands)} candidates together")
+        everything = replay.run(cands) if cands else before
+        if everything.passed:
+            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"),
+                                       initializer=_worker_init, initargs=(replay,)) \
+                if workers > 1 else None
+
+            def test(subsets):
+                if replay.replays + len(subsets) > budget:
+                    raise BudgetSpent()
+                progress(f"replay {replay.replays + 1}" + (f"-{replay.replays + len(subsets)}"
+                                                           if len(subsets) > 1 else "")
+                         + f" of at most {budget}: " + "; ".join(_brief(s) for s in subsets))
+                outs = list(pool.map(_worker_run, subsets)) if pool else \
+                    [replay.run(s) for s in subsets]
+                if pool:
+                    replay.replays += len(subsets)
+                return [o.passed for o in outs]
+            try:
+                # the shortest passing prefix of the cheapest-first list, then minimised: a
+                # fix of cheap changes is found before an expensive one that also works
+                prefix = shortest_prefix(cands, test)
+                fix = minimize(prefix, test)
+                result.minimal = one_minimal(fix, test)
+            except BudgetSpent:
+                fix = None
+                result.notes.append(f"the budget of {budget} replays ran out before a minimal "
+                                    f"fix was found (-b to raise it)")
+            finally:
+                if pool:
+                    pool.shutdown()
+            if fix is not None:
+                result.fix = fix
+                result.after = replay.run(fix)
+        else:
+            result.after = everything
+            result.notes.append("no fix among the candidates: even all of them together leave "
+                                + ("; ".join(everything.failing[:3]) or "an overflow"))
+    result.replays = replay.replays
+    if result.fix is not None:
+        progress(f"proving the fix over {proof_steps} steps")
+        result.proof = prove(replay, result.fix, proof_steps, proof_rtol)
+        result.config = _public_config(configure(replay.base, result.fix))
+        _cost(result, replay)
+        if write and result.fix and result.proof.holds:
+            result.files = write_fix(ws, result)
+    return result
+
+
+def _brief(changes: Sequence[Change]) -> str:
+    """A set of changes in a progress line: the first two, and how many more."""
+    if not changes:
+        return "nothing changed"
+    shown = ", ".join(c.describe() for c in changes[:2])
+    return shown + (f" and {len(changes) - 2} more" if len(changes) > 2 else "")
+
+
+def _public_config(cfg: dict) -> dict:
+    """The SessionConfig fields a user sets (not the device memory)."""
+    keep = ("precision_mode", "amp_level", "modify_mixlist", "fusion_switch", "overflow_mode", "mode")
+    return {k: cfg.get(k) for k in keep}
+
+
+def _cost(result: Repair, replay: StepReplay) -> None:
+    """What the fix costs: the kernels it moves to fp32, the compiled kernels and the
+    modelled step time before and after."""
+    before = replay.session(configure(replay.base, ()))
+    after = replay.session(configure(replay.base, result.fix))
+    was = {n.name: n.attrs.get("compute_dtype") for n in before.compiled.graph.nodes}
+    result.moved_to_fp32 = sorted(
+        n.name for n in after.compiled.graph.nodes
+        if n.attrs.get("compute_dtype") == "float32" and was.get(n.name) in LOW)
+    count = lambda s: sum(1 for n in s.compiled.graph.nodes   # noqa: E731
+                          if n.type not in cost.NOT_KERNELS)
+    result.kernels = (count(before), count(after))
+    feeds = [v for v in replay.bundle.feeds.values() if np.ndim(v)]
+    batch = feeds[0].shape[0] if feeds else None       # the dimension a graph leaves open
+    result.step_time = (cost.step_seconds(before.compiled.graph, batch),
+                        cost.step_seconds(after.compiled.graph, batch))
+
+
+def write_fix(ws: Workspace, result: Repair) -> List[str]:
+    """config/modify_mixlist.json and config/fusion_switch.cfg (those the fix needs) and
+    config/fix.json (the whole fix: mode, loss scale, the report), each written atomically."""
+    directory = os.path.join(ws.root, CONFIG_DIR)
+    os.makedirs(directory, exist_ok=True)
+    files = []
+    cfg = result.config
+    if any(c.kind == "fp32" for c in result.fix) and cfg.get("modify_mixlist"):
+        files.append(os.path.join(directory, "modify_mixlist.json"))
+        write_text_atomic(files[-1], json.dumps(cfg["modify_mixlist"], indent=2) + "\n")
+    if any(c.kind == "fusion" for c in result.fix):
+        files.append(os.path.join(directory, "fusion_switch.cfg"))
+        write_text_atomic(files[-1], json.dumps(cfg["fusion_switch"], indent=2) + "\n")
+    files.append(os.path.join(directory, "fix.json"))
+    report = result.to_dict()
+    report["written"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_text_atomic(files[-1], json.dumps(jsonable(report), indent=1) + "\n")
+    return files

@@ -1,0 +1,113 @@
+"""`fix` (`repair`): the smallest configuration change that makes a dumped step match its
+golden, verified over steps and written as config/modify_mixlist.json and
+config/fusion_switch.cfg (analysis.repair does the work)."""
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+from rich.panel import Panel
+
+from ..analysis import repair as repairing
+from .analyse import LEFT, RIGHT, _criteria, criteria_options
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+
+
+@command("fix", "repair", short_help="Find, verify and write the smallest precision fix.")
+@click.option("-s", "--step", type=click.IntRange(0), default=None,
+              help="The dumped step to repair (default: the NPU run's first complete one).")
+@LEFT
+@RIGHT
+@criteria_options("-c")
+@click.option("--loss-rtol", type=click.FloatRange(0.0, min_open=True), default=None,
+              help="Goal: the loss within this relative error (and no overflow), instead of "
+                   "every fetched output and variable update within the criteria.")
+@click.option("-b", "--budget", type=click.IntRange(1), default=64, show_default=True,
+              help="Replays the search may use.")
+@click.option("-n", "--proof-steps", type=click.IntRange(1), default=20, show_default=True,
+              help="Training steps the proof reruns from the bundle.")
+@click.option("--proof-rtol", type=click.FloatRange(0.0, min_open=True), default=0.02,
+              show_default=True, help="How far the fixed loss may be from the golden's at any "
+                                      "step of the proof (relative).")
+@click.option("-j", "--workers", type=click.IntRange(1), default=2, show_default=True,
+              help="Processes for the independent replays.")
+@click.option("--dry-run", is_flag=True, help="Find and verify the fix; write no file.")
+def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_rtol, budget,
+            proof_steps, proof_rtol, workers, dry_run):
+    """Replay the dumped step from its replay bundle under candidate changes (a fusion pass
+    off, the loss scale, an op type kept in fp32 through modify_mixlist, and last a precision
+    mode that keeps everything in fp32), cheapest first, until the smallest set that makes
+    the step match the golden is found (dropping any one change breaks it). The fix is then
+    proven over -n training steps from the bundle against the golden's loss curve, and
+    written to config/modify_mixlist.json, config/fusion_switch.cfg and config/fix.json in
+    the workspace (what it needs of them).
+
+    Exit code 0 when a verified fix was found, or none was needed; 1 when none was found
+    within the budget, or the fix does not hold over the proof's steps; 2 on input error."""
+    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    step = app.step(npu, step)
+    app.info(f"repairing step {step} of {npu.label} against {golden.label}...")
+    result = repairing.repair(app.ws, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
+                              loss_rtol=loss_rtol, budget=budget, proof_steps=proof_steps,
+                              proof_rtol=proof_rtol, workers=workers, write=not dry_run,
+                              progress=app.info)
+
+    def render():
+        app.console.print(Panel(escape("\n".join(_lines(result))), title="Precision fix",
+                                title_align="left"))
+        for path in result.files:
+            app.line(f"wrote {path}")
+    app.emit(result.to_dict(), render)
+    return EXIT_OK if result.verified else EXIT_FINDINGS
+
+
+def _lines(r: repairing.Repair) -> list:
+    lines = [f"{r.npu_run} step {r.step} against {r.golden_run}; goal: {r.goal}"]
+    if not r.needed:
+        lines.append("No fix needed: the step already meets the goal.")
+    elif r.fix is None:
+        lines.append("No fix found.")
+    else:
+        lines.append("Fix: " + "; ".join(c.describe() for c in r.fix)
+                     + ("" if r.minimal else " (not proven minimal)"))
+        mode = r.config.get("amp_level") or r.config.get("precision_mode")
+        lines.append(f"train with: precision mode {mode}"
+                     + (f", modify_mixlist {r.config['modify_mixlist']}"
+                        if r.config.get("modify_mixlist") else "")
+                     + "".join(f", loss scale {c.value:g} (FixedLossScaleManager)"
+                               for c in r.fix if c.kind == "loss_scale"))
+        if r.fix:
+            before, after = r.step_time
+            lines.append(f"cost: {len(r.moved_to_fp32)} kernel(s) moved to fp32; kernels "
+                         f"{r.kernels[0]} -> {r.kernels[1]}; modelled step time "
+                         f"x{after / before:.3f} ({before * 1e6:.1f} -> {after * 1e6:.1f} us)"
+                         if before else "")
+    lines.append(f"before: {_outcome(r.before)}")
+    if r.after is not None and r.needed:
+        lines.append(f"after:  {_outcome(r.after)}")
+    lines.append(f"replays: {r.replays} of {r.budget}, over {len(r.candidates)} candidate(s)")
+    p = r.proof
+    if p is not None:
+        if p.holds:
+            lines.append(f"proof: {p.steps} steps from the bundle, the loss within "
+                         f"{fmt(p.rtol)} of the golden's at every step (last: {fmt(p.fixed[-1])} "
+                         f"vs {fmt(p.golden[-1])}; without the fix {fmt(p.unfixed[-1])})")
+        elif p.drift_step is None:
+            lines.append(f"proof UNDECIDED: the golden's own loss is not finite at step "
+                         f"{p.golden_nonfinite_step} of {p.steps} (the training diverges without "
+                         f"any NPU: a learning rate too high?); -n {p.golden_nonfinite_step} "
+                         f"proves what can be")
+        else:
+            k = p.drift_step
+            lines.append(f"proof FAILED: at step {k} of {p.steps} the loss is {fmt(p.fixed[k])} "
+                         f"against the golden's {fmt(p.golden[k])}: the fix holds at the dumped "
+                         f"step and drifts later")
+    lines += r.notes
+    return lines
+
+
+def _outcome(o: repairing.Outcome) -> str:
+    if o.passed:
+        return f"meets the goal (loss error {fmt(o.loss_error)})"
+    what = ["overflow"] if o.overflow else []
+    what += o.failing[:3] + ([f"... {len(o.failing) - 3} more"] if len(o.failing) > 3 else [])
+    return f"fails (loss error {fmt(o.loss_error)}): " + "; ".join(what)
