@@ -473,19 +473,17 @@ def one_minimal(fix: List[Change], test: Callable[[List[List[Change]]], List[boo
 
 
 # -- the proof --------------------------------------------------------------------------------
-def prove(replay: StepReplay, fix: Sequence[Change], steps: int, rtol: float) -> Proof:
-    """N steps from the bundle, golden and NPU with and without the fix (module doc). The
-    fixed loss drifts at step i when |fixed - golden| > rtol * max(|golden_i|, |golden_0| / 100):
-    the floor keeps a loss trained near zero from being judged on its last digits."""
+def loss_curve(replay: StepReplay, target: str, changes: Sequence[Change], steps: int):
+    """(losses, steps that overflowed, the dtype the loss was computed in) of `steps`
+    training steps from the bundle, its batch every step."""
     meta = replay.bundle.meta
-    curves, loss_dtype = [], "float64"          # the dtype the fixed run fetches its loss in
-    for run, (target, changes) in enumerate((("cpu", ()), ("npu", fix), ("npu", ()))):
-        sess = Session(replay.bundle.graph, target=target,
-                       config=replay.golden_config if target == "cpu"
-                       else SessionConfig(**configure(replay.base, changes)))
-        sess.load_variables(replay._variables(changes), exact=target == meta["target"])
-        sess.step = meta["session_step"]
-        losses, overflows = [], []
+    sess = Session(replay.bundle.graph, target=target,
+                   config=replay.golden_config if target == "cpu"
+                   else SessionConfig(**configure(replay.base, changes)))
+    sess.load_variables(replay._variables(changes), exact=target == meta["target"])
+    sess.step = meta["session_step"]
+    losses, overflows, loss_dtype = [], [], "float64"
+    try:
         for k in range(steps):
             with blas_threads_as(meta.get("blas_threads")):
                 values = sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
@@ -493,19 +491,41 @@ def prove(replay: StepReplay, fix: Sequence[Change], steps: int, rtol: float) ->
             loss = next((np.asarray(v) for v in values[:len(meta["fetch_tensors"])]
                          if np.asarray(v).size == 1 and _is_float(np.asarray(v).dtype)), None)
             losses.append(math.nan if loss is None else float(loss.reshape(-1)[0]))
-            if run == 1 and loss is not None:
+            if loss is not None and target == "npu":
                 loss_dtype = _computed_dtype(sess, meta["fetch_tensors"], loss.dtype)
             if sess.float_status():
                 overflows.append(k)
+    finally:
         sess.close()
-        curves.append((losses, overflows))
-    (golden, _), (fixed, fixed_overflow), (unfixed, _) = curves
-    broken = next((k for k, y in enumerate(golden) if not math.isfinite(y)), None)
-    floor = abs(golden[0]) / 100 if golden and math.isfinite(golden[0]) else 0.0
-    drift = next((k for k, (x, y) in enumerate(zip(fixed[:broken], golden[:broken]))
-                  if not (math.isfinite(x) and
-                          abs(x - y) <= rtol * max(abs(y), floor) + ulp(y, loss_dtype))), None)
-    return Proof(steps, rtol, golden, fixed, unfixed, fixed_overflow, drift, broken)
+    return losses, overflows, loss_dtype
+
+
+class Prover:
+    """The proof (module doc) for any set of changes: the golden's and the unfixed run's
+    loss curves computed once."""
+
+    def __init__(self, replay: StepReplay, steps: int, rtol: float):
+        self.replay, self.steps, self.rtol = replay, steps, rtol
+        self.golden = loss_curve(replay, "cpu", (), steps)[0]
+        self.unfixed = loss_curve(replay, "npu", (), steps)[0]
+
+    def __call__(self, fix: Sequence[Change]) -> Proof:
+        """The fixed loss drifts at step i when |fixed - golden| > rtol * max(|golden_i|,
+        |golden_0| / 100) + the spacing of the loss's dtype there: the floor keeps a loss
+        trained near zero from being judged on its last digits."""
+        golden = self.golden
+        fixed, overflow, loss_dtype = loss_curve(self.replay, "npu", fix, self.steps)
+        broken = next((k for k, y in enumerate(golden) if not math.isfinite(y)), None)
+        floor = abs(golden[0]) / 100 if golden and math.isfinite(golden[0]) else 0.0
+        drift = next((k for k, (x, y) in enumerate(zip(fixed[:broken], golden[:broken]))
+                      if not (math.isfinite(x) and abs(x - y) <= self.rtol * max(abs(y), floor)
+                              + ulp(y, loss_dtype))), None)
+        return Proof(self.steps, self.rtol, golden, fixed, self.unfixed, overflow, drift, broken)
+
+
+def prove(replay: StepReplay, fix: Sequence[Change], steps: int, rtol: float) -> Proof:
+    """N steps from the bundle, golden and NPU with and without the fix (module doc)."""
+    return Prover(replay, steps, rtol)(fix)
 
 
 def _computed_dtype(sess: Session, fetches: Sequence[str], fetched: np.dtype) -> str:
@@ -540,16 +560,18 @@ def ulp(value: float, dtype: str) -> float:
 
 
 # -- the whole repair -------------------------------------------------------------------------
-# a pool worker's replay: handed over by fork (sessions do not pickle), one per process
-_WORKER: Dict[str, StepReplay] = {}
+# a pool worker's replay and prover: handed over by fork (sessions do not pickle), one per
+# process
+_WORKER: Dict[str, object] = {}
 
 
-def _worker_init(replay: StepReplay) -> None:
-    _WORKER["replay"] = replay        # inherited by fork: nothing is pickled
+def _worker_init(replay: StepReplay, prover: "Prover") -> None:
+    _WORKER.update(replay=replay, prover=prover)      # inherited by fork: nothing is pickled
 
 
-def _worker_run(changes: List[Change]) -> Outcome:
-    return _WORKER["replay"].run(changes)
+def _worker_test(task) -> bool:
+    proving, changes = task
+    return _passes(_WORKER["replay"], _WORKER["prover"], proving, changes)
 
 
 def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
@@ -592,50 +614,86 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
         progress(f"trying all {len(cands)} candidates together")
         everything = replay.run(cands) if cands else before
         if everything.passed:
-            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"),
-                                       initializer=_worker_init, initargs=(replay,)) \
-                if workers > 1 else None
-
-            def test(subsets):
-                if replay.replays + len(subsets) > budget:
-                    raise BudgetSpent()
-                progress(f"replay {replay.replays + 1}" + (f"-{replay.replays + len(subsets)}"
-                                                           if len(subsets) > 1 else "")
-                         + f" of at most {budget}: " + "; ".join(_brief(s) for s in subsets))
-                outs = list(pool.map(_worker_run, subsets)) if pool else \
-                    [replay.run(s) for s in subsets]
-                if pool:
-                    replay.replays += len(subsets)
-                return [o.passed for o in outs]
-            try:
-                # the shortest passing prefix of the cheapest-first list, then minimised: a
-                # fix of cheap changes is found before an expensive one that also works
-                prefix = shortest_prefix(cands, test)
-                fix = minimize(prefix, test)
-                result.minimal = one_minimal(fix, test)
-            except BudgetSpent:
-                fix = None
-                result.notes.append(f"the budget of {budget} replays ran out before a minimal "
-                                    f"fix was found (-b to raise it)")
-            finally:
-                if pool:
-                    pool.shutdown()
-            if fix is not None:
-                result.fix = fix
-                result.after = replay.run(fix)
+            _search(result, replay, cands, budget, workers, progress,
+                    Prover(replay, proof_steps, proof_rtol))
         else:
             result.after = everything
             result.notes.append("no fix among the candidates: even all of them together leave "
                                 + ("; ".join(everything.failing[:3]) or "an overflow"))
-    result.replays = replay.replays
     if result.fix is not None:
-        progress(f"proving the fix over {proof_steps} steps")
-        result.proof = prove(replay, result.fix, proof_steps, proof_rtol)
+        if result.proof is None:
+            progress(f"proving the fix over {proof_steps} steps")
+            result.proof = prove(replay, result.fix, proof_steps, proof_rtol)
         result.config = _public_config(configure(replay.base, result.fix))
         _cost(result, replay)
         if write and result.fix and result.proof.holds:
             result.files = write_fix(ws, result)
+    result.replays = replay.replays
     return result
+
+
+def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int, workers: int,
+            progress: Callable[[str], None], prover: "Prover") -> None:
+    """The search (module doc), its test the step alone; when the fix it finds drifts over
+    the proof's steps, again with the proof as part of the test (each such test is a replay
+    of every step of the proof)."""
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"),
+                               initializer=_worker_init, initargs=(replay, prover)) \
+        if workers > 1 else None
+
+    def tester(proving: bool):
+        def test(subsets):
+            if replay.replays + len(subsets) > budget:
+                raise BudgetSpent()
+            span = f"-{replay.replays + len(subsets)}" if len(subsets) > 1 else ""
+            over = " (each with the proof's steps)" if proving else ""
+            progress(f"replay {replay.replays + 1}{span} of at most {budget}{over}: "
+                     + "; ".join(_brief(s) for s in subsets))
+            tasks = [(proving, s) for s in subsets]
+            passed = list(pool.map(_worker_test, tasks)) if pool else \
+                [_passes(replay, prover, proving, s) for s in subsets]
+            replay.replays += len(subsets) if pool else 0
+            return passed
+        return test
+
+    fix = None
+    try:
+        for proving in (False, True):
+            test = tester(proving)
+            if proving:
+                if fix is None or result.proof.holds or result.proof.drift_step is None:
+                    break
+                drift = (f"{'; '.join(c.describe() for c in fix)} makes the step match but "
+                         f"drifts at step {result.proof.drift_step} of the proof")
+                progress(f"the fix drifts at step {result.proof.drift_step} of the proof: "
+                         f"searching again with the proof as the test")
+                result.notes.append(f"searched twice: {drift}; the second search tested every "
+                                    f"candidate set over the proof's steps")
+                if not test([cands])[0]:
+                    result.notes.append("no fix among the candidates holds over the proof's "
+                                        "steps, not even all of them together")
+                    break
+            # the shortest passing prefix of the cheapest-first list, then minimised: a fix
+            # of cheap changes is found before an expensive one that also works
+            fix = minimize(shortest_prefix(cands, test), test)
+            result.minimal = one_minimal(fix, test)
+            result.fix, result.after = fix, replay.run(fix)
+            progress(f"proving the fix over {prover.steps} steps")
+            result.proof = prover(fix)
+    except BudgetSpent:
+        result.notes.append(f"the budget of {budget} replays ran out before a minimal "
+                            + ("fix that holds over the proof's steps" if fix else "fix")
+                            + " was found (-b to raise it)")
+    finally:
+        if pool:
+            pool.shutdown()
+
+
+def _passes(replay: StepReplay, prover: "Prover", proving: bool, changes) -> bool:
+    """Whether the changes meet the goal at the step (and, proving, over the proof's steps)."""
+    if not replay.run(changes).passed:
+        return False
+    return not proving or prover(changes).holds
 
 
 def _brief(changes: Sequence[Change]) -> str:
