@@ -20,6 +20,7 @@ sys.path.insert(0, HERE)
 
 import compare as compare_bench  # noqa: E402
 import executors  # noqa: E402
+import repair as repair_bench  # noqa: E402
 import precision_tool as pt  # noqa: E402
 
 
@@ -171,6 +172,14 @@ def main():
               note="in-process, after the demo's 100 steps")
         seconds, rows = vcs_rows(os.path.join(work, "vcs"), 10_000 if q else 100_000)
         t.add(f"`vcs` on a {rows:,}-row result", f"{seconds:.2f} s", "< 1 s", seconds < 1)
+        for what, n, k, replays, seconds, verified in repair_bench.transformer_rows(q):
+            t.add(f"`fix` replays, Transformer, {what}", f"{replays} for {n} candidates",
+                  note=f"a fix of {k} change(s), {'verified' if verified else 'NOT verified'}, "
+                       f"{seconds:.1f} s on 2 workers")
+        for n, k, used, bound in repair_bench.synthetic_rows((16, 64, 256) if q else
+                                                             (16, 64, 256, 1024)):
+            t.add(f"`fix` search alone, {k} culprit(s) among {n} candidates: tests",
+                  str(used), note=f"k log2 n = {bound:.0f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = (f"# Benchmark results\n\n`python bench/run.py{' --quick' if q else ''}` on "
