@@ -343,3 +343,16 @@ def test_a_fix_that_drifts_later_is_searched_again_over_the_steps(tmp_path):
     # the fix found first (the step alone) is not the final one, which holds at every step
     assert all(abs(x - y) <= 0.02 * abs(y) for x, y in zip(result.proof.fixed, result.proof.golden))
     assert (tmp_path / "config" / "fix.json").exists()
+
+
+def test_the_loss_goal_judges_the_loss_alone(tmp_path):
+    """--loss-rtol: the loss within the tolerance and no overflow, whatever the updates do."""
+    net = dense_net(scale=1e5, optimizer=pt.train.Adam(0.01))
+    ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision"))
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "fix", "-j", "1",
+                                   "--loss-rtol", "1e-3", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["goal"].startswith("the loss within 0.001")
+    assert data["before"]["loss_error"] > 1e-3 and data["after"]["loss_error"] <= 1e-3
+    assert data["files"] == [] and not (tmp_path / "config").exists()
