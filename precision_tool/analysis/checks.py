@@ -231,29 +231,33 @@ def _data_nonfinite(ctx: CheckContext) -> List[Finding]:
     return out
 
 
-@check("data.label_range", "data", "labels fed to a softmax cross-entropy against its classes")
+@check("data.label_range", "data",
+       "labels fed to a softmax cross-entropy against its classes, and their spread")
 def _label_range(ctx: CheckContext) -> List[Finding]:
+    """From the feeds and the graph alone (a label out of range stops the step itself)."""
     out = []
-    traces = ctx.golden[0]
-    trace = traces[0] if traces else None
     for node in ctx.graph.nodes:
-        if node.type != "SparseSoftmaxCrossEntropyWithLogits" or trace is None:
+        if node.type != "SparseSoftmaxCrossEntropyWithLogits" or len(node.inputs) < 2:
             continue
-        try:
-            logits, labels = np.asarray(trace.value(node.inputs[0])), np.asarray(trace.value(node.inputs[1]))
-        except (KeyError, IndexError, TypeError):
+        labels = ctx.bundle.feeds.get(node.inputs[1])
+        classes = ctx.graph.tensor(node.inputs[0]).shape[-1]
+        if labels is None or not np.size(labels):
             continue
-        classes = logits.shape[-1]
-        if not labels.size:
-            continue
+        labels = np.asarray(labels)
         lo, hi = int(labels.min()), int(labels.max())
-        if lo < 0 or hi >= classes:
+        evidence = {"op": node.name, "label_min": lo, "label_max": hi, "classes": classes,
+                    "distinct": int(np.unique(labels).size), "batch": int(labels.size)}
+        if classes is not None and (lo < 0 or hi >= classes):
             out.append(_finding("data.label_range", ERROR,
                                 f"{node.name}: labels span {lo}..{hi}, the logits have {classes} "
-                                f"classes (0..{classes - 1})",
-                                {"op": node.name, "label_min": lo, "label_max": hi, "classes": classes},
+                                f"classes (0..{classes - 1})", evidence,
                                 "map the labels to 0..classes-1, or give the output layer as many "
                                 "units as there are classes"))
+        elif labels.size >= 16 and lo == hi:
+            out.append(_finding("data.label_range", WARNING,
+                                f"{node.name}: all {labels.size} labels of the batch are {lo}: the "
+                                f"data is sorted by class or the shuffling is broken", evidence,
+                                "shuffle the training data"))
     return out
 
 

@@ -10,7 +10,7 @@ import click
 
 from .. import __version__
 from ..dump import layout
-from . import analyse, inspect, jobs, repair  # noqa: F401  (they register their commands)
+from . import analyse, checks, inspect, jobs, repair  # noqa: F401  (they register their commands)
 from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK,  # noqa: F401 (re-exported)
                   EXIT_USAGE, LOG_LEVELS, App, CommandError, alias_of)
 from .runner import ALIASES, RUNNERS, make_runner

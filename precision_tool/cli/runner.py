@@ -48,6 +48,36 @@ def _command(script) -> list:
     return script
 
 
+def run_script(app, root: str, settings: dict, script) -> list:
+    """Run the script with the hooks' environment (`settings`: variable -> value, None left
+    unset) and the workspace at root; the run directories its dumps wrote, in order. A
+    script that fails, or dumps nothing, is a one-line error."""
+    env = dict(os.environ)
+    env.update({k: v for k, v in settings.items() if v is not None})
+    env[layout.ENV_ROOT] = root
+    fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
+    os.close(fd)
+    env[layout.ENV_RUNS_FILE] = runs_file
+    command = _command(script)
+    shown = " ".join(f"{k}={v}" for k, v in settings.items() if v is not None and "ACTION" in k)
+    click.echo(f"running {' '.join(command)} with {shown}", err=True)
+    try:
+        try:             # with --json, stdout is the summary's: the script's output goes to stderr
+            rc = subprocess.call(command, env=env,
+                                 stdout=sys.stderr.fileno() if app.as_json else None)
+        except OSError as e:
+            raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
+        new = _runs_written(runs_file)
+    finally:
+        os.unlink(runs_file)
+    if rc != 0:
+        raise CommandError(f"error: the script exited with status {rc}")
+    if not new:
+        raise CommandError(f"error: the script wrote no dump into {root}: does it use "
+                           f"precision_tool.hooks (session_dump_config / sess_dump)?")
+    return new
+
+
 def make_runner(name: str):
     env_var, action, help_text = RUNNERS[name]
 
@@ -69,32 +99,11 @@ def make_runner(name: str):
         if dump_step is not None:
             layout.parse_steps(dump_step)        # refuse a bad value before running anything
         app = ctx.obj
-        env = dict(os.environ)
-        env[env_var] = action + ("|fusion_off" if fusion_off and env_var == layout.ENV_NPU_ACTION else "")
-        env[layout.ENV_ROOT] = root
-        for var, value in ((layout.ENV_DUMP_STEP, dump_step), (layout.ENV_DUMP_MODE, dump_mode),
-                           (layout.ENV_DUMP_DATA, dump_data)):
-            if value is not None:
-                env[var] = value
-        fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
-        os.close(fd)
-        env[layout.ENV_RUNS_FILE] = runs_file
-        command = _command(script)
-        click.echo(f"running {' '.join(command)} with {env_var}={env[env_var]}", err=True)
-        try:
-            try:             # with --json, stdout is the summary's: the script's output goes to stderr
-                rc = subprocess.call(command, env=env,
-                                     stdout=sys.stderr.fileno() if app.as_json else None)
-            except OSError as e:
-                raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
-            new = _runs_written(runs_file)
-        finally:
-            os.unlink(runs_file)
-        if rc != 0:
-            raise CommandError(f"error: the script exited with status {rc}")
-        if not new:
-            raise CommandError(f"error: the script wrote no dump into {root}: does it use "
-                               f"precision_tool.hooks (session_dump_config / sess_dump)?")
+        env = {env_var: action + ("|fusion_off" if fusion_off and env_var == layout.ENV_NPU_ACTION
+                                  else ""),
+               layout.ENV_DUMP_STEP: dump_step, layout.ENV_DUMP_MODE: dump_mode,
+               layout.ENV_DUMP_DATA: dump_data}
+        new = run_script(app, root, env, script)
         runs, overflowing = [], 0
         for path in new:
             parent, name = os.path.split(path)

@@ -233,6 +233,8 @@ class DumpObserver:
             self._core.limit()          # after the step: see cores (its numbers stay as they were)
         if last:
             self.close()               # the last step of the dump: on disk before run() returns
+            if st.dump and os.environ.get(layout.ENV_STOP_AFTER_DUMP):
+                raise SystemExit(0)    # check -- SCRIPT: the step it needs is written
 
     def abort_run(self, session, error):
         self._step = None              # nothing of the failed step is written

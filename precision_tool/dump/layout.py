@@ -27,6 +27,9 @@ ENV_DUMP_DATA = "PRECISION_TOOL_DUMP_DATA"
 # the script runner's file in which each dump of the script names the run it writes: what the
 # script dumped, whatever other processes write into the same workspace
 ENV_RUNS_FILE = "PRECISION_TOOL_RUNS_FILE"
+# set by `check -- SCRIPT`: the script stops (SystemExit 0) once its last dumped step is on
+# disk, so that checking a long training script takes one step of it
+ENV_STOP_AFTER_DUMP = "PRECISION_TOOL_STOP_AFTER_DUMP"
 
 ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
 DUMP_MODES = ("input", "output", "all")

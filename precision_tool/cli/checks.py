@@ -1,0 +1,112 @@
+"""`check` (pre-training checks on a workspace or a script) and `wp` (the watchpoint hits a
+training run recorded)."""
+from __future__ import annotations
+
+import os
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..analysis import checks as checking
+from ..dump import layout
+from ..runtime.npu.policy import AMP_LEVELS, PRECISION_MODES
+from .app import EXIT_FINDINGS, EXIT_OK, App, command
+from .runner import run_script
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+
+
+@command("check", "pre-check", short_help="Pre-training checks: data, hyperparameters, graph, init.",
+         context_settings={"ignore_unknown_options": True})
+@click.option("-r", "--run", "run_label", default=None, metavar="RUN",
+              help="The run whose replay bundle is checked (default: the newest NPU run with "
+                   "one, else the newest golden run).")
+@click.option("-s", "--step", type=click.IntRange(0), default=None,
+              help="The bundled step (default: the run's first).")
+@click.option("-g", "--golden-steps", type=click.IntRange(1), default=3, show_default=True,
+              help="Golden steps replayed from the bundle for the checks that train.")
+@click.option("--precision-mode", type=click.Choice(PRECISION_MODES + AMP_LEVELS), default=None,
+              help="The policy the fp16 checks assume (default: the NPU run's own; "
+                   "allow_mix_precision for a golden run).")
+@click.option("--only", multiple=True, type=click.Choice(sorted(checking.CHECKS)),
+              help="Run only these checks (repeatable).")
+@click.option("--diff", nargs=2, default=None, metavar="RUN RUN",
+              help="List every configuration difference between two runs instead.")
+@click.argument("script", nargs=-1, type=click.UNPROCESSED)
+def check_cmd(app: App, run_label, step, golden_steps, precision_mode, only, diff, script):
+    """Check what is not the NPU before (or instead of) a long training run: the data (nan/inf,
+    labels against the classes, magnitudes against fp16), the hyperparameters (epsilons and
+    learning rates fp16 cannot hold, the loss scale against the mode and the gradients, an
+    update larger than its weights), the API (BatchNorm in inference mode while training),
+    the graph (variables never updated, golden values beyond fp16 in ops the policy puts in
+    fp16), the initialisation (all zero, constant, a scale off the fan-in) and determinism
+    (two golden replays bit for bit). Each finding has its evidence and its fix.
+
+    On a workspace, the checks read a run's replay bundle. With a script
+    (check -- python train.py), the script runs with step 0 dumped and stops once it is
+    written, then its run is checked. With --diff RUN RUN, the configuration differences of
+    two runs are listed.
+
+    Exit code 1 when a finding has error severity (or, with --diff, the runs differ); 0
+    otherwise; 2 on input error."""
+    if diff:
+        return _diff(app, *diff)
+    if script:
+        new = run_script(app, app.ws_root(), {
+            layout.ENV_NPU_ACTION: "dump", layout.ENV_CPU_ACTION: "dump",
+            layout.ENV_DUMP_STEP: "0", layout.ENV_DUMP_DATA: "stats",
+            layout.ENV_STOP_AFTER_DUMP: "1"}, script)
+        app.refresh()
+        parent, name = os.path.split(new[0])
+        run = app.ws.run(os.path.basename(parent), name)
+    elif run_label is not None:
+        run = app.run(run_label, "npu")
+    else:
+        ws = app.ws
+        newest = [[r for r in ws.runs(target) if r.bundles and not r.info.get("replay_of")]
+                  for target in ("npu", "cpu")]
+        bundled = newest[0] or newest[1]
+        if not bundled:
+            raise checking.CheckError(f"no run in {ws.root} has a replay bundle: dump a step "
+                                      f"(npu-dump or cpu-dump), or give a script: check -- "
+                                      f"python train.py")
+        run = app.noting(bundled[-1])
+    app.info(f"checking {run.label}...")
+    report = checking.run_checks(app.ws, run, step, golden_steps, precision_mode, only)
+
+    def render():
+        app.line(f"{report.run} step {report.step}, {report.golden_steps} golden step(s) "
+                 f"replayed, precision mode {report.precision_mode}: {len(report.checks)} checks")
+        for note in report.notes:
+            app.line(note)
+        if not report.findings:
+            app.line("no finding")
+            return
+        table = Table(show_lines=True)
+        for col in ("severity", "check", "finding", "fix"):
+            table.add_column(col, overflow="fold")
+        for f in report.findings:
+            table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.check,
+                          escape(f.message), escape(f.fix))
+        app.console.print(table)
+    app.emit(report.to_dict(), render)
+    return EXIT_FINDINGS if report.errors else EXIT_OK
+
+
+def _diff(app: App, left: str, right: str) -> int:
+    a, b = app.run(left, "npu"), app.run(right, "npu")
+    diffs = checking.diff_runs(app.ws, a, b)
+
+    def render():
+        if not diffs:
+            app.line(f"{a.label} and {b.label}: no configuration difference")
+            return
+        table = Table(title=f"{a.label} against {b.label}")
+        for col in ("what", a.label, b.label):
+            table.add_column(col, overflow="fold")
+        for d in diffs:
+            table.add_row(escape(d["what"]), escape(str(d["left"])), escape(str(d["right"])))
+        app.console.print(table)
+    app.emit({"left": a.label, "right": b.label, "differences": diffs}, render)
+    return EXIT_FINDINGS if diffs else EXIT_OK
