@@ -99,3 +99,39 @@ def sess_dump(session, action: Optional[str] = None, dump_step: Optional[str] = 
                                      "takes hooks.session_dump_config() in its config")
     attach_dump(session, action, dump_step, dump_mode, dump_data, data_dir, debug_dir)
     return session
+
+
+def watch(config: Optional[SessionConfig] = None, data_dir: Optional[str] = None,
+          conditions=None, **thresholds) -> SessionConfig:
+    """The session config with training watchpoints on (dump.watch): every step's statistics
+    tested against the conditions (all, or those named), hits appended to
+    <workspace>/watch/hits.csv and the first of each said on stderr. thresholds: WatchConfig's
+    fields (grad_min, grad_max, update_min, update_max, loss_patience, scale_patience)."""
+    from .dump.watch import WatchHook
+    config = config or SessionConfig()
+    hook = WatchHook(_watch_config(conditions, thresholds), layout.resolve_root(data_dir))
+    return dataclasses.replace(config, observers=tuple(config.observers) + (hook,))
+
+
+def attach_watch(session, data_dir: Optional[str] = None, conditions=None, **thresholds):
+    """Watch an existing session's runs from its next run on (see watch); returns the
+    observer (its `hits` list)."""
+    from .dump.watch import WatchObserver
+    observer = WatchObserver(session, _watch_config(conditions, thresholds),
+                             layout.resolve_root(data_dir))
+    session.add_observer(observer)
+    return observer
+
+
+def _watch_config(conditions, thresholds):
+    from .dump.watch import CONDITIONS, WatchConfig
+    names = frozenset(conditions) if conditions is not None else None
+    unknown = sorted((names or set()) - set(CONDITIONS))
+    if unknown:
+        raise layout.DumpConfigError(f"unknown watch condition(s) {unknown}; known: "
+                                     f"{', '.join(CONDITIONS)}")
+    fields = set(WatchConfig.__dataclass_fields__) - {"conditions"}
+    wrong = sorted(set(thresholds) - fields)
+    if wrong:
+        raise layout.DumpConfigError(f"unknown watch threshold(s) {wrong}; known: {', '.join(sorted(fields))}")
+    return WatchConfig(conditions=names, **thresholds)

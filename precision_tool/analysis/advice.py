@@ -97,6 +97,11 @@ def advise(r, info: dict) -> List[str]:
         lines.append(_origin_advice(r, o, mode))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
+    if r.watchpoints:
+        h = r.watchpoints[0]
+        lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "
+                     f"first {h['condition']} at step {h['step']}: {h['message']}): "
+                     f"precision-tool wp lists them.")
     if lines and r.repairable and (first is not None or o is not None or r.underflow is not None):
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} (it replays the step under such changes and writes the "

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..dump import Workspace
+from ..dump.watch import first_hits, read_hits
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
@@ -66,6 +67,8 @@ class AutoCheck:
     result_file: Optional[str] = None              # the vector compare's CSV, if written
     # the step has a replay bundle and a golden run: `fix` can search a repair for it
     repairable: bool = False
+    # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
+    watchpoints: List[dict] = field(default_factory=list)
     advice: List[str] = field(default_factory=list)
 
     @property
@@ -74,10 +77,10 @@ class AutoCheck:
 
     @property
     def has_findings(self) -> bool:
-        """An overflow, an op that diverges and is not cancellation noise, underflow, or
-        state that came in diverging."""
+        """An overflow, an op that diverges and is not cancellation noise, underflow, state
+        that came in diverging, or a training watchpoint hit."""
         return bool(self.overflows) or self.diverging_count > 0 or \
-            self.underflow is not None or self.carried is not None
+            self.underflow is not None or self.carried is not None or bool(self.watchpoints)
 
     @property
     def verdict(self) -> str:
@@ -132,6 +135,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     report = reports[s]
     result.step = s
     result.repairable = golden_run is not None and s in npu_run.bundles
+    result.watchpoints = first_hits(read_hits(ws.root))
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
     if report.first is not None:

@@ -187,6 +187,13 @@ def _render_ac(app: App, r, limit):
                             title_align="left"))
         if r.result_file:
             app.info(f"compare result: {r.result_file}")
+    if r.watchpoints:
+        lines = [f"step {h['step']}: {h['condition']}: {h['message']} ({h['count']} hit(s))"
+                 for h in r.watchpoints[:max(limit, 1) * 3]]
+        more = len(r.watchpoints) - len(lines)
+        out.print(Panel(escape("\n".join(lines + ([f"... {more} more: precision-tool wp"]
+                                                   if more > 0 else []))),
+                        title="Training watchpoints", title_align="left"))
     out.print(Panel(escape("\n".join(r.advice)), title="Next", title_align="left"))
 
 

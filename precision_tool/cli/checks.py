@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..analysis import checks as checking
-from ..dump import layout
+from ..dump import layout, watch
 from ..runtime.npu.policy import AMP_LEVELS, PRECISION_MODES
 from .app import EXIT_FINDINGS, EXIT_OK, App, command
 from .runner import run_script
@@ -110,3 +110,36 @@ def _diff(app: App, left: str, right: str) -> int:
         app.console.print(table)
     app.emit({"left": a.label, "right": b.label, "differences": diffs}, render)
     return EXIT_FINDINGS if diffs else EXIT_OK
+
+
+@command("wp", "watchpoints", short_help="The watchpoint hits of training runs, first hit first.")
+@click.option("-a", "--all", "every", is_flag=True, help="Every hit, not only each condition's first.")
+@click.option("-l", "--limit", type=click.IntRange(0), default=0, show_default=True,
+              help="Hits to show (0: all).")
+def watchpoints_cmd(app: App, every, limit):
+    """The hits the training watchpoints recorded (hooks.watch, WatchpointCallback) in
+    <workspace>/watch/hits.csv: per condition and session its first hit, with how many
+    followed, the earliest first; with -a every hit in order.
+
+    Exit code 1 when there is a hit; 0 when none was recorded."""
+    root = app.ws_root()
+    hits = watch.read_hits(root)
+    shown = hits if every else watch.first_hits(hits)
+    shown = shown[:limit] if limit else shown
+
+    def render():
+        if not hits:
+            app.line(f"no watchpoint hit in {root} (watch a run with hooks.watch(config) or "
+                     f"trainer.WatchpointCallback())")
+            return
+        table = Table(title=f"{len(hits)} hit(s) in {os.path.join(root, watch.WATCH_DIR, watch.HITS_FILE)}")
+        for col in ("step", "condition", "what", "session") + (() if every else ("hits",)):
+            table.add_column(col, overflow="fold")
+        for h in shown:
+            row = [str(h["step"]), h["condition"], escape(h["message"]), escape(h["session"])]
+            if not every:
+                row.append(f"{h['count']} (to step {h['last_step']})")
+            table.add_row(*row)
+        app.console.print(table)
+    app.emit({"hits": len(hits), "shown": shown}, render)
+    return EXIT_FINDINGS if hits else EXIT_OK

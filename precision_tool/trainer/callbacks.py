@@ -207,6 +207,26 @@ class DumpCallback(Callback):
             self.observer.close()
 
 
+class WatchpointCallback(Callback):
+    """Training watchpoints (dump.watch) on the training session: every step tested against
+    the conditions (all, or those named) with the thresholds given (WatchConfig's fields),
+    hits in <workspace>/watch/hits.csv, the first of each condition on stderr. `hits` lists
+    them."""
+
+    def __init__(self, data_dir: Optional[str] = None, conditions=None, **thresholds):
+        from ..hooks import _watch_config
+        _watch_config(conditions, thresholds)          # refuse a wrong name now, not at begin
+        self.options = dict(data_dir=data_dir, conditions=conditions, **thresholds)
+        self.observer = None
+
+    @property
+    def hits(self) -> list:
+        return self.observer.hits if self.observer is not None else []
+
+    def begin(self, run_context):
+        self.observer = hooks.attach_watch(run_context.original_args().session, **self.options)
+
+
 class OverflowMonitor(Callback):
     """Reports every overflowed step (also inside a sink) with its status word and the loss
     scale's move. `overflowed_steps` lists them; `trajectory` is [(step, scale)], starting
