@@ -201,7 +201,9 @@ class _EveryOther:
         self.inner.abort_run(session, error)
 
     def close(self):
-        self.inner.close()
+        close = getattr(self.inner, "close", None)       # a watch has nothing to finish
+        if close is not None:
+            close()
 
 
 def stats_dump_alternating(digits, where, batch, pairs=300):
@@ -225,6 +227,29 @@ def stats_dump_alternating(digits, where, batch, pairs=300):
             times.append(time.perf_counter() - start)
         sess.close()
         # from step 4 on: the first dumped steps make the plan
+        return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
+                                 for i in range(4, len(times) - 1, 2))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def watch_alternating(digits, batch, pairs=300):
+    """A watched Transformer NPU step ÷ an unwatched one (every watchpoint condition on), in
+    one session that watches every other step, measured as stats_dump_alternating measures:
+    the median over watched steps of each one's time ÷ the mean of its two neighbours'."""
+    m = pt.models.transformer()
+    root = tempfile.mkdtemp(prefix="bench-watch-")
+    try:
+        cfg = hooks.watch(pt.SessionConfig(), data_dir=root)
+        cfg = dataclasses.replace(cfg, observers=tuple(map(_EveryOtherHook, cfg.observers)))
+        sess = pt.Session(m.graph, target="npu", config=cfg)
+        feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
+        times = []
+        for _ in range(2 * pairs + 5):
+            start = time.perf_counter()
+            sess.run([m.loss, m.train_op], feed)
+            times.append(time.perf_counter() - start)
+        sess.close()
         return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
                                  for i in range(4, len(times) - 1, 2))
     finally:

@@ -149,6 +149,12 @@ def main():
                               note="median of each dumped step ÷ its two undumped "
                                    "neighbours; the steadiest measure here (no close, no "
                                    "block boundaries, no drift between the two)")
+        for batch in ((32,) if q else (32, 256)):
+            ratio = executors.watch_alternating(digits, batch, 50 if q else 300)
+            t.add(f"watchpoints, Transformer NPU step at batch {batch}, every condition on: "
+                  f"watched ÷ unwatched", f"{ratio:.3f}", "≤ 1.1", ratio <= 1.1,
+                  note="one session watching every other step; median of each watched step ÷ "
+                       "its two neighbours (the statistics floor is most of it)")
         cpu = executors.writer_cpu(digits, "/dev/shm" if os.path.isdir("/dev/shm") else ".",
                                    32, 10 if q else 40)
         if cpu is not None:

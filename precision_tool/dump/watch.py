@@ -69,6 +69,21 @@ class _PlanFacts:
     tensors: List[str]           # every float output, for the non-finite test
     loss: Optional[str]          # the first fetched float scalar
     scale: Optional[tuple]       # (loss scale variable, its minimum) when the graph scales
+    _slots: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def names(self, kind: str) -> List[str]:
+        """The tensors of a kind: gradients, activations, fp16, tensors or loss."""
+        if kind == "gradients":
+            return [g for g, _ in self.gradients]
+        if kind == "loss":
+            return [self.loss] if self.loss else []
+        return getattr(self, kind)
+
+    def slots(self, trace, kind: str) -> np.ndarray:
+        """The rows of a kind's tensors in the run's statistics table, worked out once."""
+        if kind not in self._slots:
+            self._slots[kind] = np.array([trace.row(n) for n in self.names(kind)], dtype=np.intp)
+        return self._slots[kind]
 
 
 def _facts(plan, fetch_tensors) -> _PlanFacts:
@@ -121,43 +136,49 @@ def condition(name: str, doc: str):
 
 
 class _StepView:
-    """One step's statistics by tensor name, and the weights' updates."""
+    """One step's statistics, a row per tensor (numerics.stats_row's 8 numbers), gathered per
+    list of _PlanFacts at once; and the weights' updates."""
 
     def __init__(self, step: int, trace, facts: _PlanFacts, updates: Dict[str, float]):
         self.step, self.trace, self.facts, self.updates = step, trace, facts, updates
-        self._own: Dict[str, np.ndarray] = {}
 
-    def row(self, tensor: str) -> np.ndarray:
-        if self.trace.stats is not None:
-            return self.trace.stats[self.trace.row(tensor)]
-        if tensor not in self._own:            # another observer kept the values: from them
-            row = np.empty(8)
-            numerics.stats_row(np.asarray(self.trace.value(tensor)), row)
-            self._own[tensor] = row
-        return self._own[tensor]
+    def rows(self, kind: str) -> np.ndarray:
+        """The statistics of a kind's tensors (_PlanFacts.names), a row each."""
+        names = self.facts.names(kind)
+        if not names:
+            return np.zeros((0, 8))
+        if self.trace.stats is not None:         # one gather from the run's own table
+            return self.trace.stats[self.facts.slots(self.trace, kind)]
+        out = np.empty((len(names), 8))          # another observer kept the values: from them
+        for row, name in zip(out, names):
+            numerics.stats_row(np.asarray(self.trace.value(name)), row)
+        return out
+
+
+def _nonfinite_counts(r: np.ndarray) -> np.ndarray:
+    return r[:, NAN] + r[:, POS_INF] + r[:, NEG_INF]
 
 
 @condition("gradient_vanishing", "a gradient an update reads has a norm under grad_min")
 def _vanishing(w, v):
-    out = []
-    for grad, var in v.facts.gradients:
-        r = v.row(grad)
-        if r[NAN] + r[POS_INF] + r[NEG_INF] == 0 and r[NORM] < w.config.grad_min:
-            out.append(Hit(v.step, "gradient_vanishing", grad, float(r[NORM]), w.config.grad_min,
-                           f"the gradient of {var} has norm {r[NORM]:.3g} (< {w.config.grad_min:g})"))
-    return out
+    grads = v.facts.gradients
+    r = v.rows("gradients")
+    hit = (_nonfinite_counts(r) == 0) & (r[:, NORM] < w.config.grad_min)
+    return [Hit(v.step, "gradient_vanishing", grads[i][0], float(r[i, NORM]), w.config.grad_min,
+                f"the gradient of {grads[i][1]} has norm {r[i, NORM]:.3g} (< {w.config.grad_min:g})")
+            for i in np.flatnonzero(hit)]
 
 
 @condition("gradient_exploding", "a gradient's norm over grad_max, or not finite")
 def _exploding(w, v):
+    grads = v.facts.gradients
+    r = v.rows("gradients")
+    bad = _nonfinite_counts(r) > 0
     out = []
-    for grad, var in v.facts.gradients:
-        r = v.row(grad)
-        bad = r[NAN] + r[POS_INF] + r[NEG_INF]
-        if bad or r[NORM] > w.config.grad_max:
-            value = math.inf if bad else float(r[NORM])
-            out.append(Hit(v.step, "gradient_exploding", grad, value, w.config.grad_max,
-                           f"the gradient of {var} has norm {value:.3g} (> {w.config.grad_max:g})"))
+    for i in np.flatnonzero(bad | (r[:, NORM] > w.config.grad_max)):
+        value = math.inf if bad[i] else float(r[i, NORM])
+        out.append(Hit(v.step, "gradient_exploding", grads[i][0], value, w.config.grad_max,
+                       f"the gradient of {grads[i][1]} has norm {value:.3g} (> {w.config.grad_max:g})"))
     return out
 
 
@@ -177,36 +198,35 @@ def _jump(w, v):
 
 @condition("activation_zero", "a forward activation entirely zero")
 def _zero(w, v):
-    out = []
-    for t in v.facts.activations:
-        r = v.row(t)
-        if r[SIZE] > 1 and r[MAX] == 0 and r[MIN] == 0 and r[NAN] == 0:
-            out.append(Hit(v.step, "activation_zero", t, 0.0, 0.0, f"{t} is all zero"))
-    return out
+    names = v.facts.activations
+    r = v.rows("activations")
+    hit = (r[:, SIZE] > 1) & (r[:, MAX] == 0) & (r[:, MIN] == 0) & (r[:, NAN] == 0)
+    return [Hit(v.step, "activation_zero", names[i], 0.0, 0.0, f"{names[i]} is all zero")
+            for i in np.flatnonzero(hit)]
 
 
 @condition("activation_fp16_max", "a tensor computed in fp16 reaches 65504 (saturated)")
 def _at_max(w, v):
-    out = []
-    for t in v.facts.fp16:
-        r = v.row(t)
-        peak = max(abs(r[MAX]), abs(r[MIN]))
-        if peak >= numerics.FP16_MAX and math.isfinite(peak):
-            out.append(Hit(v.step, "activation_fp16_max", t, float(peak), numerics.FP16_MAX,
-                           f"{t} reaches {peak:g}: fp16's maximum (saturated)"))
-    return out
+    names = v.facts.fp16
+    r = v.rows("fp16")
+    peak = np.maximum(np.abs(r[:, MAX]), np.abs(r[:, MIN]))
+    hit = (peak >= numerics.FP16_MAX) & np.isfinite(peak)
+    return [Hit(v.step, "activation_fp16_max", names[i], float(peak[i]), numerics.FP16_MAX,
+                f"{names[i]} reaches {peak[i]:g}: fp16's maximum (saturated)")
+            for i in np.flatnonzero(hit)]
 
 
 @condition("nonfinite", "a tensor holds nan or inf")
 def _nonfinite(w, v):
-    for t in v.facts.tensors:            # the first in execution order: where it starts
-        r = v.row(t)
-        bad = r[NAN] + r[POS_INF] + r[NEG_INF]
-        if bad:
-            return [Hit(v.step, "nonfinite", t, float(bad), 0.0,
-                        f"{t} holds {int(r[NAN])} nan, {int(r[POS_INF] + r[NEG_INF])} inf "
-                        f"(the first tensor of the step that does)")]
-    return []
+    names = v.facts.tensors
+    r = v.rows("tensors")
+    bad = np.flatnonzero(_nonfinite_counts(r))
+    if not len(bad):
+        return []
+    i = bad[0]                           # the first in execution order: where it starts
+    return [Hit(v.step, "nonfinite", names[i], float(_nonfinite_counts(r[i:i + 1])[0]), 0.0,
+                f"{names[i]} holds {int(r[i, NAN])} nan, {int(r[i, POS_INF] + r[i, NEG_INF])} "
+                f"inf (the first tensor of the step that does)")]
 
 
 @condition("loss_nan", "the loss is nan or inf")
@@ -255,8 +275,9 @@ class WatchObserver:
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
         self._fetches = fetch_tensors
         if any(self.config.wants(c) for c in ("weights_static", "weights_jump")):
+            # weights (a matrix, a filter): a bias may start at zero, where no ratio means anything
             current = session.variables(copy=False)
-            self._before = {v: np.array(current[v]) for v in self._trainable
+            self._before = {v: np.array(current[v], dtype=np.float64) for v in self._trainable
                             if v in current and np.ndim(current[v]) >= 2}
         return STATS_ONLY
 
@@ -270,10 +291,10 @@ class WatchObserver:
         if self._before:
             after = session.variables(copy=False)
             for var, old in self._before.items():
-                # weights (a matrix, a filter): a bias may start at zero, where no ratio means anything
-                if var in updated and old.ndim >= 2:
-                    norm = float(np.linalg.norm(old))
-                    step = float(np.linalg.norm(np.asarray(after[var], np.float64) - old))
+                if var in updated:
+                    flat = old.reshape(-1)
+                    delta = np.subtract(after[var], old, dtype=np.float64).reshape(-1)
+                    norm, step = math.sqrt(float(flat @ flat)), math.sqrt(float(delta @ delta))
                     updates[var] = step / norm if norm > 0 else (math.inf if step else 0.0)
         view = _StepView(session.step, trace, facts, updates)
         self._track(view, facts)
@@ -288,7 +309,7 @@ class WatchObserver:
     def _track(self, view, facts):
         self.loss_now = None
         if facts.loss is not None:
-            r = view.row(facts.loss)
+            r = view.rows("loss")[0]
             loss = float(r[MAX]) if r[NAN] + r[POS_INF] + r[NEG_INF] == 0 else math.nan
             self.loss_now = loss
             if loss < self.best_loss * (1 - 1e-4) or self.best_loss == math.inf:
