@@ -206,6 +206,20 @@ class _EveryOther:
             close()
 
 
+def _alternating(sess, m, digits, batch, pairs):
+    """The median over the observed (even) steps of each one's time ÷ the mean of its two
+    unobserved neighbours', from step 4 on (the first observed steps make the plan)."""
+    feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
+    times = []
+    for _ in range(2 * pairs + 5):
+        start = time.perf_counter()
+        sess.run([m.loss, m.train_op], feed)
+        times.append(time.perf_counter() - start)
+    sess.close()
+    return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
+                             for i in range(4, len(times) - 1, 2))
+
+
 def stats_dump_alternating(digits, where, batch, pairs=300):
     """A statistics dump's step ÷ an undumped one, in one session that dumps every other
     step: the same plan, arrays and caches on both sides, so the steadiest measure on a
@@ -218,17 +232,7 @@ def stats_dump_alternating(digits, where, batch, pairs=300):
         cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", dump_step="all",
                                         dump_data="stats", data_dir=root)
         cfg = dataclasses.replace(cfg, observers=tuple(map(_EveryOtherHook, cfg.observers)))
-        sess = pt.Session(m.graph, target="npu", config=cfg)
-        feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
-        times = []                         # even steps dumped, odd ones not
-        for _ in range(2 * pairs + 5):
-            start = time.perf_counter()
-            sess.run([m.loss, m.train_op], feed)
-            times.append(time.perf_counter() - start)
-        sess.close()
-        # from step 4 on: the first dumped steps make the plan
-        return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
-                                 for i in range(4, len(times) - 1, 2))
+        return _alternating(pt.Session(m.graph, target="npu", config=cfg), m, digits, batch, pairs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -242,16 +246,7 @@ def watch_alternating(digits, batch, pairs=300):
     try:
         cfg = hooks.watch(pt.SessionConfig(), data_dir=root)
         cfg = dataclasses.replace(cfg, observers=tuple(map(_EveryOtherHook, cfg.observers)))
-        sess = pt.Session(m.graph, target="npu", config=cfg)
-        feed = {m.x: digits.x_train[:batch], m.y: digits.y_train[:batch]}
-        times = []
-        for _ in range(2 * pairs + 5):
-            start = time.perf_counter()
-            sess.run([m.loss, m.train_op], feed)
-            times.append(time.perf_counter() - start)
-        sess.close()
-        return statistics.median(times[i] / ((times[i - 1] + times[i + 1]) / 2)
-                                 for i in range(4, len(times) - 1, 2))
+        return _alternating(pt.Session(m.graph, target="npu", config=cfg), m, digits, batch, pairs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

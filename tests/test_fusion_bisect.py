@@ -10,24 +10,9 @@ from precision_tool.dump import Workspace
 def _planted(tmp_path):
     """An unnormalised (mean 100, std 1) fp16 input straight into a LayerNorm, then a
     classifier trained one step; mixed precision with every pass on."""
-    g = pt.Graph("planted")
-    with g.as_default():
-        x = pt.placeholder("x", [None, 64], "float16")
-        y = pt.placeholder("y", [None], "int32")
-        h = pt.nn.layer_norm(pt.ops.mul(x, 1.0), name="norm")
-        logits = pt.nn.dense(pt.ops.cast(h, "float32"), 10, name="head")
-        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
-        train = pt.train.SGD(0.1).minimize(loss)
-    rng = np.random.default_rng(3)
-    feed = {x: (100 + rng.normal(size=(32, 64))).astype(np.float16),
-            y: rng.integers(0, 10, 32).astype(np.int32)}
-    root = str(tmp_path)
-    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="allow_mix_precision"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
-    npu.run([loss, train], feed)
-    cpu.run([loss, train], feed)
-    return Workspace(root)
+    from test_repair import dump_step, planted_layer_norm_net
+    return dump_step(tmp_path, planted_layer_norm_net(),
+                     pt.SessionConfig(precision_mode="allow_mix_precision"))
 
 
 def test_bisection_names_the_layer_norm_pass(tmp_path):
