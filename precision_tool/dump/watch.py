@@ -266,7 +266,9 @@ class WatchObserver:
         self.hits: List[Hit] = []
         self.said: set = set()
         self._facts: Dict[int, tuple] = {}
-        self._before: Dict[str, np.ndarray] = {}
+        self._before: Optional[np.ndarray] = None        # the weights before the step, flat
+        self._weights: Optional[List[str]] = None
+        self._starts = None
         self.best_loss, self.since_best, self.scale_at_min = math.inf, 0, 0
         self.loss_now: Optional[float] = None
         self._trainable = [n.name for n in session.graph.nodes
@@ -274,11 +276,19 @@ class WatchObserver:
 
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes):
         self._fetches = fetch_tensors
+        self._before = None
         if any(self.config.wants(c) for c in ("weights_static", "weights_jump")):
-            # weights (a matrix, a filter): a bias may start at zero, where no ratio means anything
+            # weights (a matrix, a filter): a bias may start at zero, where no ratio means
+            # anything. One flat copy of all of them: a step has dozens of small weights, and
+            # a numpy call per weight would cost more than the copying
             current = session.variables(copy=False)
-            self._before = {v: np.array(current[v], dtype=np.float64) for v in self._trainable
-                            if v in current and np.ndim(current[v]) >= 2}
+            if self._weights is None:
+                self._weights = [v for v in self._trainable
+                                 if v in current and np.ndim(current[v]) >= 2]
+                sizes = [np.size(current[v]) for v in self._weights]
+                self._starts = np.cumsum([0] + sizes[:-1]).astype(np.intp)
+            if self._weights:
+                self._before = np.concatenate([current[v].ravel() for v in self._weights])
         return STATS_ONLY
 
     def end_run(self, session, trace):
@@ -286,16 +296,18 @@ class WatchObserver:
         if cached is None or cached[0] is not trace.plan:
             cached = self._facts[id(trace.plan)] = (trace.plan, _facts(trace.plan, self._fetches))
         facts = cached[1]
-        updated = {var for _, var in facts.gradients}
         updates = {}
-        if self._before:
+        if self._before is not None:
             after = session.variables(copy=False)
-            for var, old in self._before.items():
-                if var in updated:
-                    flat = old.reshape(-1)
-                    delta = np.subtract(after[var], old, dtype=np.float64).reshape(-1)
-                    norm, step = math.sqrt(float(flat @ flat)), math.sqrt(float(delta @ delta))
-                    updates[var] = step / norm if norm > 0 else (math.inf if step else 0.0)
+            delta = np.concatenate([after[v].ravel() for v in self._weights])
+            np.subtract(delta, self._before, out=delta)
+            # in the weights' own dtype: a ratio against a threshold needs no more
+            steps = np.sqrt(np.add.reduceat(delta * delta, self._starts))
+            norms = np.sqrt(np.add.reduceat(self._before * self._before, self._starts))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = np.where(norms > 0, steps / norms, np.where(steps > 0, np.inf, 0.0))
+            updated = {var for _, var in facts.gradients}
+            updates = {v: float(r) for v, r in zip(self._weights, ratios.tolist()) if v in updated}
         view = _StepView(session.step, trace, facts, updates)
         self._track(view, facts)
         for name, c in CONDITIONS.items():
@@ -304,7 +316,7 @@ class WatchObserver:
                     self._record(hit)
 
     def abort_run(self, session, error):
-        self._before = {}
+        self._before = None
 
     def _track(self, view, facts):
         self.loss_now = None
