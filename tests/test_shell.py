@@ -3,16 +3,18 @@ unknown words, Ctrl-C during vc, Ctrl-D; and the completion and line handling it
 import os
 import sys
 
+import numpy as np
 import pexpect
 import pytest
 
 import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.cli.app import App
-from precision_tool.cli.shell import PROMPT, completions, execute
+from precision_tool.cli.shell import completions, execute, prompt_for
 from precision_tool.cli import main
 
 SOFTMAX = "encoder/layer_0/attention/Softmax"
+PROMPT = r"PrecisionTool \(.*\) >"          # the workspace shown in it
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def spawn(root):
     env = dict(os.environ, COLUMNS="80", LINES="50", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
     child = pexpect.spawn(sys.executable, ["-m", "precision_tool", "--data-dir", root, "shell"],
                           env=env, encoding="utf-8", timeout=60, dimensions=(50, 80))
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     return child
 
 
@@ -60,7 +62,7 @@ def test_the_shell_in_a_terminal(workspace):
     child.expect_exact("osine")                           # the completed rest of the option
     child.send("\r")
     child.expect_exact("op(s) diverge")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     # completion of an op name from the workspace index
     child.send("ni encoder/layer_3/attention/Soft\t")
     child.expect_exact("max")                              # the rest: Softmax
@@ -68,28 +70,28 @@ def test_the_shell_in_a_terminal(workspace):
     child.send("\x15")                                    # Ctrl-U: clear the line
     child.send("help vcs\r")
     child.expect_exact("Exit code 1 when")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     child.send("vsc\r")
     child.expect_exact("did you mean")
-    child.expect_exact(PROMPT.strip())
-    child.send("run echo hello-from-run\r")
-    child.expect_exact("hello-from-run")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
+    child.send("run echo hello-from-run | tr a-z A-Z\r")   # the user's shell: a pipe
+    child.expect_exact("HELLO-FROM-RUN")
+    child.expect(PROMPT)
     child.send("clear\r")                                  # a builtin, not an unknown command
     child.expect_exact("\x1b[2J")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     # Ctrl-C during vc cancels the command, not the shell, and leaves no worker behind (two
     # workers: starting them makes vc outlast the key press, however fast comparing gets)
     child.send("vc -w 2\r")
     child.expect("comparing")
     child.sendintr()
     child.expect_exact("interrupted")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     if os.path.isdir("/proc"):
         assert _children(child.pid) == []
     child.send("ls -f Softmax\r")
     child.expect_exact("4 op(s) in npu/debug_0")
-    child.expect_exact(PROMPT.strip())
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()
@@ -121,3 +123,97 @@ def test_lines_run_on_one_app(workspace, capsys):
     assert execute(app, "pt") == 2 and "(see help pt)" in capsys.readouterr().err
     assert main(["--data-dir", str(workspace), "pt"]) == 2
     assert "(see precision-tool pt --help)" in capsys.readouterr().err
+
+
+# -- the workspace, value completion, run, pipes ----------------------------------------------
+def _small_workspace(root):
+    """A one-step MLP dump (ops named fc1/..., logits/...): another workspace to switch to."""
+    from test_repair import dense_net, dump_step
+    dump_step(root, dense_net(), pt.SessionConfig())
+    return str(root)
+
+
+def test_the_shells_workspace_prompt_and_value_completion(workspace, tmp_path):
+    other = _small_workspace(tmp_path / "other")
+    child = spawn(workspace)
+    assert "precision_data)" in child.after
+    # --data-dir on one line is that line's: the next line reads the shell's workspace again
+    child.send(f"--data-dir {other} ls -t MatMulV2\r")
+    child.expect_exact("op(s) in npu/debug_0")
+    child.expect(PROMPT)
+    child.send("ls -t SoftmaxV2\r")
+    child.expect_exact("4 op(s) in npu/debug_0")
+    child.expect(PROMPT)
+    # use DIR switches: the prompt shows it, and completion offers its names
+    child.send(f"use {other}\r")
+    child.expect_exact(f"workspace: {other}")
+    child.expect(r"PrecisionTool \(.*other\) >")
+    child.send("ni logits/Bias\t")
+    child.expect_exact("Add")                                # logits/BiasAdd from the new index
+    child.send("\x1b\x15")
+    # an option's values: dc -f's formats (any case), train -a's actions, the runs
+    child.send("dc -f nh\t")
+    child.expect_exact("NHWC")
+    child.send("\x1b\x15")
+    child.send("train -a fu\t")
+    child.expect_exact("sion_off")
+    child.send("\x1b\x15")
+    child.send("ac -rt cp\t")
+    child.expect_exact("u/debug_0")
+    child.send("\x1b\x15")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_value_completion_reads_the_run_the_command_reads(workspace, tmp_path):
+    from precision_tool.cli.shell import _words
+    app = App(workspace)
+    cache = {}
+    assert completions(app, "dc -f n", cache) == ["NCHW", "NHWC"]
+    assert completions(app, "train -a ", cache) == ["dump", "overflow", "fusion_off"]
+    assert completions(app, "ac -rt ", cache) == ["cpu/debug_0", "npu/debug_0"]
+    assert completions(app, "pt -s ", cache) == ["0"]
+    assert completions(app, "help vector-", cache) == ["vector-compare", "vector-summary"]
+    golden_file = _words(app)["runs"]["cpu/debug_0"]["files"][0]
+    stem = golden_file[:-4]
+    assert golden_file not in completions(app, f"pt {stem}", cache)        # pt reads the NPU run
+    assert golden_file in completions(app, f"pt -r cpu/debug_0 {stem}", cache)
+    assert golden_file in completions(app, f"cp SomeNpuFile.npy {stem}", cache)   # cp's RIGHT
+    # a new run appears: the words are made anew
+    small = _small_workspace(tmp_path / "small")
+    app2 = App(small)
+    cache2 = {}
+    assert completions(app2, "ni fc2/", cache2) == []
+    from test_repair import dump_step
+    g = pt.Graph("extra", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 4])
+        y = pt.placeholder("y", [None], "int32")
+        logits = pt.nn.dense(x, 10, name="fc2")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.1).minimize(loss)
+    from test_repair import Net
+    dump_step(small, Net(g, [x], y, loss, train_op, [([np.ones((2, 4), np.float32)],
+                                                       np.zeros(2, np.int32))]), pt.SessionConfig())
+    assert "fc2/MatMul" in completions(app2, "ni fc2/", cache2)
+
+
+def test_run_goes_through_the_users_shell(workspace, capfd):
+    app = App(workspace)
+    assert execute(app, "run printf 'a\\nb\\nc\\n' | head -2") == 0
+    assert capfd.readouterr().out == "a\nb\n"
+    assert execute(app, "run exit 3") == 3
+
+
+def test_piped_output_keeps_whole_lines(workspace):
+    import subprocess
+    env = dict(os.environ, COLUMNS="80")
+    out = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", workspace, "ls",
+                          "-n", "Softmax"], capture_output=True, text=True, env=env, timeout=120)
+    grep = [line for line in out.stdout.splitlines() if f"{SOFTMAX} " in line]
+    assert grep and grep[0].split()[0] == SOFTMAX
+    assert max(map(len, out.stdout.splitlines())) > 80          # nothing wrapped at 80
+    summary = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", workspace,
+                              "vcs", "-l", "1"], capture_output=True, text=True, env=env, timeout=120)
+    assert any(line.startswith("│ diverges: cosine") and line.rstrip().endswith("│")
+               for line in summary.stdout.splitlines()), summary.stdout

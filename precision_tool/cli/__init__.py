@@ -36,8 +36,8 @@ class _Group(click.Group):
             import difflib
             words = sorted(set(self.list_commands(ctx)) | {i.alias for i in COMMANDS.values()})
             close = difflib.get_close_matches(name, words, n=3)
-            ctx.fail(f"no command {name!r}" + (f"; did you mean {' or '.join(close)}?" if close
-                                                else "; see --help for the commands"))
+            # main() adds where to look (--help, or help in the shell): said once
+            ctx.fail(f"no command {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else ""))
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx):
@@ -108,6 +108,23 @@ for _name in RUNNERS:
     cli.add_command(make_runner(_name))
 for _info in COMMANDS.values():
     cli.add_command(_info.command)
+
+
+@cli.command("help", short_help="The commands, or one command's options (help CMD).")
+@click.argument("command_name", metavar="[CMD]", required=False)
+@click.pass_context
+def help_cmd(ctx, command_name):
+    """The commands, or with CMD that command's options: the same as --help."""
+    group = ctx.parent.command
+    if command_name is None:
+        click.echo(group.get_help(ctx.parent))
+        return EXIT_OK
+    cmd = group.get_command(ctx.parent, command_name)
+    if cmd is None:
+        raise click.UsageError(f"no command {command_name!r}", ctx=ctx.parent)
+    with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
+        click.echo(cmd.get_help(sub))
+    return EXIT_OK
 
 
 @cli.command("shell", short_help="The interactive PrecisionTool > shell.")

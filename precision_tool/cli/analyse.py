@@ -8,7 +8,6 @@ import re
 import click
 import pandas as pd
 from rich.markup import escape
-from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -16,7 +15,7 @@ from .. import analysis
 from ..analysis import Coverage, Criteria
 
 from ..dump.workspace import WorkspaceError, check_compiled_graph
-from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt, panel
 
 STEP = click.option("-s", "--step", type=click.IntRange(0), default=None,
                     help="The dumped step (default: every step dumped in both runs, the first "
@@ -116,13 +115,13 @@ def _render_ac(app: App, r, limit):
         fusion.add_row(name, str(count))
     body = fusion if r.fusion else ("no fusion pass fired" if r.fusion is not None
                                     else "no fusion record (fusion_result.json) in this run")
-    out.print(Panel(body, title=f"Fusion  {r.npu_run}, step {r.step}", title_align="left"))
+    out.print(panel(body, title=f"Fusion  {r.npu_run}, step {r.step}", title_align="left"))
     if len(r.steps) > 1 or (r.steps and r.steps[0]["step"] != r.step):
         lines = [f"step {x['step']}: " + ", ".join(
             [f"{x['overflowing_tasks']} overflowing task(s)"] +
             ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]]
              if "compared" in x else [])) for x in r.steps]
-        out.print(Panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
+        out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.overflows:
         lines = []
         shown = r.overflows[:limit + 1]
@@ -137,13 +136,13 @@ def _render_ac(app: App, r, limit):
                              f"min {fmt(x['min'], 6)} mean {fmt(x['mean'], 6)}{bad}")
         more = len(r.overflows) - len(shown)
         title = f"Overflow  {len(r.overflows)} overflowing task(s)" + (f", {more} more not shown" if more > 0 else "")
-        out.print(Panel("\n".join(lines), title=title, title_align="left"))
+        out.print(panel("\n".join(lines), title=title, title_align="left"))
     else:
-        out.print(Panel(f"no overflow in step {r.step}", title="Overflow", title_align="left"))
+        out.print(panel(f"no overflow in step {r.step}", title="Overflow", title_align="left"))
     ls = r.loss_scale
     if ls and ls["first_scale"] == ls["first_scale"]:          # nan: no loss scaling
         moves = ", ".join(f"step {s}: {fmt(a)} -> {fmt(b)}" for s, a, b in ls["moves"][:max(limit, 1)]) or "none"
-        out.print(Panel(f"{len(ls['overflow_steps'])} of {ls['steps']} observed steps overflowed; "
+        out.print(panel(f"{len(ls['overflow_steps'])} of {ls['steps']} observed steps overflowed; "
                         f"{len(ls['skipped_steps'])} updates skipped.\nscale {fmt(ls['first_scale'])} "
                         f"-> {fmt(ls['last_scale'])}; moves: {moves}",
                         title="Loss scale", title_align="left"))
@@ -152,7 +151,7 @@ def _render_ac(app: App, r, limit):
         for s in r.diverging:
             _render_op(app, s)
         if not r.diverging:
-            out.print(Panel(f"no op diverges ({_criteria_text(r.criteria)})",
+            out.print(panel(f"no op diverges ({_criteria_text(r.criteria)})",
                             title=f"Compare  {r.npu_run} against {r.golden_run}", title_align="left"))
         if not cov.complete:
             app.warn(f"step {r.step}: {cov.text()}; the results above cover what was compared")
@@ -160,7 +159,7 @@ def _render_ac(app: App, r, limit):
             o = r.origin
             fused = f"fused by {o['pass_name']}" if o["pass_name"] else "not fused"
             why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
-            out.print(Panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\nits inputs match the "
+            out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\nits inputs match the "
                                    f"golden, its outputs do not: {', '.join(o['bad_outputs'])}{why}\n"
                                    f"single-op replay: {r.origin_replay}"),
                             title="Root cause", title_align="left"))
@@ -170,7 +169,7 @@ def _render_ac(app: App, r, limit):
                      if c.get("written_at") is not None else
                      f"written in steps {c['missing'][0]}-{c['missing'][1]}, not dumped"
                      if c.get("missing") else "not written in any dumped step")
-            out.print(Panel(escape(f"{len(c['variables'])} variable(s) already differ when step "
+            out.print(panel(escape(f"{len(c['variables'])} variable(s) already differ when step "
                                    f"{c['step']} starts: {', '.join(c['variables'][:5])}\n{where}"),
                             title="Carried in with the state", title_align="left"))
         if r.impact and r.impact.get("impacts"):
@@ -183,7 +182,7 @@ def _render_ac(app: App, r, limit):
                                                f"the error grows by {-i['removed'] * 100:.3g}%")
                       for i in r.impact["impacts"]]
             lines += [f"  {op}: not replayed: {why}" for op, why in r.impact.get("skipped", {}).items()]
-            out.print(Panel(escape("\n".join(lines)), title="What each origin does to the step",
+            out.print(panel(escape("\n".join(lines)), title="What each origin does to the step",
                             title_align="left"))
         if r.result_file:
             app.info(f"compare result: {r.result_file}")
@@ -191,10 +190,10 @@ def _render_ac(app: App, r, limit):
         lines = [f"step {h['step']}: {h['condition']}: {h['message']} ({h['count']} hit(s))"
                  for h in r.watchpoints[:max(limit, 1) * 3]]
         more = len(r.watchpoints) - len(lines)
-        out.print(Panel(escape("\n".join(lines + ([f"... {more} more: precision-tool wp"]
+        out.print(panel(escape("\n".join(lines + ([f"... {more} more: precision-tool wp"]
                                                    if more > 0 else []))),
                         title="Training watchpoints", title_align="left"))
-    out.print(Panel(escape("\n".join(r.advice)), title="Next", title_align="left"))
+    out.print(panel(escape("\n".join(r.advice)), title="Next", title_align="left"))
 
 
 def _criteria_text(c: dict) -> str:
@@ -234,7 +233,7 @@ def _render_op(app: App, s: dict):
     reasons = [r for r in s.get("output_reasons", []) if r]
     if reasons:
         lines.append("diverges: " + " | ".join(reasons))
-    app.console.print(Panel(escape("\n".join(lines)), title=escape(f"{s['op_name']} ({s['op_type']})  [{role}]"),
+    app.console.print(panel(escape("\n".join(lines)), title=escape(f"{s['op_name']} ({s['op_type']})  [{role}]"),
                             title_align="left"))
 
 
@@ -452,7 +451,7 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
                      "fusion or without.",
                      f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
         lines.append(f"replays: {verdict.replays} ({', '.join(verdict.runs)})")
-        app.console.print(Panel(escape("\n".join(lines)), title="Fusion-off replay",
+        app.console.print(panel(escape("\n".join(lines)), title="Fusion-off replay",
                                 title_align="left"))
     app.emit(verdict, render)
     return EXIT_FINDINGS if verdict.fusion_to_blame else EXIT_OK

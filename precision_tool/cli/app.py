@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
 import click
 import numpy as np
 from rich.console import Console
+from rich.panel import Panel
 
 from ..dump import Workspace, layout
 from ..dump.workspace import Run
@@ -32,12 +34,30 @@ class CommandError(click.ClickException):
         click.echo(self.message, err=True)
 
 
+# piped output is as wide as its lines: a name split over two lines is not found by grep
+PIPED_WIDTH = 100_000
+
+
+def to_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _stdout_console() -> Console:
+    return Console(highlight=False, soft_wrap=False, width=None if to_terminal() else PIPED_WIDTH)
+
+
+def panel(body, title: str = "", **kw) -> Panel:
+    """A titled panel: as wide as the terminal, or, piped, as wide as its lines."""
+    kw.setdefault("title_align", "left")
+    return Panel(body, title=title, expand=to_terminal(), **kw)
+
+
 @dataclass
 class App:
     data_dir: str
     as_json: bool = False
     log_level: int = 1
-    console: Console = field(default_factory=lambda: Console(highlight=False, soft_wrap=False))
+    console: Console = field(default_factory=_stdout_console)
     # messages are not wrapped by rich: a path broken over two lines cannot be copied
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False,
                                                          soft_wrap=True))

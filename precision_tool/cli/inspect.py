@@ -10,7 +10,6 @@ from typing import List, NamedTuple
 import click
 import numpy as np
 from rich.markup import escape
-from rich.panel import Panel
 from rich.table import Table
 
 from .. import numerics
@@ -21,7 +20,7 @@ from ..dump.layout import fit_file_name, mangle
 from ..dump.workspace import BFLOAT16, Run, WorkspaceError, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
 from ..ops import registry
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 
 RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
                    help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
@@ -71,7 +70,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
                 t.add_column("count", justify="right")
                 for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])):
                     t.add_row(k, str(v))
-                app.console.print(Panel(t, title=f"{run}: {sum(c.values())} ops", title_align="left"))
+                app.console.print(panel(t, title=f"{run}: {sum(c.values())} ops", title_align="left"))
         app.emit(counts, render)
         return EXIT_OK
     run = app.run(run_spec, "npu")
@@ -184,7 +183,7 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
             lines.append(f"  {k}: {o.get('dtype')} {o.get('format', '')} {o.get('shape')}")
         if note:
             lines.insert(0, note)
-        app.console.print(Panel(escape("\n".join(lines)), title=escape(info["name"]), title_align="left"))
+        app.console.print(panel(escape("\n".join(lines)), title=escape(info["name"]), title_align="left"))
         if info["dump"]:
             t = Table(box=None, pad_edge=False, title="dump", title_justify="left")
             for col in ("tensor", "dtype", "max", "min", "mean", "file"):
@@ -326,7 +325,7 @@ def _output_path(app: App, kind: str, ref: str, stem: str, suffix: str) -> str:
 @RUN
 @STEP
 def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
-    """Print a dumped tensor: shape, dtype, statistics and its first values. REF is a dump
+    """Print a dumped tensor: shape, dtype, statistics and its first values. FILE|NAME is a dump
     file name or path, any .npy file, or a tensor as op:output:0 / op:input:1 / op (its first
     output). An NC1HWC0 tensor is shown as NCHW: its statistics leave the padding out."""
     found = _tensor(app, ref, run_spec, step)
@@ -358,7 +357,7 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
                     + stats["neg_inf_count"] else ""),
                  f"nan {stats['nan_count']}  +inf {stats['pos_inf_count']}  -inf {stats['neg_inf_count']}",
                  "head: " + (" ".join(fmt(v, 6) for v in info["head"]) or "(empty)")]
-        app.console.print(Panel(escape("\n".join(lines)), title=escape(found.label), title_align="left"))
+        app.console.print(panel(escape("\n".join(lines)), title=escape(found.label), title_align="left"))
         if copy:
             app.line(f"text copy: {info['copy']}")
     app.emit(info, render)
@@ -432,7 +431,7 @@ def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run
         if result.nonfinite_mismatch or result.nonfinite_equal:
             lines.append(f"nan/inf: {result.nonfinite_mismatch} on one side only (errors), "
                          f"{result.nonfinite_equal} the same on both sides (equal)")
-        app.console.print(Panel(escape("\n".join(lines)), title="compare", title_align="left"))
+        app.console.print(panel(escape("\n".join(lines)), title="compare", title_align="left"))
     app.emit(result.to_dict(), render)
     return EXIT_OK if result.allclose else EXIT_FINDINGS
 
@@ -444,7 +443,7 @@ FORMATS = ("NCHW", "NHWC")
 @command("dc", "convert", short_help="Convert an NPU dump (5HD) to NCHW or NHWC.")
 @click.argument("ref", metavar="FILE|NAME")
 @click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
-@click.option("-f", "--format", "target", type=click.Choice(FORMATS), default="NCHW", show_default=True)
+@click.option("-f", "--format", "target", type=click.Choice(FORMATS, case_sensitive=False), default="NCHW", show_default=True)
 @RUN
 @STEP
 def convert_cmd(app: App, ref, name_flag, target, run_spec, step):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import click
 from rich.markup import escape
-from rich.panel import Panel
 
 from ..analysis import repair as repairing
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 
 
 @command("fix", "repair", short_help="Find, verify and write the smallest precision fix.")
@@ -52,7 +51,7 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
                               progress=app.info)
 
     def render():
-        app.console.print(Panel(escape("\n".join(_lines(result))), title="Precision fix",
+        app.console.print(panel(escape("\n".join(_lines(result))), title="Precision fix",
                                 title_align="left"))
         for path in result.files:
             app.line(f"wrote {path}")

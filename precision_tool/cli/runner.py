@@ -91,7 +91,8 @@ def make_runner(name: str):
                   help="Which tensors of each op (default: all).")
     @click.option("--dump-data", type=click.Choice(layout.DUMP_DATA), default=None,
                   help="tensor files, or stats (index rows only). Default: tensor.")
-    @click.option("--fusion-off", is_flag=True, help="Also switch every fusion pass off (NPU).")
+    @click.option("--fusion-off", is_flag=True, hidden=env_var != layout.ENV_NPU_ACTION,
+                  help="Also switch every fusion pass off.")
     @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
     @click.pass_context
     def runner(ctx, dump_step, dump_mode, dump_data, fusion_off, script):
