@@ -165,8 +165,10 @@ def test_vc_writes_a_result_and_counts_verdicts(demo):
 
 def test_ls_counts_and_literal_filters(demo):
     root, _ = demo
-    code, counts = as_json(root, "ls")
-    assert code == 0 and counts["npu/debug_0"]["SoftmaxV2"] == 1
+    code, listing = as_json(root, "ls")
+    assert code == 0 and listing["counts"]["npu/debug_0"]["SoftmaxV2"] == 1
+    assert {r["run"] for r in listing["runs"]} >= {"npu/debug_0", "cpu/debug_0"}
+    assert all(r["bytes"] > 0 for r in listing["runs"] if r["steps"])
     code, found = as_json(root, "ls", "-f", "Softmax")
     assert [f["name"] for f in found] == [SOFTMAX] and found[0]["kernel"] == "vector_float16"
     code, found = as_json(root, "ls", "-n", "attention/(Soft")     # literal, no regex error

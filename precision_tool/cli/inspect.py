@@ -16,6 +16,7 @@ from .. import numerics
 from ..analysis import TensorMap
 from ..analysis.engine import logical_tensor
 from ..analysis.pair import compare_pair
+from ..dump import housekeeping
 from ..dump.layout import fit_file_name, mangle
 from ..dump.workspace import BFLOAT16, Run, WorkspaceError, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
@@ -56,14 +57,29 @@ def _kernel(node: dict) -> str:
 @RUN
 def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     """List the ops of a run. Filters match substrings literally (no regex). With no filter,
-    the counts of ops by type for every run."""
+    the runs (steps, size on disk, which run a replay reruns) and the counts of ops by type
+    of each original run (of the run given with -r, a replay too)."""
     if not any((name, op_type, pass_name, kernel)):
-        runs = [app.run(run_spec, "npu")] if run_spec else app.runs()
-        counts = {f"{r.target}/{r.name}": dict(Counter(n["type"] for n in _nodes(app, r)
-                                                      if n["type"] not in ("Const", "Variable", "NoOp")))
+        every = app.runs()
+        runs = [app.run(run_spec, "npu")] if run_spec else [r for r in every if not r.info.get("replay_of")]
+        counts = {r.label: dict(Counter(n["type"] for n in _nodes(app, r)
+                                        if n["type"] not in ("Const", "Variable", "NoOp")))
                   for r in runs if r.steps or app.ws.graph_json(r)}
+        listing = [{"run": r.label, "replay_of": r.info.get("replay_of"), "steps": r.complete_steps,
+                    "bytes": housekeeping.size_of(r.path)} for r in every]
 
         def render():
+            t = Table(box=None, pad_edge=False)
+            for col in ("run", "steps", "size", "replay of"):
+                t.add_column(col, justify="right" if col == "size" else "left")
+            for r in listing:
+                t.add_row(r["run"], ",".join(map(str, r["steps"])) or "-",
+                          f"{r['bytes'] / 2 ** 20:.1f} MiB", r["replay_of"] or "")
+            app.console.print(t)
+            replays = sum(1 for r in listing if r["replay_of"])
+            if replays and not run_spec:
+                app.line(f"{replays} replay run(s) (precision-tool clean deletes them; "
+                         f"ls -r RUN counts one's ops)")
             for run, c in counts.items():
                 t = Table(box=None, pad_edge=False)
                 t.add_column("op type")
@@ -71,7 +87,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
                 for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])):
                     t.add_row(k, str(v))
                 app.console.print(panel(t, title=f"{run}: {sum(c.values())} ops", title_align="left"))
-        app.emit(counts, render)
+        app.emit({"runs": listing, "counts": counts}, render)
         return EXIT_OK
     run = app.run(run_spec, "npu")
     found = []

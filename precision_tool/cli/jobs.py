@@ -1,5 +1,6 @@
 """The commands that run something: `train` replays a dumped step on a chosen target and
-action, `demo` is the main job (train, dump both runs, auto check)."""
+action, `demo` is the main job (train, dump both runs, auto check), `clean` deletes what
+replays and compares left behind."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ from typing import Optional
 import click
 
 from .. import hooks
-from ..dump import load_bundle, replay
+from ..dump import housekeeping, load_bundle, replay
 from ..runtime.config import SessionConfig
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command
@@ -97,13 +98,17 @@ def _move_aside(root: str) -> Optional[str]:
               help="Training steps on each executor.")
 @click.option("--fresh/--keep", default=True, show_default=True,
               help="Move an existing workspace aside first (it is renamed, never deleted).")
+@click.option("--exit-zero", is_flag=True,
+              help="Exit 0 after the report even though it has findings (for && chains).")
 @click.pass_context
-def demo_cmd(ctx, app: App, steps, fresh):
+def demo_cmd(ctx, app: App, steps, fresh, exit_zero):
     """Train the Transformer on the UCI digits twice — on the CPU golden executor and on the
     simulated NPU under allow_mix_precision with fusion on — feeding raw, unnormalised pixels
     (0..16). Dump step 0 of both into the workspace, then run `ac -c`: the fused fp16
     softmax overflows (saturation hides it: only the status word shows it), and the check
-    names the first overflow, the origin op and its pass, and what to try next."""
+    names the first overflow, the origin op and its pass, and what to try next.
+
+    Exit code 1, as ac's: the planted problem is a finding (--exit-zero for 0)."""
     import numpy as np
 
     from .. import Session, data, models
@@ -139,4 +144,38 @@ def demo_cmd(ctx, app: App, steps, fresh):
                           f"golden {acc['cpu']:.4f}, NPU {acc['npu']:.4f}")
         app.line(f"dumps: {root}\n")
     from .analyse import auto_check_cmd
-    return ctx.invoke(auto_check_cmd, compare=True, step=0)
+    code = ctx.invoke(auto_check_cmd, compare=True, step=0)
+    return EXIT_OK if exit_zero and code == EXIT_FINDINGS else code
+
+
+@command("clean", "clean", short_help="Delete replay runs and old compare results.")
+@click.option("--replays/--no-replays", default=True, show_default=True,
+              help="The runs fo and train wrote (npu/debug_<k> replaying another run).")
+@click.option("--results/--no-results", default=True, show_default=True,
+              help="Compare results (temp/vector_compare/<ts>) but the newest --keep.")
+@click.option("-k", "--keep", type=click.IntRange(0), default=1, show_default=True,
+              help="Compare results to keep, the newest.")
+@click.option("-n", "--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+def clean_cmd(app: App, replays, results, keep, dry_run):
+    """Delete what analysis commands leave behind: the replay runs (every fo adds several)
+    and all compare results but the newest. Original runs, the dumps of your training, are
+    never deleted.
+
+    Exit code 0 (2 on input error)."""
+    doomed = housekeeping.plan_clean(app.ws, replays, results, keep)
+    total = sum(d.bytes for d in doomed)
+    if not dry_run:
+        housekeeping.delete(app.ws, doomed)
+        app.refresh()
+
+    def render():
+        verb = "would delete" if dry_run else "deleted"
+        for d in doomed:
+            app.line(f"{verb} {d.path} ({_mib(d.bytes)}; {d.why})")
+        app.line(f"{verb} {len(doomed)} item(s), {_mib(total)}" if doomed else "nothing to delete")
+    app.emit({"dry_run": dry_run, "deleted": [vars(d) for d in doomed], "bytes": total}, render)
+    return EXIT_OK
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"

@@ -1,0 +1,73 @@
+"""The command line as people use it, one-shot: housekeeping (clean, ls's runs), help as a
+command, one hint per unknown word, runner options per target, demo's exit code."""
+import json
+import os
+
+from click.testing import CliRunner
+
+import precision_tool as pt
+from precision_tool.cli import cli
+from test_repair import dense_net, dump_step
+
+
+def invoke(root, *args):
+    return CliRunner().invoke(cli, ["--data-dir", str(root), *args])
+
+
+def test_clean_deletes_replays_and_old_results_and_nothing_else(tmp_path):
+    dump_step(tmp_path, dense_net(), pt.SessionConfig(precision_mode="allow_mix_precision"))
+    assert invoke(tmp_path, "train", "-d", "npu").exit_code in (0, 1)      # a replay run
+    for _ in range(3):
+        assert invoke(tmp_path, "vc").exit_code in (0, 1)                 # three results
+    listing = json.loads(invoke(tmp_path, "--json", "ls").output)
+    replays = [r["run"] for r in listing["runs"] if r["replay_of"]]
+    assert replays == ["npu/debug_1"] and "npu/debug_1" not in listing["counts"]
+    results = os.listdir(tmp_path / "temp" / "vector_compare")
+    dry = json.loads(invoke(tmp_path, "--json", "clean", "-n").output)
+    assert dry["dry_run"] and len(dry["deleted"]) == 1 + len(results) - 1
+    assert os.path.isdir(tmp_path / "npu" / "debug_1")                   # a dry run deletes nothing
+    done = invoke(tmp_path, "clean", "--keep", "2")
+    assert done.exit_code == 0 and "deleted" in done.output
+    assert not os.path.exists(tmp_path / "npu" / "debug_1")
+    assert sorted(os.listdir(tmp_path / "temp" / "vector_compare")) == sorted(results)[-2:]
+    assert os.path.isdir(tmp_path / "npu" / "debug_0") and os.path.isdir(tmp_path / "cpu" / "debug_0")
+    assert "nothing to delete" in invoke(tmp_path, "clean", "--no-results").output
+
+
+def test_help_is_a_command_and_unknown_words_get_one_hint(tmp_path):
+    out = invoke(tmp_path, "help")
+    assert out.exit_code == 0 and "Commands" in out.output
+    assert "Exit code 1 when" in invoke(tmp_path, "help", "vcs").output
+    unknown = CliRunner().invoke(cli, ["xyzzy"])
+    assert unknown.exit_code == 2 and unknown.output.count("--help") == 1
+    assert "--fusion-off" not in invoke(tmp_path, "cpu-dump", "--help").output
+    assert "--fusion-off" in invoke(tmp_path, "npu-dump", "--help").output
+    assert "REF" not in invoke(tmp_path, "pt", "--help").output
+
+
+def test_dc_takes_the_format_in_any_case(tmp_path):
+    out = invoke(tmp_path, "dc", "x.npy", "-f", "nhwc")
+    assert "invalid choice" not in out.output
+
+
+def test_demo_exit_zero_for_chains(tmp_path):
+    out = invoke(tmp_path / "pd", "--log-level", "4", "demo", "--steps", "2", "--exit-zero")
+    assert out.exit_code == 0, out.output
+    assert invoke(tmp_path / "pd", "--log-level", "4", "ac", "-c").exit_code == 1
+
+
+def test_the_readme_lists_every_command_and_option():
+    """README's command table names each command with every option it shows in --help."""
+    import click
+    from precision_tool.cli.app import COMMANDS
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    table = readme[readme.index("| command | what it does |"):readme.index("Global options, one-shot")]
+    rows = table.splitlines()
+    for name, cmd in cli.commands.items():
+        row = next((r for r in rows if r.startswith(f"| `{name}") or f"`{name} " in r
+                    or f"`{name}`" in r), None)
+        assert row is not None, f"no README row for {name}"
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden:
+                longest = max(p.opts + p.secondary_opts, key=len)
+                assert longest in row, (name, longest)
