@@ -102,8 +102,8 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
 
     def render():
         t = Table(box=None, pad_edge=False)
-        for col in ("op", "type", "kernel", "pass"):
-            t.add_column(col, overflow="fold")
+        for col in ("op", "type", "kernel", "pass"):      # an op name is copied: never broken
+            t.add_column(col, overflow="fold", no_wrap=col == "op")
         for f in found:
             t.add_row(f["name"], f["type"], f["kernel"], f["pass_name"])
         app.console.print(t)
