@@ -11,7 +11,7 @@ from .metrics import METRICS, compare_tensors
 from .overflow import OverflowReport, OverflowTask, overflow_report
 from .replay_op import OpReplay, ReplayOpError, replay_op
 from .result import (Coverage, Provenance, StaleResultError, coverage, current_result,
-                     read_provenance, staleness, write_result)
+                     read_provenance, read_result, staleness, write_result)
 from .rootcause import Divergence, RootCause, root_cause
 from .steps import StateTrace, trace_state
 from .summary import OpSummary, count_findings, summarize
@@ -22,6 +22,6 @@ __all__ = ["AutoCheck", "auto_check", "vector_compare", "FusionVerdict", "bisect
            "LossScaleHistory", "loss_scale_history", "TensorMap", "METRICS", "compare_tensors",
            "OverflowReport", "OverflowTask", "overflow_report", "OpReplay", "ReplayOpError",
            "replay_op", "Coverage", "Provenance", "StaleResultError", "coverage",
-           "current_result", "read_provenance", "staleness", "write_result", "Divergence", "RootCause",
+           "current_result", "read_provenance", "read_result", "staleness", "write_result", "Divergence", "RootCause",
            "root_cause", "StateTrace", "trace_state", "OpSummary", "count_findings",
            "summarize", "Criteria", "diverging", "judge", "verdict"]

@@ -249,3 +249,36 @@ def current_result(ws: Workspace) -> Optional[tuple]:
                                                     f", not the newest runs {npu} against {golden}")
     raise StaleResultError(f"the newest compare result {files[0]} {held}: run vc again, or "
                            f"name the file with vcs -f")
+
+
+# what the summary and the root cause read of a result table (a third of its columns)
+SUMMARY_COLUMNS = frozenset({"Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth",
+                             "TensorIndex", "PassName", "GoldenTensor", "GoldenOpType",
+                             "CosineSimilarity", "MaxAbsoluteError", "RelativeEuclideanDistance",
+                             "NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount",
+                             "NpuAtFp16Max", "FlushedToZeroRatio", "NpuNorm", "GoldenNorm",
+                             "NormRelativeDiff", "Elements", "GoldenAbsMax", "SumKind",
+                             "CompareFailReason", "Verdict"})
+TEXT_COLUMNS = ("NPUDump", "TensorIndex", "GoldenTensor", "GoldenOpType", "PassName",
+                "GroundTruth", "CompareFailReason", "Verdict", "SumKind", "NpuDataType", "OpType")
+
+
+def read_result(path: str) -> pd.DataFrame:
+    """A result CSV as the summary reads it. Text columns are read as text, never as
+    numbers: an op named "nan", a verdict... (only numeric columns take "nan" for nan)."""
+    numeric = {c for c in SUMMARY_COLUMNS if c not in TEXT_COLUMNS}
+    try:
+        table = pd.read_csv(path, keep_default_na=False,
+                            na_values={c: ["nan", "NaN", ""] for c in numeric},
+                            usecols=lambda c: c in SUMMARY_COLUMNS,
+                            dtype={c: str for c in TEXT_COLUMNS})
+    except FileNotFoundError:
+        raise WorkspaceError(f"no result file {path}") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError,
+            ValueError) as e:
+        raise WorkspaceError(f"{path} is not a readable compare result: {e}") from None
+    missing = {"NPUDump", "OpType", "TensorIndex", "CosineSimilarity", "Verdict", "Index"} - set(table.columns)
+    if missing:
+        raise WorkspaceError(f"{path} is not a compare result of precision-tool vc: no "
+                             f"{', '.join(sorted(missing))} column")
+    return table

@@ -78,8 +78,10 @@ def _incomplete(what: str, cov: dict) -> CommandError:
 @LEFT
 @RIGHT
 @STEP
+@click.option("--html", "html_file", default=None, metavar="FILE",
+              help="Also write the HTML report to FILE (needs -c; see precision-tool report).")
 def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, rank, left, right,
-                   step):
+                   step, html_file=None):
     """Auto check: the fusion summary (passes and what they fused), the overflow analysis (the
     first overflow, then the next LIMIT, with decoded status and tensor statistics), and with
     -c the vector compare, the diverging ops and the root cause: the origin op, its fusion
@@ -97,9 +99,16 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
             app.step(golden, step)
     if compare:
         app.info("comparing every op with the golden run...")
+    if html_file and not compare:
+        raise click.UsageError("--html needs -c: the report is drawn from the compare")
+    criteria = _criteria(cosine, norm, flushed, rel_error)
     result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
-                                 threshold=_criteria(cosine, norm, flushed, rel_error),
-                                 limit=limit, write_csv=compare, rank=rank)
+                                 threshold=criteria, limit=limit, write_csv=compare, rank=rank)
+    if html_file:
+        from ..report import write_report
+        path, _ = write_report(app.ws, html_file, npu_run=npu, golden_run=golden,
+                               criteria=criteria, check=result)
+        app.info(f"report: {path}")
     app.emit(result.to_dict(), lambda: _render_ac(app, result, limit))
     if not result.complete:         # the origin may be among what was not compared
         raise _incomplete(f"the compare of step {result.step}", result.coverage)
@@ -301,6 +310,44 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     return EXIT_FINDINGS if diverging else EXIT_OK
 
 
+# -- report ------------------------------------------------------------------------------------
+@command("report", "html-report", short_help="One self-contained HTML report with plots.")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Where to write it (default: <workspace>/report.html).")
+@click.option("--heatmap-steps", type=click.IntRange(0), default=8, show_default=True,
+              help="Dumped steps compared for the per-layer heatmap (0: none).")
+@criteria_options("-c")
+@LEFT
+@RIGHT
+@STEP
+def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error, left, right, step):
+    """Write one HTML file (styles, script and plots inline: it opens from file:// or as a CI
+    artifact): the verdict and what to try next, the per-op error along the step (1 - cosine
+    and the relative norm difference, log scale, origin and first overflow marked, a tooltip
+    per op, a filter by scope), the overflowed and skipped steps, the loss scale and the loss
+    of the dumped steps, a heatmap of the worst cosine per layer over the dumped steps, the
+    fusion summary, watchpoint hits and the repair's result. Drawn from ac -c's results.
+
+    Exit codes as ac -c's: 1 with findings, 2 when the compare was incomplete or on input
+    error."""
+    from ..report import write_report
+    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    if step is not None:
+        app.step(npu, step)
+        app.step(golden, step)
+    app.info("comparing every op with the golden run...")
+    path, data = write_report(app.ws, output, npu_run=npu, golden_run=golden, step=step,
+                              criteria=_criteria(cosine, norm, flushed, rel_error),
+                              heatmap_steps=heatmap_steps)
+    check = data["check"]
+    app.emit({"report": path, "verdict": check["verdict"], "step": check["step"]},
+             lambda: app.line(f"report: {path} ({check['verdict']}, step {check['step']})"))
+    cov = check["coverage"]
+    if cov is not None and cov["compared"] != cov["tensors"]:
+        raise _incomplete(f"the compare of step {check['step']}", cov)
+    return EXIT_FINDINGS if check["verdict"] == "findings" else EXIT_OK
+
+
 # -- vcs --------------------------------------------------------------------------------------
 @command("vcs", "vector-summary", short_help="The diverging ops of a compare, origin first.")
 @click.option("-f", "--file", "files", multiple=True, metavar="CSV",
@@ -336,7 +383,7 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
             paths = [found[0]]
     reports = []
     for path in paths:
-        table = _read_result(path)
+        table = analysis.read_result(path)
         provenance = analysis.read_provenance(path)
         for label in (provenance.npu_run, provenance.golden_run) if provenance else ():
             try:                 # the runs it compares: their interrupted steps are named
@@ -379,39 +426,6 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
     if stale is not None:
         raise CommandError(f"error: {stale['file']} is out of date: {stale['stale']}", EXIT_USAGE)
     return EXIT_FINDINGS if any(r["diverging_ops"] for r in reports) else EXIT_OK
-
-
-# what the summary and the root cause read of a result table (a third of its columns)
-SUMMARY_COLUMNS = frozenset({"Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth",
-                             "TensorIndex", "PassName", "GoldenTensor", "GoldenOpType",
-                             "CosineSimilarity", "MaxAbsoluteError", "RelativeEuclideanDistance",
-                             "NpuNanCount", "NpuInfCount", "GoldenNanCount", "GoldenInfCount",
-                             "NpuAtFp16Max", "FlushedToZeroRatio", "NpuNorm", "GoldenNorm",
-                             "NormRelativeDiff", "Elements", "GoldenAbsMax", "SumKind",
-                             "CompareFailReason", "Verdict"})
-TEXT_COLUMNS = ("NPUDump", "TensorIndex", "GoldenTensor", "GoldenOpType", "PassName",
-                "GroundTruth", "CompareFailReason", "Verdict", "SumKind", "NpuDataType", "OpType")
-
-
-def _read_result(path: str) -> pd.DataFrame:
-    """A result CSV as the summary reads it. Text columns are read as text, never as
-    numbers: an op named "nan", a verdict... (only numeric columns take "nan" for nan)."""
-    numeric = {c for c in SUMMARY_COLUMNS if c not in TEXT_COLUMNS}
-    try:
-        table = pd.read_csv(path, keep_default_na=False,
-                            na_values={c: ["nan", "NaN", ""] for c in numeric},
-                            usecols=lambda c: c in SUMMARY_COLUMNS,
-                            dtype={c: str for c in TEXT_COLUMNS})
-    except FileNotFoundError:
-        raise WorkspaceError(f"no result file {path}") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError,
-            ValueError) as e:
-        raise WorkspaceError(f"{path} is not a readable compare result: {e}") from None
-    missing = {"NPUDump", "OpType", "TensorIndex", "CosineSimilarity", "Verdict", "Index"} - set(table.columns)
-    if missing:
-        raise WorkspaceError(f"{path} is not a compare result of precision-tool vc: no "
-                             f"{', '.join(sorted(missing))} column")
-    return table
 
 
 # -- fo ---------------------------------------------------------------------------------------
