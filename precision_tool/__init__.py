@@ -8,18 +8,33 @@ precision, and why.
         ...
     sess = pt.Session(g, target="cpu")
 """
-__version__ = "0.1.0"
+import importlib
 
-from . import data, graph, models, nn, ops, train
+from .version import __version__
+
+from . import graph, nn, ops, train
 from .errors import (ExecutionError, FeedError, FetchError, GraphError, GraphFormatError,
                      PrecisionToolError)
 from .graph import Graph, Tensor
 from .io import load_graph, save_graph
 from .ops import constant, placeholder, variable
 from .runtime import Session, SessionConfig
-from . import trainer
 from .train import amp
-from .trainer import Model
+
+# imported when first used (PEP 562): the models and the data are only built on demand, and
+# the trainer pulls in the dump hooks and, through the workspace, pandas
+_LAZY = {"data": ("data", None), "models": ("models", None), "trainer": ("trainer", None),
+         "hooks": ("hooks", None), "analysis": ("analysis", None), "Model": ("trainer", "Model")}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'precision_tool' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(f".{module}", __name__)
+    value = getattr(value, attr) if attr else value
+    globals()[name] = value
+    return value
 
 
 def name_scope(name: str):

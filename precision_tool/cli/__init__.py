@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from ..dump import layout
 from . import analyse, checks, inspect, jobs, repair  # noqa: F401  (they register their commands)
 from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK,  # noqa: F401 (re-exported)

@@ -111,7 +111,8 @@ def demo_cmd(ctx, app: App, steps, fresh, exit_zero):
     Exit code 1, as ac's: the planted problem is a finding (--exit-zero for 0)."""
     import numpy as np
 
-    from .. import Session, data, models
+    from .. import data, models
+    from ..runtime import Session
     root = app.ws_root()
     if fresh:
         aside = _move_aside(root)

@@ -38,7 +38,8 @@ from typing import Dict, List, NamedTuple
 
 import numpy as np
 
-from .. import __version__, numerics
+from .. import numerics
+from ..version import __version__
 from ..errors import ExecutionError
 from ..graph import graph_to_json
 from ..runtime.plan import STATS_ONLY

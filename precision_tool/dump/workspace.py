@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import GraphFormatError, PrecisionToolError
-from .. import __version__
+from ..version import __version__
 from ..fileio import load_json, parse_json, read_bytes
 from . import layout
 

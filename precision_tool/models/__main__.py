@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-from .. import Session, SessionConfig, data
+from .. import data
+from ..runtime import Session, SessionConfig
 from . import accuracy, cnn, fit, mlp, transformer
 
 BUILDERS = {"mlp": (mlp, 20), "cnn": (cnn, 10), "transformer": (transformer, 20)}

@@ -1,0 +1,84 @@
+"""The layers import downwards only (DESIGN's order, README's Layout): a module may import its
+own layer and those below, never one above — module-level imports and those inside
+functions alike. Entry points (__main__ modules) run on top of everything."""
+import ast
+import os
+
+import precision_tool
+
+ROOT = os.path.dirname(precision_tool.__file__)
+# lowest first; equal numbers are one layer
+LAYERS = {"errors": 0, "fileio": 0, "native": 0, "version": 0, "_reduce": 0, "numerics": 1,
+          "graph": 2, "ops": 3, "io": 4, "train": 4, "nn": 5, "data": 5, "models": 6,
+          "runtime": 7, "dump": 8, "hooks": 8, "trainer": 9, "analysis": 10, "report": 11,
+          "cli": 12}
+
+
+def _unit(module: str) -> str:
+    """The layer a module of the package belongs to: its first component."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _imports(path: str, package: str):
+    """(line, module) of every precision_tool import in the file, relative ones resolved."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                if node.module:
+                    yield node.lineno, ".".join(base + [node.module])
+                else:
+                    for alias in node.names:
+                        yield node.lineno, ".".join(base + [alias.name])
+            elif node.module and node.module.split(".")[0] == "precision_tool":
+                yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "precision_tool":
+                    yield node.lineno, alias.name
+
+
+def test_no_layer_imports_one_above_it():
+    wrong, unknown = [], []
+    for dirpath, _, files in os.walk(ROOT):
+        for name in files:
+            if not name.endswith(".py") or name == "__main__.py":
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, ROOT)
+            me = rel.split(os.sep)[0].removesuffix(".py")
+            if me == "__init__":             # the package's face: it re-exports every layer
+                continue
+            below = os.path.relpath(dirpath, ROOT)
+            package = "precision_tool" + ("" if below == "." else "." + below.replace(os.sep, "."))
+            for line, module in _imports(path, package):
+                other = _unit(module)
+                if other == "__init__" or module == "precision_tool":
+                    continue
+                if me not in LAYERS or other not in LAYERS:
+                    unknown.append(f"{rel}:{line} {module}")
+                elif LAYERS[other] > LAYERS[me]:
+                    wrong.append(f"{rel}:{line} ({me}) imports {module} ({other})")
+    assert not unknown, f"modules missing from the layer order: {unknown}"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_a_wrong_import(tmp_path):
+    """The walk resolves relative imports: a planted upward import is found."""
+    path = tmp_path / "bad.py"
+    path.write_text("from ..analysis import auto_check\nfrom . import layout\n")
+    found = [m for _, m in _imports(str(path), "precision_tool.dump")]
+    assert found == ["precision_tool.analysis", "precision_tool.dump.layout"]
+    assert LAYERS[_unit(found[0])] > LAYERS["dump"]
+
+
+def test_importing_the_package_leaves_the_heavy_parts_unloaded():
+    """`import precision_tool` brings neither pandas nor the trainer: they come with the
+    commands that use them (PEP 562 attributes)."""
+    import subprocess
+    import sys
+    code = ("import sys, precision_tool as pt; print('pandas' in sys.modules, "
+            "'precision_tool.trainer' in sys.modules); pt.Model; print('precision_tool.trainer' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False", "True"], out.stderr
