@@ -63,7 +63,9 @@ def test_the_readme_lists_every_command_and_option():
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     table = readme[readme.index("| command | what it does |"):readme.index("Global options, one-shot")]
     rows = table.splitlines()
-    for name, cmd in cli.commands.items():
+    ctx = click.Context(cli)
+    for name in cli.list_commands(ctx):
+        cmd = cli.get_command(ctx, name)
         row = next((r for r in rows if r.startswith(f"| `{name}") or f"`{name} " in r
                     or f"`{name}`" in r), None)
         assert row is not None, f"no README row for {name}"
@@ -71,3 +73,23 @@ def test_the_readme_lists_every_command_and_option():
             if isinstance(p, click.Option) and not p.hidden:
                 longest = max(p.opts + p.secondary_opts, key=len)
                 assert longest in row, (name, longest)
+
+
+def test_the_lazy_command_table_matches_the_registry():
+    """cli.COMMAND_MODULES and LONG_NAMES (what loads a command when it is asked for) say
+    what the modules register, once all are loaded."""
+    from precision_tool import cli as cli_package
+    from precision_tool.cli.app import COMMANDS
+    cli_package.load_all_commands()
+    registered = {name: info.alias for name, info in COMMANDS.items()}
+    assert set(registered) == set(cli_package._MODULE_OF)
+    assert {alias: name for name, alias in registered.items() if alias != name} == cli_package.LONG_NAMES
+
+
+def test_the_command_line_starts_without_the_command_modules():
+    import subprocess
+    import sys
+    code = ("import sys; import precision_tool.cli; print(sorted(m for m in sys.modules if "
+            "m.startswith('precision_tool.cli.') or m in ('pandas', 'precision_tool.analysis')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "['precision_tool.cli.app', 'precision_tool.cli.runner']", out.stdout

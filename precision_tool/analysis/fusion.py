@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Set
 
 from .. import hooks
-from ..dump import Workspace, load_bundle, replay
+from ..dump import Workspace
+from ..dump.replay import load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..runtime.npu.fusion import GRAPH, PASSES, UB

@@ -8,12 +8,31 @@ import sys
 
 import click
 
+import importlib
+
 from ..version import __version__
 from ..dump import layout
-from . import analyse, checks, inspect, jobs, repair  # noqa: F401  (they register their commands)
 from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK,  # noqa: F401 (re-exported)
-                  EXIT_USAGE, LOG_LEVELS, App, CommandError, alias_of)
+                  EXIT_USAGE, LOG_LEVELS, App, CommandError)
 from .runner import ALIASES, RUNNERS, make_runner
+
+# The module that registers each command (and its long name): it is imported when the command
+# is first asked for, so that --version, help of one command or a light command does not load
+# the whole analysis (tests/test_cli_usability.py checks this table against the registry)
+COMMAND_MODULES = {"analyse": ("ac", "vc", "vcs", "fo", "report"),
+                   "inspect": ("ls", "ni", "pt", "cp", "dc"),
+                   "jobs": ("train", "demo", "clean"), "repair": ("fix",), "checks": ("check", "wp")}
+LONG_NAMES = {"auto-check": "ac", "vector-compare": "vc", "vector-summary": "vcs",
+              "fusion-off": "fo", "html-report": "report", "list": "ls", "node-info": "ni",
+              "print-tensor": "pt", "compare-pair": "cp", "convert": "dc", "replay": "train",
+              "repair": "fix", "pre-check": "check", "watchpoints": "wp"}
+_MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
+
+
+def load_all_commands() -> None:
+    """Import every command module (help lists them all; the shell completes them all)."""
+    for module in COMMAND_MODULES:
+        importlib.import_module(f".{module}", __name__)
 
 EXIT_INTERRUPTED = 130
 EXIT_CODES = ("Exit codes: 0 nothing found; 1 precision findings (an op under the threshold, an "
@@ -28,13 +47,20 @@ class _Group(click.Group):
     or 3 (ours), the same through main(), click's runner and the shell."""
 
     def get_command(self, ctx, name):
-        return super().get_command(ctx, ALIASES.get(name, alias_of(name)))
+        name = ALIASES.get(name) or LONG_NAMES.get(name, name)
+        if name not in self.commands and name in _MODULE_OF:
+            importlib.import_module(f".{_MODULE_OF[name]}", __name__)
+            self.add_command(COMMANDS[name].command)
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(_MODULE_OF))
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else ""
         if args and not name.startswith("-") and self.get_command(ctx, name) is None:
             import difflib
-            words = sorted(set(self.list_commands(ctx)) | {i.alias for i in COMMANDS.values()})
+            words = sorted(set(self.list_commands(ctx)) | set(LONG_NAMES))
             close = difflib.get_close_matches(name, words, n=3)
             # main() adds where to look (--help, or help in the shell): said once
             ctx.fail(f"no command {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else ""))
@@ -62,6 +88,7 @@ class _Group(click.Group):
         return code
 
     def format_commands(self, ctx, formatter):
+        load_all_commands()
         rows = []
         for name in self.list_commands(ctx):
             cmd = self.get_command(ctx, name)
@@ -106,8 +133,6 @@ def cli(ctx, data_dir, as_json, log_level):
 
 for _name in RUNNERS:
     cli.add_command(make_runner(_name))
-for _info in COMMANDS.values():
-    cli.add_command(_info.command)
 
 
 @cli.command("help", short_help="The commands, or one command's options (help CMD).")

@@ -7,16 +7,18 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 import click
 import numpy as np
 from rich.console import Console
 from rich.panel import Panel
 
-from ..dump import Workspace, layout
-from ..dump.workspace import Run
+from ..dump import layout
 from ..fileio import jsonable
+
+if TYPE_CHECKING:                  # the workspace reader brings pandas: loaded when first used
+    from ..dump.workspace import Run, Workspace
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 # Ascend's slog levels
@@ -63,12 +65,13 @@ class App:
                                                          soft_wrap=True))
     in_shell: bool = False
     noted: set = field(default_factory=set)     # runs whose interrupted steps were named
-    _ws: Optional[Workspace] = None
+    _ws: Optional["Workspace"] = None
 
     @property
     def ws(self) -> Workspace:
         """Opened once; a command that writes runs calls refresh()."""
         if self._ws is None or self._ws.root != layout.resolve_root(self.data_dir):
+            from ..dump.workspace import Workspace
             ws = Workspace(self.data_dir)
             ws.runs()                  # a missing workspace fails here, in one line, every time
             self._ws = ws
@@ -140,14 +143,6 @@ def command(name: str, alias: str, **kw):
         COMMANDS[name] = CommandInfo(name, alias, cmd)
         return cmd
     return wrap
-
-
-def alias_of(word: str) -> str:
-    """The registered short name for a short name or long alias (unchanged otherwise)."""
-    for info in COMMANDS.values():
-        if word in (info.name, info.alias):
-            return info.name
-    return word
 
 
 def fmt(value, digits: int = 8) -> str:

@@ -10,7 +10,8 @@ from typing import Optional
 import click
 
 from .. import hooks
-from ..dump import housekeeping, load_bundle, replay
+from ..dump import housekeeping
+from ..dump.replay import load_bundle, replay
 from ..runtime.config import SessionConfig
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command

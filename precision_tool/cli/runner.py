@@ -9,8 +9,7 @@ import tempfile
 
 import click
 
-from ..analysis import overflow_report
-from ..dump import Workspace, layout
+from ..dump import layout
 from .app import CommandError
 
 EXIT_FINDINGS = 1
@@ -105,6 +104,8 @@ def make_runner(name: str):
                layout.ENV_DUMP_STEP: dump_step, layout.ENV_DUMP_MODE: dump_mode,
                layout.ENV_DUMP_DATA: dump_data}
         new = run_script(app, root, env, script)
+        from ..analysis import overflow_report
+        from ..dump.workspace import Workspace
         runs, overflowing = [], 0
         for path in new:
             parent, name = os.path.split(path)

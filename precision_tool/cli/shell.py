@@ -13,7 +13,7 @@ from typing import Iterable, List, Optional
 
 import click
 
-from .app import COMMANDS, EXIT_USAGE, App
+from .app import EXIT_USAGE, App
 
 PROMPT = "PrecisionTool > "          # the reference tool's; the shell shows its workspace in it
 BUILTINS = {"help": "help [CMD]: the commands, or one command's options",
@@ -95,8 +95,8 @@ def _run_of(app: App, cmd_name: str, parts: List[str], words: dict) -> Optional[
 
 
 def _commands() -> List[str]:
-    from . import cli
-    names = set(cli.commands) | {i.alias for i in COMMANDS.values()} | set(BUILTINS)
+    from . import LONG_NAMES, cli
+    names = set(cli.list_commands(click.Context(cli))) | set(LONG_NAMES) | set(BUILTINS)
     return sorted(names - {"shell"})
 
 
