@@ -347,3 +347,25 @@ def test_a_statistics_only_run_takes_strided_and_integer_sources():
     assert np.allclose(trace.stats[trace.plan.slots["y:0"]],
                        [labels.max(), labels.min(), labels.mean(), np.sqrt((labels ** 2).sum()),
                         0, 0, 0, labels.size], rtol=1e-15)
+
+
+def test_a_session_config_round_trips_through_its_saved_form(tmp_path):
+    """to_dict inlines the mixlist and the switch file (a saved config must not depend on
+    files that may move), from_dict rebuilds the same config, an unknown field is refused."""
+    import json
+    mixlist = {"black-list": {"to-add": ["SoftmaxV2"]}}
+    (tmp_path / "mix.json").write_text(json.dumps(mixlist))
+    switch = {"Switch": {"GraphFusion": {"SoftmaxFusionPass": "off"}, "UBFusion": {}}}
+    (tmp_path / "switch.cfg").write_text(json.dumps(switch))
+    cfg = pt.SessionConfig(precision_mode="allow_mix_precision", overflow_mode="inf_nan",
+                           modify_mixlist=str(tmp_path / "mix.json"),
+                           fusion_switch_file=str(tmp_path / "switch.cfg"))
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    assert saved["modify_mixlist"] == mixlist and saved["fusion_switch"] == switch
+    again = pt.SessionConfig.from_dict(saved)
+    assert again.precision_mode == "allow_mix_precision" and again.overflow_mode == "inf_nan"
+    assert again.modify_mixlist == mixlist and again.fusion_switch == switch
+    ran = pt.SessionConfig().to_dict(fusion_ran={"SoftmaxFusionPass"})["fusion_switch"]
+    assert ran["Switch"]["GraphFusion"] == {"ALL": "off", "SoftmaxFusionPass": "on"}
+    with pytest.raises(pt.PrecisionToolError, match="unknown session config field"):
+        pt.SessionConfig.from_dict({"precision_mod": "force_fp16"})

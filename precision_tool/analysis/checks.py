@@ -131,9 +131,8 @@ class CheckContext:
     def placement(self) -> Dict[str, str]:
         """Original op name -> the dtype the configured NPU policy computes it in (ops a
         fusion absorbed take their fused kernel's)."""
-        cfg = {k: v for k, v in self.config.items() if k in SessionConfig.__dataclass_fields__
-               and k != "observers"}
-        compiled = Session(self.graph, target="npu", config=SessionConfig(**cfg)).compiled
+        compiled = Session(self.graph, target="npu",
+                           config=SessionConfig.from_dict(self.config)).compiled
         out = {}
         for node in self.graph.nodes:
             tensor = compiled.tensor_map.get(f"{node.name}:0")

@@ -19,7 +19,7 @@ from ..dump import Workspace
 from ..dump.replay import load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
-from ..runtime.npu.fusion import GRAPH, PASSES, UB
+from ..runtime.npu.fusion import PASSES, switch_for
 from .compare import vector_compare
 from .mapping import TensorMap
 from .overflow import overflow_report
@@ -29,13 +29,6 @@ from .verdicts import DIVERGING
 
 class FusionReplayError(PrecisionToolError, ValueError):
     """A fusion-off replay that cannot run (no bundle for the step, no golden run...)."""
-
-
-def switch_for(passes_on: Set[str]) -> dict:
-    """fusion_switch.cfg content with exactly `passes_on` switched on."""
-    return {"Switch": {kind: dict([("ALL", "off")] + [(p, "on") for p, d in PASSES.items()
-                                                      if d.kind == kind and p in passes_on])
-                       for kind in (GRAPH, UB)}}
 
 
 def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[str]) -> Run:

@@ -229,7 +229,7 @@ class StepReplay:
         key = _key(cfg)
         if key not in self._sessions:
             self._sessions[key] = Session(self.bundle.graph, target="npu",
-                                          config=SessionConfig(**cfg))
+                                          config=SessionConfig.from_dict(cfg))
         return self._sessions[key]
 
     def _variables(self, changes: Sequence[Change]) -> Dict[str, np.ndarray]:
@@ -479,7 +479,7 @@ def loss_curve(replay: StepReplay, target: str, changes: Sequence[Change], steps
     meta = replay.bundle.meta
     sess = Session(replay.bundle.graph, target=target,
                    config=replay.golden_config if target == "cpu"
-                   else SessionConfig(**configure(replay.base, changes)))
+                   else SessionConfig.from_dict(configure(replay.base, changes)))
     sess.load_variables(replay._variables(changes), exact=target == meta["target"])
     sess.step = meta["session_step"]
     losses, overflows, loss_dtype = [], [], "float64"

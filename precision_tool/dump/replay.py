@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import operator
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, NamedTuple, Optional
 
 import numpy as np
@@ -38,20 +38,13 @@ class ReplayError(PrecisionToolError, ValueError):
 
 
 def config_dict(session) -> dict:
-    """The session's config as replay.json holds it (switch files and mixlists inlined)."""
-    cfg = session.config
-    out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
-           if f.name not in ("observers", "fusion_switch_file", "fusion_switch", "modify_mixlist")}
-    if session.target == "npu":
-        from ..runtime.npu.fusion import GRAPH, PASSES
-        ran = set(session.compiled.fusion)
-        out["fusion_switch"] = {"Switch": {
-            kind: dict([("ALL", "off")] + [(p, "on") for p, d in PASSES.items()
-                                           if d.kind == kind and p in ran])
-            for kind in (GRAPH, "UBFusion")}}
-        from ..runtime.npu.policy import _load_mixlist
-        out["modify_mixlist"] = (None if cfg.modify_mixlist is None
-                                 else _load_mixlist(cfg.modify_mixlist))
+    """The session's config as replay.json holds it (SessionConfig.to_dict: switch files and
+    mixlists inlined; an NPU session's switch as the passes that ran)."""
+    ran = set(session.compiled.fusion) if session.target == "npu" else None
+    out = session.config.to_dict(fusion_ran=ran)
+    if session.target != "npu":          # the golden run has no switch or mixlist to keep
+        out.pop("fusion_switch", None)
+        out.pop("modify_mixlist", None)
     return out
 
 
@@ -179,9 +172,7 @@ class Bundle:
     meta: dict
 
     def config(self, **overrides) -> SessionConfig:
-        cfg = dict(self.meta["config"])
-        cfg.update(overrides)
-        return SessionConfig(**cfg)
+        return SessionConfig.from_dict(self.meta["config"], **overrides)
 
 
 def _load_arrays(path: str, entries) -> Dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """Session configuration."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from ..errors import PrecisionToolError
@@ -61,6 +62,39 @@ class SessionConfig:
         if not isinstance(self.device_memory, int) or self.device_memory <= 0:
             raise ConfigError(f"device_memory must be a positive number of bytes, "
                               f"got {self.device_memory!r}")
+
+    def to_dict(self, fusion_ran=None) -> dict:
+        """The config as saved files hold it (replay.json, run.json, a repair's fix.json):
+        plain JSON, the mixlist inlined, and the fusion switch inlined as the passes that ran
+        (`fusion_ran`: their names, as a compiled graph records them) or as given. No
+        observers: they are the process's, not the config's."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("observers", "fusion_switch_file", "fusion_switch", "modify_mixlist")}
+        if fusion_ran is not None:
+            from .npu.fusion import switch_for
+            out["fusion_switch"] = switch_for(set(fusion_ran))
+        else:
+            spec = self.fusion_switch_spec
+            if isinstance(spec, (str, os.PathLike)) and spec not in ("on", "off"):
+                from ..fileio import load_json
+                spec = load_json(spec, ConfigError, "fusion switch file")
+            out["fusion_switch"] = spec
+        if self.modify_mixlist is None:
+            out["modify_mixlist"] = None
+        else:
+            from .npu.policy import load_mixlist
+            out["modify_mixlist"] = load_mixlist(self.modify_mixlist)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, **overrides) -> "SessionConfig":
+        """A config from to_dict's form (unknown keys refused in one line)."""
+        values = dict(data)
+        values.update(overrides)
+        unknown = sorted(set(values) - {f.name for f in fields(cls)} - {"observers"})
+        if unknown:
+            raise ConfigError(f"unknown session config field(s) {unknown}")
+        return cls(**values)
 
     @property
     def fusion_switch_spec(self):

@@ -94,6 +94,14 @@ def enabled_passes(switch) -> List[str]:
     return enabled
 
 
+def switch_for(passes_on) -> dict:
+    """fusion_switch.cfg content with exactly `passes_on` switched on (what a replay, a
+    bisection or a saved config writes)."""
+    return {"Switch": {kind: dict([("ALL", "off")] + [(p, "on") for p, d in PASSES.items()
+                                                      if d.kind == kind and p in passes_on])
+                       for kind in (GRAPH, UB)}}
+
+
 # -- the framework ---------------------------------------------------------------------------
 @dataclass
 class PassCounts:

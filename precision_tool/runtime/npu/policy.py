@@ -105,11 +105,12 @@ def make_policy(precision_mode: str, amp_level: Optional[str], modify_mixlist) -
         if mode not in ("allow_mix_precision", "allow_mix_precision_bf16", "O1"):
             raise PolicyError(f"modify_mixlist only applies to allow_mix_precision modes, "
                               f"not to {mode}")
-        white, black = _edit_lists(_load_mixlist(modify_mixlist), white, black)
+        white, black = _edit_lists(load_mixlist(modify_mixlist), white, black)
     return Policy(mode, low, frozenset(white), frozenset(black))
 
 
-def _load_mixlist(spec) -> dict:
+def load_mixlist(spec) -> dict:
+    """A modify_mixlist given as a dict or as the path of its JSON file, as a dict."""
     if isinstance(spec, dict):
         return spec
     if not isinstance(spec, (str, os.PathLike)):
