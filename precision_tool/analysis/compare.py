@@ -118,7 +118,7 @@ def _undumped_ops(graph: dict, tmap: TensorMap, indexed: set, fetched: Optional[
 def records(table: pd.DataFrame) -> list:
     """The table's rows as dicts of Python values, column by column: pandas' own row
     iteration (itertuples, to_dict) takes each string element through its array's
-    __getitem__, ten times slower on a dump of thousands of small tensors."""
+    __getitem__, which dominates on a dump of thousands of small tensors."""
     columns = list(table.columns)
     return [dict(zip(columns, values)) for values in zip(*(table[c].tolist() for c in columns))]
 

@@ -32,8 +32,8 @@ GROUP_ELEMENTS = 1 << 25        # in this process a task takes ranges of up to t
 BATCH_BYTES = 1 << 18           # pairs whose files are both this small go in batches ...
 BATCH_PAIRS = 256               # ... of at most this many
 # A compare only reads its tensors, so a file above this is mapped rather than copied out of
-# the page cache into fresh memory: from about 1 MiB the mapping is the cheaper (a 32 MiB
-# file: 4 ms mapped, 9 read), below it the mapping's own set-up costs more than the copy.
+# the page cache into fresh memory: from about 1 MiB the mapping is the cheaper, below it the
+# mapping's own set-up costs more than the copy (docs/design-notes.md has the figures).
 MAP_BYTES = 1 << 20
 
 

@@ -2,16 +2,15 @@
 
 The writer computes each step's statistics and writes its files on another core while the
 next step runs. A BLAS pool with a thread per core keeps its idle threads spinning after
-every call (OpenBLAS does, for about 0.1 s), so the writer and a spinner share a core and
-the training step waits for both: the Transformer's tensor dump at batch 32 measured 2.6x
-its undumped step with two BLAS threads on two cores and 1.5x with one, and its undumped
-step is no slower with one. The pool is cut once, when the first dumped step has run, and
+every call (OpenBLAS does, for a while), so the writer and a spinner share a core and the
+training step waits for both, while the undumped step is no slower with one thread fewer
+(the figures: docs/design-notes.md). The pool is cut once, when the first dumped step has run, and
 given back when the dump closes: changing it every step would wake the idle threads every
 step. Not before that step: OpenBLAS's float32 sums depend on its thread count, and the
 step a user dumps should hold the numbers the run computes without the dump (the steps
 after it can differ from an undumped run's in their last bits). Each replay bundle records
 the count its step ran with, and a replay runs with it. The price is once per dump: the
-idle threads of that first step's BLAS calls spin beside its writer for about 0.1 s.
+idle threads of that first step's BLAS calls spin beside its writer.
 """
 from __future__ import annotations
 
