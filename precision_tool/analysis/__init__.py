@@ -1,27 +1,42 @@
 """The analysis layer: metrics, the NPU-to-golden mapping, vector compare and its verdicts,
 overflow analysis, summaries, root cause within and across steps, replays (single op, fusion
-off with pass bisection, what-if), and the auto check that ties them together."""
-from .autocheck import AutoCheck, auto_check
-from .compare import vector_compare
-from .fusion import FusionVerdict, bisect_fusion, fired_passes, replay_with_passes
-from .impact import ImpactRanking, rank_by_impact
-from .loss_scale import LossScaleHistory, loss_scale_history
-from .mapping import TensorMap
-from .metrics import METRICS, compare_tensors
-from .overflow import OverflowReport, OverflowTask, overflow_report
-from .replay_op import OpReplay, ReplayOpError, replay_op
-from .result import (Coverage, Provenance, StaleResultError, coverage, current_result,
-                     read_provenance, read_result, staleness, write_result)
-from .rootcause import Divergence, RootCause, root_cause
-from .steps import StateTrace, trace_state
-from .summary import OpSummary, count_findings, summarize
-from .verdicts import Criteria, diverging, judge, verdict
+off with pass bisection, what-if), and the auto check that ties them together. Its names load
+with the module that defines them (PEP 562): a summary of a result needs neither the replays
+nor the runtime."""
+import importlib
 
-__all__ = ["AutoCheck", "auto_check", "vector_compare", "FusionVerdict", "bisect_fusion",
-           "fired_passes", "replay_with_passes", "ImpactRanking", "rank_by_impact",
-           "LossScaleHistory", "loss_scale_history", "TensorMap", "METRICS", "compare_tensors",
-           "OverflowReport", "OverflowTask", "overflow_report", "OpReplay", "ReplayOpError",
-           "replay_op", "Coverage", "Provenance", "StaleResultError", "coverage",
-           "current_result", "read_provenance", "read_result", "staleness", "write_result", "Divergence", "RootCause",
-           "root_cause", "StateTrace", "trace_state", "OpSummary", "count_findings",
-           "summarize", "Criteria", "diverging", "judge", "verdict"]
+_WHERE = {
+    "autocheck": ("AutoCheck", "auto_check"),
+    "compare": ("vector_compare",),
+    "fusion": ("FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"),
+    "impact": ("ImpactRanking", "rank_by_impact"),
+    "loss_scale": ("LossScaleHistory", "loss_scale_history"),
+    "mapping": ("TensorMap",),
+    "metrics": ("METRICS", "compare_tensors"),
+    "overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
+    "replay_op": ("OpReplay", "ReplayOpError", "replay_op"),
+    "result": ("Coverage", "Provenance", "StaleResultError", "coverage", "current_result",
+               "read_provenance", "read_result", "staleness", "write_result"),
+    "rootcause": ("Divergence", "RootCause", "root_cause"),
+    "steps": ("StateTrace", "trace_state"),
+    "summary": ("OpSummary", "count_findings", "summarize"),
+    "verdicts": ("Criteria", "diverging", "judge", "verdict"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+# `replay_op` is also a submodule's name, and importing a submodule binds the package's
+# attribute to it: the module is imported here (the runtime it needs is loaded with the
+# package anyway) and the function bound after it
+from .replay_op import replay_op  # noqa: E402
