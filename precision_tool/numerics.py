@@ -256,11 +256,14 @@ def batch_stats(arrays) -> dict:
         starts = np.zeros(len(flat), dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         pos = np.asarray(positions)
-        out["max"][pos] = np.maximum.reduceat(buf, starts)
-        out["min"][pos] = np.minimum.reduceat(buf, starts)
-        out["mean"][pos] = np.add.reduceat(buf, starts, dtype=np.float64) / sizes
-        sq = np.square(buf, dtype=np.float64)
-        out["l2norm"][pos] = np.sqrt(np.add.reduceat(sq, starts))
+        # a tensor holding inf/nan makes its sums nan here (inf - inf): it is done again by
+        # tensor_stats below, so numpy's warning about it says nothing
+        with np.errstate(invalid="ignore", over="ignore"):
+            out["max"][pos] = np.maximum.reduceat(buf, starts)
+            out["min"][pos] = np.minimum.reduceat(buf, starts)
+            out["mean"][pos] = np.add.reduceat(buf, starts, dtype=np.float64) / sizes
+            sq = np.square(buf, dtype=np.float64)
+            out["l2norm"][pos] = np.sqrt(np.add.reduceat(sq, starts))
         finite = np.isfinite(buf)
         if not finite.all():
             special += pos[np.add.reduceat(~finite, starts) > 0].tolist()
