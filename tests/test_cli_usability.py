@@ -59,7 +59,6 @@ def test_demo_exit_zero_for_chains(tmp_path):
 def test_the_readme_lists_every_command_and_option():
     """README's command table names each command with every option it shows in --help."""
     import click
-    from precision_tool.cli.app import COMMANDS
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
     table = readme[readme.index("| command | what it does |"):readme.index("Global options, one-shot")]
     rows = table.splitlines()

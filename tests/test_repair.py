@@ -262,8 +262,7 @@ def test_minimize_finds_every_culprit_with_few_tests():
 
 
 def test_the_budget_is_kept_and_said(tmp_path):
-    net = dense_net(scale=1e5)
-    ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision"))
+    dump_step(tmp_path, dense_net(scale=1e5), pt.SessionConfig(precision_mode="allow_mix_precision"))
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "fix", "-j", "1", "-b", "3"])
     assert out.exit_code == 1, out.output
     assert "budget of 3 replays ran out" in out.output
@@ -348,7 +347,7 @@ def test_a_fix_that_drifts_later_is_searched_again_over_the_steps(tmp_path):
 def test_the_loss_goal_judges_the_loss_alone(tmp_path):
     """--loss-rtol: the loss within the tolerance and no overflow, whatever the updates do."""
     net = dense_net(scale=1e5, optimizer=pt.train.Adam(0.01))
-    ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision"))
+    dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision"))
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "fix", "-j", "1",
                                    "--loss-rtol", "1e-3", "--dry-run"])
     assert out.exit_code == 0, out.output

@@ -54,6 +54,12 @@ def test_the_report_holds_what_ac_found(one_step, tmp_path):
     assert '"verdict": "findings"' in ac.output
     assert invoke(one_step, "ac", "-c", "--html", str(tmp_path / "a.html")).exit_code == 1
     assert os.path.getsize(tmp_path / "a.html") > 10_000
+    assert "id='repair'" not in text                      # no repair yet: no section for it
+    assert invoke(one_step, "fix", "-j", "1").exit_code == 0
+    repaired = invoke(one_step, "report", "-o", str(tmp_path / "f.html"))
+    assert repaired.exit_code == 1
+    section = (tmp_path / "f.html").read_text()
+    assert "id='repair'" in section and "SoftmaxFusionPass off" in section
 
 
 @needs_browser

@@ -112,6 +112,7 @@ def test_completion_words_come_from_the_workspace(workspace):
 
 def test_lines_run_on_one_app(workspace, capsys):
     app = App(workspace)
+    assert prompt_for(app).startswith("PrecisionTool (") and prompt_for(app).endswith(") > ")
     assert execute(app, "ls -t SoftmaxV2") == 0
     ws = app.ws
     assert execute(app, "--json ls -t SoftmaxV2") == 0 and app.ws is ws       # index loaded once

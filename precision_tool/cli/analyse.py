@@ -6,7 +6,6 @@ import os
 import re
 
 import click
-import pandas as pd
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table

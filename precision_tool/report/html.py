@@ -315,7 +315,7 @@ def render(data: dict, out_dir: str) -> str:
             c["watchpoints"], ["step", "condition", "message", "count", "session"]))
     if data["fix"]:
         f = data["fix"]
-        s.append(f"<h2 id='repair'>Precision repair</h2><pre>"
+        s.append("<h2 id='repair'>Precision repair</h2><pre>"
                  + _e(f"fix: {f.get('fix')}\nverified: {f.get('verified')}\nreplays: "
                       f"{f.get('replays')}\nconfig: {json.dumps(f.get('config'))}")
                  + f"</pre><p><a href='{link(data['fix_file'])}'>fix.json</a></p>")
