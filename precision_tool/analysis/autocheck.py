@@ -30,7 +30,7 @@ from .advice import advise, mode_of
 from .compare import vector_compare
 from .impact import rank_by_impact
 from .loss_scale import loss_scale_history
-from .mapping import TensorMap
+from .mapping import TensorMap, placed_types
 from .overflow import overflow_report
 from .replay_op import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
@@ -218,9 +218,7 @@ def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[flo
     producers = [tmap.node(split_tensor_name(t)[0]) or {} for t in node.get("inputs", [])]
     source = next(({"name": p["name"], "type": p["type"], "peak": input_peak}
                    for p in producers if p.get("type") in ("Placeholder", "Const")), None)
-    steps = attrs.get("steps") if op_type == "FusedEltwise" else None
-    placed = sorted({s.get("type") for s in steps if isinstance(s, dict)} - {None}) \
-        if isinstance(steps, list) else [op_type]
+    placed = sorted(set(placed_types(op_type, attrs)))
     return {"inserted": bool(attrs.get("inserted_by")), "source": source,
             "update": bool(registry.updated_inputs(op_type)),
             "pass_name": attrs.get("pass_name", "") or "",

@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import numerics
 from ..dump import Workspace, load_bundle
-from ..dump.cores import blas_threads_as
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import dtypes, split_tensor_name
@@ -109,17 +108,13 @@ class CheckContext:
     def replay(self, steps: int):
         """(traces, variables before each step and after the last) of `steps` golden steps
         from the bundle, its batch each step."""
-        meta = self.bundle.meta
         tracer = _Tracer()
         sess = Session(self.graph, target="cpu", config=SessionConfig(golden_dtype=self.golden_dtype))
         sess.add_observer(tracer)
-        sess.load_variables(self.bundle.variables)
-        sess.step = meta["session_step"]
+        self.bundle.start(sess, exact=False)
         states = [sess.variables()]
         for _ in range(steps):
-            with blas_threads_as(meta.get("blas_threads")):
-                sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
-                         dict(self.bundle.feeds))
+            self.bundle.run_step(sess)
             states.append(sess.variables())
         return tracer.traces, states
 
@@ -361,7 +356,7 @@ def _learning_rate(ctx: CheckContext) -> List[Finding]:
 @check("hyperparameter.loss_scale", "hyperparameter",
        "the loss scale against the precision mode and the golden gradients' range")
 def _loss_scale(ctx: CheckContext) -> List[Finding]:
-    from .repair import loss_scale_variable
+    from ..train.loss_scale import loss_scale_variable
     scale_var = loss_scale_variable(ctx.graph)
     if scale_var is None:
         if ctx.mode in SCALED_MODES:

@@ -19,7 +19,6 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..dump import Workspace, load_bundle
-from ..dump.cores import blas_threads_as
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from .. import numerics
@@ -71,14 +70,10 @@ def _red(x: np.ndarray, y: np.ndarray) -> float:
 def _run(sess: Session, bundle, extra=(), substitute=None):
     """The bundle's step on a session (compiled once, its variables loaded from the bundle
     anew each time): (fetched values by name, variables before, after)."""
-    sess.load_variables(bundle.variables, exact=sess.target == bundle.meta["target"])
-    sess.step = bundle.meta["session_step"]
+    bundle.start(sess)
     before = sess.variables()
-    fetches = list(bundle.meta["fetch_tensors"]) + list(extra)
-    with blas_threads_as(bundle.meta.get("blas_threads")):
-        values = sess.run(fetches + bundle.meta["fetch_nodes"], dict(bundle.feeds),
-                          substitute=substitute)
-    return dict(zip(fetches, values)), before, sess.variables()
+    fetched = bundle.run_step(sess, extra, substitute)
+    return fetched, before, sess.variables()
 
 
 def _error(npu, golden) -> StepError:

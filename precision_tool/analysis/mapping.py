@@ -61,3 +61,13 @@ class TensorMap:
 
     def pass_name(self, op_name: str) -> str:
         return self._nodes.get(op_name, {}).get("attrs", {}).get("pass_name", "")
+
+
+def placed_types(op_type: str, attrs: dict) -> list:
+    """The op types a precision policy placed for a compiled kernel: the policy runs after
+    graph fusion (a fused MatMulV2 is placed as MatMulV2) and before UB fusion (a UB
+    kernel's steps were placed one by one, never as "FusedEltwise")."""
+    steps = (attrs or {}).get("steps")
+    if isinstance(steps, list):
+        return [s["type"] for s in steps if isinstance(s, dict) and s.get("type")]
+    return [op_type]

@@ -40,7 +40,6 @@ import numpy as np
 import pandas as pd
 
 from ..dump import Workspace, load_bundle
-from ..dump.cores import blas_threads_as
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..fileio import jsonable, write_text_atomic
@@ -48,8 +47,10 @@ from ..graph import dtypes, split_tensor_name
 from ..ops import registry
 from ..runtime import Session, SessionConfig
 from ..runtime.npu import cost
-from ..runtime.npu.fusion import GRAPH, UB
+from ..runtime.npu.fusion import PASSES, enabled_passes, switch_for
 from .advice import MIXLIST_MODES
+from .mapping import placed_types
+from ..train.loss_scale import loss_scale_variable
 from .metrics import compare_tensors
 from .verdicts import DIVERGING, Criteria, judge
 
@@ -162,36 +163,32 @@ def configure(base: dict, changes: Sequence[Change]) -> dict:
     kinds = {c.kind: c for c in changes}
     fp32 = sorted(c.name for c in changes if c.kind == "fp32")
     if "mode" in kinds:
-        mode = kinds["mode"].name
-        amp = mode.startswith("O")
-        cfg.update(amp_level=mode if amp else None,
-                   precision_mode=cfg.get("precision_mode") if amp else mode, modify_mixlist=None)
+        _set_mode(cfg, kinds["mode"].name)
+        cfg["modify_mixlist"] = None
     elif fp32:
         mode = mode_of(cfg)
-        mode = mode if mode in MIXLIST_MODES else MIXLIST_FOR.get(mode, "allow_mix_precision")
-        amp = mode.startswith("O")
+        _set_mode(cfg, mode if mode in MIXLIST_MODES else MIXLIST_FOR.get(mode, "allow_mix_precision"))
         mixlist = json.loads(json.dumps(cfg.get("modify_mixlist") or {}))
         black = mixlist.setdefault("black-list", {})
         black["to-add"] = sorted(set(black.get("to-add", [])) | set(fp32))
         black["to-remove"] = [t for t in black.get("to-remove", []) if t not in fp32]
         if not black["to-remove"]:
             del black["to-remove"]
-        cfg.update(amp_level=mode if amp else None,
-                   precision_mode=cfg.get("precision_mode") if amp else mode,
-                   modify_mixlist=mixlist)
+        cfg["modify_mixlist"] = mixlist
     off = {c.name for c in changes if c.kind == "fusion"}
     if off:
-        switch = json.loads(json.dumps(cfg.get("fusion_switch") or {"Switch": {GRAPH: {}, UB: {}}}))
-        for section in switch["Switch"].values():
-            for name in off:
-                if name in section or section.get("ALL", "on") == "on":
-                    section[name] = "off"
-        for name in off:              # a pass the sections do not name yet
-            if not any(name in s for s in switch["Switch"].values()):
-                from ..runtime.npu.fusion import PASSES
-                switch["Switch"].setdefault(PASSES[name].kind, {})[name] = "off"
+        switch = switch_for(set(enabled_passes(cfg.get("fusion_switch"))) - off)
+        for name in off:              # said, not only left out: the file a user reads
+            switch["Switch"][PASSES[name].kind][name] = "off"
         cfg["fusion_switch"] = switch
     return cfg
+
+
+def _set_mode(cfg: dict, mode: str) -> None:
+    """A precision mode, or an amp level (O0-O3), in place of the config's."""
+    amp = mode.startswith("O")
+    cfg.update(amp_level=mode if amp else None,
+               precision_mode=cfg.get("precision_mode") if amp else mode)
 
 
 def _key(cfg: dict) -> str:
@@ -241,15 +238,9 @@ class StepReplay:
         return values
 
     def _step(self, sess: Session, variables: Dict[str, np.ndarray]):
-        meta = self.bundle.meta
-        sess.load_variables(variables or self.bundle.variables,
-                            exact=sess.target == meta["target"])
-        sess.step = meta["session_step"]
+        self.bundle.start(sess, variables or None)
         before = sess.variables()
-        with blas_threads_as(meta.get("blas_threads")):
-            values = sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
-                              dict(self.bundle.feeds))
-        fetched = dict(zip(meta["fetch_tensors"], values))
+        fetched = self.bundle.run_step(sess)
         return fetched, before, sess.variables(), sess.float_status()
 
     def run(self, changes: Sequence[Change]) -> Outcome:
@@ -316,26 +307,23 @@ def _row(npu: np.ndarray, golden: np.ndarray, dtype: str) -> dict:
     return row
 
 
+def _first_scalar(fetched: dict) -> Optional[np.ndarray]:
+    """The first fetched float scalar: the loss, as a training step fetches it first."""
+    return next((np.asarray(v) for v in fetched.values()
+                 if np.size(v) == 1 and _is_float(np.asarray(v).dtype)), None)
+
+
 def _loss_error(values: dict, golden: dict) -> float:
     """Relative error of the first fetched float scalar (the loss); inf when it is not
     finite, nan without one."""
-    for name, v in values.items():
-        v = np.asarray(v)
-        if v.size == 1 and v.dtype.kind == "f":
-            x, y = float(v.reshape(-1)[0]), float(np.asarray(golden[name]).reshape(-1)[0])
-            if not math.isfinite(x):
-                return math.inf
-            return abs(x - y) / abs(y) if y else (0.0 if x == 0 else math.inf)
-    return math.nan
-
-
-def loss_scale_variable(graph) -> Optional[str]:
-    """The variable holding the loss scale (the first input an UpdateLossScale overwrites),
-    or None when the graph has no loss scaling."""
-    for node in graph.nodes:
-        if node.type == "UpdateLossScale" and 0 in registry.updated_inputs(node.type):
-            return split_tensor_name(node.inputs[0])[0]
-    return None
+    name = next((k for k, v in values.items()
+                 if np.size(v) == 1 and _is_float(np.asarray(v).dtype)), None)
+    if name is None:
+        return math.nan
+    x, y = float(np.asarray(values[name]).reshape(-1)[0]), float(np.asarray(golden[name]).reshape(-1)[0])
+    if not math.isfinite(x):
+        return math.inf
+    return abs(x - y) / abs(y) if y else (0.0 if x == 0 else math.inf)
 
 
 # -- candidates -------------------------------------------------------------------------------
@@ -348,13 +336,8 @@ def low_precision_types(sess: Session) -> List[str]:
         if a.get("compute_dtype") not in LOW or a.get("inserted_by") or \
                 registry.updated_inputs(node.type):
             continue
-        # the policy runs after graph fusion (a fused MatMulV2 is placed as MatMulV2) and
-        # before UB fusion (a UB kernel's steps were placed one by one)
-        steps = a.get("steps")
-        types = [s.get("type") for s in steps if isinstance(s, dict)] \
-            if isinstance(steps, list) else [node.type]
-        for t in types:
-            if t and t not in ("Cast", "Const", "Variable", "Placeholder"):
+        for t in placed_types(node.type, a):
+            if t not in ("Cast", "Const", "Variable", "Placeholder"):
                 seen.setdefault(t, None)
     return list(seen)
 
@@ -371,11 +354,8 @@ def root_cause_types(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     tmap = TensorMap(ws.graph_json(npu_run) or {})
     types: Dict[str, None] = {}
     for d in cause.origins + cause.propagators:
-        steps = ((tmap.node(d.op_name) or {}).get("attrs") or {}).get("steps")
-        for t in ([s.get("type") for s in steps if isinstance(s, dict)]
-                  if isinstance(steps, list) else [d.op_type]):
-            if t:
-                types.setdefault(t, None)
+        for t in placed_types(d.op_type, (tmap.node(d.op_name) or {}).get("attrs")):
+            types.setdefault(t, None)
     return list(types)
 
 
@@ -480,16 +460,11 @@ def loss_curve(replay: StepReplay, target: str, changes: Sequence[Change], steps
     sess = Session(replay.bundle.graph, target=target,
                    config=replay.golden_config if target == "cpu"
                    else SessionConfig.from_dict(configure(replay.base, changes)))
-    sess.load_variables(replay._variables(changes), exact=target == meta["target"])
-    sess.step = meta["session_step"]
+    replay.bundle.start(sess, replay._variables(changes))
     losses, overflows, loss_dtype = [], [], "float64"
     try:
         for k in range(steps):
-            with blas_threads_as(meta.get("blas_threads")):
-                values = sess.run(list(meta["fetch_tensors"]) + list(meta["fetch_nodes"]),
-                                  dict(replay.bundle.feeds))
-            loss = next((np.asarray(v) for v in values[:len(meta["fetch_tensors"])]
-                         if np.asarray(v).size == 1 and _is_float(np.asarray(v).dtype)), None)
+            loss = _first_scalar(replay.bundle.run_step(sess))
             losses.append(math.nan if loss is None else float(loss.reshape(-1)[0]))
             if loss is not None and target == "npu":
                 loss_dtype = _computed_dtype(sess, meta["fetch_tensors"], loss.dtype)

@@ -174,6 +174,23 @@ class Bundle:
     def config(self, **overrides) -> SessionConfig:
         return SessionConfig.from_dict(self.meta["config"], **overrides)
 
+    def start(self, sess: Session, variables: Optional[Dict[str, np.ndarray]] = None,
+              exact: Optional[bool] = None) -> None:
+        """Put a session where the step starts: the bundle's variables (or these) loaded,
+        exactly by default when it is the target they were dumped from; its step number."""
+        sess.load_variables(self.variables if variables is None else variables,
+                            exact=sess.target == self.meta["target"] if exact is None else exact)
+        sess.step = self.meta["session_step"]
+
+    def run_step(self, sess: Session, extra=(), substitute=None) -> Dict[str, np.ndarray]:
+        """One run of the step on a session (its feeds, its fetches and `extra`, with the BLAS
+        thread count it ran with: OpenBLAS's sums depend on it): the fetched tensors by name."""
+        fetches = list(self.meta["fetch_tensors"]) + list(extra)
+        with blas_threads_as(self.meta.get("blas_threads")):
+            values = sess.run(fetches + list(self.meta["fetch_nodes"]), dict(self.feeds),
+                              substitute=substitute)
+        return dict(zip(fetches, values))
+
 
 def _load_arrays(path: str, entries) -> Dict[str, np.ndarray]:
     try:
@@ -227,8 +244,6 @@ def replay(bundle: Bundle, target: Optional[str] = None, config: Optional[Sessio
         config = bundle.config() if target == bundle.meta["target"] else SessionConfig()
     sess = Session(bundle.graph, target=target, config=config)
     same = target == bundle.meta["target"] and config.golden_dtype == bundle.meta["config"].get("golden_dtype")
-    sess.load_variables(bundle.variables, exact=same)
-    sess.step = bundle.meta["session_step"]
-    fetches = bundle.meta["fetch_tensors"] + bundle.meta["fetch_nodes"]
-    with blas_threads_as(bundle.meta.get("blas_threads")):    # OpenBLAS's sums depend on it
-        return sess, sess.run(fetches, dict(bundle.feeds))
+    bundle.start(sess, exact=same)
+    fetched = bundle.run_step(sess)
+    return sess, [fetched[t] for t in bundle.meta["fetch_tensors"]] + [None] * len(bundle.meta["fetch_nodes"])

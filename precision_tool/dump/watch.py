@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -70,6 +71,11 @@ class _PlanFacts:
     loss: Optional[str]          # the first fetched float scalar
     scale: Optional[tuple]       # (loss scale variable, its minimum) when the graph scales
     _slots: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    @cached_property
+    def updated(self) -> frozenset:
+        """The variables the step's optimizer updates write."""
+        return frozenset(var for _, var in self.gradients)
 
     def names(self, kind: str) -> List[str]:
         """The tensors of a kind: gradients, activations, fp16, tensors or loss."""
@@ -306,8 +312,7 @@ class WatchObserver:
             norms = np.sqrt(np.add.reduceat(self._before * self._before, self._starts))
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios = np.where(norms > 0, steps / norms, np.where(steps > 0, np.inf, 0.0))
-            updated = {var for _, var in facts.gradients}
-            updates = {v: float(r) for v, r in zip(self._weights, ratios.tolist()) if v in updated}
+            updates = {v: float(r) for v, r in zip(self._weights, ratios.tolist()) if v in facts.updated}
         view = _StepView(session.step, trace, facts, updates)
         self._track(view, facts)
         for name, c in CONDITIONS.items():

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..analysis import auto_check, read_result, root_cause, vector_compare
-from ..analysis.verdicts import Criteria, judge
+from ..analysis.verdicts import Criteria
 from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
@@ -48,17 +48,20 @@ def _ops(table, criteria: Criteria) -> List[dict]:
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
-    judged = judge(table, criteria)
-    outputs = table[table.TensorIndex.astype(str).str.contains(":output:")].sort_values("Index")
+    rows = cause.rows                  # the verdicts the root cause was judged on
+    at = np.flatnonzero(np.array(rows.is_out))
+    at = at[np.argsort(table.Index.to_numpy()[at], kind="stable")]      # execution order
+    reasons = dict(zip(at.tolist(), rows.reasons(at.tolist())))
     points = []
-    for i, (k, r) in enumerate(outputs.iterrows()):
-        verdict = judged.Verdict.loc[k]
+    for i, pos in enumerate(at.tolist()):
+        r = table.iloc[pos]
+        verdict = rows.verdict[pos]
         role = roles.get(r.NPUDump, "error" if verdict == "error" else "pass")
         points.append({"x": i, "op": r.NPUDump, "type": r.OpType, "tensor": r.TensorIndex,
                        "pass": r.get("PassName", "") or "", "dtype": r.NpuDataType,
                        "golden_dtype": r.get("GoldenDataType", ""),
                        "cosine": float(r.CosineSimilarity), "norm": float(r.get("NormRelativeDiff", np.nan)),
-                       "verdict": verdict, "reason": judged.Reason.loc[k] or "", "role": role,
+                       "verdict": verdict, "reason": reasons[pos] or "", "role": role,
                        "scope": _scope(str(r.NPUDump))})
     return points
 

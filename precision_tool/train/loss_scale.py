@@ -16,9 +16,11 @@ Managers:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import GraphError
-from ..graph import Tensor
+from ..graph import Tensor, split_tensor_name
+from ..ops.registry import updated_inputs
 from .amp import LossScaler, all_finite
 from .autodiff import gradients
 from .optimizers import Optimizer, trainable_variables
@@ -90,3 +92,12 @@ class LossScaleOptimizer:
         self.loss_scale, self.last_step_finite = scaler.loss_scale, scaler.last_step_finite
         self.is_finite = finite
         return step
+
+
+def loss_scale_variable(graph) -> Optional[str]:
+    """The variable holding the loss scale (the first input an UpdateLossScale overwrites),
+    or None when the graph has no loss scaling."""
+    for node in graph.nodes:
+        if node.type == "UpdateLossScale" and 0 in updated_inputs(node.type):
+            return split_tensor_name(node.inputs[0])[0]
+    return None
