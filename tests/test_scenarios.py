@@ -130,3 +130,31 @@ def test_an_origin_whose_golden_output_its_dtype_cannot_hold_is_not_ranked():
     assert "does not fit float16" in _unfit(node, {0: np.array([1e5])})
     assert _unfit(node, {0: np.array([1e-3, 60000.0])}) == ""
     assert _unfit({"outputs": [{"dtype": "float32"}]}, {0: np.array([1e-12])}) == ""
+
+
+def test_an_inserted_cast_of_a_computed_value_is_advised_by_what_reads_it(tmp_path):
+    """exp(12 tanh(.)) in fp32 (Exp is black-listed) read by an fp16 MatMul under
+    allow_mix_precision: the Cast the compiler put between them overflows. Its producer is
+    already fp32; what moves the Cast away is keeping its readers in fp32."""
+    import numpy as np
+    import precision_tool as pt
+    from precision_tool.analysis import auto_check
+    from precision_tool.dump import Workspace
+    from test_repair import Net, dump_step
+    g = pt.Graph("exp_into_matmul", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 16])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.ops.exp(pt.ops.tanh(pt.nn.dense(x, 16, name="fc1")) * pt.constant(12.0, name="k"))
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(
+            pt.nn.dense(h, 10, name="out"), y))
+        train = pt.train.Adam(0.01).minimize(loss)
+    rng = np.random.default_rng(0)
+    net = Net(g, [x], y, loss, train, [([rng.normal(size=(32, 16)).astype(np.float32) * 3],
+                                        rng.integers(0, 10, 32).astype(np.int32))])
+    dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision",
+                                              overflow_mode="inf_nan"))
+    result = auto_check(Workspace(str(tmp_path)), compare=True)
+    assert result.first_overflow["op_name"] == "Exp/Cast_fp16"
+    advice = " ".join(result.advice)
+    assert '"MatMul"' in advice and "keep the producer" not in advice.lower(), advice

@@ -43,6 +43,10 @@ def keep_in_fp32(op: dict, mode: str) -> str:
             return (f"give the constant {source['name']} a value fp16 holds{reach}, or keep the "
                     f"ops that read it in fp32: the compiler inserted {op['op_name']} to hand it "
                     f"to an fp16 op")
+        if op.get("readers"):             # the Cast goes when what reads it stays in fp32
+            return (keep_in_fp32({"op_name": op["op_name"], "policy_types": op["readers"]}, mode)
+                    + f" (the compiler inserted {op['op_name']} to hand its input, fp32, to "
+                      f"them in fp16: no list moves the Cast itself)")
         return (f"keep the producer of {op['op_name']} in fp32 (the compiler inserted that Cast: "
                 f"no list moves it), or run under precision_mode force_fp32 to confirm")
     if op.get("update"):

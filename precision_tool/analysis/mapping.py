@@ -7,7 +7,7 @@ maps through its producer in the same way.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ..graph import split_tensor_name
 
@@ -40,6 +40,11 @@ class TensorMap:
         if sources:
             return sources[index] if index < len(sources) else None
         return tensor
+
+    def readers(self, op_name: str) -> List[dict]:
+        """The compiled nodes that read an output of the op (a walk over the graph)."""
+        return [n for n in self._nodes.values()
+                if any(split_tensor_name(t)[0] == op_name for t in n.get("inputs", []))]
 
     def node(self, op_name: str) -> Optional[dict]:
         """The compiled node's JSON, or None."""
