@@ -132,14 +132,11 @@ def test_an_origin_whose_golden_output_its_dtype_cannot_hold_is_not_ranked():
     assert _unfit({"outputs": [{"dtype": "float32"}]}, {0: np.array([1e-12])}) == ""
 
 
-def test_an_inserted_cast_of_a_computed_value_is_advised_by_what_reads_it(tmp_path):
+def _exp_into_matmul(root, x_value=None):
     """exp(12 tanh(.)) in fp32 (Exp is black-listed) read by an fp16 MatMul under
-    allow_mix_precision: the Cast the compiler put between them overflows. Its producer is
-    already fp32; what moves the Cast away is keeping its readers in fp32."""
+    allow_mix_precision, inf_nan: the Cast the compiler puts between them overflows."""
     import numpy as np
     import precision_tool as pt
-    from precision_tool.analysis import auto_check
-    from precision_tool.dump import Workspace
     from test_repair import Net, dump_step
     g = pt.Graph("exp_into_matmul", seed=0)
     with g.as_default():
@@ -150,11 +147,29 @@ def test_an_inserted_cast_of_a_computed_value_is_advised_by_what_reads_it(tmp_pa
             pt.nn.dense(h, 10, name="out"), y))
         train = pt.train.Adam(0.01).minimize(loss)
     rng = np.random.default_rng(0)
-    net = Net(g, [x], y, loss, train, [([rng.normal(size=(32, 16)).astype(np.float32) * 3],
-                                        rng.integers(0, 10, 32).astype(np.int32))])
-    dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision",
-                                              overflow_mode="inf_nan"))
-    result = auto_check(Workspace(str(tmp_path)), compare=True)
+    xb = rng.normal(size=(32, 16)).astype(np.float32) * 3
+    if x_value is not None:
+        xb[0, 0] = x_value
+    net = Net(g, [x], y, loss, train, [([xb], rng.integers(0, 10, 32).astype(np.int32))])
+    return dump_step(root, net, pt.SessionConfig(precision_mode="allow_mix_precision",
+                                                 overflow_mode="inf_nan"))
+
+
+def test_an_inserted_cast_of_a_computed_value_is_advised_by_what_reads_it(tmp_path):
+    """Its producer is already fp32; what moves the Cast away is keeping its readers in fp32."""
+    from precision_tool.analysis import auto_check
+    result = auto_check(_exp_into_matmul(tmp_path), compare=True)
     assert result.first_overflow["op_name"] == "Exp/Cast_fp16"
     advice = " ".join(result.advice)
     assert '"MatMul"' in advice and "keep the producer" not in advice.lower(), advice
+    assert result.golden_nonfinite is None and "golden run itself" not in advice
+
+
+def test_nan_or_inf_in_the_golden_run_is_said_to_be_the_data(tmp_path):
+    """An inf fed to both runs: the golden holds it too, and the advice says whose it is."""
+    import math
+    from precision_tool.analysis import auto_check
+    result = auto_check(_exp_into_matmul(tmp_path, x_value=math.inf), compare=True)
+    g = result.golden_nonfinite
+    assert g is not None and g["golden_tensor"] == "x:0" and g["nonfinite"] == 1
+    assert "golden run itself holds nan/inf" in " ".join(result.advice)

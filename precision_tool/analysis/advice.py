@@ -101,6 +101,12 @@ def advise(r, info: dict) -> List[str]:
         lines.append(_origin_advice(r, o, mode))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
+    g = getattr(r, "golden_nonfinite", None)
+    if g:
+        lines.append(f"The golden run itself holds nan/inf: {g['tensors']} tensor(s), the first "
+                     f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)). That is "
+                     f"the data or the model, not the NPU: precision-tool check names it "
+                     f"(nan/inf in a feed, a learning rate too high).")
     if r.watchpoints:
         h = r.watchpoints[0]
         lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "

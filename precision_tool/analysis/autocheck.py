@@ -63,6 +63,8 @@ class AutoCheck:
     cancellations: List[str] = field(default_factory=list)   # ops whose divergence is noise
     carried: Optional[dict] = None                 # state that came in diverging (StateTrace)
     underflow: Optional[dict] = None
+    # the first tensor whose golden value holds nan/inf (the data or the model: not the NPU)
+    golden_nonfinite: Optional[dict] = None
     impact: Optional[dict] = None                  # candidates ranked by what fixing them does
     result_file: Optional[str] = None              # the vector compare's CSV, if written
     # the step has a replay bundle and a golden run: `fix` can search a repair for it
@@ -153,6 +155,19 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     return result
 
 
+def _golden_nonfinite(table: pd.DataFrame) -> Optional[dict]:
+    """The first row (execution order) whose golden tensor holds nan or inf, and how many
+    rows do."""
+    bad = sum(pd.to_numeric(table.get(c, 0), errors="coerce").fillna(0)
+              for c in ("GoldenNanCount", "GoldenInfCount"))
+    rows = table[bad > 0].sort_values("Index")
+    if rows.empty:
+        return None
+    first = rows.iloc[0]
+    return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
+            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows)}
+
+
 def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
     fired = ws.fusion_result(run)
     return None if fired is None else {p: len(nodes) for p, nodes in fired.items()}
@@ -195,6 +210,7 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
                             tables)     # the earlier steps the loop compared already
         result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
     result.underflow = c.underflow
+    result.golden_nonfinite = _golden_nonfinite(c.table)
     first = result.first_overflow
     if first is not None and origin is not None and first["op_name"] != origin.op_name and \
             first["op_name"] in {d.op_name for d in cause.propagators}:

@@ -92,9 +92,9 @@ def _lines(r: repairing.Repair) -> list:
                          f"vs {fmt(p.golden[-1])}; without the fix {fmt(p.unfixed[-1])})")
         elif p.drift_step is None:
             lines.append(f"proof UNDECIDED: the golden's own loss is not finite at step "
-                         f"{p.golden_nonfinite_step} of {p.steps} (the training diverges without "
-                         f"any NPU: a learning rate too high?); -n {p.golden_nonfinite_step} "
-                         f"proves what can be")
+                         f"{p.golden_nonfinite_step} of {p.steps}: the training diverges without "
+                         f"any NPU (precision-tool check names why: nan/inf in the data, a "
+                         f"learning rate too high); -n {p.golden_nonfinite_step} proves what can be")
         else:
             k = p.drift_step
             lines.append(f"proof FAILED: at step {k} of {p.steps} the loss is {fmt(p.fixed[k])} "
