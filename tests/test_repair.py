@@ -355,3 +355,14 @@ def test_the_loss_goal_judges_the_loss_alone(tmp_path):
     assert data["goal"].startswith("the loss within 0.001")
     assert data["before"]["loss_error"] > 1e-3 and data["after"]["loss_error"] <= 1e-3
     assert data["files"] == [] and not (tmp_path / "config").exists()
+
+
+def test_a_half_dump_is_said_and_the_fix_still_judged_on_replays(tmp_path):
+    ws = dump_step(tmp_path, dense_net(scale=1e5, optimizer=pt.train.Adam(0.01)),
+                   pt.SessionConfig(precision_mode="allow_mix_precision"))
+    step = ws.step_path(ws.run("npu"), 0)
+    for name in sorted(f for f in os.listdir(step) if f.endswith(".npy"))[::6]:
+        os.remove(os.path.join(step, name))
+    result = run_repair(Workspace(str(tmp_path)), write=False)
+    assert result.verified
+    assert any("incomplete" in n and "file missing" in n for n in result.notes), result.notes

@@ -118,3 +118,8 @@ def test_a_broken_workspace_fails_as_ac_does(one_step, tmp_path):
             os.remove(os.path.join(step, f))
     out = invoke(half, "report", "-o", str(tmp_path / "h.html"))
     assert out.exit_code == 2 and "incomplete" in out.stderr
+    assert "id='incomplete'" in (tmp_path / "h.html").read_text()     # the file says it too
+    partial = Workspace(str(half)).step_path(Workspace(str(half)).run("npu"), 0)
+    os.makedirs(os.path.join(os.path.dirname(partial), ".1.partial"))   # a killed dump
+    invoke(half, "report", "-o", str(tmp_path / "k.html"))
+    assert "were interrupted" in (tmp_path / "k.html").read_text()

@@ -343,20 +343,23 @@ def low_precision_types(sess: Session) -> List[str]:
 
 
 def root_cause_types(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
-                     criteria: Criteria) -> List[str]:
+                     criteria: Criteria) -> Tuple[List[str], Optional[str]]:
     """The op types a policy placed for the ops the root cause of the dumped step names
     (origins, then the ops they propagate to, in execution order): the fp32 candidates
-    tried first."""
+    tried first; and, when the compare could not read every tensor, what it missed."""
     from .compare import vector_compare
     from .mapping import TensorMap
+    from .result import coverage
     from .rootcause import root_cause
-    cause = root_cause(vector_compare(ws, npu_run, golden_run, step, threshold=criteria), criteria)
+    table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
+    cov = coverage(table)
+    cause = root_cause(table, criteria)
     tmap = TensorMap(ws.graph_json(npu_run) or {})
     types: Dict[str, None] = {}
     for d in cause.origins + cause.propagators:
         for t in placed_types(d.op_type, (tmap.node(d.op_name) or {}).get("attrs")):
             types.setdefault(t, None)
-    return list(types)
+    return list(types), None if cov.complete else cov.text()
 
 
 def candidate_changes(replay: StepReplay, leads: Sequence[str] = (),
@@ -578,7 +581,11 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
     else:
         if leads is None:
             progress("comparing the step for its root cause")
-            leads = root_cause_types(ws, npu_run, golden_run, step, criteria)
+            leads, missed = root_cause_types(ws, npu_run, golden_run, step, criteria)
+            if missed:
+                result.notes.append(f"the compare that orders the fp32 candidates is incomplete "
+                                    f"({missed}): their order may be worse; the fix itself is "
+                                    f"judged on replays of the bundle, which read no dump file")
         progress("searching the loss scale")
         cands = candidate_changes(replay, leads, lambda: search_loss_scale(replay))
         result.candidates = cands

@@ -205,7 +205,7 @@ STYLE = """body{font-family:sans-serif;margin:24px;color:#222}h2{border-bottom:1
 polyline.loss,circle.loss{stroke:#1f77b4;fill:#1f77b4}polyline.scale,circle.scale{stroke:#9467bd;fill:#9467bd}
 table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #ddd;padding:2px 6px;font-size:13px}
 th{background:#f4f4f4;cursor:pointer}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}
-.verdict{font-size:18px;font-weight:bold}.cell{text-align:right}"""
+.verdict{font-size:18px;font-weight:bold}.unseen{color:#b00;font-weight:bold}.cell{text-align:right}"""
 
 SCRIPT = r"""document.querySelectorAll('table.sortable th').forEach(function(th,i){
  th.addEventListener('click',function(){var t=th.closest('table'),b=t.tBodies[0];
@@ -250,7 +250,23 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
             "run_json": os.path.join(npu_run.path, "run.json"),
             "losses": {"npu": _losses(ws, npu_run), "golden": _losses(ws, golden_run)},
             "heatmap": _heatmap(ws, npu_run, golden_run, criteria, heatmap_steps),
-            "fix": fix, "fix_file": fix_path if fix else None}
+            "fix": fix, "fix_file": fix_path if fix else None,
+            "interrupted": {r.label: list(r.interrupted) for r in (npu_run, golden_run) if r.interrupted}}
+
+
+def _unseen(check: dict, interrupted: Dict[str, list]) -> List[str]:
+    """What the report could not see, said at its top: tensors the compare could not read,
+    steps a killed dump left partial."""
+    out = []
+    cov = check.get("coverage")
+    if cov and cov["compared"] != cov["tensors"]:
+        out.append(f"<p class='unseen' id='incomplete'>Incomplete: {cov['compared']} of "
+                   f"{cov['tensors']} tensors compared ({_e(', '.join(cov['missing']))}); what "
+                   f"follows covers what was compared.</p>")
+    for label, steps in interrupted.items():
+        out.append(f"<p class='unseen'>{_e(label)}: step(s) {_e(', '.join(map(str, steps)))} were "
+                   f"interrupted before they were written whole (a killed dump); not read.</p>")
+    return out
 
 
 def render(data: dict, out_dir: str) -> str:
@@ -272,6 +288,7 @@ def render(data: dict, out_dir: str) -> str:
          f"{_e(c['precision_mode'])}. Result: <a href='{link(data['result_file'])}'>"
          f"{_e(os.path.basename(data['result_file'] or ''))}</a>; run: <a href='"
          f"{link(data['run_json'])}'>run.json</a></p>",
+         *_unseen(c, data.get("interrupted") or {}),
          "<h2 id='next'>Next</h2><pre>" + _e("\n".join(c["advice"])) + "</pre>"]
     if c.get("origin"):
         o = c["origin"]
