@@ -165,6 +165,21 @@ def _nonfinite_counts(r: np.ndarray) -> np.ndarray:
     return r[:, NAN] + r[:, POS_INF] + r[:, NEG_INF]
 
 
+# tested first: the first non-finite tensor is where an overflow starts, and the hits of
+# one step are listed in this order
+@condition("nonfinite", "a tensor holds nan or inf")
+def _nonfinite(w, v):
+    names = v.facts.tensors
+    r = v.rows("tensors")
+    bad = np.flatnonzero(_nonfinite_counts(r))
+    if not len(bad):
+        return []
+    i = bad[0]                           # the first in execution order: where it starts
+    return [Hit(v.step, "nonfinite", names[i], float(_nonfinite_counts(r[i:i + 1])[0]), 0.0,
+                f"{names[i]} holds {int(r[i, NAN])} nan, {int(r[i, POS_INF] + r[i, NEG_INF])} "
+                f"inf (the first tensor of the step that does)")]
+
+
 @condition("gradient_vanishing", "a gradient an update reads has a norm under grad_min")
 def _vanishing(w, v):
     grads = v.facts.gradients
@@ -220,19 +235,6 @@ def _at_max(w, v):
     return [Hit(v.step, "activation_fp16_max", names[i], float(peak[i]), numerics.FP16_MAX,
                 f"{names[i]} reaches {peak[i]:g}: fp16's maximum (saturated)")
             for i in np.flatnonzero(hit)]
-
-
-@condition("nonfinite", "a tensor holds nan or inf")
-def _nonfinite(w, v):
-    names = v.facts.tensors
-    r = v.rows("tensors")
-    bad = np.flatnonzero(_nonfinite_counts(r))
-    if not len(bad):
-        return []
-    i = bad[0]                           # the first in execution order: where it starts
-    return [Hit(v.step, "nonfinite", names[i], float(_nonfinite_counts(r[i:i + 1])[0]), 0.0,
-                f"{names[i]} holds {int(r[i, NAN])} nan, {int(r[i, POS_INF] + r[i, NEG_INF])} "
-                f"inf (the first tensor of the step that does)")]
 
 
 @condition("loss_nan", "the loss is nan or inf")
