@@ -157,6 +157,23 @@ register("Transpose", infer=_transpose_infer,
          min_inputs=1, attrs={"perm": None}, doc="permute axes (reverse them by default)")
 
 
+def _broadcast_to_infer(specs, attrs, where):
+    return [TensorSpec(rules.broadcast_shapes(specs[0].shape, tuple(attrs["shape"]), where),
+                       specs[0].dtype)]
+
+
+register("BroadcastTo", infer=_broadcast_to_infer,
+         kernel=lambda i, a, c: np.array(np.broadcast_to(
+             i[0], np.broadcast_shapes(i[0].shape, tuple(a["shape"])))),
+         grad=lambda c: [_t(make("SumToLike", [c.dy, c.x[0]], name="SumToLike"))],
+         min_inputs=1, attrs={"shape": []},
+         doc="numpy broadcasting against attrs.shape (ONNX Expand: the result may be larger)")
+
+
+def broadcast_to(x, shape, name=None):
+    return _t(make("BroadcastTo", [x], {"shape": [int(d) for d in shape]}, name=name))
+
+
 def reshape(x, shape, name=None):
     return _t(make("Reshape", [x], {"shape": [int(d) for d in shape]}, name=name))
 

@@ -163,7 +163,7 @@ def _channel(specs, attrs):
 register("Conv2DBatchNorm", kernel=_conv_bn_kernel, min_inputs=6, unit=CUBE,
          infer=_roles_infer({"y": _conv_bn_spec, "conv": _conv_bn_spec,
                              "batch_mean": _channel, "batch_variance": _channel}),
-         attrs={"strides": [1, 1], "pads": [0, 0, 0, 0], "data_format": "NCHW",
+         attrs={"strides": [1, 1], "pads": [0, 0, 0, 0], "data_format": "NCHW", "groups": 1,
                 "epsilon": 1e-5, "roles": ["y"]}, five_hd=((0,), (0,)),
          doc="(x, filter, scale, offset, mean, variance): inference BatchNorm folded into "
              "Conv2D; ConvBatchNormFusionPass")

@@ -248,6 +248,39 @@ register("Sigmoid", infer=rules.unary_float, kernel=lambda i, a, c: _sigmoid(i[0
          grad=lambda c: [_t(make("SigmoidGrad", [c.y[0], c.dy]))], min_inputs=1,
          doc="1 / (1 + e^-x), evaluated without overflow")
 
+# Activations that ONNX models carry as one op (TF spells them as several): no gradient, as
+# imported models run inference.
+register("Erf", infer=rules.unary_float, kernel=lambda i, a, c: erf(i[0]).astype(i[0].dtype),
+         grad=lambda c: [mul(c.dy, mul(exp(neg(square(c.x[0]))),
+                                      scalar_like(2.0 / math.sqrt(math.pi), c.x[0])))],
+         min_inputs=1, doc="the error function")
+
+
+def _hard_sigmoid_kernel(i, a, c):
+    x = i[0]
+    y = x * x.dtype.type(a["alpha"]) + x.dtype.type(a["beta"])
+    return np.clip(y, 0, 1).astype(x.dtype)
+
+
+register("HardSigmoid", infer=rules.unary_float, kernel=_hard_sigmoid_kernel, min_inputs=1,
+         attrs={"alpha": 0.2, "beta": 0.5}, doc="max(0, min(1, alpha x + beta))")
+
+
+def _clip_kernel(i, a, c):
+    x = i[0]
+    lo, hi = a["clip_min"], a["clip_max"]
+    out = x
+    if lo is not None:
+        out = np.maximum(out, np.asarray(lo).astype(x.dtype))
+    if hi is not None:
+        out = np.minimum(out, np.asarray(hi).astype(x.dtype))
+    return np.asarray(out, dtype=x.dtype)    # np.maximum keeps nan, as ONNX's Clip does
+
+
+register("ClipByValue", infer=rules.unary_numeric, kernel=_clip_kernel, min_inputs=1,
+         attrs={"clip_min": None, "clip_max": None},
+         doc="min(max(x, clip_min), clip_max); a bound of None is no bound; nan stays nan")
+
 # The TF gradient kernels of the activations: (y, dy) or (dy, x) as TF orders them.
 register("ReluGrad", infer=rules.elementwise_grad,
          kernel=lambda i, a, c: np.where(i[1] > 0, i[0], 0).astype(i[0].dtype), min_inputs=2,
@@ -507,6 +540,17 @@ relu = _unary_builder("Relu")
 gelu = _unary_builder("Gelu")
 tanh = _unary_builder("Tanh")
 sigmoid = _unary_builder("Sigmoid")
+erf_ = _unary_builder("Erf")
+
+
+def hard_sigmoid(x, alpha=0.2, beta=0.5, name=None):
+    return _t(make("HardSigmoid", [x], {"alpha": float(alpha), "beta": float(beta)}, name=name))
+
+
+def clip_by_value(x, clip_min=None, clip_max=None, name=None):
+    return _t(make("ClipByValue", [x], {"clip_min": None if clip_min is None else float(clip_min),
+                                        "clip_max": None if clip_max is None else float(clip_max)},
+                   name=name))
 
 
 def add_n(tensors, name=None):

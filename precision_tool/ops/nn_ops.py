@@ -164,7 +164,7 @@ def _scatter_windows(x_shape, pads, kh, kw, strides, contribution):
 
 
 # -- Conv2D ----------------------------------------------------------------------------------
-_CONV_ATTRS = {"strides": [1, 1], "pads": [0, 0, 0, 0], "data_format": "NCHW"}
+_CONV_ATTRS = {"strides": [1, 1], "pads": [0, 0, 0, 0], "data_format": "NCHW", "groups": 1}
 
 
 def _conv_infer(specs, attrs, where):
@@ -175,8 +175,12 @@ def _conv_infer(specs, attrs, where):
     rules.require_rank(f, 4, where, "filter (OIHW)")
     if attrs["data_format"] != "NCHW":
         rules.fail(where, f"only NCHW is supported, got {attrs['data_format']!r}")
-    if not rules.dims_equal(x.shape[1], f.shape[1]):
-        rules.fail(where, f"input channels of {x} differ from filter {f} (OIHW)")
+    groups = attrs.get("groups", 1)
+    if groups < 1 or f.shape[0] % groups:
+        rules.fail(where, f"groups={groups} must divide the {f.shape[0]} output channels")
+    if not rules.dims_equal(x.shape[1], None if f.shape[1] is None else f.shape[1] * groups):
+        rules.fail(where, f"input channels of {x} differ from filter {f} (OIHW) times "
+                          f"groups={groups}")
     oh, ow = _window_geometry(x.shape, f.shape[2:], attrs, where)
     return [TensorSpec((x.shape[0], f.shape[0], oh, ow), x.dtype)]
 
@@ -189,14 +193,30 @@ def _im2col(x, f_shape, attrs):
     return cols, (n, oh, ow)
 
 
-def _conv_kernel(i, a, c):
+def _per_group(kernel, split, join_axis):
+    """A grouped convolution's kernel: the plain one on each group's channels (inputs split on
+    the axes `split` gives per input), the results joined on join_axis."""
+    def grouped(i, a, c):
+        g = a.get("groups", 1)
+        if g == 1:
+            return kernel(i, a, c)
+        parts = []
+        for k in range(g):
+            sub = [x if axis is None else np.split(x, g, axis=axis)[k]
+                   for x, axis in zip(i, split)]
+            parts.append(kernel(sub, a, c))
+        return np.concatenate(parts, axis=join_axis)
+    return grouped
+
+
+def _conv_plain(i, a, c):
     x, f = i
     cols, (n, oh, ow) = _im2col(x, f.shape, a)
     out = cols @ f.reshape(f.shape[0], -1).T
     return np.ascontiguousarray(out.reshape(n, oh, ow, f.shape[0]).transpose(0, 3, 1, 2))
 
 
-def _conv_input_grad_kernel(i, a, c):
+def _conv_input_grad_plain(i, a, c):
     x, f, dy = i
     o, ch, kh, kw = f.shape
     n, _, oh, ow = dy.shape
@@ -205,10 +225,16 @@ def _conv_input_grad_kernel(i, a, c):
                             lambda r, s: dcols[:, :, :, :, r, s].transpose(0, 3, 1, 2))
 
 
-def _conv_filter_grad_kernel(i, a, c):
+def _conv_filter_grad_plain(i, a, c):
     x, f, dy = i
     cols, _ = _im2col(x, f.shape, a)
     return (dy.transpose(0, 2, 3, 1).reshape(-1, f.shape[0]).T @ cols).reshape(f.shape)
+
+
+# groups split the input's channels (axis 1), the filter's outputs (axis 0) and dy's channels
+_conv_kernel = _per_group(_conv_plain, (1, 0), 1)
+_conv_input_grad_kernel = _per_group(_conv_input_grad_plain, (1, 0, 1), 1)
+_conv_filter_grad_kernel = _per_group(_conv_filter_grad_plain, (1, 0, 1), 0)
 
 
 def _grad_conv(c):

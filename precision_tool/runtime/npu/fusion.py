@@ -284,7 +284,7 @@ def _conv_batch_norm(graph, node, consumers):
             or users[0].inputs[0] != f"{node.name}:0":
         return None
     bn = users[0]
-    attrs = {k: node.attrs[k] for k in ("strides", "pads", "data_format")}
+    attrs = {k: node.attrs[k] for k in ("strides", "pads", "data_format", "groups")}
     attrs["epsilon"] = bn.attrs["epsilon"]
     return Match([node, bn], node.inputs + bn.inputs[1:], "Conv2DBatchNorm", attrs,
                  {"y": f"{bn.name}:0", "conv": f"{node.name}:0",
