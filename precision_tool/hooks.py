@@ -20,7 +20,7 @@ from .runtime import SessionConfig
 
 
 def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action,
-              replay_of=None):
+              replay_of=None, values_from=None):
     actions = layout.parse_action(action if action is not None else os.environ.get(env_action))
     if dump_step is None:
         dump_step = os.environ.get(layout.ENV_DUMP_STEP)
@@ -31,7 +31,7 @@ def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_
         steps=layout.parse_steps(dump_step),
         mode=dump_mode or os.environ.get(layout.ENV_DUMP_MODE) or "all",
         data=dump_data or os.environ.get(layout.ENV_DUMP_DATA) or "tensor",
-        debug_dir=debug_dir, replay_of=replay_of)
+        debug_dir=debug_dir, replay_of=replay_of, values_from=values_from)
 
 
 def session_dump_config(config: Optional[SessionConfig] = None, action: Optional[str] = None,
@@ -62,15 +62,19 @@ def session_dump_config(config: Optional[SessionConfig] = None, action: Optional
 
 def attach_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
                 dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
-                data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
+                data_dir: Optional[str] = None, debug_dir: Optional[str] = None,
+                values_from: Optional[str] = None):
     """Dump an existing session's runs from its next run on, NPU or golden, into
     <workspace>/<target>/debug_<k>: the dump and overflow actions (an overflow check only means
     something on the NPU). Returns the observer (close() waits until its steps are on disk),
     or None when no action applies. The fusion actions change how the graph compiles, so they
-    go into the session's config (session_dump_config), not here."""
+    go into the session's config (session_dump_config), not here. values_from names where the
+    values the session's runs are handed come from (Session.run's substitute), when not from
+    its own kernels: run.json says so, and commands never take such a run by default."""
     npu = session.target == "npu"
     actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
-                                  layout.ENV_NPU_ACTION if npu else layout.ENV_CPU_ACTION)
+                                  layout.ENV_NPU_ACTION if npu else layout.ENV_CPU_ACTION,
+                                  values_from=values_from)
     fusion = sorted(actions & {"fusion_off", "fusion_switch"})
     if fusion and npu:
         raise layout.DumpConfigError(

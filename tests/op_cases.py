@@ -5,6 +5,8 @@ central finite differences."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+import math
+
 import numpy as np
 
 import refs
@@ -282,3 +284,47 @@ STRUCTURAL = {
     "NoOp": "test_runtime.py (train_op runs its inputs)",
     "Dropout": "test_ops_forward.py::test_dropout_mask (random by design)",
 }
+
+# Ops the ONNX import added (their own generator: the draws above stay as they were).
+_R2 = np.random.default_rng(4321)
+GCONV_X, GCONV_F = _R2.normal(size=(2, 4, 5, 5)), _R2.normal(size=(6, 2, 3, 3))
+GCONV_ATTRS = {"strides": [1, 2], "pads": [1, 1, 0, 1], "groups": 2}
+
+
+def _grouped(fn, x, f, g=2):
+    """A grouped convolution as g plain ones on each group's channels (refs only)."""
+    xs, fs = np.split(x, g, axis=1), np.split(f, g, axis=0)
+    return np.concatenate([fn(a, b) for a, b in zip(xs, fs)], axis=1)
+
+
+def _grouped_conv(x, f):
+    return _grouped(lambda a, b: refs.conv2d(a, b, [1, 2], [1, 1, 0, 1]), x, f)
+
+
+GCONV_DY = _R2.normal(size=_grouped_conv(GCONV_X, GCONV_F).shape)
+CASES += [
+    _c("Conv2D", [GCONV_X, GCONV_F], _grouped_conv, attrs=GCONV_ATTRS, id="groups2"),
+    _c("Conv2DBackpropInput", [GCONV_X, GCONV_F, GCONV_DY],
+       lambda x, f, dy: np.concatenate([refs.conv2d_input_grad(a.shape, b, d, [1, 2], [1, 1, 0, 1])
+                                        for a, b, d in zip(np.split(x, 2, 1), np.split(f, 2, 0),
+                                                           np.split(dy, 2, 1))], axis=1),
+       attrs=GCONV_ATTRS, id="groups2"),
+    _c("Conv2DBackpropFilter", [GCONV_X, GCONV_F, GCONV_DY],
+       lambda x, f, dy: np.concatenate([refs.conv2d_filter_grad(a, b.shape, d, [1, 2], [1, 1, 0, 1])
+                                        for a, b, d in zip(np.split(x, 2, 1), np.split(f, 2, 0),
+                                                           np.split(dy, 2, 1))], axis=0),
+       attrs=GCONV_ATTRS, id="groups2"),
+    _c("Erf", [_R2.normal(size=(3, 5)) * 2], lambda x: np.vectorize(math.erf)(x)),
+    _c("HardSigmoid", [_R2.normal(size=(4, 6)) * 4],
+       lambda x: np.minimum(np.maximum(0.25 * x + 0.4, 0.0), 1.0),
+       attrs={"alpha": 0.25, "beta": 0.4}),
+    _c("ClipByValue", [np.array([[-3.0, -0.5, 0.0, 0.7, 6.5, np.nan]])],
+       lambda x: np.where(np.isnan(x), np.nan, np.minimum(np.maximum(x, -1.0), 6.0)),
+       attrs={"clip_min": -1.0, "clip_max": 6.0}, grad=False),
+    _c("ClipByValue", [_R2.normal(size=(3, 4))], lambda x: np.minimum(x, 0.5),
+       attrs={"clip_max": 0.5}, id="max-only"),
+    _c("ClipByValue", [_R2.normal(size=(3, 4)) * 2], lambda x: np.clip(x, -1.0, 1.5),
+       attrs={"clip_min": -1.0, "clip_max": 1.5}, id="both"),
+    _c("BroadcastTo", [_R2.normal(size=(3, 1))], lambda x: np.tile(x, (2, 1, 4)),
+       attrs={"shape": [2, 1, 4]}),
+]

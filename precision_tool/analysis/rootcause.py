@@ -17,6 +17,16 @@ outputs differ in direction only (norms kept): Adam's per-element normalised ste
 rounding of near-zero gradient elements into sign flips; a real fault in an update shows in
 its norms, its non-finite counts or an input.
 
+Absorbed. An op whose outputs differ only by elements flushed to zero, with the ops
+downstream that differ only so too, started nothing when no op whose only diverging inputs
+descend from it makes more of it, and something reads each flushed tensor: the flushed
+values were too small to count (a pruned layer's weights of 1e-10 beside 0.5 flush in fp16,
+its dead channels flush after it, and what reads them stays as close to the golden as its
+inputs are). These are listed with the cancellations. An op downstream that makes more of
+a flush (an inf or nan, or an output AMPLIFIES times further from the golden, relative
+Euclidean distance, than its furthest input: a division by a flushed value) keeps it an
+origin, as does a flushed tensor nothing reads (a fetched output, an update's result).
+
 Carried. An op whose only diverging inputs are variables read at the start of the step (the
 weights, optimizer moments, the loss scale) did not start the divergence in this step: it
 entered with the state an earlier step left (see analysis.steps for following it back).
@@ -83,6 +93,8 @@ class OpRows:
         compared = (bad | (self.judged.verdicts == PASS)) if stats.any() else None
         self.by_statistics = compared is not None and bool(compared.any() and stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
+        self.red = table.RelativeEuclideanDistance.to_numpy(dtype=float).tolist() \
+            if "RelativeEuclideanDistance" in table else [float("nan")] * n
         self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
                                   bad & np.array(self.is_out, dtype=bool))
 
@@ -210,10 +222,62 @@ def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> Roo
         return _root_cause(rows if rows is not None else OpRows(table, criteria))
 
 
+# an op whose output is this many times further from the golden (relative Euclidean distance)
+# than its furthest input made that difference itself
+AMPLIFIES = 10.0
+
+
+def _amplifies(t: "OpRows", pos: list) -> bool:
+    """Whether an op's outputs are much further from the golden than any of its inputs."""
+    red_in = max((t.red[i] for i in pos if not t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
+    red_out = max((t.red[i] for i in pos if t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
+    return red_out > AMPLIFIES * red_in
+
+
+def _harmless_flushes(t: "OpRows") -> Set[str]:
+    """The ops of flushes that start nothing (see Absorbed in the module doc): flush-only
+    origins and the flush-only ops downstream of them only, unless some op whose only
+    diverging inputs descend from them diverges on more than a flush, or a flushed tensor
+    of theirs is read by nothing (a fetched output)."""
+    flushed_from = {}            # golden tensor -> the flush origins it descends from
+    members = {}                 # op -> its flush origins
+    harmful = set()
+    for op_name, pos, _ in t.ops:
+        bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]]
+        bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
+        flush_only = all(t.flushed_only[i] for i in bad_out)
+        sources = set()
+        if bad_in:
+            if not all(t.golden_tensor[i] in flushed_from for i in bad_in):
+                continue                  # a worse input is there too: no flush is blamed
+            for i in bad_in:
+                sources |= flushed_from[t.golden_tensor[i]]
+            if any(t.verdict[i] == NONFINITE for i in bad_out) or _amplifies(t, pos):
+                harmful |= sources        # the flush may be what this op shows
+                continue
+            if not flush_only:
+                continue                  # it carries on what its inputs carry: no lead
+        elif flush_only:
+            sources = {op_name}
+        else:
+            continue
+        members[op_name] = sources
+        for i in bad_out:
+            flushed_from[t.golden_tensor[i]] = sources
+    if not members:
+        return set()
+    read = {t.golden_tensor[i] for i, out in enumerate(t.is_out) if not out}
+    for tensor, sources in flushed_from.items():
+        if tensor not in read:
+            harmful |= sources
+    return {op for op, sources in members.items() if not sources & harmful}
+
+
 def _root_cause(t: "OpRows") -> RootCause:
     found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
     leading = []                     # (origin or carried, its diverging outputs' rows)
+    harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
         bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]]
@@ -233,7 +297,8 @@ def _root_cause(t: "OpRows") -> RootCause:
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps
         amplified = d.is_origin and bool(registry.updated_inputs(d.op_type)) and \
             all(t.cosine_only[i] for i in bad_out)
-        if carries_noise or amplified or (d.is_origin and is_cancellation(t, pos, bad_out)):
+        if carries_noise or amplified or op_name in harmless or \
+                (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)

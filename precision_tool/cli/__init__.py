@@ -21,11 +21,13 @@ from .runner import ALIASES, RUNNERS, make_runner
 # the whole analysis (tests/test_cli_usability.py checks this table against the registry)
 COMMAND_MODULES = {"analyse": ("ac", "vc", "vcs", "fo", "report"),
                    "inspect": ("ls", "ni", "pt", "cp", "dc"),
-                   "jobs": ("train", "demo", "clean"), "repair": ("fix",), "checks": ("check", "wp")}
+                   "jobs": ("train", "demo", "clean"), "repair": ("fix",), "checks": ("check", "wp"),
+                   "onnx_model": ("onnx",)}
 LONG_NAMES = {"auto-check": "ac", "vector-compare": "vc", "vector-summary": "vcs",
               "fusion-off": "fo", "html-report": "report", "list": "ls", "node-info": "ni",
               "print-tensor": "pt", "compare-pair": "cp", "convert": "dc", "replay": "train",
-              "repair": "fix", "pre-check": "check", "watchpoints": "wp"}
+              "repair": "fix", "pre-check": "check", "watchpoints": "wp",
+              "onnx-model": "onnx"}
 _MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
 
 

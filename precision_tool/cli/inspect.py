@@ -65,16 +65,19 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
         counts = {r.label: dict(Counter(n["type"] for n in _nodes(app, r)
                                         if n["type"] not in ("Const", "Variable", "NoOp")))
                   for r in runs if r.steps or app.ws.graph_json(r)}
-        listing = [{"run": r.label, "replay_of": r.info.get("replay_of"), "steps": r.complete_steps,
+        listing = [{"run": r.label, "replay_of": r.info.get("replay_of"),
+                    "values_from": r.info.get("values_from"), "steps": r.complete_steps,
                     "bytes": housekeeping.size_of(r.path)} for r in every]
 
         def render():
             t = Table(box=None, pad_edge=False)
-            for col in ("run", "steps", "size", "replay of"):
+            for col in ("run", "steps", "size", "replay of / values from"):
                 t.add_column(col, justify="right" if col == "size" else "left")
             for r in listing:
                 t.add_row(r["run"], ",".join(map(str, r["steps"])) or "-",
-                          f"{r['bytes'] / 2 ** 20:.1f} MiB", r["replay_of"] or "")
+                          f"{r['bytes'] / 2 ** 20:.1f} MiB",
+                          r["replay_of"] or (f"values from {r['values_from']}"
+                                             if r["values_from"] else ""))
             app.console.print(t)
             replays = sum(1 for r in listing if r["replay_of"])
             if replays and not run_spec:

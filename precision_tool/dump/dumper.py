@@ -173,6 +173,7 @@ class DumpObserver:
             "dump_step": "all" if self.settings.steps is None else sorted(self.settings.steps),
             "dump_mode": self.settings.mode, "dump_data": self.settings.data,
             "dumped_steps": [], "replay_of": self.settings.replay_of,
+            "values_from": self.settings.values_from,
             "versions": {"python": platform.python_version(), "numpy": np.__version__},
         }
         if self.npu:

@@ -148,6 +148,9 @@ class DumpSettings:
     data: str = "tensor"                # tensor or stats
     debug_dir: Optional[str] = None     # a named debug_<k> (default: the next free one)
     replay_of: Optional[str] = None     # a replay of this run (npu/debug_0): not a default run
+    # the values were computed elsewhere (onnxruntime) and handed to this executor's ops: a
+    # second reference, never a default run
+    values_from: Optional[str] = None
 
     def __post_init__(self):
         if self.mode not in DUMP_MODES:

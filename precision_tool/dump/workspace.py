@@ -119,7 +119,8 @@ class Workspace:
             raise WorkspaceError(f"the workspace {self.root} has no {target} run")
         if name is None:    # the newest original run that dumped something, else the newest
             with_steps = [r for r in runs if any(s.complete for s in r.steps)]
-            originals = [r for r in with_steps if not r.info.get("replay_of")]
+            originals = [r for r in with_steps
+                         if not r.info.get("replay_of") and not r.info.get("values_from")]
             return (originals or with_steps or runs)[-1]
         for r in runs:
             if r.name == name:

@@ -248,8 +248,7 @@ register("Sigmoid", infer=rules.unary_float, kernel=lambda i, a, c: _sigmoid(i[0
          grad=lambda c: [_t(make("SigmoidGrad", [c.y[0], c.dy]))], min_inputs=1,
          doc="1 / (1 + e^-x), evaluated without overflow")
 
-# Activations that ONNX models carry as one op (TF spells them as several): no gradient, as
-# imported models run inference.
+# Activations that ONNX models carry as one op (TF spells them as several).
 register("Erf", infer=rules.unary_float, kernel=lambda i, a, c: erf(i[0]).astype(i[0].dtype),
          grad=lambda c: [mul(c.dy, mul(exp(neg(square(c.x[0]))),
                                       scalar_like(2.0 / math.sqrt(math.pi), c.x[0])))],
@@ -262,7 +261,26 @@ def _hard_sigmoid_kernel(i, a, c):
     return np.clip(y, 0, 1).astype(x.dtype)
 
 
+def _grad_hard_sigmoid(c):
+    y = c.y[0]
+    zero = zeros_like(c.dy)
+    inside = select(less(y, scalar_like(1.0, y)), mul(c.dy, scalar_like(c.attrs["alpha"], y)), zero)
+    return [select(greater(y, scalar_like(0.0, y)), inside, zero)]
+
+
+def _grad_clip(c):
+    x = c.x[0]
+    zero = zeros_like(c.dy)
+    g = c.dy
+    if c.attrs["clip_min"] is not None:
+        g = select(greater_equal(x, scalar_like(c.attrs["clip_min"], x)), g, zero)
+    if c.attrs["clip_max"] is not None:
+        g = select(less_equal(x, scalar_like(c.attrs["clip_max"], x)), g, zero)
+    return [g]
+
+
 register("HardSigmoid", infer=rules.unary_float, kernel=_hard_sigmoid_kernel, min_inputs=1,
+         grad=_grad_hard_sigmoid,
          attrs={"alpha": 0.2, "beta": 0.5}, doc="max(0, min(1, alpha x + beta))")
 
 
@@ -278,6 +296,7 @@ def _clip_kernel(i, a, c):
 
 
 register("ClipByValue", infer=rules.unary_numeric, kernel=_clip_kernel, min_inputs=1,
+         grad=_grad_clip,
          attrs={"clip_min": None, "clip_max": None},
          doc="min(max(x, clip_min), clip_max); a bound of None is no bound; nan stays nan")
 

@@ -1,0 +1,176 @@
+"""`onnx`: a real model in. Import an ONNX model, run it on the golden executor and on the
+simulated NPU after an ATC-like compile, dump both, and leave a workspace every command reads."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..runtime.npu.policy import PRECISION_MODES
+from .app import EXIT_OK, App, CommandError, command, fmt
+
+
+def _pairs(values, what):
+    """NAME=VALUE options -> {name: value}; the name is everything before the last '='."""
+    out = {}
+    for item in values:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name or not value:
+            raise CommandError(f"--{what} {item!r}: expected NAME={'FILE.npy' if what == 'input' else '1,3,224,224'}")
+        if name in out:
+            raise CommandError(f"--{what} {name} is given twice")
+        out[name] = value
+    return out
+
+
+def _shape(text, name):
+    try:
+        dims = [int(d) for d in text.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or min(dims) < 1:
+        raise CommandError(f"--shape {name}={text}: expected positive sizes such as 1,3,224,224")
+    return dims
+
+
+def _read_inputs(files):
+    from ..dump.workspace import WorkspaceError, read_tensor_file
+    arrays = {}
+    for name, path in files.items():
+        try:
+            arrays[name] = read_tensor_file(path)      # allow_pickle=False, sizes checked
+        except WorkspaceError as e:
+            raise CommandError(f"--input {name}: {e}") from None
+    return arrays
+
+
+@command("onnx", "onnx-model", short_help="Import an ONNX model, run and dump it on both executors.")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="Data for a model input (repeat per input). Inputs without data get "
+                   "standard-normal values (--seed).")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS",
+              help="Fix an input's shape, e.g. x=1,3,48,192, where the model leaves dimensions "
+                   "free (an --input file fixes it too).")
+@click.option("-b", "--batch", type=click.IntRange(1), default=None,
+              help="The size of a free first (batch) dimension  [default: 1]")
+@click.option("-p", "--precision-mode", type=click.Choice(PRECISION_MODES), default="force_fp16",
+              show_default=True, help="The NPU's precision mode (ATC's default is force_fp16).")
+@click.option("--overflow-mode", type=click.Choice(["saturation", "inf_nan"]),
+              default="saturation", show_default=True)
+@click.option("--fusion-switch", "fusion_switch", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="A fusion_switch.cfg for the compile.")
+@click.option("--fusion-off", is_flag=True, help="Compile with every fusion pass off.")
+@click.option("--reference", type=click.Choice(["onnxruntime"]), default=None,
+              help="Also dump ONNX Runtime's value of every node as a second reference run "
+                   "(cpu/debug_<k>, 'values from onnxruntime'), and check the golden executor "
+                   "against it node by node.")
+@click.option("--seed", type=int, default=0, show_default=True, help="For generated input data.")
+@click.option("--fresh/--keep", default=True, show_default=True,
+              help="Move an existing workspace aside first (renamed, never deleted).")
+@click.option("-c", "--check", is_flag=True, help="Then run `ac -c` on the dumps (its exit code).")
+@click.pass_context
+def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overflow_mode,
+             fusion_switch, fusion_off, reference, seed, fresh, check):
+    """Import MODEL (ONNX, opsets 13 to 21; 11 and 12 are converted) and run it once as
+    msit's compare does: on the golden executor (fp32), and on the simulated NPU after an
+    ATC-like compile (graph and UB fusion, 5HD formats, the precision mode). Both runs are
+    dumped as step 0, op names being the model's node names, so that ac, vc, vcs, fo, ni and
+    fix work on them as on a training dump.
+
+    A model with ops the importer does not cover is refused whole, listing every such op
+    type with its count (exit 2).
+
+    Exit code 0 (with --check, ac's: 1 on findings); 2 on input error."""
+    import numpy as np
+
+    from ..onnx import load
+    from ..onnx.job import dump_model
+    from .jobs import _move_aside
+    if fusion_off and fusion_switch:
+        raise CommandError("give --fusion-switch or --fusion-off, not both")
+    files = _pairs(inputs, "input")
+    arrays = _read_inputs(files)
+    fixed = {name: _shape(text, name) for name, text in _pairs(shapes, "shape").items()}
+    for name, arr in arrays.items():
+        if name in fixed and list(arr.shape) != fixed[name]:
+            raise CommandError(f"--input {name} holds shape {list(arr.shape)}, --shape says {fixed[name]}")
+        fixed[name] = list(arr.shape)
+    app.info(f"importing {model}...")
+    imported = load(model, batch=batch, shapes=fixed)
+    feeds = dict(arrays)
+    generated = imported.random_feeds(seed)
+    for name, tensor in imported.inputs.items():
+        if name not in feeds:
+            feeds[name] = generated[tensor]
+            app.warn(f"no --input for {name}: standard-normal data of shape "
+                     f"{list(tensor.shape)} (seed {seed})")
+    unknown = sorted(set(feeds) - set(imported.inputs))
+    if unknown:
+        raise CommandError(f"--input {unknown[0]}: the model has no such input "
+                           f"(inputs: {', '.join(imported.inputs)})")
+    root = app.ws_root()
+    if fresh:
+        aside = _move_aside(root)
+        if aside:
+            app.info(f"the existing workspace was moved to {aside}")
+    os.makedirs(root, exist_ok=True)
+    result = dump_model(imported, root, feeds, precision_mode=precision_mode,
+                        overflow_mode=overflow_mode, fusion_switch_file=fusion_switch,
+                        fusion_off=fusion_off, reference=reference, progress=app.info)
+    app.refresh()
+    n_ops = sum(1 for n in imported.graph.nodes
+                if n.type not in ("Placeholder", "Variable", "Const"))
+    outputs = []
+    for name, (golden, npu) in result.outputs.items():
+        g, n = np.asarray(golden, np.float64).ravel(), np.asarray(npu, np.float64).ravel()
+        finite = bool(np.isfinite(g).all() and np.isfinite(n).all())
+        denom = float(np.linalg.norm(g) * np.linalg.norm(n)) if finite else 0.0
+        cos = float(g @ n / denom) if denom else float("nan")
+        outputs.append({"name": name, "shape": list(np.shape(golden)), "cosine": cos,
+                        "max_abs_error": float(np.abs(g - n).max()) if finite and g.size else float("nan")})
+    worst = max(result.reference, key=lambda d: d.rel_l2, default=None)
+    payload = {
+        "model": model, "opset": imported.opset, "ops": n_ops, "folded": len(imported.folded),
+        "weights": len(imported.weights), "inputs": {k: list(t.shape) for k, t in imported.inputs.items()},
+        "generated_inputs": sorted(set(imported.inputs) - set(arrays)),
+        "precision_mode": precision_mode, "npu_run": _label(result.npu_run),
+        "golden_run": _label(result.golden_run),
+        "reference_run": _label(result.reference_run) if result.reference_run else None,
+        "float_status": result.float_status, "outputs": outputs,
+        "reference": None if not reference else {
+            "nodes": len(result.reference),
+            "over_1e-5": sum(1 for d in result.reference if d.rel_l2 > 1e-5),
+            "worst": None if worst is None else {"node": worst.name, "rel_l2": worst.rel_l2,
+                                                 "max_abs": worst.max_abs}},
+    }
+
+    def render():
+        app.line(f"{model}: opset {imported.opset}, {n_ops} ops ({len(imported.folded)} nodes "
+                 f"folded to constants), {len(imported.weights)} weights; inputs "
+                 + ", ".join(f"{k} {list(t.shape)}" for k, t in imported.inputs.items()))
+        app.line(f"dumped step 0: {payload['golden_run']} (golden), {payload['npu_run']} "
+                 f"(NPU, {precision_mode})"
+                 + (f", {payload['reference_run']} (values from onnxruntime)"
+                    if result.reference_run else ""))
+        status = result.float_status
+        app.line(f"NPU status word: {status:#x}" + (" (an overflow: see ac)" if status else " (no overflow)"))
+        for o in outputs:
+            app.line(f"output {o['name']} {o['shape']}: cosine similarity {fmt(o['cosine'])}, "
+                     f"max |error| {fmt(o['max_abs_error'])}")
+        if reference:
+            r = payload["reference"]
+            app.line(f"golden vs onnxruntime: {r['nodes']} node values, {r['over_1e-5']} with "
+                     f"relative error over 1e-5"
+                     + (f"; the largest {fmt(worst.rel_l2, 3)} at {worst.name}" if worst else ""))
+        if not check:
+            app.line("next: precision-tool ac -c")
+    app.emit(payload, render)
+    if check:
+        from .analyse import auto_check_cmd
+        return ctx.invoke(auto_check_cmd, compare=True, step=0)
+    return EXIT_OK
+
+
+def _label(run_dir):
+    return "/".join(os.path.normpath(run_dir).split(os.sep)[-2:])
