@@ -328,3 +328,20 @@ CASES += [
     _c("BroadcastTo", [_R2.normal(size=(3, 1))], lambda x: np.tile(x, (2, 1, 4)),
        attrs={"shape": [2, 1, 4]}),
 ]
+
+# Bool logic and float tests (the ONNX import's And / Or / Not / IsNaN / IsInf), reference
+# elementwise in Python.
+_B34, _B4 = _R2.random((3, 4)) > 0.5, _R2.random(4) > 0.5
+_SPECIAL = np.array([[0.0, -1.5, np.nan, np.inf], [-np.inf, 65504.0, -0.0, np.nan]])
+CASES += [
+    _c("LogicalAnd", [_B34, _B4],
+       lambda x, y: np.array([[bool(x[i, j]) and bool(y[j]) for j in range(4)] for i in range(3)])),
+    _c("LogicalOr", [_B34, _B4],
+       lambda x, y: np.array([[bool(x[i, j]) or bool(y[j]) for j in range(4)] for i in range(3)])),
+    _c("LogicalNot", [_B34], lambda x: np.array([[not v for v in row] for row in x])),
+    _c("IsNan", [_SPECIAL], lambda x: np.array([[v != v for v in row] for row in x]), grad=False),
+    _c("IsInf", [_SPECIAL], lambda x: np.array([[abs(v) == math.inf for v in row] for row in x]),
+       grad=False),
+    _c("IsInf", [_SPECIAL], lambda x: np.array([[v == -math.inf for v in row] for row in x]),
+       attrs={"detect_positive": False}, grad=False, id="negative-only"),
+]

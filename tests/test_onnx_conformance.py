@@ -1,8 +1,9 @@
-"""External conformance: the ONNX backend node test cases of every operator that has a
-counterpart in our op set, run on the fp32 CPU golden kernels within each case's tolerance.
-Cases that need attributes or dtypes we do not support are skipped with the reason.
+"""External conformance: the ONNX backend node test cases of every operator the importer
+translates, imported by precision_tool.onnx (with folding off, so that our kernels compute
+every node) and run on the fp32 golden executor within each case's tolerance. Cases whose
+attributes or dtypes the rules refuse are skipped with the importer's reason.
 
-`python tests/test_onnx_conformance.py` prints passed / skipped per ONNX operator."""
+`python tests/test_onnx_conformance.py` prints passed / skipped / failed per ONNX operator."""
 import warnings
 
 import numpy as np
@@ -14,8 +15,12 @@ import onnx  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
 import precision_tool as pt  # noqa: E402
+from precision_tool.onnx import OnnxImportError, load  # noqa: E402
+from precision_tool.onnx.rules import RULES  # noqa: E402
 
-from onnx_translate import RULES, Unsupported, translate  # noqa: E402
+# rules that compute nothing at run time (their value is known at import): ONNX's own
+# cases feed them run-time inputs, which our static shapes cannot express
+STATIC_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape"}
 
 
 def _node_tests():
@@ -23,19 +28,35 @@ def _node_tests():
         warnings.simplefilter("ignore")
         tests = onnx_loader.load_model_tests(kind="node")
     return [t for t in tests if t.model is not None and len(t.model.graph.node) == 1
-            and t.model.graph.node[0].op_type in RULES]
+            and t.model.graph.node[0].op_type in set(RULES) - STATIC_ONLY]
 
 
 CASES = _node_tests()
 
 
+def _array(value):
+    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else np.asarray(value)
+
+
 def run_case(test_case):
-    """None when it passes; raises Unsupported or AssertionError otherwise."""
-    graph, feeds, outputs, expected = translate(test_case)
-    got = pt.Session(graph).run(outputs, feeds)
+    """None when it passes; raises OnnxImportError (unsupported) or AssertionError."""
+    model = test_case.model
+    inputs, expected = test_case.data_sets[0]
+    names = [vi.name for vi in model.graph.input]
+    if any(not isinstance(v, (np.ndarray, np.generic, onnx.TensorProto)) for v in inputs):
+        raise OnnxImportError("sequence or optional inputs")
+    arrays = dict(zip(names, (_array(v) for v in inputs)))
+    # integer, bool and one-element inputs are what rules read as attributes (shapes, axes,
+    # bounds): given as constants; with folding off our kernels still compute the node
+    constants = {k: v for k, v in arrays.items() if v.dtype.kind != "f" or v.size == 1}
+    shapes = {k: v.shape for k, v in arrays.items() if k not in constants}
+    imported = load(model, shapes=shapes, constants=constants, fold=False)
+    sess = pt.Session(imported.graph)
+    feeds = {t: arrays[k] for k, t in imported.inputs.items()}
+    got = sess.run(list(imported.outputs.values()), feeds)
     assert len(got) == len(expected), f"{len(got)} outputs, ONNX expects {len(expected)}"
     for k, (g, want) in enumerate(zip(got, expected)):
-        want = numpy_helper.to_array(want) if isinstance(want, onnx.TensorProto) else np.asarray(want)
+        want = _array(want)
         assert g.shape == want.shape, f"output {k}: shape {g.shape}, ONNX expects {want.shape}"
         if want.dtype.kind in "biu":
             np.testing.assert_array_equal(g, want, err_msg=f"output {k}")
@@ -48,14 +69,36 @@ def run_case(test_case):
 
 def test_every_translated_operator_has_cases():
     ops_with_cases = {t.model.graph.node[0].op_type for t in CASES}
-    assert ops_with_cases == set(RULES), sorted(set(RULES) - ops_with_cases)
+    missing = set(RULES) - STATIC_ONLY - ops_with_cases
+    assert not missing, sorted(missing)
+
+
+def test_most_cases_of_each_operator_pass():
+    """The skips are a minority: a rule that refuses nearly everything is not coverage.
+    Cases written at an opset onnx's converter cannot bring down to 21 (GlobalMaxPool's are
+    all at 22) do not reach the rules and are not counted."""
+    from collections import Counter
+    passed, seen = Counter(), Counter()
+    for t in CASES:
+        op = t.model.graph.node[0].op_type
+        try:
+            run_case(t)
+            passed[op] += 1
+        except OnnxImportError as e:
+            if str(e).startswith("opset"):
+                continue
+        except (pt.errors.PrecisionToolError, AssertionError):
+            pass
+        seen[op] += 1
+    assert sum(passed.values()) >= 0.6 * sum(seen.values()), (passed, seen)
+    assert [op for op in seen if passed[op] == 0] == [], "operators with no passing case"
 
 
 @pytest.mark.parametrize("test_case", CASES, ids=lambda t: t.name)
 def test_onnx_node_case(test_case):
     try:
         run_case(test_case)
-    except Unsupported as e:
+    except OnnxImportError as e:
         pytest.skip(f"unsupported: {e}")
 
 
@@ -67,9 +110,9 @@ if __name__ == "__main__":
         try:
             run_case(t)
             passed[op] += 1
-        except Unsupported:
+        except OnnxImportError:
             skipped[op] += 1
-        except AssertionError:
+        except Exception:
             failed[op] += 1
     print(f"{'ONNX operator':26} passed skipped failed")
     for op in sorted(set(passed) | set(skipped) | set(failed)):

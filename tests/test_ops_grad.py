@@ -14,6 +14,8 @@ NOT_DIFFERENTIABLE = {
     "Const": "constant", "NoOp": "no outputs",
     "Equal": "bool output", "NotEqual": "bool output", "Greater": "bool output",
     "GreaterEqual": "bool output", "Less": "bool output", "LessEqual": "bool output",
+    "LogicalAnd": "bool output", "LogicalOr": "bool output", "LogicalNot": "bool output",
+    "IsNan": "bool output", "IsInf": "bool output",
     "ZerosLike": "constant in its input", "OnesLike": "constant in its input",
     "OneHot": "integer input",
     "ApplyGradientDescent": "update op", "ApplyMomentum": "update op", "ApplyAdam": "update op",

@@ -330,17 +330,20 @@ def test_the_step_time_model_prices_a_matmul_as_its_doc_says():
 
 def test_a_fix_that_drifts_later_is_searched_again_over_the_steps(tmp_path):
     """The Transformer on features x300 under force_fp16: the matmuls in fp32 make step 0
-    match, yet the loss leaves the golden's by step 9; the search runs again with the proof
-    as its test and finds a fix that holds at every step."""
+    match, yet the loss leaves the golden's within the proof's steps (by 1-2.3% from step 8,
+    as the BLAS kernels of the machine round: a proof tolerance of 0.5% makes the drift certain
+    on every one); the search runs again with the proof as its test and finds a fix that
+    holds at every step."""
     import scenarios
     scenarios.layer_norm_fp16_variance(str(tmp_path))
     ws = Workspace(str(tmp_path))
     said = []
-    result = rp.repair(ws, ws.run("npu"), ws.run("cpu"), 0, workers=2, progress=said.append)
+    result = rp.repair(ws, ws.run("npu"), ws.run("cpu"), 0, workers=2, progress=said.append,
+                       proof_rtol=0.005)
     drifted = [m for m in said if m.startswith("the fix drifts at step")]
     assert drifted and result.verified and result.minimal, (said, result.notes)
     # the fix found first (the step alone) is not the final one, which holds at every step
-    assert all(abs(x - y) <= 0.02 * abs(y) for x, y in zip(result.proof.fixed, result.proof.golden))
+    assert all(abs(x - y) <= 0.005 * abs(y) for x, y in zip(result.proof.fixed, result.proof.golden))
     assert (tmp_path / "config" / "fix.json").exists()
 
 

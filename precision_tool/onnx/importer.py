@@ -13,19 +13,28 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import PrecisionToolError
+from ..errors import GraphError, PrecisionToolError
 from ..graph import Graph, Tensor, dtypes
 from .. import ops
 
 MIN_OPSET, MAX_OPSET = 13, 21
+IR_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
+                       "int64", "bool"})
 # a folded float constant this small is a Const op; larger ones are variables
 CONST_LIMIT = 64
+
+
+_REFUSED = object()     # the value of a node the rules refused (the import fails at the end)
+_DOWNSTREAM = "downstream of a refused node"
+
+
+def _kind(node) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
 
 
 class OnnxImportError(PrecisionToolError, ValueError):
@@ -108,18 +117,26 @@ def read_model(source):
     if opset is None:
         raise OnnxImportError("the model imports no ai.onnx opset")
     if opset > MAX_OPSET:
-        raise OnnxImportError(f"opset {opset} is newer than the importer's {MAX_OPSET}")
+        # the ops a model of a newer opset uses mostly mean what they meant at 21: onnx's
+        # converter says where one does not
+        model = _convert(model, opset, MAX_OPSET)
+        opset = MAX_OPSET
     if opset < MIN_OPSET:
         # exports at opset 11 and 12 (Paddle's, older PyTorch) are common: onnx's own
         # converter brings them to 13, where the importer's rules are written
-        from onnx import version_converter
-        try:
-            model = version_converter.convert_version(model, MIN_OPSET)
-        except Exception as e:
-            raise OnnxImportError(f"opset {opset} could not be converted to {MIN_OPSET}: "
-                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        model = _convert(model, opset, MIN_OPSET)
         opset = MIN_OPSET
     return model, opset
+
+
+def _convert(model, opset: int, to: int):
+    from onnx import version_converter
+    try:
+        return version_converter.convert_version(model, to)
+    except Exception as e:
+        raise OnnxImportError(f"opset {opset} is outside {MIN_OPSET} to {MAX_OPSET} and onnx's "
+                              f"converter could not bring it to {to}: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 _BAD_NAME = re.compile(r"[:\s]+")
@@ -211,6 +228,8 @@ class _Importer:
         if isinstance(value, Tensor):
             return value
         arr = value
+        if str(arr.dtype) not in IR_DTYPES:
+            raise Unsupported(f"{arr.dtype} tensors")
         name = op_name(value_name, "Const")
         if arr.dtype.kind == "f" and arr.size > CONST_LIMIT:
             name = self._free(name)
@@ -221,6 +240,42 @@ class _Importer:
             t = ops.constant(arr, dtype=str(arr.dtype), name=self._free(name))
         self.values[value_name] = t          # materialised once, shared by every reader
         return t
+
+    def add(self, node, rules) -> Optional[str]:
+        """Translate one node (or fold it); the reason when it cannot be, else None."""
+        values = [self.values.get(n) if n else None for n in node.input]
+        missing = [n for n, v in zip(node.input, values) if n and v is None]
+        if missing:
+            raise OnnxImportError(f"node {node.name or node.op_type} reads {missing[0]!r}, "
+                                  f"which no earlier node makes (the graph is not sorted)")
+        if _kind(node) != node.op_type:
+            return "a custom domain"
+        if any(v is _REFUSED for v in values):
+            return _DOWNSTREAM
+        if self.fold and all(v is None or isinstance(v, np.ndarray) for v in values):
+            try:
+                outs = _fold(node, values, self.model.opset_import)
+            except Exception as e:
+                # onnx's reference kernels miss cases (GatherElements along the last axis
+                # fails in onnx 1.23): then our own kernels compute the node at run time
+                if node.op_type not in rules:
+                    return (f"its inputs are constants that onnx's reference evaluator could "
+                            f"not fold ({type(e).__name__}: {e})")
+            else:
+                self.values.update(zip(node.output, outs))
+                self.folded.append(node.name or node.op_type)
+                return None
+        if node.op_type not in rules:
+            return ""
+        ctx = Context(self, node)
+        try:
+            outs = rules[node.op_type](ctx)
+        except (Unsupported, GraphError) as e:
+            # GraphError: an op of ours refused what the rule built (a dtype, a shape)
+            return str(e)
+        self.values.update((name, value) for name, value in zip(node.output, outs) if name)
+        self.onnx_names[ctx.name] = node.name or ctx.name
+        return None
 
     def _free(self, name: str) -> str:
         """A name no op holds and no node has reserved."""
@@ -270,6 +325,9 @@ def _input_shapes(model, batch: Optional[int], shapes: Mapping[str, Sequence[int
                 free.append(f"{vi.name}[{k}] ({d.dim_param or '?'})")
                 dims.append(None)
         fixed[vi.name] = (tuple(dims), dtype)
+    odd = {f"{dt} input": (1, k) for k, (_, dt) in fixed.items() if dt not in IR_DTYPES}
+    if odd:
+        raise UnsupportedModelError(odd)
     if free:
         raise OnnxImportError(f"input dimension(s) {', '.join(free)} have no size: give the "
                               f"input's shape (--shape NAME=1,3,224,224) or data "
@@ -321,37 +379,27 @@ def load(source, batch: Optional[int] = None, shapes: Optional[Mapping[str, Sequ
             imp.values[input_name] = t
             inputs[input_name] = t
         imp.values.update(constants)
-        refused = Counter()
-        reasons: Dict[str, str] = {}
+        # every node is tried, so that one error lists all that is missing; a node whose
+        # inputs are known at import time folds whatever its type (exports compute masks and
+        # shapes with ops that never run on the device)
+        refused: Dict[str, List] = {}            # op type -> [count, first reason]
         for node in model.graph.node:
-            values = [imp.values.get(n) if n else None for n in node.input]
-            missing = [n for n, v in zip(node.input, values) if n and v is None]
-            if missing:
-                raise OnnxImportError(f"node {node.name or node.op_type} reads {missing[0]!r}, "
-                                      f"which no earlier node makes (the graph is not sorted)")
-            if fold and all(v is None or isinstance(v, np.ndarray) for v in values):
-                try:
-                    outs = _fold(node, [v for v in values], model.opset_import)
-                except Exception as e:
-                    raise OnnxImportError(f"node {node.name or node.op_type}: folding its "
-                                          f"constant inputs failed ({type(e).__name__}: {e})") from None
-                imp.values.update(zip(node.output, outs))
-                imp.folded.append(node.name or node.op_type)
+            why = imp.add(node, RULES)
+            if why is None:
                 continue
-            ctx = Context(imp, node)
-            try:
-                outs = RULES[node.op_type](ctx)
-            except Unsupported as e:
-                refused[node.op_type] += 1
-                reasons.setdefault(node.op_type, str(e))
-                continue
-            for out_name, value in zip(node.output, outs):
-                if out_name:
-                    imp.values[out_name] = value
-            imp.onnx_names[ctx.name] = node.name or ctx.name
+            imp.values.update((o, _REFUSED) for o in node.output)
+            kind = _kind(node)
+            if why == _DOWNSTREAM:
+                if kind in RULES:
+                    continue                     # its own type may be fine: not counted
+                why = ""
+            refused.setdefault(kind, [0, why])[0] += 1
         if refused:
-            raise UnsupportedModelError({op: (n, reasons[op]) for op, n in refused.items()})
-        outputs = {o.name: imp.as_tensor(o.name) for o in model.graph.output}
+            raise UnsupportedModelError({op: tuple(v) for op, v in refused.items()})
+        try:
+            outputs = {o.name: imp.as_tensor(o.name) for o in model.graph.output}
+        except Unsupported as e:
+            raise UnsupportedModelError({"model output": (1, str(e))}) from None
     tensors = {k: v.name for k, v in imp.values.items() if isinstance(v, Tensor)}
     return ImportedModel(graph=g, inputs=inputs, outputs=outputs, weights=imp.weights,
                          onnx_names=imp.onnx_names, tensors=tensors, folded=imp.folded,

@@ -64,8 +64,8 @@ def _binary(c: Context):
             pass                                   # an integer exponent: cast below
         elif not (c.is_static(0) or c.is_static(1)):
             raise Unsupported(f"mixed input dtypes {c.dtype(0)} and {c.dtype(1)}")
-    if c.type in ("Div", "Pow") and np.dtype(like).kind != "f":
-        raise Unsupported(f"{c.type} on integers")
+    if c.type in ("Div", "Pow") and np.dtype(c.dtype(0)).kind != "f":
+        raise Unsupported(f"{c.type} on integers")   # the base's dtype is the result's
     if c.type == "Add" and not c.is_static(0) and c.is_static(1):
         bias = c.static(1)
         x_shape = c.shape(0)
@@ -102,6 +102,33 @@ def _unary(c: Context):
     if c.type not in ("Neg", "Relu", "Identity"):
         _float_dtype(c, 0)
     return [_UNARY[c.type](c.tensor(0), name=c.name)]
+
+
+_LOGICAL = {"And": ops.logical_and, "Or": ops.logical_or, "Xor": ops.not_equal}
+
+
+@rule(*_LOGICAL)
+def _logical(c: Context):
+    return [_LOGICAL[c.type](c.tensor(0), c.tensor(1), name=c.name)]
+
+
+@rule("Not")
+def _not(c: Context):
+    return [ops.logical_not(c.tensor(0), name=c.name)]
+
+
+@rule("IsNaN")
+def _is_nan(c: Context):
+    _float_dtype(c, 0)
+    return [ops.is_nan(c.tensor(0), name=c.name)]
+
+
+@rule("IsInf")
+def _is_inf(c: Context):
+    _float_dtype(c, 0)
+    attrs = {"detect_positive": bool(c.attrs.get("detect_positive", 1)),
+             "detect_negative": bool(c.attrs.get("detect_negative", 1))}
+    return [ops.make("IsInf", [c.tensor(0)], attrs, name=c.name).output(0)]
 
 
 @rule("Reciprocal")
@@ -252,6 +279,47 @@ def _expand(c: Context):
 @rule("Gather")
 def _gather(c: Context):
     return [ops.gather(c.tensor(0), c.tensor(1), c.attrs.get("axis", 0), name=c.name)]
+
+
+def _gather_flat(c: Context, lead: int, flat: np.ndarray):
+    """x[...] at the flat positions `flat` of its first `lead` axes (the rest kept), as one
+    Gather on x reshaped to [prod(lead axes), rest...]: GatherND and GatherElements with
+    indices fixed at import time, which exports use for masks and position ids."""
+    shape = c.shape(0)
+    rows = ops.reshape(c.tensor(0), [int(np.prod(shape[:lead], dtype=np.int64))] + list(shape[lead:]),
+                       name=c.sub("rows"))
+    index = ops.constant(flat.astype(np.int64), dtype="int64", name=c.sub("index"))
+    return ops.gather(rows, index, 0, name=c.name)
+
+
+def _flat_index(coords: np.ndarray, dims) -> np.ndarray:
+    """Row-major positions of coordinates (last axis of coords), negative ones counted from
+    the end as ONNX allows; Unsupported when one is out of range."""
+    dims = np.asarray(dims, dtype=np.int64)
+    coords = np.where(coords < 0, coords + dims, coords)
+    if coords.size and ((coords < 0) | (coords >= dims)).any():
+        raise Unsupported("an index out of range")
+    return np.ravel_multi_index(tuple(np.moveaxis(coords, -1, 0)), tuple(int(d) for d in dims)) \
+        if coords.shape[-1] else np.zeros(coords.shape[:-1], np.int64)
+
+
+@rule("GatherND")
+def _gather_nd(c: Context):
+    if c.attrs.get("batch_dims", 0):
+        raise Unsupported("batch_dims other than 0")
+    index = c.static(1).astype(np.int64)
+    depth = index.shape[-1]
+    return [_gather_flat(c, depth, _flat_index(index, c.shape(0)[:depth]))]
+
+
+@rule("GatherElements")
+def _gather_elements(c: Context):
+    shape = c.shape(0)
+    axis = c.attrs.get("axis", 0) % len(shape)
+    index = c.static(1).astype(np.int64)
+    coords = np.stack(np.indices(index.shape), axis=-1)
+    coords[..., axis] = index
+    return [_gather_flat(c, len(shape), _flat_index(coords, shape))]
 
 
 def _slice_window(shape, starts, ends, axes, steps):
@@ -409,25 +477,26 @@ def _batch_norm(c: Context):
 @rule("LayerNormalization")
 def _layer_norm(c: Context):
     """Written out as TF's LayerNorm (mean, centre, square, mean, + eps, rsqrt, scale, shift),
-    the pattern the NPU's LayerNormFusionPass fuses; the last op carries the node's name."""
+    the pattern the NPU's LayerNormFusionPass fuses; the last op carries the node's name.
+    The statistics are over the axes from `axis` on; the Mean and InvStdDev outputs are the
+    helper ops that compute them."""
     rank = len(c.shape(0))
-    if c.attrs.get("axis", -1) % rank != rank - 1:
-        raise Unsupported("normalising over more than the last axis")
-    if len(c.node.output) > 1 and any(c.node.output[1:]):
-        raise Unsupported("the Mean / InvStdDev outputs")
+    axes = list(range(c.attrs.get("axis", -1) % rank, rank))
     like = _running_dtype(c)
     x = c.tensor(0)
     eps = float(c.attrs.get("epsilon", 1e-5))
-    mean = ops.reduce_mean(x, [-1], keep_dims=True, name=c.sub("mean"))
+    mean = ops.reduce_mean(x, axes, keep_dims=True, name=c.sub("mean"))
     centred = ops.sub(x, mean, name=c.sub("centred"))
-    var = ops.reduce_mean(ops.square(centred, name=c.sub("square")), [-1], keep_dims=True,
+    var = ops.reduce_mean(ops.square(centred, name=c.sub("square")), axes, keep_dims=True,
                           name=c.sub("variance"))
     inv = ops.rsqrt(ops.add(var, eps, name=c.sub("add_eps")), name=c.sub("rsqrt"))
     normed = ops.mul(centred, inv, name=c.sub("normalized"))
     scaled = ops.mul(normed, _operand(c, 1, like), name=c.sub("scale"))
     if c.has(2):
-        return [ops.add(scaled, _operand(c, 2, like), name=c.name)]
-    return [ops.identity(scaled, name=c.name)]
+        out = ops.add(scaled, _operand(c, 2, like), name=c.name)
+    else:
+        out = ops.identity(scaled, name=c.name)
+    return [out, mean, inv]
 
 
 @rule("Dropout")

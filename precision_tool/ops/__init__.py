@@ -5,7 +5,8 @@ from . import array_ops, fused_ops, math_ops, nn_ops, state_ops
 from .array_ops import (cast, concat, constant, gather, identity, one_hot, reshape, slice_,
                         transpose)
 from .math_ops import (add, add_n, batch_matmul, bias_add, div, divide, equal, exp, gelu,
-                       greater, greater_equal, less, less_equal, log, matmul, maximum, minimum,
+                       greater, greater_equal, is_nan, less, less_equal, log, logical_and,
+                       logical_not, logical_or, matmul, maximum, minimum,
                        mul, multiply, neg, negative, not_equal, ones_like, pow_, reduce_max,
                        reduce_mean, reduce_sum, relu, rsqrt, select, sigmoid, sqrt, square, sub,
                        subtract, tanh, where, zeros_like)

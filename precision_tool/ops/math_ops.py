@@ -171,6 +171,21 @@ for _name, _fn in _COMPARE.items():
     register(_name, infer=rules.comparison, kernel=(lambda f: lambda i, a, c: f(i[0], i[1]))(_fn),
              min_inputs=2, doc=f"elementwise {_fn.__name__}, bool result; not differentiable")
 
+_LOGICAL = {"LogicalAnd": (np.logical_and, 2), "LogicalOr": (np.logical_or, 2),
+            "LogicalNot": (np.logical_not, 1)}
+for _name, (_fn, _n) in _LOGICAL.items():
+    register(_name, infer=rules.logical, kernel=(lambda f: lambda i, a, c: f(*i))(_fn),
+             min_inputs=_n, doc=f"elementwise {_fn.__name__} of bool tensors; not differentiable")
+register("IsNan", infer=rules.float_test, kernel=lambda i, a, c: np.isnan(i[0]), min_inputs=1,
+         doc="elementwise isnan, bool result; not differentiable")
+register("IsInf", infer=rules.float_test, kernel=lambda i, a, c: _is_inf(i[0], a), min_inputs=1,
+         attrs={"detect_positive": True, "detect_negative": True},
+         doc="elementwise isinf, bool result, for the signs asked; not differentiable")
+
+
+def _is_inf(x, attrs):
+    return ((x == np.inf) & attrs["detect_positive"]) | ((x == -np.inf) & attrs["detect_negative"])
+
 
 def _select_infer(specs, attrs, where):
     cond, x, y = specs
@@ -549,6 +564,10 @@ greater = _binary_builder("Greater")
 greater_equal = _binary_builder("GreaterEqual")
 less = _binary_builder("Less")
 less_equal = _binary_builder("LessEqual")
+logical_and = _binary_builder("LogicalAnd")
+logical_or = _binary_builder("LogicalOr")
+logical_not = _unary_builder("LogicalNot")
+is_nan = _unary_builder("IsNan")
 neg = negative = _unary_builder("Neg")
 square = _unary_builder("Square")
 sqrt = _unary_builder("Sqrt")

@@ -115,6 +115,23 @@ def comparison(specs, attrs, where):
     return [TensorSpec(broadcast_shapes(specs[0].shape, specs[1].shape, where), "bool")]
 
 
+def logical(specs, attrs, where):
+    """bool tensors (broadcast) -> bool: LogicalAnd, LogicalOr, LogicalNot."""
+    for k, s in enumerate(specs):
+        if s.dtype != "bool":
+            fail(where, f"input {k} must be bool, got {s}")
+    shape = specs[0].shape
+    for s in specs[1:]:
+        shape = broadcast_shapes(shape, s.shape, where)
+    return [TensorSpec(shape, "bool")]
+
+
+def float_test(specs, attrs, where):
+    """A float tensor -> a bool tensor of its shape: IsNan, IsInf."""
+    require_float(specs[0], where)
+    return [TensorSpec(specs[0].shape, "bool")]
+
+
 def elementwise_grad(specs, attrs, where):
     """(a, b) of one shape and dtype -> that shape: the TF *Grad ops (ReluGrad, TanhGrad...)."""
     same_dtype(specs, where)
