@@ -40,9 +40,12 @@ def keep_in_fp32(op: dict, mode: str) -> str:
                     f"that read it in fp32: the compiler inserted {op['op_name']} to hand it to "
                     f"an fp16 op")
         if source.get("type") == "Const":
+            names = op.get("reader_ops") or []
+            which = f" ({', '.join(names[:3])}{' and more' if len(names) > 3 else ''})" \
+                if names else ""
             return (f"give the constant {source['name']} a value fp16 holds{reach}, or keep the "
-                    f"ops that read it in fp32: the compiler inserted {op['op_name']} to hand it "
-                    f"to an fp16 op")
+                    f"ops that read it{which} in fp32: the compiler inserted {op['op_name']} to "
+                    f"hand it to an fp16 op")
         if op.get("readers"):             # the Cast goes when what reads it stays in fp32
             return (keep_in_fp32({"op_name": op["op_name"], "policy_types": op["readers"]}, mode)
                     + f" (the compiler inserted {op['op_name']} to hand its input, fp32, to "

@@ -235,10 +235,13 @@ def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[flo
     source = next(({"name": p["name"], "type": p["type"], "peak": input_peak}
                    for p in producers if p.get("type") in ("Placeholder", "Const")), None)
     placed = sorted(set(placed_types(op_type, attrs)))
-    # an inserted Cast of a computed value is there because what reads it computes in fp16
-    readers = sorted({t for n in tmap.readers(op_name) for t in placed_types(n["type"], n.get("attrs"))}
-                     - {"Cast"}) if attrs.get("inserted_by") and source is None else []
+    # an inserted Cast is there because what reads it computes in fp16
+    reading = [n for n in tmap.readers(op_name) if n["type"] != "Cast"] \
+        if attrs.get("inserted_by") else []
+    readers = sorted({t for n in reading for t in placed_types(n["type"], n.get("attrs"))}
+                     - {"Cast"})
     return {"inserted": bool(attrs.get("inserted_by")), "source": source, "readers": readers,
+            "reader_ops": sorted(n["name"] for n in reading),
             "update": bool(registry.updated_inputs(op_type)),
             "pass_name": attrs.get("pass_name", "") or "",
             "compute_dtype": attrs.get("compute_dtype", ""), "policy_types": placed}

@@ -107,6 +107,9 @@ class Proof:
     # the first step whose golden loss is not finite: the training itself diverges there
     # (a learning rate too high...), and nothing after it can be judged
     golden_nonfinite_step: Optional[int] = None
+    # the step updates no variable (an imported inference model): no later step differs from
+    # it, so the replays of the step are the whole proof
+    stateless: bool = False
 
     @property
     def holds(self) -> bool:
@@ -208,6 +211,7 @@ class StepReplay:
         self.loss_rtol = loss_rtol
         self.golden_config = SessionConfig(golden_dtype=golden_dtype)
         self.scale_variable = loss_scale_variable(bundle.graph)
+        self.updates_state = any(registry.updated_inputs(n.type) for n in bundle.graph.nodes)
         self._declared = {n.name: dtypes.to_numpy(n.outputs[0].dtype)
                           for n in bundle.graph.nodes if n.type == "Variable" and n.outputs}
         self._sessions: Dict[str, Session] = {}
@@ -484,6 +488,9 @@ class Prover:
 
     def __init__(self, replay: StepReplay, steps: int, rtol: float):
         self.replay, self.steps, self.rtol = replay, steps, rtol
+        if not replay.updates_state:
+            self.steps, self.golden, self.unfixed = 0, [], []
+            return
         self.golden = loss_curve(replay, "cpu", (), steps)[0]
         self.unfixed = loss_curve(replay, "npu", (), steps)[0]
 
@@ -491,6 +498,8 @@ class Prover:
         """The fixed loss drifts at step i when |fixed - golden| > rtol * max(|golden_i|,
         |golden_0| / 100) + the spacing of the loss's dtype there: the floor keeps a loss
         trained near zero from being judged on its last digits."""
+        if not self.replay.updates_state:
+            return Proof(0, self.rtol, [], [], [], [], None, stateless=True)
         golden = self.golden
         fixed, overflow, loss_dtype = loss_curve(self.replay, "npu", fix, self.steps)
         broken = next((k for k, y in enumerate(golden) if not math.isfinite(y)), None)
@@ -604,7 +613,8 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
                                 + ("; ".join(everything.failing[:3]) or "an overflow"))
     if result.fix is not None:
         if result.proof is None:
-            progress(f"proving the fix over {proof_steps} steps")
+            progress(f"proving the fix over {proof_steps} steps" if replay.updates_state
+                     else "the step updates no variable: its replays are the proof")
             result.proof = prove(replay, result.fix, proof_steps, proof_rtol)
         result.config = _public_config(configure(replay.base, result.fix))
         _cost(result, replay)
@@ -660,7 +670,8 @@ def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int
             fix = minimize(shortest_prefix(cands, test), test)
             result.minimal = one_minimal(fix, test)
             result.fix, result.after = fix, replay.run(fix)
-            progress(f"proving the fix over {prover.steps} steps")
+            progress(f"proving the fix over {prover.steps} steps" if prover.steps
+                     else "the step updates no variable: its replays are the proof")
             result.proof = prover(fix)
     except BudgetSpent:
         result.notes.append(f"the budget of {budget} replays ran out before a minimal "

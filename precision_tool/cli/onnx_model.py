@@ -61,6 +61,9 @@ def _read_inputs(files):
 @click.option("--fusion-switch", "fusion_switch", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="A fusion_switch.cfg for the compile.")
 @click.option("--fusion-off", is_flag=True, help="Compile with every fusion pass off.")
+@click.option("--modify-mixlist", "mixlist", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="A modify_mixlist JSON for the mixed-precision modes, as "
+                                   "ATC's --modify_mixlist (fix writes one).")
 @click.option("--reference", type=click.Choice(["onnxruntime"]), default=None,
               help="Also dump ONNX Runtime's value of every node as a second reference run "
                    "(cpu/debug_<k>, 'values from onnxruntime'), and check the golden executor "
@@ -71,7 +74,7 @@ def _read_inputs(files):
 @click.option("-c", "--check", is_flag=True, help="Then run `ac -c` on the dumps (its exit code).")
 @click.pass_context
 def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overflow_mode,
-             fusion_switch, fusion_off, reference, seed, fresh, check):
+             fusion_switch, fusion_off, mixlist, reference, seed, fresh, check):
     """Import MODEL (ONNX, opsets 13 to 21; 11 and 12 are converted) and run it once as
     msit's compare does: on the golden executor (fp32), and on the simulated NPU after an
     ATC-like compile (graph and UB fusion, 5HD formats, the precision mode). Both runs are
@@ -117,7 +120,8 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
     os.makedirs(root, exist_ok=True)
     result = dump_model(imported, root, feeds, precision_mode=precision_mode,
                         overflow_mode=overflow_mode, fusion_switch_file=fusion_switch,
-                        fusion_off=fusion_off, reference=reference, progress=app.info)
+                        fusion_off=fusion_off, modify_mixlist=mixlist, reference=reference,
+                        progress=app.info)
     app.refresh()
     n_ops = sum(1 for n in imported.graph.nodes
                 if n.type not in ("Placeholder", "Variable", "Const"))

@@ -3,6 +3,8 @@ golden, verified over steps and written as config/modify_mixlist.json and
 config/fusion_switch.cfg (analysis.repair does the work)."""
 from __future__ import annotations
 
+import math
+
 import click
 from rich.markup import escape
 
@@ -69,7 +71,8 @@ def _lines(r: repairing.Repair) -> list:
         lines.append("Fix: " + "; ".join(c.describe() for c in r.fix)
                      + ("" if r.minimal else " (not proven minimal)"))
         mode = r.config.get("amp_level") or r.config.get("precision_mode")
-        lines.append(f"train with: precision mode {mode}"
+        verb = "compile with" if r.proof is not None and r.proof.stateless else "train with"
+        lines.append(f"{verb}: precision mode {mode}"
                      + (f", modify_mixlist {r.config['modify_mixlist']}"
                         if r.config.get("modify_mixlist") else "")
                      + "".join(f", loss scale {c.value:g} (FixedLossScaleManager)"
@@ -86,7 +89,10 @@ def _lines(r: repairing.Repair) -> list:
     lines.append(f"replays: {r.replays} of {r.budget}, over {len(r.candidates)} candidate(s)")
     p = r.proof
     if p is not None:
-        if p.holds:
+        if p.stateless:
+            lines.append("proof: the step updates no variable (an inference graph), so no later "
+                         "step differs from it: the replays of the step are the proof")
+        elif p.holds:
             lines.append(f"proof: {p.steps} steps from the bundle, the loss within "
                          f"{fmt(p.rtol)} of the golden's at every step (last: {fmt(p.fixed[-1])} "
                          f"vs {fmt(p.golden[-1])}; without the fix {fmt(p.unfixed[-1])})")
@@ -105,8 +111,10 @@ def _lines(r: repairing.Repair) -> list:
 
 
 def _outcome(o: repairing.Outcome) -> str:
+    # a step that fetches no loss (nan) says nothing of one
+    loss = "" if math.isnan(o.loss_error) else f" (loss error {fmt(o.loss_error)})"
     if o.passed:
-        return f"meets the goal (loss error {fmt(o.loss_error)})"
+        return f"meets the goal{loss}"
     what = ["overflow"] if o.overflow else []
     what += o.failing[:3] + ([f"... {len(o.failing) - 3} more"] if len(o.failing) > 3 else [])
-    return f"fails (loss error {fmt(o.loss_error)}): " + "; ".join(what)
+    return f"fails{loss}: " + "; ".join(what)
