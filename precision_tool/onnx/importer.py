@@ -274,7 +274,10 @@ class _Importer:
             # GraphError: an op of ours refused what the rule built (a dtype, a shape)
             return str(e)
         self.values.update((name, value) for name, value in zip(node.output, outs) if name)
-        self.onnx_names[ctx.name] = node.name or ctx.name
+        if all(isinstance(v, np.ndarray) for v in outs):
+            self.folded.append(node.name or node.op_type)   # Shape of a run-time value
+        else:
+            self.onnx_names[ctx.name] = node.name or ctx.name
         return None
 
     def _free(self, name: str) -> str:
@@ -351,17 +354,8 @@ def load(source, batch: Optional[int] = None, shapes: Optional[Mapping[str, Sequ
     inits = {i.name: i for i in model.graph.initializer}
     unknown = sorted(set(shapes) - {vi.name for vi in model.graph.input})
     if unknown:
-        raise OnnxImportError(f"--shape names no input of the model: {', '.join(unknown)} "
+        raise OnnxImportError(f"the model has no input named {', '.join(unknown)} "
                               f"(inputs: {', '.join(vi.name for vi in model.graph.input if vi.name not in inits)})")
-
-    unsupported: Dict[str, List] = {}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            unsupported.setdefault(f"{node.domain}::{node.op_type}", [0, "a custom domain"])[0] += 1
-        elif node.op_type not in RULES:
-            unsupported.setdefault(node.op_type, [0, ""])[0] += 1
-    if unsupported:
-        raise UnsupportedModelError({k: tuple(v) for k, v in unsupported.items()})
 
     path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
     graph_name = name or op_name(model.graph.name, "") or (

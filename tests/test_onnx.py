@@ -1,0 +1,335 @@
+"""ONNX models in: the import (precision_tool.onnx.load), the `onnx` command that runs and
+dumps an imported model on both executors, ONNX Runtime as a second reference, and two real
+architectures someone else wrote (torchvision's ResNet-18 and a transformers BERT encoder,
+exported with random weights when torch is installed)."""
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("onnx", reason="the ONNX import needs the onnx package (pip install onnx)")
+from onnx import TensorProto, helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+import precision_tool as pt  # noqa: E402
+from precision_tool.cli import cli  # noqa: E402
+from precision_tool.dump import Workspace  # noqa: E402
+from precision_tool.onnx import OnnxImportError, UnsupportedModelError, load  # noqa: E402
+from precision_tool.onnx.job import check_feeds, dump_model  # noqa: E402
+
+import onnx_models as om  # noqa: E402
+
+
+def _invoke(root, *args):
+    return CliRunner().invoke(cli, ["--data-dir", str(root), *args])
+
+
+def _golden(imported, feeds):
+    sess = pt.Session(imported.graph)
+    imported.load_weights(sess)
+    return sess.run(list(imported.outputs.values()), check_feeds(imported, feeds))
+
+
+def _ort():
+    return pytest.importorskip("onnxruntime", reason="ONNX Runtime is an optional reference "
+                                                     "(pip install onnxruntime)")
+
+
+# -- the import --------------------------------------------------------------------------------
+def test_a_model_with_unsupported_ops_is_refused_whole_listing_each_type_with_its_count(tmp_path):
+    nodes = [helper.make_node("Mod", ["x", "x"], ["m1"], name="mod_a", fmod=1),
+             helper.make_node("Mod", ["m1", "x"], ["m2"], name="mod_b", fmod=1),
+             helper.make_node("Relu", ["m2"], ["r"], name="relu"),
+             helper.make_node("Foo", ["r"], ["f"], name="foo", domain="com.example"),
+             helper.make_node("Det", ["f"], ["y"], name="det")]
+    m = om.model(nodes, [om.value("x", [2, 2])], [om.value("y", [])], opset=17)
+    m.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedModelError) as e:
+        load(m)
+    # Relu after two refused Mods is not counted (its type is covered); Det is, though it only
+    # reads a refused value: the error lists everything missing at once
+    assert {k: v[0] for k, v in e.value.unsupported.items()} == \
+        {"Mod": 2, "com.example::Foo": 1, "Det": 1}
+    assert e.value.unsupported["com.example::Foo"][1] == "a custom domain"
+    assert "3 unsupported op type(s)" in str(e.value) and "Mod x2" in str(e.value)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    out = _invoke(tmp_path / "ws", "onnx", str(path))
+    assert out.exit_code == 2, out.output
+    assert "Mod x2" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "ws").exists()          # nothing written: never a partial graph
+
+
+def test_values_known_at_import_time_fold_whatever_the_op_type():
+    """Exports compute shapes and masks with ops that never run on the device (Mod has no
+    rule, yet it folds); what depends on an input becomes ops."""
+    nodes = [
+        helper.make_node("Mod", ["a", "b"], ["offs"], name="mod", fmod=0),
+        helper.make_node("Cast", ["offs"], ["offs_f"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "zero1"], ["batch1"], name="unsq"),
+        helper.make_node("Concat", ["batch1", "minus1"], ["newshape"], name="concat", axis=0),
+        helper.make_node("Reshape", ["x", "newshape"], ["flat"], name="/reshape/Reshape"),
+        helper.make_node("Add", ["flat", "offs_f"], ["y"], name="/add/Add"),
+    ]
+    inits = [om.init("a", np.arange(6, dtype=np.int64)), om.init("b", np.array(4, np.int64)),
+             om.init("zero", np.array(0, np.int64)), om.init("zero1", np.array([0], np.int64)),
+             om.init("minus1", np.array([-1], np.int64))]
+    m = om.model(nodes, [om.value("x", ["n", 2, 3])], [om.value("y", ["n", 6])], inits)
+    imported = load(m, batch=3)
+    assert set(imported.folded) == {"mod", "cast", "shape", "batch", "unsq", "concat"}
+    types = sorted(n.type for n in imported.graph.nodes if n.type not in ("Placeholder", "Const"))
+    assert types == ["BiasAdd", "Reshape"]     # + a constant over the last axis: a bias
+    x = np.random.default_rng(0).normal(size=(3, 2, 3)).astype(np.float32)
+    (got,) = _golden(imported, {"x": x})
+    np.testing.assert_allclose(got, x.reshape(3, 6) + np.arange(6) % 4, rtol=1e-6)
+
+
+def test_node_names_are_kept_so_that_each_dumped_op_is_found_in_the_model():
+    imported = load(om.mlp())
+    names = {n.name for n in imported.graph.nodes}
+    # PyTorch's '/fc1/Gemm' loses its leading slash; the bias Add over the last axis is a
+    # BiasAdd (so that MatMul + bias fuses on the NPU), named after its node
+    assert {"fc1/Gemm", "act/Relu", "fc2/MatMul", "fc2/Add", "Softmax"} <= names
+    assert imported.graph.node("fc2/Add").type == "BiasAdd"
+    assert imported.onnx_names["fc1/Gemm"] == "/fc1/Gemm"
+    assert imported.tensors["probs"] == "Softmax:0"
+
+
+def test_the_golden_run_matches_onnx_reference_kernels_in_float64():
+    m = om.mlp()
+    x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x.astype(np.float32)})
+    imported = load(m, batch=5)
+    (got,) = _golden(imported, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    # and against a float64 evaluation of the same weights, written out in numpy
+    from onnx import numpy_helper
+    w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in m.graph.initializer}
+    h = np.maximum(x @ w["fc1.weight"].T + w["fc1.bias"], 0)
+    logits = h @ w["fc2.weight"] + w["fc2.bias"]
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_an_opset_11_export_is_converted_and_imported():
+    nodes = [helper.make_node("Squeeze", ["x"], ["s"], name="sq", axes=[1]),
+             helper.make_node("Unsqueeze", ["s"], ["u"], name="unsq", axes=[0]),
+             helper.make_node("ReduceMean", ["u"], ["y"], name="mean", axes=[2], keepdims=0)]
+    m = om.model(nodes, [om.value("x", [3, 1, 4])], [om.value("y", [1, 3])], opset=11)
+    imported = load(m)
+    assert imported.opset == 13
+    x = np.random.default_rng(2).normal(size=(3, 1, 4)).astype(np.float32)
+    (got,) = _golden(imported, {"x": x})
+    np.testing.assert_allclose(got, x.reshape(1, 3, 4).mean(-1), rtol=1e-6)
+
+
+def test_a_free_dimension_other_than_the_batch_needs_a_shape():
+    m = om.model([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                 [om.value("x", ["batch", "seq"])], [om.value("y", ["batch", "seq"])])
+    with pytest.raises(OnnxImportError, match=r"x\[1\] \(seq\).*--shape"):
+        load(m)
+    assert load(m, shapes={"x": [2, 7]}).inputs["x"].shape == (2, 7)
+    with pytest.raises(OnnxImportError, match="has no input named nope"):
+        load(m, shapes={"nope": [1]})
+
+
+def test_a_file_that_is_not_onnx_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00garbage" * 20)
+    with pytest.raises(OnnxImportError, match="not a readable ONNX model"):
+        load(str(bad))
+    out = _invoke(tmp_path / "ws", "onnx", str(bad))
+    assert out.exit_code == 2 and "not a readable ONNX model" in out.output
+    out = _invoke(tmp_path / "ws", "onnx", str(tmp_path / "missing.onnx"))
+    assert out.exit_code == 2 and "no such model file" in out.output
+
+
+# -- the onnx command --------------------------------------------------------------------------
+@pytest.fixture()
+def overflowing_mlp(tmp_path):
+    """The MLP whose second layer leaves fp16's range (|logits| ~ 1e5)."""
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(om.mlp(scale=2e4).SerializeToString())
+    x = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    return path, tmp_path / "x.npy"
+
+
+def test_onnx_dumps_both_runs_and_ac_names_the_models_node(tmp_path, overflowing_mlp):
+    model, x = overflowing_mlp
+    ws = tmp_path / "ws"
+    out = _invoke(ws, "--json", "onnx", str(model), "--input", f"x={x}")
+    assert out.exit_code == 0, out.output
+    summary = json.loads(out.stdout)
+    assert summary["precision_mode"] == "force_fp16" and summary["float_status"] != 0
+    assert summary["inputs"] == {"x": [4, 8]} and summary["generated_inputs"] == []
+    runs = Workspace(str(ws))
+    assert {r.label for r in runs.runs()} == {summary["npu_run"], summary["golden_run"]}
+    out = _invoke(ws, "--json", "ac", "-c")
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    imported = load(str(model))
+    model_ops = set(imported.onnx_names)
+    first = result["first_overflow"]["op_name"]
+    # the NPU fuses MatMul + BiasAdd: the fused op carries the node name it ends with
+    assert first in model_ops, (first, model_ops)
+    assert result["origin"]["op_name"] in model_ops
+    # the commands that read a workspace work on it unchanged
+    for args in (["vcs", "-l", "3"], ["ni", "-n", first], ["fo"], ["ls"]):
+        out = _invoke(ws, *args)
+        assert out.exit_code in (0, 1), (args, out.output)
+        assert "Traceback" not in out.output
+
+
+def test_onnx_check_runs_ac_and_returns_its_exit_code(tmp_path, overflowing_mlp):
+    model, x = overflowing_mlp
+    out = _invoke(tmp_path / "ws", "onnx", str(model), "--input", f"x={x}", "-c")
+    assert out.exit_code == 1 and "first overflow" in out.output.lower()
+    out = _invoke(tmp_path / "ws", "onnx", str(model), "--input", f"x={x}", "-c",
+                  "-p", "force_fp32")
+    assert out.exit_code == 0, out.output
+    assert "moved to" in out.output     # --fresh moved the first workspace aside, never deleted
+
+
+def test_onnx_input_errors_are_one_line_exit_2(tmp_path, overflowing_mlp):
+    model, x = overflowing_mlp
+    np.save(tmp_path / "wrong.npy", np.zeros((4, 9), np.float32))
+    np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    (tmp_path / "mix.json").write_text("{not json")
+    cases = [(["--input", "y=" + str(x)], "the model has no input named y (inputs: x)"),
+             (["--input", f"x={tmp_path / 'wrong.npy'}"], "[4, 9]"),
+             (["--input", f"x={tmp_path / 'pickled.npy'}"], "--input x"),
+             (["--input", "x"], "expected NAME=FILE.npy"),
+             (["--shape", "x=4,a"], "positive sizes"),
+             (["--fusion-off", "--fusion-switch", str(x)], "not both"),
+             (["-p", "allow_mix_precision", "--modify-mixlist", str(tmp_path / "mix.json")],
+              "mix.json")]
+    for args, said in cases:
+        out = _invoke(tmp_path / "ws", "onnx", str(model), *args)
+        assert out.exit_code == 2, (args, out.output)
+        assert said in out.output and "Traceback" not in out.output, (args, out.output)
+
+
+def test_inputs_without_data_are_generated_and_said(tmp_path, overflowing_mlp):
+    model, _ = overflowing_mlp
+    out = _invoke(tmp_path / "ws", "--json", "onnx", str(model), "-b", "3", "--seed", "5")
+    assert out.exit_code == 0, out.output
+    assert "no --input for x: standard-normal data of shape [3, 8] (seed 5)" in out.stderr
+    assert json.loads(out.stdout)["generated_inputs"] == ["x"]
+
+
+# -- ONNX Runtime as a second reference ---------------------------------------------------------
+def test_the_reference_run_holds_onnxruntimes_node_values(tmp_path):
+    _ort()
+    imported = load(om.mlp(), batch=4)
+    x = np.random.default_rng(4).normal(size=(4, 8)).astype(np.float32)
+    result = dump_model(imported, str(tmp_path), {"x": x}, reference="onnxruntime")
+    # every node's value compared, golden against ORT
+    assert result.reference_run and len(result.reference) == len(imported.proto.graph.node)
+    assert max(d.rel_l2 for d in result.reference) <= 1e-5
+    ws = Workspace(str(tmp_path))
+    ref = ws.run("cpu", os.path.basename(result.reference_run))
+    assert ref.info.get("values_from") == "onnxruntime"
+    # its dumped values are ORT's own, bit for bit
+    from precision_tool.onnx.reference import node_outputs
+    want = node_outputs(imported, {"x": x})["/fc1/Gemm_output_0"]
+    index = ws.index(ref, 0)
+    row = index[(index.op_name == "fc1/Gemm") & (index.io == "output")].iloc[0]
+    np.testing.assert_array_equal(ws.load(ref, 0, row.file), want)
+
+
+# -- real models someone else wrote -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    missing = om.missing_export_packages()
+    if missing:
+        pytest.skip(f"exporting the real models needs {', '.join(missing)} "
+                    f"(pip install -e '.[onnx-export]')")
+    root = tmp_path_factory.mktemp("exported")
+    return {"resnet18": om.export_resnet18(root / "resnet18.onnx"),
+            "bert": om.export_bert(root / "bert.onnx")}
+
+
+def _real_feeds(name, imported):
+    if name == "bert":
+        return om.bert_inputs()
+    return {k: np.random.default_rng(5).normal(size=t.shape).astype(np.float32)
+            for k, t in imported.inputs.items()}
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert"])
+def test_real_models_golden_matches_onnxruntime_on_every_node(exported, name):
+    _ort()
+    from precision_tool.onnx.reference import compare_nodes, node_outputs
+    from precision_tool.onnx.job import _golden_values
+    imported = load(exported[name])
+    feeds = _real_feeds(name, imported)
+    ort_values = node_outputs(imported, feeds)
+    golden = _golden_values(imported, check_feeds(imported, feeds), list(ort_values))
+    diffs = compare_nodes(golden, ort_values)
+    computed = [n for n in imported.proto.graph.node if n.name not in set(imported.folded)]
+    # every node computed at run time has its value compared (the last node's, at least)
+    assert len(diffs) >= len(computed) * 0.9, (len(diffs), len(computed))
+    worst = max(diffs, key=lambda d: d.rel_l2)
+    assert worst.rel_l2 <= 1e-5, worst
+    assert all(d.same_nonfinite for d in diffs)
+
+
+def test_resnet18_on_the_npu_fuses_and_stays_close_under_force_fp16(exported, tmp_path):
+    imported = load(exported["resnet18"], batch=2)
+    feeds = _real_feeds("resnet18", imported)
+    result = dump_model(imported, str(tmp_path), feeds)
+    ((golden, npu),) = result.outputs.values()
+    g, n = golden.astype(np.float64).ravel(), npu.astype(np.float64).ravel()
+    assert g @ n / (np.linalg.norm(g) * np.linalg.norm(n)) > 0.999
+    out = _invoke(tmp_path, "--json", "ac", "-c")
+    assert out.exit_code == 0, out.output           # fp16 rounding only: sound
+    passes = _fired(json.loads(out.stdout))
+    assert {"TbeEltwiseFusionPass", "MatMulBiasAddFusionPass"} <= passes, passes
+
+
+def _fired(ac_result):
+    return set(ac_result["fusion"])
+
+
+def test_bert_padding_mask_under_force_fp16_is_found_fixed_and_the_fix_compiles(exported, tmp_path):
+    """The attention mask's fill value (float32's lowest, -3.4e38) does not fit fp16: the
+    diagnosis names the model's constant and the node reading it, fix finds the smallest
+    mixlist, and the model compiled with it is sound."""
+    bert = exported["bert"]
+    for k, v in om.bert_inputs(padding=4).items():
+        np.save(tmp_path / f"{k}.npy", v)
+    inputs = [a for k in ("input_ids", "attention_mask")
+              for a in ("--input", f"{k}={tmp_path / (k + '.npy')}")]
+    ws = tmp_path / "ws"
+    out = _invoke(ws, "onnx", bert, *inputs)
+    assert out.exit_code == 0, out.output
+    out = _invoke(ws, "--json", "ac", "-c")
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    imported = load(bert)
+    values = {o for n in imported.proto.graph.node for o in n.output} | \
+        {i.name for i in imported.proto.graph.initializer}
+    first = result["first_overflow"]
+    assert first["source"]["type"] == "Const" and first["source"]["name"] in values
+    assert first["source"]["peak"] > 1e38
+    # what reads it is a node of the model, and the advice names it
+    readers = first["reader_ops"]
+    assert readers and set(readers) <= set(imported.onnx_names), readers
+    advice = " ".join(result["advice"]).lower()
+    assert f"give the constant {first['source']['name']}" in advice and readers[0].lower() in advice
+    assert {"LayerNormFusionPass", "SoftmaxFusionPass"} <= _fired(result)
+    fixed = _invoke(ws, "--json", "fix", "-s", "0")
+    assert fixed.exit_code == 0, fixed.output
+    repair = json.loads(fixed.stdout)
+    assert repair["verified"] and repair["proof"]["stateless"]
+    mixlist = ws / "config" / "modify_mixlist.json"
+    assert mixlist.exists()
+    mode = repair["config"]["precision_mode"]
+    out = _invoke(tmp_path / "ws2", "onnx", bert, *inputs, "-p", mode,
+                  "--modify-mixlist", str(mixlist), "-c")
+    assert out.exit_code == 0, out.output
