@@ -20,6 +20,7 @@ sys.path.insert(0, HERE)
 
 import compare as compare_bench  # noqa: E402
 import executors  # noqa: E402
+import onnx_import as onnx_bench  # noqa: E402
 import repair as repair_bench  # noqa: E402
 import precision_tool as pt  # noqa: E402
 
@@ -189,6 +190,16 @@ def main():
         else:
             for name, ratio, how in peer:
                 t.add(name, f"{ratio:.2f}", note=how)
+        onnx_row = onnx_bench.resnet18_golden_vs_ort(5 if q else 20)
+        if onnx_row is None:
+            t.add("CPU-golden ÷ ONNX Runtime step time, imported ResNet-18", "skipped",
+                  note=f"needs {', '.join(onnx_bench.missing())} (optional)")
+        else:
+            ratio, ours, theirs = onnx_row
+            t.add("CPU-golden ÷ ONNX Runtime step time, imported ResNet-18 (batch 1, 224x224)",
+                  f"{ratio:.2f}", "≤ 2", ratio <= 2,
+                  note=f"medians, interleaved: {ours:.1f} ms against {theirs:.1f} ms; ORT's "
+                       f"default optimisations and threads, its pool not spinning between runs")
         seconds = ac_on_demo(os.path.join(work, "demo"))
         for what, over in startup(os.path.join(work, "demo")):
             t.add(f"start-up: `{what}` − `python -c pass`, wall time", f"{over:.2f} s", "≤ 0.3 s",

@@ -243,6 +243,47 @@ def test_the_reference_run_holds_onnxruntimes_node_values(tmp_path):
 
 
 # -- real models someone else wrote -------------------------------------------------------------
+def _shipped(name):
+    """A CNN of ONNX's model zoo that the onnx package ships (onnx/backend/test/data/light):
+    the real graph at opset 8 or 9, its weights replaced by constants."""
+    import onnx
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
+                        f"light_{name}.onnx")
+
+
+SHIPPED = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+           "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_model_zoo_cnns_the_onnx_package_ships_import(name):
+    """Old exports (opsets 8 and 9, converted), LRN, Dropout with its mask, grouped and 1x1
+    convolutions, concatenations of branches: all of the zoo's CNNs import."""
+    if not os.path.exists(_shipped(name)):
+        pytest.skip("this onnx build ships no light models")
+    imported = load(_shipped(name))
+    assert imported.opset == 13 and imported.weights
+    assert any(n.type == "Conv2D" for n in imported.graph.nodes)
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1", "resnet50"])
+def test_the_model_zoo_cnns_match_onnxruntime_on_every_node(name):
+    _ort()
+    if not os.path.exists(_shipped(name)):
+        pytest.skip("this onnx build ships no light models")
+    from precision_tool.onnx.reference import compare_nodes, node_outputs
+    from precision_tool.onnx.job import _golden_values
+    imported = load(_shipped(name))
+    feeds = {k: np.random.default_rng(6).normal(size=t.shape).astype(np.float32)
+             for k, t in imported.inputs.items()}
+    ort_values = node_outputs(imported, feeds)
+    diffs = compare_nodes(_golden_values(imported, check_feeds(imported, feeds), list(ort_values)),
+                          ort_values)
+    assert len(diffs) >= 100
+    worst = max(diffs, key=lambda d: d.rel_l2)
+    assert worst.rel_l2 <= 1e-5 and all(d.same_nonfinite for d in diffs), worst
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     missing = om.missing_export_packages()

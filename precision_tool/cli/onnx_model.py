@@ -57,7 +57,9 @@ def _read_inputs(files):
 @click.option("-p", "--precision-mode", type=click.Choice(PRECISION_MODES), default="force_fp16",
               show_default=True, help="The NPU's precision mode (ATC's default is force_fp16).")
 @click.option("--overflow-mode", type=click.Choice(["saturation", "inf_nan"]),
-              default="saturation", show_default=True)
+              default="saturation", show_default=True,
+              help="What an fp16 overflow makes: 65504 with the status bit set (Ascend 910's "
+                   "default), or inf/nan.")
 @click.option("--fusion-switch", "fusion_switch", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="A fusion_switch.cfg for the compile.")
 @click.option("--fusion-off", is_flag=True, help="Compile with every fusion pass off.")
@@ -75,7 +77,7 @@ def _read_inputs(files):
 @click.pass_context
 def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overflow_mode,
              fusion_switch, fusion_off, mixlist, reference, seed, fresh, check):
-    """Import MODEL (ONNX, opsets 13 to 21; 11 and 12 are converted) and run it once as
+    """Import MODEL (ONNX opsets 13 to 21; others through onnx's converter) and run it once as
     msit's compare does: on the golden executor (fp32), and on the simulated NPU after an
     ATC-like compile (graph and UB fusion, 5HD formats, the precision mode). Both runs are
     dumped as step 0, op names being the model's node names, so that ac, vc, vcs, fo, ni and

@@ -341,8 +341,8 @@ def _input_shapes(model, batch: Optional[int], shapes: Mapping[str, Sequence[int
 def load(source, batch: Optional[int] = None, shapes: Optional[Mapping[str, Sequence[int]]] = None,
          constants: Optional[Mapping[str, np.ndarray]] = None, fold: bool = True,
          name: Optional[str] = None) -> ImportedModel:
-    """An ONNX model (a path or ModelProto, opsets 13 to 21; 11 and 12 are converted) as an
-    inference graph. batch fixes a free first dimension of every input (default 1); shapes
+    """An ONNX model (a path or ModelProto; opsets 13 to 21, others through onnx's version
+    converter) as an inference graph. batch fixes a free first dimension of every input (default 1); shapes
     fixes whole input shapes by name; constants gives inputs fixed values (they become
     constants, as ATC's fixed inputs). fold=False keeps every node an op (tests use it to run
     each rule on its own)."""

@@ -503,9 +503,34 @@ def _layer_norm(c: Context):
 def _dropout(c: Context):
     if c.has(2) and bool(c.static(2)):
         raise Unsupported("training_mode=1 (an imported model runs inference)")
-    if len(c.node.output) > 1 and c.node.output[1]:
-        raise Unsupported("the mask output")
-    return [ops.identity(c.tensor(0), name=c.name)]
+    # in inference the mask keeps every element: a constant, as ONNX defines it
+    return [ops.identity(c.tensor(0), name=c.name), np.ones(c.shape(0), dtype=bool)]
+
+
+@rule("LRN")
+def _lrn(c: Context):
+    """AlexNet's local response normalisation, x / (bias + alpha / size * sum of x^2 over the
+    channels around)^beta, the channel window summed by a 1x1 convolution with a fixed band
+    of ones (the cube unit, as the device would)."""
+    shape = c.shape(0)
+    if len(shape) != 4:
+        raise Unsupported(f"{len(shape)}-D input (NCHW only)")
+    dt = _float_dtype(c, 0)
+    size = int(c.attrs["size"])
+    ch = shape[1]
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    band = np.zeros((ch, ch, 1, 1), dtype=dt)
+    for k in range(ch):
+        band[k, max(0, k - lo):min(ch, k + hi + 1), 0, 0] = 1
+    x = c.tensor(0)
+    squares = ops.square(x, name=c.sub("square"))
+    window = ops.constant(band, dtype=dt, name=c.sub("band"))
+    sums = ops.make("Conv2D", [squares, window], {"strides": [1, 1], "pads": [0, 0, 0, 0]},
+                    name=c.sub("window_sum")).output(0)
+    scaled = ops.add(ops.mul(sums, float(c.attrs.get("alpha", 1e-4)) / size, name=c.sub("alpha")),
+                     float(c.attrs.get("bias", 1.0)), name=c.sub("bias"))
+    denom = ops.pow_(scaled, float(c.attrs.get("beta", 0.75)), name=c.sub("pow"))
+    return [ops.div(x, denom, name=c.name)]
 
 
 # -- values known at import time (used when a node could not be folded) ----------------------
