@@ -207,11 +207,19 @@ def test_onnx_input_errors_are_one_line_exit_2(tmp_path, overflowing_mlp):
              (["--shape", "x=4,a"], "positive sizes"),
              (["--fusion-off", "--fusion-switch", str(x)], "not both"),
              (["-p", "allow_mix_precision", "--modify-mixlist", str(tmp_path / "mix.json")],
-              "mix.json")]
+              "mix.json"),
+             (["--fusion-switch", str(tmp_path / "mix.json")], "mix.json"),
+             (["-p", "allow_mix_precision", "--modify-mixlist", str(tmp_path / "noop.json")],
+              "NoSuchOp")]
+    (tmp_path / "noop.json").write_text('{"black-list": {"to-add": ["NoSuchOp"]}}')
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "kept").write_text("x")
     for args, said in cases:
         out = _invoke(tmp_path / "ws", "onnx", str(model), *args)
         assert out.exit_code == 2, (args, out.output)
         assert said in out.output and "Traceback" not in out.output, (args, out.output)
+        # refused before anything moved or ran
+        assert (tmp_path / "ws" / "kept").exists() and not (tmp_path / "ws" / "npu").exists()
 
 
 def test_inputs_without_data_are_generated_and_said(tmp_path, overflowing_mlp):
@@ -371,6 +379,7 @@ def test_bert_padding_mask_under_force_fp16_is_found_fixed_and_the_fix_compiles(
     mixlist = ws / "config" / "modify_mixlist.json"
     assert mixlist.exists()
     mode = repair["config"]["precision_mode"]
-    out = _invoke(tmp_path / "ws2", "onnx", bert, *inputs, "-p", mode,
-                  "--modify-mixlist", str(mixlist), "-c")
+    # as the README says: the mixlist fix wrote, read from the workspace it moves aside
+    out = _invoke(ws, "onnx", bert, *inputs, "-p", mode, "--modify-mixlist", str(mixlist), "-c")
     assert out.exit_code == 0, out.output
+    assert "moved to" in out.output and "no op diverges" in out.output.lower()

@@ -92,8 +92,17 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
     from ..onnx import load
     from ..onnx.job import dump_model
     from .jobs import _move_aside
+    from ..fileio import load_json
+    from ..runtime.npu.fusion import FusionSwitchError, enabled_passes
+    from ..runtime.npu.policy import load_mixlist, make_policy
     if fusion_off and fusion_switch:
         raise CommandError("give --fusion-switch or --fusion-off, not both")
+    # read now: they may live in the workspace that --fresh moves aside
+    switch = "off" if fusion_off else (
+        load_json(fusion_switch, FusionSwitchError, "fusion switch file") if fusion_switch else None)
+    enabled_passes(switch)                       # a bad switch fails before any work
+    mixlist = load_mixlist(mixlist) if mixlist else None
+    make_policy(precision_mode, None, mixlist)   # and so does a mixlist naming no op type
     files = _pairs(inputs, "input")
     arrays = _read_inputs(files)
     fixed = {name: _shape(text, name) for name, text in _pairs(shapes, "shape").items()}
@@ -121,9 +130,8 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
             app.info(f"the existing workspace was moved to {aside}")
     os.makedirs(root, exist_ok=True)
     result = dump_model(imported, root, feeds, precision_mode=precision_mode,
-                        overflow_mode=overflow_mode, fusion_switch_file=fusion_switch,
-                        fusion_off=fusion_off, modify_mixlist=mixlist, reference=reference,
-                        progress=app.info)
+                        overflow_mode=overflow_mode, fusion_switch=switch,
+                        modify_mixlist=mixlist, reference=reference, progress=app.info)
     app.refresh()
     n_ops = sum(1 for n in imported.graph.nodes
                 if n.type not in ("Placeholder", "Variable", "Const"))

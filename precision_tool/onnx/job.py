@@ -61,23 +61,21 @@ def _substitute(imported: ImportedModel, values: Mapping[str, np.ndarray]) -> di
 
 def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarray],
                precision_mode: str = ATC_DEFAULT_MODE, overflow_mode: str = "saturation",
-               fusion_switch_file: Optional[str] = None, fusion_off: bool = False,
-               modify_mixlist=None, reference: Optional[str] = None,
+               fusion_switch=None, modify_mixlist=None, reference: Optional[str] = None,
                progress=None) -> ModelRun:
     """Run the model once on the golden executor and on the simulated NPU, both dumped
     (step 0; the NPU with its overflow check) into the workspace at root. reference
     'onnxruntime' also dumps ORT's node values as a cpu run marked values_from. feeds:
-    ONNX input name -> array. modify_mixlist: a dict or JSON path, as ATC's --modify_mixlist
-    (what `fix` writes). progress(text) hears what is running."""
+    ONNX input name -> array. fusion_switch: None (every pass), "off", a fusion_switch.cfg
+    dict or path; modify_mixlist: a dict or JSON path, as ATC's --modify_mixlist (what `fix`
+    writes). progress(text) hears what is running."""
     say = progress or (lambda text: None)
     fed = check_feeds(imported, feeds)
     fetches = list(imported.outputs.values())
     if reference is not None and reference not in REFERENCES:
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     cfg = SessionConfig(precision_mode=precision_mode, overflow_mode=overflow_mode,
-                        modify_mixlist=modify_mixlist,
-                        fusion_switch="off" if fusion_off else None,
-                        fusion_switch_file=None if fusion_off else fusion_switch_file)
+                        modify_mixlist=modify_mixlist, fusion_switch=fusion_switch)
     diffs, reference_run = [], None
     if reference:
         from .reference import compare_nodes, node_outputs
