@@ -56,6 +56,33 @@ def mlp(scale=1.0, seed=0):
                   init("fc2.bias", b2)])
 
 
+def folding():
+    """x[n, 2, 3] reshaped by its own Shape (Shape, Gather, Unsqueeze, Concat) plus offsets
+    that a Mod of two initializers computes: everything but the Reshape and the Add folds."""
+    nodes = [
+        helper.make_node("Mod", ["a", "b"], ["offs"], name="mod", fmod=0),
+        helper.make_node("Cast", ["offs"], ["offs_f"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "zero1"], ["batch1"], name="unsq"),
+        helper.make_node("Concat", ["batch1", "minus1"], ["newshape"], name="concat", axis=0),
+        helper.make_node("Reshape", ["x", "newshape"], ["flat"], name="/reshape/Reshape"),
+        helper.make_node("Add", ["flat", "offs_f"], ["y"], name="/add/Add"),
+    ]
+    inits = [init("a", np.arange(6, dtype=np.int64)), init("b", np.array(4, np.int64)),
+             init("zero", np.array(0, np.int64)), init("zero1", np.array([0], np.int64)),
+             init("minus1", np.array([-1], np.int64))]
+    return model(nodes, [value("x", ["n", 2, 3])], [value("y", ["n", 6])], inits)
+
+
+def opset11():
+    """Squeeze, Unsqueeze and ReduceMean with their axes as attributes (before opset 13)."""
+    nodes = [helper.make_node("Squeeze", ["x"], ["s"], name="sq", axes=[1]),
+             helper.make_node("Unsqueeze", ["s"], ["u"], name="unsq", axes=[0]),
+             helper.make_node("ReduceMean", ["u"], ["y"], name="mean", axes=[2], keepdims=0)]
+    return model(nodes, [value("x", [3, 1, 4])], [value("y", [1, 3])], opset=11)
+
+
 def export_resnet18(path, seed=0):
     """torchvision's ResNet-18, random weights, exported at 224x224 (batch free)."""
     import torch

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 pytest.importorskip("onnx", reason="the ONNX import needs the onnx package (pip install onnx)")
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import precision_tool as pt  # noqa: E402
@@ -65,20 +65,7 @@ def test_a_model_with_unsupported_ops_is_refused_whole_listing_each_type_with_it
 def test_values_known_at_import_time_fold_whatever_the_op_type():
     """Exports compute shapes and masks with ops that never run on the device (Mod has no
     rule, yet it folds); what depends on an input becomes ops."""
-    nodes = [
-        helper.make_node("Mod", ["a", "b"], ["offs"], name="mod", fmod=0),
-        helper.make_node("Cast", ["offs"], ["offs_f"], name="cast", to=TensorProto.FLOAT),
-        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
-        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
-        helper.make_node("Unsqueeze", ["batch", "zero1"], ["batch1"], name="unsq"),
-        helper.make_node("Concat", ["batch1", "minus1"], ["newshape"], name="concat", axis=0),
-        helper.make_node("Reshape", ["x", "newshape"], ["flat"], name="/reshape/Reshape"),
-        helper.make_node("Add", ["flat", "offs_f"], ["y"], name="/add/Add"),
-    ]
-    inits = [om.init("a", np.arange(6, dtype=np.int64)), om.init("b", np.array(4, np.int64)),
-             om.init("zero", np.array(0, np.int64)), om.init("zero1", np.array([0], np.int64)),
-             om.init("minus1", np.array([-1], np.int64))]
-    m = om.model(nodes, [om.value("x", ["n", 2, 3])], [om.value("y", ["n", 6])], inits)
+    m = om.folding()
     imported = load(m, batch=3)
     assert set(imported.folded) == {"mod", "cast", "shape", "batch", "unsq", "concat"}
     types = sorted(n.type for n in imported.graph.nodes if n.type not in ("Placeholder", "Const"))
@@ -116,10 +103,7 @@ def test_the_golden_run_matches_onnx_reference_kernels_in_float64():
 
 
 def test_an_opset_11_export_is_converted_and_imported():
-    nodes = [helper.make_node("Squeeze", ["x"], ["s"], name="sq", axes=[1]),
-             helper.make_node("Unsqueeze", ["s"], ["u"], name="unsq", axes=[0]),
-             helper.make_node("ReduceMean", ["u"], ["y"], name="mean", axes=[2], keepdims=0)]
-    m = om.model(nodes, [om.value("x", [3, 1, 4])], [om.value("y", [1, 3])], opset=11)
+    m = om.opset11()
     imported = load(m)
     assert imported.opset == 13
     x = np.random.default_rng(2).normal(size=(3, 1, 4)).astype(np.float32)
@@ -146,6 +130,23 @@ def test_a_file_that_is_not_onnx_is_one_clear_error(tmp_path):
     assert out.exit_code == 2 and "not a readable ONNX model" in out.output
     out = _invoke(tmp_path / "ws", "onnx", str(tmp_path / "missing.onnx"))
     assert out.exit_code == 2 and "no such model file" in out.output
+
+
+@pytest.mark.parametrize("build, batch", [(om.mlp, 5), (om.folding, 3), (om.opset11, None)],
+                         ids=["mlp", "folding", "opset11"])
+def test_each_small_test_model_matches_onnxruntime_on_every_node(build, batch):
+    _ort()
+    from precision_tool.onnx.job import _golden_values
+    from precision_tool.onnx.reference import compare_nodes, node_outputs
+    imported = load(build(), batch=batch)
+    feeds = {k: np.random.default_rng(7).normal(size=t.shape).astype(np.float32)
+             for k, t in imported.inputs.items()}
+    ort_values = node_outputs(imported, feeds)
+    diffs = compare_nodes(_golden_values(imported, check_feeds(imported, feeds), list(ort_values)),
+                          ort_values)
+    last = imported.proto.graph.node[-1].output[0]
+    assert last in {d.name for d in diffs}
+    assert max(d.rel_l2 for d in diffs) <= 1e-5, diffs
 
 
 # -- the onnx command --------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def test_onnx_dumps_both_runs_and_ac_names_the_models_node(tmp_path, overflowing
     assert first in model_ops, (first, model_ops)
     assert result["origin"]["op_name"] in model_ops
     # the commands that read a workspace work on it unchanged
-    for args in (["vcs", "-l", "3"], ["ni", "-n", first], ["fo"], ["ls"]):
+    for args in (["vc"], ["vcs", "-l", "3"], ["ni", "-n", first], ["fo"], ["ls"]):
         out = _invoke(ws, *args)
         assert out.exit_code in (0, 1), (args, out.output)
         assert "Traceback" not in out.output
