@@ -384,3 +384,21 @@ def test_bert_padding_mask_under_force_fp16_is_found_fixed_and_the_fix_compiles(
     out = _invoke(ws, "onnx", bert, *inputs, "-p", mode, "--modify-mixlist", str(mixlist), "-c")
     assert out.exit_code == 0, out.output
     assert "moved to" in out.output and "no op diverges" in out.output.lower()
+
+
+def test_conv_and_batch_norm_of_an_imported_model_fuse_on_the_npu():
+    """The zoo's ResNet-50 keeps its BatchNormalization nodes (torch's exporter folds them):
+    ConvBatchNormFusionPass fuses every Conv + BN pair, as on a built graph."""
+    if not os.path.exists(_shipped("resnet50")):
+        pytest.skip("this onnx build ships no light models")
+    imported = load(_shipped("resnet50"))
+    pairs = sum(1 for n in imported.graph.nodes if n.type == "BatchNorm")
+    sess = pt.Session(imported.graph, target="npu",
+                      config=pt.SessionConfig(precision_mode="force_fp16"))
+    imported.load_weights(sess)
+    feeds = {t: np.random.default_rng(8).normal(size=t.shape).astype(np.float32)
+             for t in imported.inputs.values()}
+    sess.run(list(imported.outputs.values()), feeds)
+    (result,) = sess.fusion_result().values()
+    fused = result["graph_fusion"]["ConvBatchNormFusionPass"]["effect_times"]
+    assert pairs == 53 and fused == pairs
