@@ -35,7 +35,8 @@ def large(root, n):
     """A pair of n-element fp32 tensors as vc compares them (files of a workspace, memory-
     mapped, through the engine, with the min and max the dump's index holds) against one
     np.dot over the same mapped arrays."""
-    from precision_tool import native, numerics
+    from precision_tool import kernels
+    from precision_tool.kernels import native
     from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
     rng = np.random.default_rng(0)
     x = rng.normal(size=n).astype(np.float32)
@@ -45,7 +46,7 @@ def large(root, n):
     for name, a in (("x", x), ("y", y)):
         path = os.path.join(root, f"{name}.npy")
         np.save(path, a)
-        st = numerics.tensor_stats(a)
+        st = kernels.tensor_stats(a)
         sides.append(Side(path, lo=st["min"], hi=st["max"]))
     del x, y
     ws = Workspace(root)

@@ -157,7 +157,7 @@ def _drop_steps(root):
 def _writer_cpu_seconds():
     """CPU seconds of the C module's writer threads: their scheduler run time from /proc
     (nanoseconds; clock ticks, 10 ms, where schedstat is missing)."""
-    from precision_tool import native
+    from precision_tool.kernels import native
     total = 0.0
     for task in native.writer_threads():
         try:
@@ -258,7 +258,7 @@ def writer_cpu(digits, where, batch, steps=40):
     dump limits it), each over `steps` steps after two of warm-up. What the dump costs in
     CPU, whatever else the machine is doing: wall-time ratios move by 10-20% from run to
     run here."""
-    from precision_tool import native
+    from precision_tool.kernels import native
     if not native.enabled() or not os.path.isdir("/proc/self/task"):
         return None
     m = pt.models.transformer()

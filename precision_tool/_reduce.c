@@ -100,7 +100,7 @@ CLONES static void to_double(const char *src, char kind, Py_ssize_t n, double *d
     }
 }
 
-/* ---- statistics of one tensor (numerics.tensor_stats) ---------------------------------- */
+/* ---- statistics of one tensor (kernels.stats.tensor_stats) ---------------------------------- */
 
 typedef struct { double hi, lo, sum, squares; int64_t n, nan, pos, neg; } Stats;
 
@@ -1161,7 +1161,7 @@ static int format_g17(double x, char *out)
 
 /* The CSV text of one stats row "max,min,mean,l2norm,nan,pos,neg": the floats with 17
  * significant digits (they read back exactly), the counts as integers; the same text as
- * numerics.stats_text's numpy path. Returns its length (at most STATS_LINE - 1). */
+ * kernels.stats_text's numpy path. Returns its length (at most STATS_LINE - 1). */
 #define STATS_LINE 256
 static int format_stats(const double *v, char *line)
 {

@@ -133,7 +133,7 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
     root = str(tmp_path / "ws")
     calls = {"path": None}
     if thread == "C writer thread":
-        from precision_tool import native
+        from precision_tool.kernels import native
         from precision_tool.dump.stepplan import StepPlan
         if native._reduce is None:
             pytest.skip("the C module is not built here")

@@ -8,7 +8,7 @@ import precision_tool
 
 ROOT = os.path.dirname(precision_tool.__file__)
 # lowest first; equal numbers are one layer
-LAYERS = {"errors": 0, "fileio": 0, "native": 0, "version": 0, "_reduce": 0, "numerics": 1,
+LAYERS = {"errors": 0, "fileio": 0, "version": 0, "_reduce": 0, "numerics": 1, "kernels": 1,
           "graph": 2, "ops": 3, "io": 4, "train": 4, "nn": 5, "data": 5, "models": 6,
           "runtime": 7, "dump": 8, "hooks": 8, "onnx": 8, "trainer": 9, "analysis": 10, "report": 11,
           "cli": 12}
@@ -62,6 +62,36 @@ def test_no_layer_imports_one_above_it():
                     wrong.append(f"{rel}:{line} ({me}) imports {module} ({other})")
     assert not unknown, f"modules missing from the layer order: {unknown}"
     assert not wrong, "\n".join(wrong)
+
+
+# the modules outside precision_tool/kernels that still call the C module themselves: the
+# compare totals and the step writing, the next to move behind the kernels package
+NATIVE_CALLERS_LEFT = {"analysis/metrics.py", "analysis/engine.py", "dump/writer.py",
+                       "dump/stepplan.py", "dump/replay.py"}
+
+
+def test_only_the_kernels_package_asks_for_the_c_module():
+    """Statistics and rounding go through precision_tool.kernels, which alone decides whether
+    C loops or numpy compute them; the list of modules left shrinks as more moves."""
+    callers = set()
+    for dirpath, _, files in os.walk(ROOT):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+            if rel.startswith("kernels/"):
+                continue
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                if isinstance(node, ast.ImportFrom):
+                    names = {(node.module or "").split(".")[-1]} | {a.name for a in node.names}
+                elif isinstance(node, ast.Import):
+                    names = {a.name.split(".")[-1] for a in node.names}
+                else:
+                    continue
+                if names & {"native", "_reduce"}:
+                    callers.add(rel)
+    assert callers == NATIVE_CALLERS_LEFT
 
 
 def test_the_check_sees_a_wrong_import(tmp_path):

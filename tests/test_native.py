@@ -11,7 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from precision_tool import native, numerics
+from precision_tool import kernels, numerics
+from precision_tool.kernels import native
 from precision_tool.analysis import metrics
 from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
 
@@ -118,12 +119,12 @@ def test_comparisons_refuse_integer_kinds():
 def test_batch_stats_is_the_same_on_both_paths(monkeypatch):
     arrays = [_hostile(300, np.float32, 1), np.arange(7, dtype=np.int32), np.zeros(0, np.float32),
               np.array([True, False]), _hostile(70000, np.float16, 2)]
-    fast = numerics.batch_stats(arrays)
+    fast = kernels.batch_stats(arrays)
     monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
-    slow = numerics.batch_stats(arrays)
-    for field in numerics.STAT_FIELDS:
+    slow = kernels.batch_stats(arrays)
+    for field in kernels.STAT_FIELDS:
         np.testing.assert_allclose(fast[field], slow[field], rtol=1e-13, equal_nan=True)
-    assert numerics.tensor_stats(arrays[0]) == pytest.approx(dict(zip(numerics.STAT_FIELDS, refs.tensor_stats(arrays[0]))))
+    assert kernels.tensor_stats(arrays[0]) == pytest.approx(dict(zip(kernels.STAT_FIELDS, refs.tensor_stats(arrays[0]))))
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
@@ -333,11 +334,11 @@ def test_index_text_of_stats_is_the_same_on_both_paths(monkeypatch):
     arrays = [np.random.default_rng(i).normal(size=50).astype(np.float32) * 10.0 ** (i - 3) for i in range(40)]
     arrays += [np.array([np.nan, np.inf, -np.inf, 1.0]), np.full(3, np.nan), np.array([-0.0]),
                np.array([3.0]), np.arange(5), np.array([1e-310, 2.0 ** 60])]
-    stats = numerics.batch_stats(arrays)
-    fast = numerics.stats_text(stats)
+    stats = kernels.batch_stats(arrays)
+    fast = kernels.stats_text(stats)
     monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
-    assert fast == numerics.stats_text(stats)
-    for text, field in zip(fast[-3].split(","), numerics.STAT_FIELDS):   # reads back exactly
+    assert fast == kernels.stats_text(stats)
+    for text, field in zip(fast[-3].split(","), kernels.STAT_FIELDS):   # reads back exactly
         assert float(text) == stats[field][-3]
 
 
@@ -520,7 +521,7 @@ def test_a_file_the_size_limit_cuts_short_fails_naming_it(tmp_path, convert):
     path = str(tmp_path / "t.npy")
     child = f"""
 import resource, signal, numpy as np
-from precision_tool import native
+from precision_tool.kernels import native
 from precision_tool.dump.writer import npy_header
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (300, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
@@ -554,8 +555,8 @@ def test_index_text_fills_the_template_as_python_does():
     stats[1] = [6, 0, 3, 9.539392014169456, 0, 0, 0]      # an int array: given, as numerics would
     stamps = np.array([1700000000123456, 7], dtype=np.int64)
     text = native.index_text([arrays[0], None, arrays[2]], "f.e", stats, stamps, t)
-    want = numerics.batch_stats(arrays)
-    lines = ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % tuple(want[f][k] for f in numerics.STAT_FIELDS)
+    want = kernels.batch_stats(arrays)
+    lines = ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % tuple(want[f][k] for f in kernels.STAT_FIELDS)
              for k in range(3)]
     assert text == t.fill([1700000000123456, 7], lines)
     assert text.decode("utf-8").splitlines()[3].startswith("ünï,1700000000123456,")
@@ -659,14 +660,14 @@ def _grid_cases(size, seed):
 @pytest.mark.parametrize("saturation", [False, True])
 def test_rounding_onto_the_grid_in_one_pass_is_the_numpy_definition(monkeypatch, size, dtype,
                                                                     saturation):
-    """numerics.round_result through the C module gives the numpy definition's bits and
+    """kernels.round_result through the C module gives the numpy definition's bits and
     overflow flag, and the values of the reference conversions (numpy's float16, ml_dtypes'
     bfloat16) wherever the result is finite."""
     x = _grid_cases(size, seed=size)
     assert native.enabled()                 # the C module's pass, then the numpy definition
-    got, got_bad = numerics.round_result(x, dtype, saturation)
+    got, got_bad = kernels.round_result(x, dtype, saturation)
     monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
-    want, want_bad = numerics.round_result(x, dtype, saturation)
+    want, want_bad = kernels.round_result(x, dtype, saturation)
     assert got_bad == want_bad == bool(size and not np.isfinite(want if not saturation else
                                                                  numerics.quantize(x, dtype)).all())
     assert got.dtype == np.float32 and got.shape == x.shape
@@ -685,7 +686,7 @@ def test_rounding_onto_the_grid_in_one_pass_is_the_numpy_definition(monkeypatch,
 
 
 def _float64_stats(x: np.ndarray) -> np.ndarray:
-    """The statistics row (numerics.stats_row's 8 numbers) by a float64 reference."""
+    """The statistics row (kernels.stats_row's 8 numbers) by a float64 reference."""
     with np.errstate(invalid="ignore"):
         f = x.astype(np.float64).reshape(-1)
     fin = f[np.isfinite(f)]
@@ -702,8 +703,8 @@ def test_rounding_gives_the_statistics_of_what_it_stores(size, dtype, saturation
     reference; its value and overflow flag do not change for being asked."""
     x = _grid_cases(size, seed=size + 1)
     row = np.full(8, -1.0)
-    got, bad = numerics.round_result(x, dtype, saturation, stats=row)
-    plain, plain_bad = numerics.round_result(x, dtype, saturation)
+    got, bad = kernels.round_result(x, dtype, saturation, stats=row)
+    plain, plain_bad = kernels.round_result(x, dtype, saturation)
     assert bad == plain_bad and got.tobytes() == plain.tobytes()
     want = np.empty(8)
     want[:7] = native.stats([got])[0] if size else [np.nan] * 4 + [0] * 3
@@ -761,5 +762,5 @@ def test_stats_rows_fills_the_named_rows_or_nothing():
 
 
 def test_rounding_a_scalar_keeps_its_shape():
-    got, bad = numerics.round_result(np.array(7e4, np.float32), "float16", True)
+    got, bad = kernels.round_result(np.array(7e4, np.float32), "float16", True)
     assert got.shape == () and float(got) == 65504.0 and bad

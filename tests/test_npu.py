@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import precision_tool as pt
+from precision_tool import kernels
 from precision_tool import numerics
 from precision_tool.analysis import compare_tensors
 from precision_tool.runtime.npu import policy as P
@@ -617,12 +618,12 @@ def test_tensor_stats_stream_in_blocks_and_match_a_float64_reference(monkeypatch
     rng = np.random.default_rng(5)
     x = rng.normal(size=10_000).astype(F32) * 100
     x[[3, 500, 9999]] = [np.nan, np.inf, -np.inf]
-    monkeypatch.setattr(numerics, "STATS_BLOCK", 333)          # many uneven blocks
-    got = numerics.tensor_stats(x)
+    monkeypatch.setattr(kernels.stats, "STATS_BLOCK", 333)          # many uneven blocks
+    got = kernels.tensor_stats(x)
     f = x[np.isfinite(x)].astype(np.float64)
     assert (got["nan_count"], got["pos_inf_count"], got["neg_inf_count"]) == (1, 1, 1)
     assert got["max"] == f.max() and got["min"] == f.min()
     assert got["mean"] == pytest.approx(f.mean(), rel=1e-12, abs=0)
     assert got["l2norm"] == pytest.approx(np.sqrt((f * f).sum()), rel=1e-12, abs=0)
-    empty = numerics.tensor_stats(np.array([np.nan, np.inf], F32))
+    empty = kernels.tensor_stats(np.array([np.nan, np.inf], F32))
     assert np.isnan(empty["mean"]) and empty["nan_count"] == 1 and empty["pos_inf_count"] == 1

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import precision_tool as pt
+from precision_tool import kernels
 
 
 def _linear(batch=None):
@@ -249,12 +250,12 @@ def test_a_statistics_only_run_keeps_no_values_and_has_each_ones_statistics(mode
             row = want[plan.slots[node.name] + k]
             spec = node.outputs[k]
             if spec.format == "NC1HWC0":
-                numerics.stats_row(numerics.logical_view(value, spec.original_shape[1]), row)
+                kernels.stats_row(numerics.logical_view(value, spec.original_shape[1]), row)
                 row[7] = value.size
             else:
-                numerics.stats_row(value, row)
+                kernels.stats_row(value, row)
     for name, value in kept.feeds.items():
-        numerics.stats_row(value, want[plan.slots[name]])
+        kernels.stats_row(value, want[plan.slots[name]])
     assert np.array_equal(table.stats, want, equal_nan=True)
     assert int(want[:, 7].sum()) > 1000
     assert table.scalar(m.loss.name) == float(kept.value(m.loss.name))
@@ -264,7 +265,6 @@ def test_a_statistics_only_run_keeps_no_values_and_has_each_ones_statistics(mode
 def test_a_statistics_only_run_of_one_feed_and_one_variable_or_none(target):
     """The sources are picked by name in one call: one feed, one variable or none at all
     are picked as well as many (an eval plan, a graph without weights)."""
-    from precision_tool import numerics
     from precision_tool.runtime.plan import STATS_ONLY
     g = pt.Graph("one")
     with g.as_default():
@@ -286,7 +286,7 @@ def test_a_statistics_only_run_of_one_feed_and_one_variable_or_none(target):
         assert trace.outputs is None
         for name, value in sources.items():
             want = np.empty(8)
-            numerics.stats_row(value, want)
+            kernels.stats_row(value, want)
             assert np.array_equal(trace.stats[trace.row(name)], want), name
 
 
@@ -325,7 +325,6 @@ def test_a_statistics_only_run_takes_strided_and_integer_sources():
     """The sources' statistics come in one C call where it can (integer feeds too); a strided
     variable (load_variables keeps a view it need not convert) goes the slower way, to the
     same numbers, as the integers' agree with a float64 reference."""
-    from precision_tool import numerics
     from precision_tool.runtime.plan import STATS_ONLY
     g, x, y, logits, loss, train = _linear()
     sess = pt.Session(g, target="npu")
@@ -341,7 +340,7 @@ def test_a_statistics_only_run_takes_strided_and_integer_sources():
     trace = watch.trace
     for name, value in (("fc/kernel", wide[:, 1::2]), ("y:0", YV)):
         want = np.empty(8)
-        numerics.stats_row(value, want)
+        kernels.stats_row(value, want)
         assert np.array_equal(trace.stats[trace.plan.slots[name]], want), name
     labels = YV.astype(np.float64)
     assert np.allclose(trace.stats[trace.plan.slots["y:0"]],

@@ -20,7 +20,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .. import native, numerics
+from .. import numerics
+from ..kernels import native
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .verdicts import UNREADABLE
 from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,

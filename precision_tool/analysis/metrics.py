@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import native, numerics
+from .. import numerics
+from ..kernels import native
 
 EPS = float(np.finfo(np.float32).eps)
 

@@ -12,7 +12,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from .. import numerics
+from .. import kernels
 from ..analysis import TensorMap
 from ..analysis.engine import logical_tensor
 from ..analysis.pair import compare_pair
@@ -349,7 +349,7 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
     output). An NC1HWC0 tensor is shown as NCHW: its statistics leave the padding out."""
     found = _tensor(app, ref, run_spec, step)
     value = found.logical()
-    stats = numerics.tensor_stats(value)
+    stats = kernels.tensor_stats(value)
     flat = np.asarray(value).reshape(-1)
     fmt_in = found.row["format"] if found.row is not None and "format" in found.row else ""
     info = {"tensor": found.label, "shape": list(value.shape), "dtype": found.dtype,

@@ -38,7 +38,7 @@ from typing import Dict, List, NamedTuple
 
 import numpy as np
 
-from .. import numerics
+from .. import kernels, numerics
 from ..version import __version__
 from ..errors import ExecutionError
 from ..graph import graph_to_json
@@ -50,7 +50,7 @@ from .cores import WriterCore
 from .writer import make_writer, write_error
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
-_STATS = list(numerics.STAT_FIELDS)
+_STATS = list(kernels.STAT_FIELDS)
 NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
                "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS
 CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",

@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from .. import native
+from ..kernels import native
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json

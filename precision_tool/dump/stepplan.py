@@ -16,7 +16,8 @@ from typing import List, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import native, numerics
+from .. import kernels, numerics
+from ..kernels import native
 from . import layout
 from .template import Template
 from .writer import contiguous_arrays, npy_header, write_files
@@ -153,14 +154,14 @@ class StepPlan:
         if native.enabled():
             stats = np.empty((len(values), 7))
             if self.numpy_stats:    # the kinds the C module does not take
-                some = numerics.batch_stats([self._logical(values, i) for i in self.numpy_stats])
-                stats[self.numpy_stats] = np.column_stack([some[f] for f in numerics.STAT_FIELDS])
+                some = kernels.batch_stats([self._logical(values, i) for i in self.numpy_stats])
+                stats[self.numpy_stats] = np.column_stack([some[f] for f in kernels.STAT_FIELDS])
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
                       stats)
 
     def fill_stats(self, directory: str, stamps: Sequence[int], stats: np.ndarray) -> "Filled":
         """fill() for a statistics dump given each tensor's statistics instead of its value
-        ((tensors, 7) or (tensors, 8) float64: numerics.stats_row's first seven, or its
+        ((tensors, 7) or (tensors, 8) float64: kernels.stats_row's first seven, or its
         rows whole): nothing is left to read."""
         return Filled(os.path.join(directory, layout.INDEX_FILE),
                       np.asarray(stamps, dtype=np.int64), None, [], [], stats)
@@ -192,8 +193,8 @@ class StepPlan:
         writer.write_files makes them (dirs and links first, renames once every file is
         written)."""
         if filled.values is None:
-            text = self.index.fill(filled.stamps, numerics.stats_text(
-                dict(zip(numerics.STAT_FIELDS, filled.stats.T))))
+            text = self.index.fill(filled.stamps, kernels.stats_text(
+                dict(zip(kernels.STAT_FIELDS, filled.stats.T))))
         elif native.enabled():
             try:
                 text = native.index_text(self.c_arrays(filled), self.kinds, filled.stats,
@@ -202,9 +203,9 @@ class StepPlan:
                 text = native.index_text(self.c_arrays(filled, True), self.kinds, filled.stats,
                                          filled.stamps, self.index)
         else:
-            stats = numerics.batch_stats([self._logical(filled.values, i)
+            stats = kernels.batch_stats([self._logical(filled.values, i)
                                           for i in range(len(filled.values))])
-            text = self.index.fill(filled.stamps, numerics.stats_text(stats))
+            text = self.index.fill(filled.stamps, kernels.stats_text(stats))
         paths, arrays, headers, halves = self._files(filled, more)
         write_files(paths + [filled.index_path], arrays + [text], headers + [b""], halves + ".",
                     links, renames, dirs)

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .. import numerics
+from .. import kernels, numerics
 from ..graph import dtypes, split_tensor_name
 from ..ops import registry
 from ..runtime.plan import STATS_ONLY
@@ -32,7 +32,7 @@ from . import layout
 WATCH_DIR = "watch"
 HITS_FILE = "hits.csv"
 HITS_HEADER = "time,session,step,condition,tensor,value,threshold,message"
-# columns of a statistics row (numerics.stats_row)
+# columns of a statistics row (kernels.stats_row)
 MAX, MIN, MEAN, NORM, NAN, POS_INF, NEG_INF, SIZE = range(8)
 
 
@@ -142,7 +142,7 @@ def condition(name: str, doc: str):
 
 
 class _StepView:
-    """One step's statistics, a row per tensor (numerics.stats_row's 8 numbers), gathered per
+    """One step's statistics, a row per tensor (kernels.stats_row's 8 numbers), gathered per
     list of _PlanFacts at once; and the weights' updates."""
 
     def __init__(self, step: int, trace, facts: _PlanFacts, updates: Dict[str, float]):
@@ -157,7 +157,7 @@ class _StepView:
             return self.trace.stats[self.facts.slots(self.trace, kind)]
         out = np.empty((len(names), 8))          # another observer kept the values: from them
         for row, name in zip(out, names):
-            numerics.stats_row(np.asarray(self.trace.value(name)), row)
+            kernels.stats_row(np.asarray(self.trace.value(name)), row)
         return out
 
 

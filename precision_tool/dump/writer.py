@@ -18,7 +18,7 @@ import weakref
 
 import numpy as np
 
-from .. import native
+from ..kernels import native
 from ..errors import PrecisionToolError
 from ..fileio import write_buffers
 

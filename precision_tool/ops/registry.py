@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import GraphError, GraphFormatError
-from .. import numerics
+from .. import kernels, numerics
 from ..graph import Tensor, TensorSpec, dtypes, get_default_graph
 from ..graph.ir import Node
 
@@ -166,7 +166,7 @@ class KernelContext:
         saturating as the hardware does), and continue in the run dtype."""
         if self.low is None:
             return x
-        low, overflowed = numerics.round_result(x, self.low, self.saturation)
+        low, overflowed = kernels.round_result(x, self.low, self.saturation)
         if overflowed and np.isfinite(x).all():
             self.status |= numerics.STATUS_FLOAT_OVERFLOW
         return low

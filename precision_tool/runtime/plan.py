@@ -8,7 +8,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import numpy as np
 
-from .. import native, numerics
+from .. import kernels
 from ..graph import Graph, split_tensor_name
 from ..graph.ir import Node
 
@@ -117,7 +117,7 @@ def run_plan(plan: ExecutionPlan, values: Dict, variables: Dict, execute, trace=
 
 class StatsTable:
     """Where a run of one plan puts every value's statistics (RunTrace.stats: a row per value,
-    plan.slots; numerics.stats_row's 8 numbers), filled by the executor as it makes the
+    plan.slots; kernels.stats_row's 8 numbers), filled by the executor as it makes the
     values, so that none has to be kept. Made once per plan (ExecutionPlan.stats_table) and
     refilled by each of its runs: a step asks for hundreds of rows.
 
@@ -140,32 +140,16 @@ class StatsTable:
         variables = [node.name for node in plan.nodes if node.type == "Variable"]
         # the sources in one C call each: a dict's values by name (always a tuple)
         self._pick_feeds, self._pick_variables = _picker(fed), _picker(variables)
-        self._at = np.array([self.slots[name] for name in fed + variables], dtype=np.int64)
-        # per source, its kind where the C module takes it in one call, "." where not; the
-        # sources it leaves (bfloat16, other dtypes; all without the C module)
-        self._kinds, self._other = None, []
+        self._sources = kernels.SourceRows(
+            self.table, np.array([self.slots[name] for name in fed + variables], dtype=np.int64))
         self._constants: Dict[str, np.ndarray] = {}     # node -> the value its row holds
 
     def start(self, values: Dict, variables: Dict) -> None:
-        arrays = self._pick_feeds(values) + self._pick_variables(variables)
-        if native.enabled():
-            # the kinds are worked out again only when an array is not of the kind it had
-            if self._kinds is None or not native.stats_rows(arrays, self._kinds, self.table,
-                                                            self._at):
-                kinds = [native.stats_kind(a) for a in arrays]
-                self._kinds = "".join("." if k in (None, "b") else k for k in kinds)
-                self._other = [i for i, k in enumerate(self._kinds) if k == "."]
-                if not native.stats_rows(arrays, self._kinds, self.table, self._at):
-                    self._kinds, self._other = None, range(len(arrays))     # a strided one
-            others = self._other
-        else:
-            self._kinds, others = None, range(len(arrays))
-        for i in others:
-            numerics.stats_row(arrays[i], self.table[self._at[i]])
+        self._sources.fill(self._pick_feeds(values) + self._pick_variables(variables))
 
     def passed(self, node: str, outputs) -> None:
         for out, row in zip(outputs, self.rows[node]):
-            numerics.stats_row(out, row)
+            kernels.stats_row(out, row)
 
     def constant(self, node: str, value: np.ndarray) -> None:
         """passed() for a constant's one value, whose row is filled again only when the value
@@ -194,7 +178,7 @@ class RunTrace:
     ran.
 
     A run whose observers all asked for statistics only (STATS_ONLY) keeps no values:
-    `outputs` is None and `stats` holds, per value (its row: plan.slots), numerics.stats_row's
+    `outputs` is None and `stats` holds, per value (its row: plan.slots), kernels.stats_row's
     8 numbers, computed as the values were made. The table is the plan's (StatsTable), refilled
     by its next run: an observer copies what it keeps."""
 

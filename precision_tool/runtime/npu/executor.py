@@ -23,7 +23,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from ... import native, numerics
+from ... import kernels, numerics
 from ...errors import ExecutionError, FetchError, PrecisionToolError
 from ...graph import dtypes
 from ...ops import registry
@@ -94,7 +94,7 @@ class NpuExecutor:
         self.compiled: CompiledGraph = compile_graph(graph, policy, passes, graph_mode)
         self.graph = self.compiled.graph
         self.saturation = config.overflow_mode == "saturation"
-        self._in_c = native.enabled()        # numerics.round_result's C pass; see run()
+        self._grid = kernels.rounder()       # made again each run: see run()
         self._steps: Dict[str, _Step] = {}
         self._constants: Dict[str, np.ndarray] = {}
         self._substitute: Dict[str, dict] = {}     # this run's (Session.run's substitute)
@@ -157,7 +157,7 @@ class NpuExecutor:
         self._substitute = substitute or {}
         self._check_memory(plan, values, variables)
         ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
-        self._in_c = native.enabled()        # asked once a run: it reads the environment
+        self._grid = kernels.rounder()       # chosen once a run: it reads the environment
         tasks: List[Task] = []
         self.tasks, self._ctx = tasks, ctx
         table = plan.stats_table if stats else None
@@ -219,7 +219,7 @@ class NpuExecutor:
                 table.passed(node.name, outputs)
         elif rows is not None:
             for k, channels in step.five_hd:         # the real values' statistics
-                numerics.stats_row(numerics.logical_view(outputs[k], channels), rows[k])
+                kernels.stats_row(numerics.logical_view(outputs[k], channels), rows[k])
                 rows[k][7] = float(outputs[k].size)  # the size the dump's plan checks
         if step.task_id:
             tasks.append(Task(node.name, t, step.task_id, 0, launched, ctx.status))
@@ -288,14 +288,14 @@ class NpuExecutor:
 
     def _round(self, r, dtype: str, inputs, ctx, is_cube, row=None):
         """Round a kernel result to its output dtype; status and saturation as the hardware.
-        row: where the rounded value's statistics go (numerics.stats_row), or None."""
+        row: where the rounded value's statistics go (kernels.stats_row), or None."""
         if dtype not in dtypes.FLOAT_DTYPES:
             out = r.astype(_np(dtype), copy=False)
             if row is not None:
-                numerics.stats_row(out, row)
+                kernels.stats_row(out, row)
             return out
         r = r.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(r, dtype, self.saturation, self._in_c, row)
+        out, overflowed = self._grid(r, dtype, self.saturation, row)
         if overflowed and _all_finite(inputs):      # born here, not carried in
             raw_bad = not np.isfinite(r).all()
             ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
@@ -313,10 +313,10 @@ class NpuExecutor:
             else:
                 out = x.astype(target)
             if row is not None:
-                numerics.stats_row(out, row)
+                kernels.stats_row(out, row)
             return out
         x = x.astype(F32, copy=False)
-        out, overflowed = numerics.round_result(x, dtype, self.saturation, self._in_c, row)
+        out, overflowed = self._grid(x, dtype, self.saturation, row)
         if overflowed and np.isfinite(x).all():
             ctx.status |= numerics.STATUS_CAST_OVERFLOW
         return out

@@ -17,7 +17,7 @@ import ml_dtypes  # noqa: F401  (registers the name bfloat16 with numpy)
 import numpy as np
 
 try:
-    from . import _reduce
+    from .. import _reduce
 except ImportError:           # built without a C compiler: the numpy code runs
     _reduce = None
 
@@ -75,7 +75,7 @@ def flat(a: np.ndarray) -> np.ndarray:
 
 
 def grid(x: np.ndarray, dtype: str, saturation: bool, stats: Optional[np.ndarray] = None):
-    """numerics.round_result in one pass: float32 x (C-contiguous) onto the float16 or
+    """kernels.round_result in one pass: float32 x (C-contiguous) onto the float16 or
     bfloat16 grid, held in float32, saturated if asked; (value, whether it held inf/nan).
     stats: 8 float64 to fill with the value's statistics (as stats() gives them) and size."""
     out = np.empty_like(x)

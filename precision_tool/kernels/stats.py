@@ -1,0 +1,145 @@
+"""Tensor statistics: max, min, mean and L2 norm over the finite elements, and the counts of
+nan, +inf and -inf. The numpy code here defines them; the C module's one pass per tensor
+(GIL released) computes the same numbers where it runs (see kernels.native)."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import native
+
+STAT_FIELDS = ("max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count")
+
+
+STATS_BLOCK = 1 << 20       # elements per block: a memory-mapped 2 GiB tensor is streamed
+
+
+def tensor_stats(x: np.ndarray) -> dict:
+    """max, min, mean and L2 norm over the finite elements (nan when there are none: an empty
+    or all-inf/nan tensor), and the counts of nan, +inf and -inf; computed in float64, block
+    by block (memory stays bounded whatever the size)."""
+    a = np.asarray(x).reshape(-1)
+    if a.size and native.enabled() and native.stats_kind(a):
+        row = native.stats([a])[0]
+        return dict(zip(STAT_FIELDS, [*row[:4].tolist(), *map(int, row[4:])]))
+    nan = pos = neg = n = 0
+    hi, lo, total, squares = -np.inf, np.inf, 0.0, 0.0
+    for start in range(0, a.size, STATS_BLOCK):
+        b = a[start:start + STATS_BLOCK]
+        if b.dtype.kind == "b":
+            b = b.astype(np.float64)
+        elif b.dtype.kind not in "fiu":       # bfloat16 arrives as a void-kind numpy dtype
+            b = b.astype(np.float32)
+        if b.dtype.kind == "f" and not np.isfinite(b).all():
+            nan += int(np.isnan(b).sum())
+            pos += int(np.isposinf(b).sum())
+            neg += int(np.isneginf(b).sum())
+            b = b[np.isfinite(b)]
+        if b.size == 0:
+            continue
+        f = b.astype(np.float64, copy=False)
+        n += f.size
+        hi, lo = max(hi, float(f.max())), min(lo, float(f.min()))
+        total += float(f.sum())
+        squares += float(np.dot(f, f))
+    if n == 0:
+        return {"max": np.nan, "min": np.nan, "mean": np.nan, "l2norm": np.nan,
+                "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
+    return {"max": hi, "min": lo, "mean": total / n, "l2norm": float(np.sqrt(squares)),
+            "nan_count": nan, "pos_inf_count": pos, "neg_inf_count": neg}
+
+
+def stats_row(x: np.ndarray, row) -> None:
+    """tensor_stats of x into row[:7] (STAT_FIELDS' order, counts as floats) and its size
+    into row[7]: the C module's one pass where it takes the dtype. row: 8 float64, a numpy
+    array or a memoryview."""
+    if x.size and native.enabled() and native.stats_kind(x):
+        native.stats([x], row[:7])
+    else:
+        stats = tensor_stats(x)
+        np.asarray(row)[:7] = [stats[f] for f in STAT_FIELDS]
+    row[7] = float(x.size)
+
+
+def batch_stats(arrays) -> dict:
+    """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): the
+    C module's one pass per tensor, GIL released, where it is built (see native); otherwise
+    one concatenation and a few numpy reductions over it, with tensor_stats for the rare
+    tensor that is empty or holds inf/nan. Same values, float64."""
+    n = len(arrays)
+    out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
+    out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
+    fast = native.enabled()
+    special, flat, positions, one_pass = [], [], [], []
+    for k, a in enumerate(arrays):
+        if fast and a.size and native.stats_kind(a):
+            one_pass.append(k)
+        elif a.size == 0 or a.dtype.kind not in "fiub":
+            special.append(k)
+        else:
+            flat.append(a.reshape(-1))
+            positions.append(k)
+    if flat:
+        sizes = np.fromiter((f.size for f in flat), dtype=np.int64, count=len(flat))
+        # float32 holds every dumped float exactly (fp16/bf16 too); ints beyond 2^24 need float64
+        wide = any(f.dtype == np.float64 or (f.dtype.kind in "iu" and f.dtype.itemsize > 2
+                                             and np.abs(f).max() >= 2 ** 24) for f in flat)
+        buf = np.concatenate(flat, dtype=np.float64 if wide else np.float32, casting="unsafe")
+        starts = np.zeros(len(flat), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        pos = np.asarray(positions)
+        # a tensor holding inf/nan makes its sums nan here (inf - inf): it is done again by
+        # tensor_stats below, so numpy's warning about it says nothing
+        with np.errstate(invalid="ignore", over="ignore"):
+            out["max"][pos] = np.maximum.reduceat(buf, starts)
+            out["min"][pos] = np.minimum.reduceat(buf, starts)
+            out["mean"][pos] = np.add.reduceat(buf, starts, dtype=np.float64) / sizes
+            sq = np.square(buf, dtype=np.float64)
+            out["l2norm"][pos] = np.sqrt(np.add.reduceat(sq, starts))
+        finite = np.isfinite(buf)
+        if not finite.all():
+            special += pos[np.add.reduceat(~finite, starts) > 0].tolist()
+    for k in special:
+        for field, value in tensor_stats(arrays[k]).items():
+            out[field][k] = value
+    if one_pass:
+        rows = native.stats([arrays[k] for k in one_pass])
+        for j, field in enumerate(STAT_FIELDS):
+            out[field][one_pass] = rows[:, j]
+    return out
+
+
+def stats_text(stats: dict) -> list:
+    """Per tensor of batch_stats' result, its index fields: the floats with 17 significant
+    digits (they read back exactly; repr's shortest digits cost as much to find, and the C
+    module formats these without the GIL), the counts as ints."""
+    if native.enabled():
+        return native.stats_text(np.column_stack([stats[f] for f in STAT_FIELDS]))
+    columns = [stats[f].tolist() for f in STAT_FIELDS]
+    return ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % values for values in zip(*columns)]
+
+
+class SourceRows:
+    """The statistics of a run's sources (its feeds and variables, the same arrays' kinds from
+    run to run) into their rows of a table ((slots, 8) float64, stats_row's numbers): the C
+    module takes them all in one call, their kinds worked out again only when an array is
+    not of the kind it had; what it does not take (bfloat16, strided arrays, all of them
+    without the C module) goes through stats_row."""
+
+    def __init__(self, table: np.ndarray, rows: np.ndarray):
+        self.table, self.rows = table, rows
+        self._kinds, self._other = None, []
+
+    def fill(self, arrays) -> None:
+        if native.enabled():
+            if self._kinds is None or not native.stats_rows(arrays, self._kinds, self.table,
+                                                            self.rows):
+                kinds = [native.stats_kind(a) for a in arrays]
+                self._kinds = "".join("." if k in (None, "b") else k for k in kinds)
+                self._other = [i for i, k in enumerate(self._kinds) if k == "."]
+                if not native.stats_rows(arrays, self._kinds, self.table, self.rows):
+                    self._kinds, self._other = None, range(len(arrays))     # a strided one
+            others = self._other
+        else:
+            self._kinds, others = None, range(len(arrays))
+        for i in others:
+            stats_row(arrays[i], self.table[self.rows[i]])
