@@ -28,7 +28,7 @@
 #include <stdlib.h>
 
 #define BLOCK 1024                       /* elements converted to double at a time: in L1 */
-#define EPS 1.1920928955078125e-07       /* float32 eps: metrics.EPS */
+#define EPS 1.1920928955078125e-07       /* float32 eps: kernels.compare.EPS */
 #define FP16_MAX 65504.0
 #define GRID_GIL (1 << 15)               /* grid() releases the GIL from this many elements */
 #define KL_SERIES (1.0 / 64)              /* |p / q - 1| under which KL's terms use a series */
@@ -182,7 +182,7 @@ static void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
     out[4] = (double)st.nan; out[5] = (double)st.pos; out[6] = (double)st.neg;
 }
 
-/* ---- comparison totals (metrics.Totals) ------------------------------------------------- */
+/* ---- comparison totals (kernels.compare.Totals) ------------------------------------------------- */
 
 enum {
     T_X_NAN, T_X_INF, T_Y_NAN, T_Y_INF, T_X_AT_MAX, T_LIVE, T_FLUSHED, T_LEFT_OUT,

@@ -12,8 +12,8 @@ import precision_tool as pt
 from harness import dump_both
 from precision_tool import analysis
 from precision_tool.analysis import engine
-from precision_tool.analysis.metrics import (Totals, add_kl_sums, block_pairs, compare_tensors,
-                                             finish, kl_sums, range_totals)
+from precision_tool.analysis.metrics import compare_tensors, finish
+from precision_tool.kernels.compare import Totals, add_kl_sums, block_pairs, kl_sums, range_totals
 from precision_tool.dump import Workspace
 
 

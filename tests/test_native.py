@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from precision_tool import kernels, numerics
+from precision_tool.kernels import compare as kcompare
 from precision_tool.kernels import native
 from precision_tool.analysis import metrics
 from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
@@ -131,7 +132,7 @@ def test_batch_stats_is_the_same_on_both_paths(monkeypatch):
 def test_every_16_bit_pattern_converts_exactly(dtype):
     x = np.arange(1 << 16, dtype=np.uint16).view(dtype)
     y = x.astype(np.float32)                       # numpy's (ml_dtypes') conversion
-    t = metrics.range_totals(x, y)
+    t = kcompare.range_totals(x, y)
     finite = np.isfinite(y)
     assert t.abs_d_max == 0.0 and t.n == finite.sum()
     assert t.counts["NpuNanCount"] == np.isnan(y).sum() == t.counts["GoldenNanCount"]
@@ -164,7 +165,7 @@ def test_comparison_totals_match_float64_reference(x_dtype, y_dtype):
     x, y = _pair(x_dtype=x_dtype, y_dtype=y_dtype)
     if y.dtype == np.float32:
         y[3000] = 3e38                  # past reciprocal()'s range: the portable loops' general case
-    t = metrics.range_totals(x, y)
+    t = kcompare.range_totals(x, y)
     xf, yf = x.astype(np.float64), y.astype(np.float64)
     fin = np.isfinite(xf) & np.isfinite(yf)
     a, b = xf[fin], yf[fin]
@@ -237,12 +238,12 @@ def _reference_kl(x, y):
 def test_kl_from_the_first_pass_when_the_ranges_hold():
     x, y = _pair()
     no_hint = metrics.compare_tensors(x, y)
-    t = metrics.range_totals(x, y)
-    right = metrics.range_totals(x, y, ranges=t.ranges())
+    t = kcompare.range_totals(x, y)
+    right = kcompare.range_totals(x, y, ranges=t.ranges())
     assert right.early_kl() is not None
-    wrong = metrics.range_totals(x, y, ranges=(t.lo["x"] - 1, t.hi["x"], t.lo["y"], t.hi["y"]))
+    wrong = kcompare.range_totals(x, y, ranges=(t.lo["x"] - 1, t.hi["x"], t.lo["y"], t.hi["y"]))
     assert wrong.early_kl() is None                    # a stale index never decides KL
-    kl_second_pass = metrics.range_kl(x.reshape(-1), y.reshape(-1), 0, x.size, t.ranges())
+    kl_second_pass = kcompare.range_kl(x.reshape(-1), y.reshape(-1), 0, x.size, t.ranges())
     np.testing.assert_allclose(right.early_kl(), kl_second_pass, rtol=1e-13)
     hinted = metrics.compare_tensors(x, y, ranges=t.ranges())
     stale = metrics.compare_tensors(x, y, ranges=wrong.kl_hint)
@@ -293,7 +294,7 @@ def test_split_ranges_with_the_index_hint_need_no_kl_pass(tmp_path, monkeypatch)
     x, y = _pair(10000)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    t = metrics.range_totals(x, y)
+    t = kcompare.range_totals(x, y)
     plain = Pair(Side(str(tmp_path / "x.npy")), Side(str(tmp_path / "y.npy")))
     hinted = Pair(Side(str(tmp_path / "x.npy"), lo=t.lo["x"], hi=t.hi["x"]),
                   Side(str(tmp_path / "y.npy"), lo=t.lo["y"], hi=t.hi["y"]))
@@ -373,7 +374,7 @@ def test_stats_text_is_printf_17g():
 
 
 def test_sums_do_not_depend_on_the_thread_count(monkeypatch):
-    monkeypatch.setattr(metrics, "PART", 4096)        # many parts out of a small pair
+    monkeypatch.setattr(kcompare, "PART", 4096)       # many parts out of a small pair
     x, y = _pair(50000)
     rows = {}
     for threads in ("1", "2", "3"):
@@ -390,7 +391,7 @@ def test_huge_golden_values_take_the_exact_division():
     rng = np.random.default_rng(5)
     y = rng.normal(size=3000) * 1e300
     x = y * (1 + rng.normal(scale=1e-6, size=3000))
-    t = metrics.range_totals(x, y)
+    t = kcompare.range_totals(x, y)
     err = np.abs(x - y) / np.abs(y)
     assert t.rel_sum == pytest.approx(err.sum(), rel=1e-13, abs=0) and t.rel_max == err.max()
     assert t.within_1e3 == 3000

@@ -24,8 +24,8 @@ from .. import numerics
 from ..kernels import native
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .verdicts import UNREADABLE
-from .metrics import (Totals, add_kl_sums, compare_many, compare_tensors, empty_result, finish,
-                      span_kl, span_totals)
+from ..kernels.compare import Totals, add_kl_sums, span_kl, span_totals
+from .metrics import compare_many, compare_tensors, empty_result, finish
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS
 RANGE_ELEMENTS = 1 << 23
