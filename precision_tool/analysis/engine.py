@@ -20,8 +20,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .. import numerics
-from ..kernels import native
+from .. import kernels, numerics
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .verdicts import UNREADABLE
 from ..kernels.compare import Totals, add_kl_sums, span_kl, span_totals
@@ -181,7 +180,7 @@ class ProcessEngine(_WorkerEngine):
         # or more each), but it copies the locks of other threads as they are: only fork
         # from a single-threaded process (a dump writer may be running in a training script,
         # in Python or in the C module, which threading does not see)
-        single = threading.active_count() == 1 and not native.writer_running() \
+        single = threading.active_count() == 1 and not kernels.writer_running() \
             and "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if single else "spawn")
         self.pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread)

@@ -5,9 +5,14 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
 - stats: tensor statistics (tensor_stats, stats_row, batch_stats, stats_text, SourceRows)
 - grid: fp16/bf16 rounding of results with saturation and the overflow it shows
   (round_result, rounder)
-- native: the C module itself; the compare totals (analysis.metrics) and the step writing
-  (dump.writer, dump.stepplan, dump.replay) still call it directly: the next to move here.
+- compare: the totals of a pair that every comparison metric is made of, KL's sums
+  (Totals, span_totals, span_kl)
+- writer_running: whether the C module's dump writer thread is alive (a process that forks
+  must not copy its locks)
+- native: the C module itself; the step writing (dump.writer, dump.stepplan, dump.replay)
+  still calls it directly: the next to move here.
 """
+from .native import writer_running  # noqa: F401
 from .grid import round_result, rounder  # noqa: F401
 from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_row,  # noqa: F401
                     stats_text, tensor_stats)
