@@ -556,7 +556,7 @@ def test_a_bundle_holds_any_array_it_is_given(tmp_path, monkeypatch, c_module):
     it; a changed shape gets entries of its own; Python objects are refused."""
     import ml_dtypes
     from precision_tool.dump.replay import BundleWriter
-    from precision_tool.dump.writer import write_files
+    from precision_tool.kernels.write import write_files
     if not c_module:
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     m = pt.models.mlp()
@@ -841,7 +841,7 @@ def test_a_python_dump_writer_thread_ends_with_its_writer():
     """Without the C module each dump session writes on a Python thread: it ends once its
     writer is collected (a fusion bisection opens a dump session per replay)."""
     import gc
-    from precision_tool.dump.writer import AsyncWriter
+    from precision_tool.kernels.write import AsyncWriter
     w = AsyncWriter(2)
     thread, done = w._thread, []
     w.put(lambda: done.append(1))

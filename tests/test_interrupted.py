@@ -17,7 +17,8 @@ import pytest
 import precision_tool as pt
 from harness import dump_both
 from precision_tool import hooks
-from precision_tool.dump import Workspace, writer
+from precision_tool.dump import Workspace
+from precision_tool.kernels import write as writer
 
 KILLS = int(os.environ.get("PRECISION_TOOL_KILLS", "20"))
 

@@ -399,7 +399,7 @@ def test_huge_golden_values_take_the_exact_division():
 
 @pytest.mark.parametrize("path", ["one C call", "numpy"])
 def test_npy_files_written_in_one_call_read_back(tmp_path, monkeypatch, path):
-    from precision_tool.dump.writer import write_files
+    from precision_tool.kernels.write import write_files
     if path == "numpy":
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     arrays = [np.arange(12, dtype=np.float16).reshape(3, 4), np.array(2.5, np.float32),
@@ -421,7 +421,7 @@ def test_a_directory_of_files_links_and_renames_in_one_call(tmp_path, monkeypatc
     raw arrays back to back, a graph linked where its source exists and written where it
     does not, then the directory renamed into place, replacing one already there; a failed
     rename names where it was going."""
-    from precision_tool.dump.writer import write_files
+    from precision_tool.kernels.write import write_files
     if path == "numpy":
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     (tmp_path / "graph.json").write_bytes(b"graph")
@@ -483,7 +483,7 @@ def _nan_halves(bits):
 def test_float32_written_as_float16_rounds_as_astype(tmp_path, monkeypatch, path):
     """Every finite or infinite value as astype rounds it; every nan (quiet, signalling, of
     either sign, in every lane of a 16-wide vector) by the stated rule, on both paths."""
-    from precision_tool.dump.writer import npy_header, write_files
+    from precision_tool.kernels.write import npy_header, write_files
     if path == "numpy":
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
     nans = np.array([0x7F800001, 0x7FC00000, 0xFFC00001, 0x7FBFE000, 0x7F802000, 0x7FFFFFFF,
@@ -501,7 +501,7 @@ def test_float32_written_as_float16_rounds_as_astype(tmp_path, monkeypatch, path
 
 
 def test_write_files_refuses_bad_conversions(tmp_path):
-    from precision_tool.dump.writer import npy_header
+    from precision_tool.kernels.write import npy_header
     path = str(tmp_path / "x.npy")
     x = np.zeros(3, np.float64)
     head = npy_header(np.dtype(np.float16), x.shape)
@@ -523,7 +523,7 @@ def test_a_file_the_size_limit_cuts_short_fails_naming_it(tmp_path, convert):
     child = f"""
 import resource, signal, numpy as np
 from precision_tool.kernels import native
-from precision_tool.dump.writer import npy_header
+from precision_tool.kernels.write import npy_header
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (300, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 x = np.arange(1000, dtype=np.float32)

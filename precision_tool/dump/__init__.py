@@ -1,5 +1,5 @@
 """The dump layer: the precision_data/ workspace layout, the dump observers and their
-writer, the workspace reader and replay bundles. Its names load with the module that defines
+writer (kernels.write), the workspace reader and replay bundles. Its names load with the module that defines
 them (PEP 562): the workspace reader brings pandas, which a dump alone does not need."""
 import importlib
 
@@ -7,7 +7,7 @@ _WHERE = {"DumpHook": "dumper", "DumpObserver": "dumper", "DumpConfigError": "la
           "DumpSettings": "layout", "parse_action": "layout", "parse_steps": "layout",
           "Bundle": "replay", "ReplayError": "replay", "load_bundle": "replay", "replay": "replay",
           "Run": "workspace", "StepDump": "workspace", "Workspace": "workspace",
-          "WorkspaceError": "workspace", "DumpWriteError": "writer"}
+          "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write"}
 
 __all__ = sorted(_WHERE)
 

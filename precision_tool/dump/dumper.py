@@ -47,7 +47,7 @@ from . import layout
 from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
 from .cores import WriterCore
-from .writer import make_writer, write_error
+from ..kernels.write import make_writer, write_error
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(kernels.STAT_FIELDS)

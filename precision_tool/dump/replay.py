@@ -22,13 +22,12 @@ from typing import Dict, List, Mapping, NamedTuple, Optional
 
 import numpy as np
 
-from ..kernels import native
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json
 from ..runtime import Session, SessionConfig
 from .cores import blas_threads_as
-from .writer import contiguous_arrays
+from ..kernels.write import contiguous_arrays, pack
 
 BUNDLE_VERSION = 1
 
@@ -65,15 +64,14 @@ def _bin(arrays: Mapping[str, np.ndarray]) -> _Bin:
     arrays are let go at once, not held until the writer is done with them); the per-array
     work in Python only where that fails (a strided array, not an array)."""
     values = tuple(arrays.values())
-    if native.enabled():
-        try:
-            data, shapes = native.pack(values)
-            return _Bin((tuple(arrays), tuple(map(_DTYPE, values)), shapes), data, values)
-        except (BufferError, ValueError, TypeError):
-            pass
+    packed = pack(values)
+    if packed is not None:
+        data, shapes = packed
+        return _Bin((tuple(arrays), tuple(map(_DTYPE, values)), shapes), data, values)
     values = tuple(contiguous_arrays(map(np.asarray, values)))
     key = (tuple(arrays), tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
-    return _Bin(key, native.pack(values)[0] if native.enabled() else values, values)
+    packed = pack(values)
+    return _Bin(key, values if packed is None else packed[0], values)
 
 
 def _dtype_name(dtype: np.dtype) -> str:

@@ -5,9 +5,9 @@ line and file name is fixed text but for a timestamp and a tensor's statistics, 
 tensor file's header and dtype conversion are fixed too. A StepPlan holds all of that; a
 step then gathers its values and works out its paths on the training thread (fill), and
 the writer computes the statistics, fills the index, writes every file of the step and
-renames its directory into place without the GIL (native_job: the C module's writer
-thread; write: here and now). A step whose kernels or shapes differ gets a
-new plan. Without the C module the same plan is filled in Python, to the same bytes.
+renames its directory into place (kernels.write: the C module's writer thread, without the
+GIL, or write() here and now). A step whose kernels or shapes differ gets a new plan.
+Without the C module the same plan is filled in Python, to the same bytes.
 """
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from typing import List, NamedTuple, Sequence
 import numpy as np
 
 from .. import kernels, numerics
-from ..kernels import native
 from . import layout
 from .template import Template
-from .writer import contiguous_arrays, npy_header, write_files
+from ..kernels.write import contiguous_arrays, index_text, npy_header, step_paths, write_files
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -102,13 +101,9 @@ class StepPlan:
         # dtypes, NC1HWC0 tensors, whose padding channels are left out) is computed by
         # numerics and handed in
         self.channels = [rows[i].channels for i in first]
-        kinds = [native.stats_kind(v) if v.size and not c else None
+        kinds = [kernels.stats_kind(v) if v.size and not c else None
                  for v, c in zip(unique, self.channels)]
         self.kinds = "".join(k or "." for k in kinds)
-        # 0: statistics from numerics; 1: numpy's own numbers, passed as they are when
-        # contiguous; 2: bfloat16, passed as its bits (native.flat)
-        self.in_c = [0 if k is None else 2 if k == "b" else 1 for k in kinds]
-        self.direct = all(c == 1 for c in self.in_c)     # every value goes to C as it is
         self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
         disk = [rows[i].disk for i in first]
         self.headers = [npy_header(d, v.shape) for d, v in zip(disk, unique)]
@@ -134,28 +129,20 @@ class StepPlan:
         """The training thread's part of a step: its values (gather's) and timestamps, the
         paths of its files in directory, what each file holds. Nothing here touches the disk
         or reads a tensor but the few the C module does not take (their statistics), so
-        that what is left, write() or native_job(), runs without the GIL."""
+        that what is left, write() or the C writer thread's job, runs without the GIL."""
         stamps = np.asarray(stamps, dtype=np.int64)
         paths, arrays = [], []
         if self.names is not None and values:
-            if native.enabled():
-                blob = native.index_text([], "", np.empty((0, 7)), stamps, self.names)
-                prefix = os.fsencode(directory) + b"/"
-                paths = [prefix + name for name in blob.split(b"\0")]
-            else:
-                paths = [os.path.join(directory, n)
-                         for n in self.names.fill(stamps, ()).decode("utf-8").split("\0")]
+            paths = step_paths(self.names, stamps, directory)
             arrays = values
             if self.casts:          # bfloat16, which .npy cannot name, as its float32 values
                 arrays = list(values)
                 for i, dtype in self.casts.items():
                     arrays[i] = values[i].astype(dtype)
-        stats = None
-        if native.enabled():
-            stats = np.empty((len(values), 7))
-            if self.numpy_stats:    # the kinds the C module does not take
-                some = kernels.batch_stats([self._logical(values, i) for i in self.numpy_stats])
-                stats[self.numpy_stats] = np.column_stack([some[f] for f in kernels.STAT_FIELDS])
+        stats = np.empty((len(values), 7))
+        if self.numpy_stats:    # the kinds the C module does not take (its '.' kinds)
+            some = kernels.batch_stats([self._logical(values, i) for i in self.numpy_stats])
+            stats[self.numpy_stats] = np.column_stack([some[f] for f in kernels.STAT_FIELDS])
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
                       stats)
 
@@ -166,18 +153,7 @@ class StepPlan:
         return Filled(os.path.join(directory, layout.INDEX_FILE),
                       np.asarray(stamps, dtype=np.int64), None, [], [], stats)
 
-    def c_arrays(self, filled: "Filled", contiguous: bool = False) -> list:
-        """The values as the C module's statistics take them: numpy's own floats as they are
-        (contiguous: a strided one copied), bfloat16 as its bits, None where the statistics
-        are given."""
-        if filled.values is None:
-            return [None] * len(self.where)
-        if self.direct and not contiguous:
-            return filled.values
-        return [(v if c == 1 and v.flags.c_contiguous else native.flat(v)) if c else None
-                for v, c in zip(filled.values, self.in_c)]
-
-    def _files(self, filled: "Filled", more, contiguous: bool = False):
+    def files(self, filled: "Filled", more, contiguous: bool = False):
         """paths, arrays, headers and conversions of the step's tensor files and of `more`,
         (path, bytes) each."""
         paths = list(filled.paths) + [path for path, _ in more]
@@ -190,34 +166,17 @@ class StepPlan:
     def write(self, filled: "Filled", more=(), links=(), renames=(), dirs=()) -> None:
         """Write the step here and now: index.csv and, for a tensor dump, the tensor files;
         more: other files of the step, (path, bytes) each; dirs, links and renames as
-        writer.write_files makes them (dirs and links first, renames once every file is
+        kernels.write.write_files makes them (dirs and links first, renames once every file is
         written)."""
         if filled.values is None:
             text = self.index.fill(filled.stamps, kernels.stats_text(
                 dict(zip(kernels.STAT_FIELDS, filled.stats.T))))
-        elif native.enabled():
-            try:
-                text = native.index_text(self.c_arrays(filled), self.kinds, filled.stats,
-                                         filled.stamps, self.index)
-            except (ValueError, BufferError):       # a strided value: flat() copies it
-                text = native.index_text(self.c_arrays(filled, True), self.kinds, filled.stats,
-                                         filled.stamps, self.index)
         else:
-            stats = kernels.batch_stats([self._logical(filled.values, i)
-                                          for i in range(len(filled.values))])
-            text = self.index.fill(filled.stamps, kernels.stats_text(stats))
-        paths, arrays, headers, halves = self._files(filled, more)
+            text = index_text(self.index, filled.stamps, filled.values, self.kinds,
+                              filled.stats)
+        paths, arrays, headers, halves = self.files(filled, more)
         write_files(paths + [filled.index_path], arrays + [text], headers + [b""], halves + ".",
                     links, renames, dirs)
-
-    def native_job(self, filled: "Filled", more=(), links=(), renames=(), dirs=(),
-                   contiguous: bool = False) -> tuple:
-        """The step as the C module's writer thread takes it: (index, files), the index
-        written after the files and before the renames."""
-        paths, arrays, headers, halves = self._files(filled, more, contiguous)
-        index = (self.c_arrays(filled, contiguous), self.kinds, filled.stats, filled.stamps,
-                 self.index.literal, self.index.cuts, self.index.refs, filled.index_path)
-        return index, (paths, headers, arrays, halves, tuple(links), tuple(renames), tuple(dirs))
 
 
 class Filled(NamedTuple):
@@ -227,4 +186,4 @@ class Filled(NamedTuple):
     values: list            # None when the statistics are given
     paths: list             # the tensor files (empty for a statistics dump)
     arrays: list            # what each holds (bfloat16 as float32)
-    stats: object           # where the C module puts the statistics (None without it)
+    stats: object           # the statistics: the rows of the '.' kinds given, the rest to fill

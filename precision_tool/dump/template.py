@@ -3,7 +3,7 @@
 From one dumped step to the next only the timestamps and the tensor values change; the rest
 of the index (names, dtypes, shapes, formats) is built once as a Template whose holes are
 a timestamp or a tensor's statistics. A frozen template is three flat arrays the C module
-fills in one call without the GIL (native.index_text); fill() is the same in Python, for
+fills in one call without the GIL (kernels.write.index_text); fill() is the same in Python, for
 where the module is not built, and the tests hold the two to the same bytes.
 """
 from __future__ import annotations

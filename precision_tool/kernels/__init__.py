@@ -14,5 +14,5 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
 """
 from .native import writer_running  # noqa: F401
 from .grid import round_result, rounder  # noqa: F401
-from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_row,  # noqa: F401
-                    stats_text, tensor_stats)
+from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_kind,  # noqa: F401
+                    stats_row, stats_text, tensor_stats)

@@ -155,7 +155,7 @@ WRITER_THREAD = "pt-dump-writer"     # the writer thread's name, as the C module
 
 
 def writer(max_pending: int):
-    """The C module's writer thread (see dump.writer.NativeWriter)."""
+    """The C module's writer thread (see kernels.write.NativeWriter)."""
     return _reduce.Writer(max_pending)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
+from .native import stats_kind  # noqa: F401  (a dtype's kind for the C statistics)
 
 STAT_FIELDS = ("max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count")
 

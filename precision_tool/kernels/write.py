@@ -1,4 +1,5 @@
-"""Writing a dump without holding up the run: a bounded queue drained by one thread.
+"""Writing a dump without holding up the run: a step's files and index, and a bounded
+queue of steps drained by one thread.
 
 The thread is the C module's where it is built (NativeWriter: it never takes the GIL), a
 Python thread otherwise (AsyncWriter). put_step() blocks when the queue is full
@@ -18,9 +19,12 @@ import weakref
 
 import numpy as np
 
-from ..kernels import native
+from functools import lru_cache
+
+from . import native
 from ..errors import PrecisionToolError
 from ..fileio import write_buffers
+from .stats import STAT_FIELDS, batch_stats, stats_text
 
 
 class DumpWriteError(PrecisionToolError, OSError):
@@ -82,6 +86,63 @@ def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames
         write_buffers(path, [header, *(array if isinstance(array, tuple) else (array,))])
     for src, dst in renames:
         replace_directory(src, dst)
+
+
+def step_paths(names, stamps: np.ndarray, directory: str) -> list:
+    """The paths of a step's tensor files: the frozen file-name template (dump.template, names
+    apart by NUL) filled with the records' timestamps, in directory; bytes from the C
+    module, str from Python."""
+    if native.enabled():
+        blob = native.index_text([], "", np.empty((0, 7)), stamps, names)
+        prefix = os.fsencode(directory) + b"/"
+        return [prefix + name for name in blob.split(b"\0")]
+    return [os.path.join(directory, n) for n in names.fill(stamps, ()).decode("utf-8").split("\0")]
+
+
+def index_text(index, stamps: np.ndarray, values, kinds: str, stats: np.ndarray) -> bytes:
+    """A step's index.csv: the frozen template (dump.template) filled with the records'
+    timestamps and each value's statistics, into stats ((len(values), 7) float64) on the
+    way. kinds: each value's stats kind, '.' where stats already holds its row (what the C
+    module does not take: empty, NC1HWC0 and odd-dtype tensors). One C call without the GIL
+    where it runs."""
+    if native.enabled():
+        try:
+            return native.index_text(c_arrays(values, kinds), kinds, stats, stamps, index)
+        except (ValueError, BufferError):       # a strided value: flat() copies it
+            return native.index_text(c_arrays(values, kinds, True), kinds, stats, stamps, index)
+    todo = [i for i, k in enumerate(kinds) if k != "."]
+    if todo:
+        some = batch_stats([values[i] for i in todo])
+        stats[todo] = np.column_stack([some[f] for f in STAT_FIELDS])
+    return index.fill(stamps, stats_text(dict(zip(STAT_FIELDS, stats.T))))
+
+
+@lru_cache(maxsize=256)
+def _direct(kinds: str) -> bool:
+    return "." not in kinds and "b" not in kinds
+
+
+def c_arrays(values, kinds: str, contiguous: bool = False) -> list:
+    """The values as the C module's statistics take them: numpy's own numbers as they are
+    (contiguous: a strided one copied), bfloat16 as its bits, None where the kind is '.'
+    (the row is given); all None for a statistics step (values None)."""
+    if values is None:
+        return [None] * len(kinds)
+    if not contiguous and _direct(kinds):
+        return values
+    return [None if k == "." else v if k != "b" and v.flags.c_contiguous else native.flat(v)
+            for v, k in zip(values, kinds)]
+
+
+def pack(arrays):
+    """(bytes, layout) of the arrays back to back (see native.pack), or None where the C
+    module does not run or cannot take them (a strided array, one without a buffer)."""
+    if not native.enabled():
+        return None
+    try:
+        return native.pack(arrays)
+    except (BufferError, ValueError, TypeError):
+        return None
 
 
 def half_bits(x: np.ndarray) -> np.ndarray:
@@ -217,11 +278,10 @@ class NativeWriter:
         # next look (a wake costs the training thread more than the writing it hastens)
         wake = bool(filled.paths)
         try:
-            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs),
-                                         wake)
+            ticket = self._thread.submit(*_job(plan, filled, more, links, renames, dirs), wake)
         except (BufferError, ValueError):      # a strided array: written from a copy
-            ticket = self._thread.submit(*plan.native_job(filled, more, links, renames, dirs,
-                                                          contiguous=True), wake)
+            ticket = self._thread.submit(*_job(plan, filled, more, links, renames, dirs, True),
+                                         wake)
         self._waiting[ticket] = on_done
 
     def _settle(self, finished) -> None:
@@ -243,6 +303,16 @@ class NativeWriter:
 
     def close(self) -> None:
         self._settle(self._thread.close())
+
+
+def _job(plan, filled, more, links, renames, dirs, contiguous: bool = False) -> tuple:
+    """A step of a StepPlan as the C module's writer thread takes it: (index, files), the
+    index written after the files and before the renames."""
+    paths, arrays, headers, halves = plan.files(filled, more, contiguous)
+    index = (c_arrays(filled.values, plan.kinds, contiguous), plan.kinds, filled.stats,
+             filled.stamps, plan.index.literal, plan.index.cuts, plan.index.refs,
+             filled.index_path)
+    return index, (paths, headers, arrays, halves, tuple(links), tuple(renames), tuple(dirs))
 
 
 def make_writer(max_pending: int = 2):
