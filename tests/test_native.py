@@ -765,3 +765,21 @@ def test_stats_rows_fills_the_named_rows_or_nothing():
 def test_rounding_a_scalar_keeps_its_shape():
     got, bad = kernels.round_result(np.array(7e4, np.float32), "float16", True)
     assert got.shape == () and float(got) == 65504.0 and bad
+
+
+def test_a_c_pass_reaches_python_with_its_fields_named():
+    """The C pass's totals come as PassTotals, one field per entry of _reduce.c's T_* enum,
+    each holding what its name says (a pair with a nan, an inf and a flushed element)."""
+    assert native._reduce.FIELDS == len(native.PassTotals._fields)
+    x = np.array([1.0, 0.0, np.nan, 3.0, 70000.0, -2.0], np.float32)
+    y = np.array([1.5, 0.5, 1.0, np.inf, 60000.0, -2.0], np.float32)
+    t = native.compare(x, y, 0, x.size, (-2.0, 70000.0, -2.0, 60000.0))
+    finite = np.isfinite(x) & np.isfinite(y)
+    xs, ys = x[finite].astype(np.float64), y[finite].astype(np.float64)
+    assert (t.x_nan, t.x_inf, t.y_nan, t.y_inf, t.x_at_fp16_max) == (1, 0, 0, 1, 1)
+    assert (t.n, t.left_out, t.live, t.flushed) == (4, 2, 6, 1)
+    assert (t.lo_x, t.hi_x, t.lo_y, t.hi_y) == (-2.0, 70000.0, -2.0, 60000.0)
+    assert t.xy == pytest.approx(xs @ ys) and t.dd == pytest.approx(((xs - ys) ** 2).sum())
+    assert t.abs_d_max == 10000.0 and t.mean_x == pytest.approx(xs.mean())
+    assert native.kl(x, y, 0, x.size, (-2.0, 70000.0, -2.0, 60000.0)) == \
+        pytest.approx((t.kl_p, t.kl_q, t.kl_excess))

@@ -49,22 +49,23 @@ class Totals:
         self.reasons: list = []
 
     @classmethod
-    def from_native(cls, v: tuple, hint=None) -> "Totals":
-        """The totals of one C pass (precision_tool._reduce.compare's tuple)."""
+    def from_native(cls, v: "native.PassTotals", hint=None) -> "Totals":
+        """The totals of one C pass."""
         t = cls()
         t.empty = False
-        for k, name in enumerate(("NpuNanCount", "NpuInfCount", "GoldenNanCount",
-                                  "GoldenInfCount", "NpuAtFp16Max")):
-            t.counts[name] = int(v[k])
-        t.live, t.flushed, t.left_out, t.n = (int(c) for c in v[5:9])
-        t.xy, t.xx, t.yy, t.dd, t.abs_d_sum, t.abs_d_max = v[9:15]
-        t.rel_n, t.rel_sum, t.rel_max = int(v[15]), v[16], v[17]
-        t.within_1e3, t.within_5e3 = int(v[18]), int(v[19])
-        t.lo["x"], t.hi["x"], t.lo["y"], t.hi["y"] = v[20:24]
+        t.counts = {"NpuNanCount": int(v.x_nan), "NpuInfCount": int(v.x_inf),
+                    "GoldenNanCount": int(v.y_nan), "GoldenInfCount": int(v.y_inf),
+                    "NpuAtFp16Max": int(v.x_at_fp16_max)}
+        t.live, t.flushed, t.left_out, t.n = int(v.live), int(v.flushed), int(v.left_out), int(v.n)
+        t.xy, t.xx, t.yy, t.dd = v.xy, v.xx, v.yy, v.dd
+        t.abs_d_sum, t.abs_d_max = v.abs_d_sum, v.abs_d_max
+        t.rel_n, t.rel_sum, t.rel_max = int(v.rel_n), v.rel_sum, v.rel_max
+        t.within_1e3, t.within_5e3 = int(v.within_1e3), int(v.within_5e3)
+        t.lo["x"], t.hi["x"], t.lo["y"], t.hi["y"] = v.lo_x, v.hi_x, v.lo_y, v.hi_y
         if t.n:
-            t.moments = {"x": (t.n, v[24], v[25]), "y": (t.n, v[26], v[27])}
+            t.moments = {"x": (t.n, v.mean_x, v.m2_x), "y": (t.n, v.mean_y, v.m2_y)}
         if hint is not None:
-            t.kl_hint, t.kl_early = tuple(hint), tuple(v[28:31])
+            t.kl_hint, t.kl_early = tuple(hint), (v.kl_p, v.kl_q, v.kl_excess)
         return t
 
     def early_kl(self):

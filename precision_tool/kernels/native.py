@@ -11,7 +11,7 @@ tests run both).
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import ml_dtypes  # noqa: F401  (registers the name bfloat16 with numpy)
 import numpy as np
@@ -112,15 +112,61 @@ def stats_text(rows: np.ndarray) -> list:
     return _reduce.stats_text(np.ascontiguousarray(rows, dtype=np.float64))
 
 
-def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) -> tuple:
+class PassTotals(NamedTuple):
+    """One C pass over a pair (x the NPU side, y the golden): the fields of _reduce.c's
+    T_* enum, in its order (a test holds the two to one count). Counts arrive as floats."""
+    x_nan: float
+    x_inf: float
+    y_nan: float
+    y_inf: float
+    x_at_fp16_max: float
+    live: float                 # golden elements that are not zero
+    flushed: float              # of those, the NPU's zeros
+    left_out: float             # pairs with a non-finite side
+    n: float                    # the finite pairs, over which the rest is summed
+    xy: float
+    xx: float
+    yy: float
+    dd: float                   # sum (x - y)^2
+    abs_d_sum: float
+    abs_d_max: float
+    rel_n: float                # pairs with |y| > eps, over which the relative errors go
+    rel_sum: float
+    rel_max: float
+    within_1e3: float
+    within_5e3: float
+    lo_x: float
+    hi_x: float
+    lo_y: float
+    hi_y: float
+    mean_x: float
+    m2_x: float
+    mean_y: float
+    m2_y: float
+    kl_p: float                 # KL's sums with the ranges given (KLSums' fields)
+    kl_q: float
+    kl_excess: float
+
+
+class KLSums(NamedTuple):
+    """KL's sums over the finite pairs for the whole tensors' ranges: of the normalised x
+    (p), of the normalised y (q), and of the excess terms."""
+    p: float
+    q: float
+    excess: float
+
+
+def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) -> PassTotals:
     """The comparison totals of x[start:stop] against y[start:stop] (flat arrays of the same
     size), KL sums included when ranges = (lo_x, hi_x, lo_y, hi_y) is given."""
     ranges = None if ranges is None else tuple(map(float, ranges))
-    return _reduce.compare(flat(x), flat(y), kind(x) + kind(y), start, stop, ranges)
+    return PassTotals._make(_reduce.compare(flat(x), flat(y), kind(x) + kind(y), start, stop,
+                                            ranges))
 
 
-def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> tuple:
-    return _reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop, tuple(map(float, ranges)))
+def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> KLSums:
+    return KLSums._make(_reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop,
+                                   tuple(map(float, ranges))))
 
 
 def index_text(arrays, kinds: str, stats: np.ndarray, stamps: np.ndarray, template) -> bytes:
