@@ -402,3 +402,16 @@ def test_conv_and_batch_norm_of_an_imported_model_fuse_on_the_npu():
     (result,) = sess.fusion_result().values()
     fused = result["graph_fusion"]["ConvBatchNormFusionPass"]["effect_times"]
     assert pairs == 53 and fused == pairs
+
+
+def test_check_on_an_imported_model_speaks_of_what_an_inference_graph_has(tmp_path,
+                                                                         overflowing_mlp):
+    """No gradients, so no loss-scale advice; the golden values beyond fp16 in ops the
+    policy puts in fp16 are found."""
+    model, x = overflowing_mlp
+    ws = tmp_path / "ws"
+    assert _invoke(ws, "onnx", str(model), "--input", f"x={x}").exit_code == 0
+    out = _invoke(ws, "--json", "check")
+    assert out.exit_code == 1, out.output
+    found = {f["check"] for f in json.loads(out.stdout)["findings"]}
+    assert "graph.fp16_range" in found and "hyperparameter.loss_scale" not in found, found

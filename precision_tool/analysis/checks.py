@@ -359,7 +359,9 @@ def _loss_scale(ctx: CheckContext) -> List[Finding]:
     from ..train.loss_scale import loss_scale_variable
     scale_var = loss_scale_variable(ctx.graph)
     if scale_var is None:
-        if ctx.mode in SCALED_MODES:
+        # a step that updates nothing (an inference graph, an imported model) has no
+        # gradients to scale
+        if ctx.mode in SCALED_MODES and ctx.updates:
             return [_finding("hyperparameter.loss_scale", WARNING,
                              f"{ctx.mode} computes gradients in fp16 and the graph has no loss "
                              f"scale: gradients below 6e-8 flush to zero",
