@@ -13,6 +13,7 @@ _WHERE = {
     "loss_scale": ("LossScaleHistory", "loss_scale_history"),
     "mapping": ("TensorMap",),
     "metrics": ("METRICS", "compare_tensors"),
+    "ops": ("OpRow", "export_subgraph", "find_op", "list_ops", "subgraph_dot"),
     "overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
     "replay_op": ("OpReplay", "ReplayOpError", "replay_op"),
     "result": ("Coverage", "Provenance", "StaleResultError", "coverage", "current_result",

@@ -2,10 +2,9 @@
 step's index (read once); tensors are named by dump file or by op name."""
 from __future__ import annotations
 
-import difflib
 import os
 from collections import Counter
-from typing import List, NamedTuple
+from typing import NamedTuple
 
 import click
 import numpy as np
@@ -13,39 +12,19 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import kernels
-from ..analysis import TensorMap
+from ..analysis import TensorMap, ops
 from ..analysis.engine import logical_tensor
 from ..analysis.pair import compare_pair
 from ..dump import housekeeping
-from ..dump.layout import fit_file_name, mangle
-from ..dump.workspace import BFLOAT16, Run, WorkspaceError, read_tensor_file
+from ..dump.layout import fit_file_name
+from ..dump.workspace import BFLOAT16, WorkspaceError, read_tensor_file
 from ..fileio import write_atomic, write_text_atomic
-from ..ops import registry
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 
 RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
                    help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
 STEP = click.option("-s", "--step", type=int, default=None, help="Dumped step (default: the first).")
 STEP_LONG = click.option("--step", type=int, default=None, help="Dumped step (default: the first).")
-
-
-def _nodes(app: App, run: Run) -> List[dict]:
-    graph = app.ws.graph_json(run)
-    if graph:
-        return graph.get("nodes", [])
-    # a golden run has no compiled graph: its ops are in the step index
-    table = app.ws.index(run, app.step(run, None))
-    return [{"name": n, "type": t, "attrs": {}} for n, t in
-            table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
-
-
-def _kernel(node: dict) -> str:
-    """The kernel a node runs: its compute unit and compute dtype (cube_float16...)."""
-    try:
-        unit = registry.get(node["type"]).unit
-    except Exception:
-        unit = "?"
-    return f"{unit}_{node.get('attrs', {}).get('compute_dtype', '')}".rstrip("_")
 
 
 # -- ls ---------------------------------------------------------------------------------------
@@ -62,7 +41,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     if not any((name, op_type, pass_name, kernel)):
         every = app.runs()
         runs = [app.run(run_spec, "npu")] if run_spec else [r for r in every if not r.info.get("replay_of")]
-        counts = {r.label: dict(Counter(n["type"] for n in _nodes(app, r)
+        counts = {r.label: dict(Counter(n["type"] for n in ops.run_ops(app.ws, r)
                                         if n["type"] not in ("Const", "Variable", "NoOp")))
                   for r in runs if r.steps or app.ws.graph_json(r)}
         listing = [{"run": r.label, "replay_of": r.info.get("replay_of"),
@@ -93,63 +72,21 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
         app.emit({"runs": listing, "counts": counts}, render)
         return EXIT_OK
     run = app.run(run_spec, "npu")
-    found = []
-    for n in _nodes(app, run):
-        attrs = n.get("attrs", {})
-        if (name and name not in n["name"]) or (op_type and op_type not in n["type"]) or \
-                (pass_name and pass_name not in attrs.get("pass_name", "")) or \
-                (kernel and kernel not in _kernel(n)):
-            continue
-        found.append({"name": n["name"], "type": n["type"], "pass_name": attrs.get("pass_name", ""),
-                      "kernel": _kernel(n)})
+    found = ops.list_ops(app.ws, run, name, op_type, pass_name, kernel)
 
     def render():
         t = Table(box=None, pad_edge=False)
         for col in ("op", "type", "kernel", "pass"):      # an op name is copied: never broken
             t.add_column(col, overflow="fold", no_wrap=col == "op")
         for f in found:
-            t.add_row(f["name"], f["type"], f["kernel"], f["pass_name"])
+            t.add_row(f.name, f.type, f.kernel, f.pass_name)
         app.console.print(t)
         app.console.print(f"{len(found)} op(s) in {run.target}/{run.name}")
-    app.emit(found, render)
+    app.emit([f.to_json() for f in found], render)
     return EXIT_OK
 
 
 # -- ni ---------------------------------------------------------------------------------------
-def _did_you_mean(name: str, names) -> str:
-    """'; did you mean ...?' with the op names close to a mistyped one (whole names first,
-    then by their last part: 'Softmx' finds 'encoder/layer_0/attention/Softmax'), or ''."""
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
-    if not close:
-        by_last = {}
-        for full in names:
-            by_last.setdefault(full.rpartition("/")[2], []).append(full)
-        lasts = difflib.get_close_matches(name.rpartition("/")[2], list(by_last), n=3, cutoff=0.75)
-        close = [full for last in lasts for full in by_last[last]][:3]
-    return f"; did you mean {', '.join(close)}?" if close else ""
-
-
-def _find_node(app: App, run: Run, name: str) -> tuple:
-    """(node, note): the op of that exact name, or the fused op that absorbed it (the note
-    says so and names the pass). A name that is only part of op names is never taken for
-    one of them: the candidates are listed in the error."""
-    nodes = _nodes(app, run)
-    for n in nodes:
-        if n["name"] == name:
-            return n, ""
-    for n in nodes:
-        attrs = n.get("attrs", {})
-        if name in attrs.get("original_op_names", []):
-            return n, (f"{name} was fused into {n['name']} ({n['type']}) by "
-                       f"{attrs.get('pass_name', 'a fusion pass')}: shown is that op")
-    candidates = [n["name"] for n in nodes if name in n["name"]]
-    if not candidates:
-        raise WorkspaceError(f"no op {name!r} in {run.label}"
-                             + _did_you_mean(name, [n["name"] for n in nodes]))
-    shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
-    raise WorkspaceError(f"no op {name!r} in {run.label}; op(s) whose name holds it: {shown}")
-
-
 @command("ni", "node-info", short_help="An op: type, tensors, pass, dump files, golden files.")
 @click.argument("name")
 @click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
@@ -163,7 +100,7 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     that fused it and the ops it stands for, its dump files with statistics and the matching
     golden files. An inexact name lists the candidates."""
     run = app.run(run_spec, "npu")
-    node, note = _find_node(app, run, name)
+    node, note = ops.find_op(app.ws, run, name)
     attrs = node.get("attrs", {})
     info = {"name": node["name"], "asked": name, "note": note, "type": node["type"],
             "inputs": node.get("inputs", []), "outputs": node.get("outputs", []),
@@ -189,7 +126,7 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
             else:
                 info["golden_note"] = f"{golden.label} has no dump of step {s}"
     if depth is not None:
-        info["dot_file"] = _export_dot(app, run, node, depth)
+        info["dot_file"] = ops.export_subgraph(app.ws, run, node["name"], depth)
 
     def render():
         lines = [f"type: {info['type']}" + (f"   pass: {info['pass_name']}" if info["pass_name"] else "")]
@@ -221,41 +158,6 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
             app.line(f"subgraph: {info['dot_file']}")
     app.emit(info, render)
     return EXIT_OK
-
-
-def _export_dot(app: App, run: Run, node: dict, depth: int) -> str:
-    nodes = {n["name"]: n for n in _nodes(app, run)}
-    consumers = {}
-    for n in nodes.values():
-        for i in n.get("inputs", []):
-            consumers.setdefault(i.rsplit(":", 1)[0], set()).add(n["name"])
-    keep, frontier = {node["name"]}, {node["name"]}
-    for _ in range(depth):
-        nxt = set()
-        for name in frontier:
-            nxt |= {i.rsplit(":", 1)[0] for i in nodes.get(name, {}).get("inputs", [])}
-            nxt |= consumers.get(name, set())
-        frontier = nxt - keep
-        keep |= nxt
-
-    def q(text):             # a DOT string: backslash, quote and line break escaped
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    lines = ["digraph subgraph {", "  node [shape=box];"]
-    for name in sorted(keep):
-        n = nodes.get(name, {"type": "?"})
-        style = ', style=bold' if name == node["name"] else ""
-        lines.append(f"  {q(name)} [label={q(name + chr(10) + n['type'])}{style}];")
-    for name in sorted(keep):
-        for i in nodes.get(name, {}).get("inputs", []):
-            src = i.rsplit(":", 1)[0]
-            if src in keep:
-                lines.append(f"  {q(src)} -> {q(name)};")
-    lines.append("}")
-    path = os.path.join(app.ws.root, "temp", "op_graph",
-                        fit_file_name(mangle(node["name"]), f"_{depth}.dot"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_text_atomic(path, "\n".join(lines) + "\n")
-    return path
 
 
 # -- pt ---------------------------------------------------------------------------------------
@@ -313,7 +215,7 @@ def _tensor(app: App, ref: str, run_spec, step, target: str = "npu") -> Found:
         if is_file:                    # in the workspace, outside the run's index
             return _from_path(ref, app.ws.load_file(ref))
         raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.label}"
-                             + _did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
+                             + ops.did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
     row = hit.iloc[0]
     if not row["file"]:
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
