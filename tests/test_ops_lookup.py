@@ -79,3 +79,22 @@ def test_export_subgraph_writes_the_dot_file_in_the_workspace(dumped):
     assert path.startswith(ws.root) and path.endswith("_1.dot")
     text = open(path, encoding="utf-8").read()
     assert '"act/Relu" -> "head/Softmax";' in text
+
+
+def test_find_tensor_by_tensor_name_file_name_and_path(dumped, tmp_path):
+    ws, npu, cpu = dumped
+    found = ops.find_tensor(ws, "head/Softmax:0")
+    assert found.run.label == npu.label and found.row["io"] == "output"
+    assert found.label == f"{npu.label} head/Softmax:output:0"
+    np.testing.assert_allclose(found.value.sum(axis=-1), 1.0, rtol=1e-3)   # rows of a softmax
+    by_file = ops.find_tensor(ws, found.row["file"])
+    np.testing.assert_array_equal(by_file.value, found.value)
+    golden = ops.find_tensor(ws, "head/Softmax:output:0", run_spec=cpu.label, target="cpu")
+    assert golden.run.label == cpu.label and golden.value.dtype == np.float32
+    # any .npy outside the workspace is that file, read without unpickling
+    outside = tmp_path / "mine.npy"
+    np.save(outside, np.arange(3, dtype=np.float16))
+    plain = ops.find_tensor(ws, str(outside))
+    assert plain.run is None and plain.row is None and plain.dtype == "float16"
+    with pytest.raises(WorkspaceError, match="did you mean head/Softmax"):
+        ops.find_tensor(ws, "head/Softmx:0")

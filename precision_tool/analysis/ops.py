@@ -1,17 +1,21 @@
-"""A run's ops as the commands that list and show them see them (ls, ni): every op with its
-kernel, an op found by name (or the fused op that absorbed it), and the subgraph around an
-op written as DOT. The command line renders what these return."""
+"""A run's ops and tensors as the commands that list and show them see them (ls, ni, pt, cp,
+dc): every op with its kernel, an op found by name (or the fused op that absorbed it), the
+subgraph around an op written as DOT, and a tensor found by file or tensor name. The command
+line renders what these return."""
 from __future__ import annotations
 
 import difflib
 import os
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
 
 from ..dump.layout import fit_file_name, mangle
-from ..dump.workspace import Run, Workspace, WorkspaceError
+from ..dump.workspace import BFLOAT16, Run, Workspace, WorkspaceError, read_tensor_file
 from ..fileio import write_text_atomic
 from ..ops import registry
+from .engine import logical_tensor
 
 
 @dataclass(frozen=True)
@@ -136,3 +140,71 @@ def export_subgraph(ws: Workspace, run: Run, center: str, depth: int) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text_atomic(path, subgraph_dot(run_ops(ws, run), center, depth))
     return path
+
+
+class Found(NamedTuple):
+    """A tensor a command was named: its value as stored, a label, its index row (None for
+    a file given by path), its dtype as the run holds it (the index's: bfloat16 is dumped as
+    its float32 values), where the file's own header differs how it was saved, and the run
+    it was read from (None for a file given by path)."""
+    value: np.ndarray
+    label: str
+    row: object
+    dtype: str
+    saved_as: str
+    run: Optional[Run] = None
+
+    def logical(self) -> np.ndarray:
+        """The value as NCHW where it is stored as NC1HWC0 (padding left out)."""
+        if self.row is not None and self.row.get("format") == "NC1HWC0":
+            return logical_tensor(self.value, "NC1HWC0", self.row["original_shape"])
+        return self.value
+
+
+def _from_path(path: str, value: np.ndarray) -> Found:
+    # .npy has no name for bfloat16: such a file holds 2-byte raw values, read as bfloat16
+    note = "saved as |V2 (2-byte raw values, which is how numpy saves ml_dtypes' bfloat16)" \
+        if value.dtype == BFLOAT16 else ""
+    return Found(value, path, None, str(value.dtype), note)
+
+
+def find_tensor(ws: Workspace, ref: str, run_spec: Optional[str] = None,
+                step: Optional[int] = None, target: str = "npu") -> Found:
+    """The tensor a dump file name/path or a tensor name (op:output:0, op:0) names in the
+    run (run_spec as Workspace.resolve_run takes it; step: the first dumped by default), or
+    any .npy file given by its path (row None: no index row describes it). A path is read as
+    dump files are (no unpickling) but need not lie in a workspace: the user named it. One
+    outside the workspace is that file, whatever a dump file of the same name holds."""
+    is_file = os.path.isfile(ref)
+    root = os.path.realpath(ws.root) + os.sep
+    if is_file and not os.path.realpath(ref).startswith(root):
+        return _from_path(ref, read_tensor_file(ref))
+    try:
+        run = ws.resolve_run(run_spec, target)
+    except WorkspaceError:
+        if not is_file:
+            raise
+        return _from_path(ref, ws.load_file(ref))   # a file in a workspace without runs
+    s = ws.resolve_step(run, step)
+    table = ws.index(run, s)
+    base = os.path.basename(ref)
+    hit = table[table.file == base] if base.endswith(".npy") else table.iloc[0:0]
+    if hit.empty:
+        if ":" in ref and ref.rsplit(":", 2)[-2:][0] in ("input", "output"):
+            op, io, k = ref.rsplit(":", 2)
+            hit = table[(table.op_name == op) & (table.io == io) & (table["index"] == int(k))]
+        else:
+            op, _, k = ref.rpartition(":") if ref.rpartition(":")[2].isdigit() else (ref, "", "0")
+            hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
+    if hit.empty:
+        if is_file:                    # in the workspace, outside the run's index
+            return _from_path(ref, ws.load_file(ref))
+        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.label}"
+                             + did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
+    row = hit.iloc[0]
+    if not row["file"]:
+        raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
+    value = ws.load(run, s, row["file"])
+    dtype = str(row["dtype"])
+    return Found(value, f"{run.label} {row['op_name']}:{row['io']}:{row['index']}", row, dtype,
+                 f"stored as {value.dtype}" if dtype != str(value.dtype) else "", run)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import NamedTuple
 
 import click
 import numpy as np
@@ -13,11 +12,10 @@ from rich.table import Table
 
 from .. import kernels
 from ..analysis import TensorMap, ops
-from ..analysis.engine import logical_tensor
 from ..analysis.pair import compare_pair
 from ..dump import housekeeping
 from ..dump.layout import fit_file_name
-from ..dump.workspace import BFLOAT16, WorkspaceError, read_tensor_file
+from ..dump.workspace import WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
 from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 
@@ -161,68 +159,18 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
 
 
 # -- pt ---------------------------------------------------------------------------------------
-class Found(NamedTuple):
-    """A tensor a command was named: its value as stored, a label, its index row (None for
-    a file given by path), its dtype as the run holds it (the index's: bfloat16 is dumped as
-    its float32 values) and, where the file's own header differs, how it was saved."""
-    value: np.ndarray
-    label: str
-    row: object
-    dtype: str
-    saved_as: str
-
-    def logical(self) -> np.ndarray:
-        """The value as NCHW where it is stored as NC1HWC0 (padding left out)."""
-        if self.row is not None and self.row.get("format") == "NC1HWC0":
-            return logical_tensor(self.value, "NC1HWC0", self.row["original_shape"])
-        return self.value
-
-
-def _from_path(path: str, value: np.ndarray) -> Found:
-    # .npy has no name for bfloat16: such a file holds 2-byte raw values, read as bfloat16
-    note = "saved as |V2 (2-byte raw values, which is how numpy saves ml_dtypes' bfloat16)" \
-        if value.dtype == BFLOAT16 else ""
-    return Found(value, path, None, str(value.dtype), note)
-
-
-def _tensor(app: App, ref: str, run_spec, step, target: str = "npu") -> Found:
-    """The tensor a dump file name/path or a tensor name (op:output:0, op:0) names in the
-    run, or any .npy file given by its path (row None: no index row describes it). A path is
-    read as dump files are (no unpickling) but need not lie in a workspace: the user named
-    it. One outside the workspace is that file, whatever a dump file of the same name holds."""
-    is_file = os.path.isfile(ref)
-    root = os.path.realpath(app.ws_root()) + os.sep
-    if is_file and not os.path.realpath(ref).startswith(root):
-        return _from_path(ref, read_tensor_file(ref))
+def _tensor(app: App, ref: str, run_spec, step, target: str = "npu") -> ops.Found:
+    """ops.find_tensor in the command's workspace; the run it read named on stderr if a
+    killed dump left steps of it partial."""
     try:
-        run = app.run(run_spec, target)
-    except WorkspaceError:
-        if not is_file:
-            raise
-        return _from_path(ref, app.ws.load_file(ref))   # a file in a workspace without runs
-    s = app.step(run, step)
-    table = app.ws.index(run, s)
-    base = os.path.basename(ref)
-    hit = table[table.file == base] if base.endswith(".npy") else table.iloc[0:0]
-    if hit.empty:
-        if ":" in ref and ref.rsplit(":", 2)[-2:][0] in ("input", "output"):
-            op, io, k = ref.rsplit(":", 2)
-            hit = table[(table.op_name == op) & (table.io == io) & (table["index"] == int(k))]
-        else:
-            op, _, k = ref.rpartition(":") if ref.rpartition(":")[2].isdigit() else (ref, "", "0")
-            hit = table[(table.op_name == op) & (table.io == "output") & (table["index"] == int(k))]
-    if hit.empty:
-        if is_file:                    # in the workspace, outside the run's index
-            return _from_path(ref, app.ws.load_file(ref))
-        raise WorkspaceError(f"no dumped tensor {ref!r} in step {s} of {run.label}"
-                             + ops.did_you_mean(ref.split(":")[0], sorted(set(table.op_name))))
-    row = hit.iloc[0]
-    if not row["file"]:
-        raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
-    value = app.ws.load(run, s, row["file"])
-    dtype = str(row["dtype"])
-    return Found(value, f"{run.label} {row['op_name']}:{row['io']}:{row['index']}", row, dtype,
-                 f"stored as {value.dtype}" if dtype != str(value.dtype) else "")
+        ws = app.ws
+    except WorkspaceError:          # none there: a file given by its path is still read
+        from ..dump.workspace import Workspace
+        ws = Workspace(app.ws_root())
+    found = ops.find_tensor(ws, ref, run_spec, step, target)
+    if found.run is not None:
+        app.noting(found.run)
+    return found
 
 
 def _output_path(app: App, kind: str, ref: str, stem: str, suffix: str) -> str:
