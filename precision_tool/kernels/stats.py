@@ -63,49 +63,20 @@ def stats_row(x: np.ndarray, row) -> None:
 
 def batch_stats(arrays) -> dict:
     """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): the
-    C module's one pass per tensor, GIL released, where it is built (see native); otherwise
-    one concatenation and a few numpy reductions over it, with tensor_stats for the rare
-    tensor that is empty or holds inf/nan. Same values, float64."""
+    C module's one pass per tensor, GIL released, where it runs and takes the dtype;
+    tensor_stats for the others. Same values, float64."""
     n = len(arrays)
     out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
     out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
     fast = native.enabled()
-    special, flat, positions, one_pass = [], [], [], []
-    for k, a in enumerate(arrays):
-        if fast and a.size and native.stats_kind(a):
-            one_pass.append(k)
-        elif a.size == 0 or a.dtype.kind not in "fiub":
-            special.append(k)
-        else:
-            flat.append(a.reshape(-1))
-            positions.append(k)
-    if flat:
-        sizes = np.fromiter((f.size for f in flat), dtype=np.int64, count=len(flat))
-        # float32 holds every dumped float exactly (fp16/bf16 too); ints beyond 2^24 need float64
-        wide = any(f.dtype == np.float64 or (f.dtype.kind in "iu" and f.dtype.itemsize > 2
-                                             and np.abs(f).max() >= 2 ** 24) for f in flat)
-        buf = np.concatenate(flat, dtype=np.float64 if wide else np.float32, casting="unsafe")
-        starts = np.zeros(len(flat), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        pos = np.asarray(positions)
-        # a tensor holding inf/nan makes its sums nan here (inf - inf): it is done again by
-        # tensor_stats below, so numpy's warning about it says nothing
-        with np.errstate(invalid="ignore", over="ignore"):
-            out["max"][pos] = np.maximum.reduceat(buf, starts)
-            out["min"][pos] = np.minimum.reduceat(buf, starts)
-            out["mean"][pos] = np.add.reduceat(buf, starts, dtype=np.float64) / sizes
-            sq = np.square(buf, dtype=np.float64)
-            out["l2norm"][pos] = np.sqrt(np.add.reduceat(sq, starts))
-        finite = np.isfinite(buf)
-        if not finite.all():
-            special += pos[np.add.reduceat(~finite, starts) > 0].tolist()
-    for k in special:
-        for field, value in tensor_stats(arrays[k]).items():
-            out[field][k] = value
+    one_pass = [k for k, a in enumerate(arrays) if fast and a.size and native.stats_kind(a)]
     if one_pass:
         rows = native.stats([arrays[k] for k in one_pass])
         for j, field in enumerate(STAT_FIELDS):
             out[field][one_pass] = rows[:, j]
+    for k in sorted(set(range(n)) - set(one_pass)):
+        for field, value in tensor_stats(arrays[k]).items():
+            out[field][k] = value
     return out
 
 
