@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 pytest.importorskip("onnx", reason="the ONNX import needs the onnx package (pip install onnx)")
-from onnx import helper  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import precision_tool as pt  # noqa: E402
@@ -415,3 +415,24 @@ def test_check_on_an_imported_model_speaks_of_what_an_inference_graph_has(tmp_pa
     assert out.exit_code == 1, out.output
     found = {f["check"] for f in json.loads(out.stdout)["findings"]}
     assert "graph.fp16_range" in found and "hyperparameter.loss_scale" not in found, found
+
+
+def test_a_run_that_fails_puts_the_workspace_back(tmp_path):
+    """--fresh moves the workspace aside before the run; when the run then fails (here a
+    Gather index out of range, fed at run time), the workspace is put back and what the
+    failed run wrote is moved aside in turn: nothing lost, nothing half-written in place."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup", axis=0)]
+    m = om.model(nodes, [om.value("ids", [3], TensorProto.INT64)], [om.value("y", [3, 2])],
+                 [om.init("table", np.arange(8, dtype=np.float32).reshape(4, 2))])
+    path = tmp_path / "gather.onnx"
+    path.write_bytes(m.SerializeToString())
+    np.save(tmp_path / "ids.npy", np.array([0, 7, 1], np.int64))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "kept.txt").write_text("the user's")
+    out = _invoke(ws, "onnx", str(path), "--input", f"ids={tmp_path / 'ids.npy'}")
+    assert out.exit_code in (2, 3) and "Traceback" not in out.output, out.output
+    assert "the workspace is back" in out.stderr
+    assert (ws / "kept.txt").read_text() == "the user's"
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("ws.")]
+    assert len(moved) == 1 and not (ws / "npu").exists()
