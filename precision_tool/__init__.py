@@ -24,7 +24,7 @@ from .train import amp
 # imported when first used (PEP 562): the models and the data are only built on demand, and
 # the trainer pulls in the dump hooks and, through the workspace, pandas
 _LAZY = {"data": ("data", None), "models": ("models", None), "trainer": ("trainer", None),
-         "hooks": ("hooks", None), "analysis": ("analysis", None), "Model": ("trainer", "Model")}
+         "hooks": ("dump.hooks", None), "analysis": ("analysis", None), "Model": ("trainer", "Model")}
 
 
 def __getattr__(name: str):

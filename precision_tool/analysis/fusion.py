@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Set
 
-from .. import hooks
+from ..dump import hooks
 from ..dump import Workspace
 from ..dump.replay import load_bundle, replay
 from ..dump.workspace import Run

@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from .. import hooks
+from ..dump import hooks
 from ..dump import housekeeping
 from ..dump.replay import load_bundle, replay
 from ..runtime.config import SessionConfig

@@ -9,7 +9,7 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from .. import hooks
+from ..dump import hooks
 from ..errors import FeedError
 from ..runtime import Session, SessionConfig
 from .importer import ImportedModel

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from .. import hooks, numerics
+from .. import numerics
+from ..dump import hooks
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class WatchpointCallback(Callback):
     them."""
 
     def __init__(self, data_dir: Optional[str] = None, conditions=None, **thresholds):
-        from ..hooks import _watch_config
+        from ..dump.hooks import _watch_config
         _watch_config(conditions, thresholds)          # refuse a wrong name now, not at begin
         self.options = dict(data_dir=data_dir, conditions=conditions, **thresholds)
         self.observer = None

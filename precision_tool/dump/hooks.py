@@ -14,9 +14,9 @@ import dataclasses
 import os
 from typing import Optional
 
-from .dump import layout
-from .dump.dumper import DumpHook, DumpObserver
-from .runtime import SessionConfig
+from . import layout
+from .dumper import DumpHook, DumpObserver
+from ..runtime import SessionConfig
 
 
 def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action,
@@ -111,7 +111,7 @@ def watch(config: Optional[SessionConfig] = None, data_dir: Optional[str] = None
     tested against the conditions (all, or those named), hits appended to
     <workspace>/watch/hits.csv and the first of each said on stderr. thresholds: WatchConfig's
     fields (grad_min, grad_max, update_min, update_max, loss_patience, scale_patience)."""
-    from .dump.watch import WatchHook
+    from .watch import WatchHook
     config = config or SessionConfig()
     hook = WatchHook(_watch_config(conditions, thresholds), layout.resolve_root(data_dir))
     return dataclasses.replace(config, observers=tuple(config.observers) + (hook,))
@@ -120,7 +120,7 @@ def watch(config: Optional[SessionConfig] = None, data_dir: Optional[str] = None
 def attach_watch(session, data_dir: Optional[str] = None, conditions=None, **thresholds):
     """Watch an existing session's runs from its next run on (see watch); returns the
     observer (its `hits` list)."""
-    from .dump.watch import WatchObserver
+    from .watch import WatchObserver
     observer = WatchObserver(session, _watch_config(conditions, thresholds),
                              layout.resolve_root(data_dir))
     session.add_observer(observer)
@@ -128,7 +128,7 @@ def attach_watch(session, data_dir: Optional[str] = None, conditions=None, **thr
 
 
 def _watch_config(conditions, thresholds):
-    from .dump.watch import CONDITIONS, WatchConfig
+    from .watch import CONDITIONS, WatchConfig
     names = frozenset(conditions) if conditions is not None else None
     unknown = sorted((names or set()) - set(CONDITIONS))
     if unknown:
