@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import hashlib
-import json
 import operator
 import os
-import platform
 import time
 import weakref
 from dataclasses import dataclass
@@ -39,15 +36,13 @@ from typing import Dict, List, NamedTuple
 import numpy as np
 
 from .. import kernels, numerics
-from ..version import __version__
 from ..errors import ExecutionError
-from ..graph import graph_to_json
 from ..runtime.plan import STATS_ONLY
 from . import layout
-from ..fileio import write_text_atomic as save_text
 from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
 from .cores import WriterCore
-from ..kernels.write import make_writer, write_error
+from .runfiles import RunFiles, run_json
+from ..kernels.write import make_writer
 
 NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(kernels.STAT_FIELDS)
@@ -58,10 +53,6 @@ CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtyp
 PARTIAL = ".partial"
 _TIMESTAMP = operator.attrgetter("timestamp")
 _STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
-
-
-def _json(data) -> str:
-    return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
 
 
 def _dims(shape) -> str:
@@ -116,28 +107,19 @@ class _Reuse(NamedTuple):
 
 
 class DumpObserver:
+    """The session's dump: its run's files (RunFiles), each dumped step planned (StepPlan)
+    and handed to the writer."""
+
     def __init__(self, session, settings: layout.DumpSettings):
         self.settings = settings
         self.target = session.target
         self.npu = session.target == "npu"
-        try:
-            self.run_dir = layout.next_debug_dir(os.path.join(settings.root, session.target),
-                                                 settings.debug_dir)
-        except OSError as e:        # a workspace under a file, a read-only disk...
-            raise write_error(e) from None
+        self.files = RunFiles(session, settings)
+        self.run_dir = self.files.run_dir
         _announce(self.run_dir)
-        self.started = time.strftime("%Y%m%d%H%M%S")
-        self.graph = session.compiled.graph if self.npu else session.graph
-        # where the step directories go (each named by its number)
-        self._steps_dir = os.path.join(self.run_dir, "dump", self.started, "0",
-                                       layout.mangle(self.graph.name), "0", "") \
-            if self.npu else os.path.join(self.run_dir, "dump", "")
+        self.graph = self.files.graph
+        self._steps_dir = self.files.steps_dir()
         self._replay_dir = os.path.join(self.run_dir, "replay", "")
-        self.source = session.graph
-        self.dumped_steps: List[int] = []
-        self.history: List[str] = []       # step_history.csv rows of every observed step
-        self._history_written = 0          # how many of them are in the file
-        self._history_at = 0.0             # when they were last appended (time.monotonic)
         self.writer = make_writer(max_pending=2)
         self._core = WriterCore()          # BLAS cut to leave the writer a core while dumping
         self._step = None
@@ -146,45 +128,7 @@ class DumpObserver:
         self._reuse = None                          # where its values are in a run's trace
         self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
         self._bundles = None                        # replay.BundleWriter, made at the first dump
-        self._info = self._run_info(session)
-        compiled = graph_to_json(self.graph) + "\n" if self.npu else None
-        if compiled is not None:
-            # a reader that finds these bytes unchanged knows the graph well formed (it came
-            # from a Graph) and skips the walk that checks a hand-edited or foreign one
-            self._info["graph_sha1"] = hashlib.sha1(compiled.encode("utf-8")).hexdigest()
-        try:
-            save_text(os.path.join(self.run_dir, "run.json"), _json(self._info))
-            if self.npu:
-                graphs = os.path.join(self.run_dir, "graph")
-                os.makedirs(graphs, exist_ok=True)
-                save_text(os.path.join(graphs, f"{layout.mangle(self.graph.name)}.json"), compiled)
-                save_text(os.path.join(self.run_dir, "fusion_result.json"),
-                          _json(session.fusion_result()))
-        except OSError as e:
-            raise write_error(e) from None
         _OPEN.add(self)
-
-    def _run_info(self, session) -> dict:
-        cfg = session.config
-        info = {
-            "writer": "precision_tool", "version": __version__, "target": self.target,
-            "graph": self.source.name, "seed": self.source.seed, "started": self.started,
-            "device_id": 0, "actions": sorted(self.settings.actions),
-            "dump_step": "all" if self.settings.steps is None else sorted(self.settings.steps),
-            "dump_mode": self.settings.mode, "dump_data": self.settings.data,
-            "dumped_steps": [], "replay_of": self.settings.replay_of,
-            "values_from": self.settings.values_from,
-            "versions": {"python": platform.python_version(), "numpy": np.__version__},
-        }
-        if self.npu:
-            info.update(precision_mode=cfg.precision_mode, amp_level=cfg.amp_level,
-                        overflow_mode=cfg.overflow_mode, mode=cfg.mode,
-                        fusion_passes=sorted(session.compiled.fusion),
-                        numerics="simulated: cube ops accumulate in fp32, vector ops compute "
-                                 "in fp32 and round per op; see DESIGN.md section 4")
-        else:
-            info.update(golden_dtype=cfg.golden_dtype)
-        return info
 
     # -- the observer protocol (main thread: keep it cheap) ----------------------------------
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes) -> bool:
@@ -224,9 +168,7 @@ class DumpObserver:
             st.loss_scale = (trace.scalar(node.inputs[0]), trace.scalar(f"{node.name}:0"),
                              bool(trace.scalar(node.inputs[4])))
         st.status = trace.status
-        scale = ",".join(map(repr, st.loss_scale[:2])) + f",{int(st.loss_scale[2])}" \
-            if st.loss_scale else ",,"
-        self.history.append(f"{st.number},{st.status},{scale}")
+        self.files.observed(st.number, st.status, st.loss_scale)
         if st.dump or st.status:          # an overflow check writes only steps that overflowed
             self._put_step(st, trace, traced)
         steps = self.settings.steps
@@ -246,30 +188,9 @@ class DumpObserver:
         list of dumped steps; raise the first write error."""
         try:
             self.writer.flush()
-            self._finish()
+            self.files.finish()
         finally:
             self._core.restore()
-
-    def _finish(self):
-        self._write_history()
-        if self._info["dumped_steps"] != self.dumped_steps:
-            self._info["dumped_steps"] = list(self.dumped_steps)
-            save_text(os.path.join(self.run_dir, "run.json"), _json(self._info), durable=False)
-
-    def _write_history(self):
-        """Append the rows observed since the last call (a named run's old history is
-        replaced by the first). Called at most once a second while steps are written, and
-        at close: a killed run loses a second of history at most (a torn last line is
-        skipped by the reader); rewriting it all each step would grow with the run."""
-        rows = self.history[self._history_written:]     # a snapshot: the main thread appends
-        self._history_at = time.monotonic()
-        if not rows:
-            return
-        with open(os.path.join(self.run_dir, layout.HISTORY_FILE),
-                  "a" if self._history_written else "w", encoding="utf-8", newline="") as f:
-            f.write(("" if self._history_written else layout.HISTORY_HEADER + "\n")
-                    + "\n".join(rows) + "\n")
-        self._history_written += len(rows)
 
     # -- the writer thread -------------------------------------------------------------------
     def _statics(self, node):
@@ -427,7 +348,7 @@ class DumpObserver:
             plan.fill_stats(partial, stamps, values)
         more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id,
                                                                 t.timestamp)),
-                 _json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
+                 run_json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
         dirs, renames, links, bundle = [partial], [(partial, st.path)], (), st.bundle
         if bundle is not None:
             more += bundle.files
@@ -435,10 +356,12 @@ class DumpObserver:
             links = [bundle.link]
             renames.append((bundle.partial, bundle.path))
 
+        files = self.files
+
         def written():
-            bisect.insort(self.dumped_steps, st.number)
-            if time.monotonic() - self._history_at >= 1.0:
-                self._write_history()
+            bisect.insort(files.dumped_steps, st.number)
+            if time.monotonic() - files.history_at >= 1.0:
+                files.write_history()
         self.writer.put_step(plan, filled, more, links, renames, dirs, written)
 
 
