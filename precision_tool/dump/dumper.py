@@ -95,6 +95,30 @@ class _Traced:
         return self.plan.producers[node], int(k)
 
 
+class Record(NamedTuple):
+    """One op of a dumped step: its node, its input and output values (record[1] and
+    record[2]: Row.side indexes them), its task on the NPU (None on the golden executor)
+    and its timestamp."""
+    node: object
+    inputs: object
+    outputs: list
+    task: object
+    timestamp: int
+
+
+class _Static(NamedTuple):
+    """A node's names and CSV fields, worked out once: its type and name as file names use
+    them, quoted for the CSV, its pass, and per input and output (quoted tensor name, dtype,
+    format, original shape, real channels of an NC1HWC0 tensor)."""
+    type: str
+    name: str
+    q_type: str
+    q_name: str
+    q_pass: str
+    ins: list
+    outs: list
+
+
 class _Reuse(NamedTuple):
     """Where the last StepPlan's values are in a run's trace (see DumpObserver._new_plan)."""
     sources: list           # per tensor: (plan index, output), or (len(plan.nodes), feed)
@@ -205,9 +229,9 @@ class DumpObserver:
             ins = [fields(t, self.graph.tensor(t).spec) for t in node.inputs]
             outs = [fields(f"{node.name}:{k}", spec) for k, spec in enumerate(node.outputs)]
             # the real names: file names are mangled to fit by layout's name functions
-            s = self._static[node.name] = (node.type, node.name,
-                                           _q(node.type), _q(node.name),
-                                           _q(node.attrs.get("pass_name", "")), ins, outs)
+            s = self._static[node.name] = _Static(node.type, node.name, _q(node.type),
+                                                  _q(node.name),
+                                                  _q(node.attrs.get("pass_name", "")), ins, outs)
         return s
 
     def _rows(self, records, mode, tensor_mode) -> List[Row]:
@@ -221,7 +245,8 @@ class DumpObserver:
             # another golden run)
             inputs_too = mode != "output"
             for r, (node, inputs, outputs, _, _) in enumerate(records):
-                _, n_name, q_type, q_name, _, ins, outs = self._statics(node)
+                st = self._statics(node)
+                n_name, q_type, q_name, ins, outs = st.name, st.q_type, st.q_name, st.ins, st.outs
                 for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(outputs, outs)):
                     # the golden holds every float in its golden dtype: that is what it dumps
                     dtype = value.dtype.name
@@ -261,7 +286,7 @@ class DumpObserver:
                         tensor_mode)
 
     def _records(self, st: _Step, trace, traced: _Traced, stamp: int):
-        """The step's records, (node, inputs, outputs, task, timestamp) each, with where each
+        """The step's records (Record: node, inputs, outputs, task, timestamp), with where each
         record's outputs are in the trace ((plan index, None), or (len(plan.nodes), position
         in fed) for a feed) and, on the NPU, the index of its task. An NPU step records its
         kernels (an overflow check: those that overflowed); a golden step every op but
@@ -275,16 +300,16 @@ class DumpObserver:
                 launched += task is not None       # the tasks come in the order of their nodes
                 if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
                     continue
-                records.append((node, inputs, outputs, task, task.timestamp))
+                records.append(Record(node, inputs, outputs, task, task.timestamp))
                 where.append((j, None))
                 tasks.append(launched)
             return records, where, tasks, fed
         for position, t in enumerate(fed):
-            records.append((self.graph.tensor(t).node, None, [trace.feeds[t]], None, stamp))
+            records.append(Record(self.graph.tensor(t).node, None, [trace.feeds[t]], None, stamp))
             where.append((len(trace.outputs), position))
         for j, (node, inputs, outputs, _) in enumerate(trace.records()):
             if node.type != "NoOp":
-                records.append((node, inputs, outputs, None, stamp))
+                records.append(Record(node, inputs, outputs, None, stamp))
                 where.append((j, None))
         return records, where, tasks, fed
 
@@ -300,13 +325,13 @@ class DumpObserver:
             if side == 2:
                 sources.append((j, k if position is None else position))
             else:
-                sources.append(traced.source(records[r][0].inputs[k], fed))
+                sources.append(traced.source(records[r].node.inputs[k], fed))
         nodes, slots = traced.plan.nodes, traced.plan.slots
         rows = np.array([slots[fed[k]] if j == len(nodes) else slots[nodes[j].name] + k
                          for j, k in sources], dtype=np.intp)
         self._reuse = _Reuse(sources, fed, np.array(tasks, dtype=np.intp), len(trace.tasks or ()),
                              len(records), rows, st.inputs)
-        return plan, plan.gather(records), [r[4] for r in records]
+        return plan, plan.gather(records), [r.timestamp for r in records]
 
     def _put_step(self, st: _Step, trace, traced: _Traced):
         """On the training thread: the step's plan, values, timestamps and paths (cheap while
