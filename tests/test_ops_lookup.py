@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import precision_tool as pt
-from precision_tool import hooks
 from precision_tool.analysis import ops
 from precision_tool.dump import Workspace
 from precision_tool.dump.workspace import WorkspaceError
+
+import harness
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,9 @@ def dumped(tmp_path_factory):
         b = pt.variable("dense/bias", [6], init="zeros")
         y = pt.ops.bias_add(pt.ops.matmul(x, w, name="dense/MatMul"), b, name="dense/BiasAdd")
         probs = pt.ops.softmax(pt.ops.relu(y, name="act/Relu"), name="head/Softmax")
-    feeds = {x: np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)}
-    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="force_fp16"), action="dump", data_dir=str(root)))
-    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=str(root))
-    for sess in (npu, cpu):
-        sess.run([probs], feeds)
-        sess.close()
+    harness.dump_both(str(root), g, [probs],
+                      {x: np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32)},
+                      pt.SessionConfig(precision_mode="force_fp16"))
     ws = Workspace(str(root))
     return ws, ws.run("npu"), ws.run("cpu")
 
