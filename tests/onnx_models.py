@@ -7,9 +7,7 @@ encoder from transformers. Exports are cached per test session by the callers.""
 import importlib.util
 
 import numpy as np
-
-onnx = __import__("onnx")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
 EXPORT_PACKAGES = ("torch", "torchvision", "transformers", "onnxscript")
 

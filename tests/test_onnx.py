@@ -17,7 +17,8 @@ import precision_tool as pt  # noqa: E402
 from precision_tool.cli import cli  # noqa: E402
 from precision_tool.dump import Workspace  # noqa: E402
 from precision_tool.onnx import OnnxImportError, UnsupportedModelError, load  # noqa: E402
-from precision_tool.onnx.job import check_feeds, dump_model  # noqa: E402
+from precision_tool.onnx.job import dump_model  # noqa: E402
+from precision_tool.onnx.reference import against_onnxruntime  # noqa: E402
 
 import onnx_models as om  # noqa: E402
 
@@ -29,7 +30,7 @@ def _invoke(root, *args):
 def _golden(imported, feeds):
     sess = pt.Session(imported.graph)
     imported.load_weights(sess)
-    return sess.run(list(imported.outputs.values()), check_feeds(imported, feeds))
+    return sess.run(list(imported.outputs.values()), imported.feed_dict(feeds))
 
 
 def _ort():
@@ -136,14 +137,10 @@ def test_a_file_that_is_not_onnx_is_one_clear_error(tmp_path):
                          ids=["mlp", "folding", "opset11"])
 def test_each_small_test_model_matches_onnxruntime_on_every_node(build, batch):
     _ort()
-    from precision_tool.onnx.job import _golden_values
-    from precision_tool.onnx.reference import compare_nodes, node_outputs
     imported = load(build(), batch=batch)
     feeds = {k: np.random.default_rng(7).normal(size=t.shape).astype(np.float32)
              for k, t in imported.inputs.items()}
-    ort_values = node_outputs(imported, feeds)
-    diffs = compare_nodes(_golden_values(imported, check_feeds(imported, feeds), list(ort_values)),
-                          ort_values)
+    _, diffs = against_onnxruntime(imported, feeds)
     last = imported.proto.graph.node[-1].output[0]
     assert last in {d.name for d in diffs}
     assert max(d.rel_l2 for d in diffs) <= 1e-5, diffs
@@ -280,14 +277,10 @@ def test_the_model_zoo_cnns_match_onnxruntime_on_every_node(name):
     _ort()
     if not os.path.exists(_shipped(name)):
         pytest.skip("this onnx build ships no light models")
-    from precision_tool.onnx.reference import compare_nodes, node_outputs
-    from precision_tool.onnx.job import _golden_values
     imported = load(_shipped(name))
     feeds = {k: np.random.default_rng(6).normal(size=t.shape).astype(np.float32)
              for k, t in imported.inputs.items()}
-    ort_values = node_outputs(imported, feeds)
-    diffs = compare_nodes(_golden_values(imported, check_feeds(imported, feeds), list(ort_values)),
-                          ort_values)
+    _, diffs = against_onnxruntime(imported, feeds)
     assert len(diffs) >= 100
     worst = max(diffs, key=lambda d: d.rel_l2)
     assert worst.rel_l2 <= 1e-5 and all(d.same_nonfinite for d in diffs), worst
@@ -314,13 +307,9 @@ def _real_feeds(name, imported):
 @pytest.mark.parametrize("name", ["resnet18", "bert"])
 def test_real_models_golden_matches_onnxruntime_on_every_node(exported, name):
     _ort()
-    from precision_tool.onnx.reference import compare_nodes, node_outputs
-    from precision_tool.onnx.job import _golden_values
     imported = load(exported[name])
     feeds = _real_feeds(name, imported)
-    ort_values = node_outputs(imported, feeds)
-    golden = _golden_values(imported, check_feeds(imported, feeds), list(ort_values))
-    diffs = compare_nodes(golden, ort_values)
+    _, diffs = against_onnxruntime(imported, feeds)
     computed = [n for n in imported.proto.graph.node if n.name not in set(imported.folded)]
     # every node computed at run time has its value compared (the last node's, at least)
     assert len(diffs) >= len(computed) * 0.9, (len(diffs), len(computed))

@@ -494,6 +494,10 @@ class Prover:
         self.golden = loss_curve(replay, "cpu", (), steps)[0]
         self.unfixed = loss_curve(replay, "npu", (), steps)[0]
 
+    def announce(self) -> str:
+        return (f"proving the fix over {self.steps} steps" if self.replay.updates_state
+                else "the step updates no variable: its replays are the proof")
+
     def __call__(self, fix: Sequence[Change]) -> Proof:
         """The fixed loss drifts at step i when |fixed - golden| > rtol * max(|golden_i|,
         |golden_0| / 100) + the spacing of the loss's dtype there: the floor keeps a loss
@@ -613,9 +617,9 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
                                 + ("; ".join(everything.failing[:3]) or "an overflow"))
     if result.fix is not None:
         if result.proof is None:
-            progress(f"proving the fix over {proof_steps} steps" if replay.updates_state
-                     else "the step updates no variable: its replays are the proof")
-            result.proof = prove(replay, result.fix, proof_steps, proof_rtol)
+            prover = Prover(replay, proof_steps, proof_rtol)
+            progress(prover.announce())
+            result.proof = prover(result.fix)
         result.config = _public_config(configure(replay.base, result.fix))
         _cost(result, replay)
         if write and result.fix and result.proof.holds:
@@ -670,8 +674,7 @@ def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int
             fix = minimize(shortest_prefix(cands, test), test)
             result.minimal = one_minimal(fix, test)
             result.fix, result.after = fix, replay.run(fix)
-            progress(f"proving the fix over {prover.steps} steps" if prover.steps
-                     else "the step updates no variable: its replays are the proof")
+            progress(prover.announce())
             result.proof = prover(fix)
     except BudgetSpent:
         result.notes.append(f"the budget of {budget} replays ran out before a minimal "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 import click
@@ -94,6 +95,28 @@ def _move_aside(root: str) -> Optional[str]:
     return aside
 
 
+@contextmanager
+def fresh_workspace(app: App, root: str, fresh: bool = True):
+    """For a command that writes a new workspace at root: what root holds is moved aside
+    first (fresh; renamed, never deleted), and if the command then fails or is interrupted,
+    put back, with what the failed run wrote moved aside in turn: nothing lost, nothing
+    half-written left in its place."""
+    aside = _move_aside(root) if fresh else None
+    if aside:
+        app.info(f"the existing workspace was moved to {aside}")
+    try:
+        yield
+    except BaseException:
+        if aside:
+            failed = _move_aside(root)
+            for entry in os.listdir(aside):
+                os.rename(os.path.join(aside, entry), os.path.join(root, entry))
+            os.rmdir(aside)
+            app.warn(f"the run failed: the workspace is back in {root}"
+                     + (f"; what the failed run wrote is in {failed}" if failed else ""))
+        raise
+
+
 @command("demo", "demo", short_help="The main job: train, dump both runs, auto check.")
 @click.option("--steps", type=click.IntRange(1, 500), default=100, show_default=True,
               help="Training steps on each executor.")
@@ -115,28 +138,25 @@ def demo_cmd(ctx, app: App, steps, fresh, exit_zero):
     from .. import data, models
     from ..runtime import Session
     root = app.ws_root()
-    if fresh:
-        aside = _move_aside(root)
-        if aside:
-            app.info(f"the existing workspace was moved to {aside}")
-    app.refresh()
     digits = data.digits(scale=1.0)                      # raw pixels: the planted problem
     model = models.transformer()
     cfg = SessionConfig(precision_mode="allow_mix_precision")
-    npu = Session(model.graph, target="npu",
-                  config=hooks.session_dump_config(cfg, action="dump|overflow", dump_step="0", data_dir=root))
-    cpu = hooks.sess_dump(Session(model.graph), action="dump", dump_step="0", data_dir=root)
-    app.info(f"training the Transformer on raw digits for {steps} steps on the golden executor "
-             f"and the simulated NPU (allow_mix_precision, fusion on)...")
-    losses = {"npu": [], "cpu": []}
-    batches = list(digits.batches(32, seed=0, epoch=0))
-    for k in range(steps):
-        xb, yb = batches[k % len(batches)]
-        for name, sess in (("npu", npu), ("cpu", cpu)):
-            loss, _ = sess.run([model.loss, model.train_op], {model.x: xb, model.y: yb})
-            losses[name].append(float(loss))
-    npu.close()
-    cpu.close()
+    with fresh_workspace(app, root, fresh):
+        app.refresh()
+        npu = Session(model.graph, target="npu", config=hooks.session_dump_config(
+            cfg, action="dump|overflow", dump_step="0", data_dir=root))
+        cpu = hooks.sess_dump(Session(model.graph), action="dump", dump_step="0", data_dir=root)
+        app.info(f"training the Transformer on raw digits for {steps} steps on the golden "
+                 f"executor and the simulated NPU (allow_mix_precision, fusion on)...")
+        losses = {"npu": [], "cpu": []}
+        batches = list(digits.batches(32, seed=0, epoch=0))
+        for k in range(steps):
+            xb, yb = batches[k % len(batches)]
+            for name, sess in (("npu", npu), ("cpu", cpu)):
+                loss, _ = sess.run([model.loss, model.train_op], {model.x: xb, model.y: yb})
+                losses[name].append(float(loss))
+        npu.close()
+        cpu.close()
     acc = {name: float(np.mean(np.argmax(sess.run(model.eval_logits, {model.x: digits.x_test}), 1)
                                == digits.y_test)) for name, sess in (("npu", npu), ("cpu", cpu))}
     app.refresh()

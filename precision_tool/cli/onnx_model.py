@@ -91,7 +91,7 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
 
     from ..onnx import load
     from ..onnx.job import dump_model
-    from .jobs import _move_aside
+    from .jobs import fresh_workspace
     from ..fileio import load_json
     from ..runtime.npu.fusion import FusionSwitchError, enabled_passes
     from ..runtime.npu.policy import load_mixlist, make_policy
@@ -124,23 +124,11 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
         raise CommandError(f"--input {unknown[0]}: the model has no such input "
                            f"(inputs: {', '.join(imported.inputs)})")
     root = app.ws_root()
-    aside = _move_aside(root) if fresh else None
-    if aside:
-        app.info(f"the existing workspace was moved to {aside}")
-    os.makedirs(root, exist_ok=True)
-    try:
+    with fresh_workspace(app, root, fresh):
+        os.makedirs(root, exist_ok=True)
         result = dump_model(imported, root, feeds, precision_mode=precision_mode,
                             overflow_mode=overflow_mode, fusion_switch=switch,
                             modify_mixlist=mixlist, reference=reference, progress=app.info)
-    except BaseException:
-        if aside:               # nothing lost: the workspace goes back, the failed run aside
-            failed = _move_aside(root)
-            for entry in os.listdir(aside):
-                os.rename(os.path.join(aside, entry), os.path.join(root, entry))
-            os.rmdir(aside)
-            app.warn(f"the run failed: the workspace is back in {root}"
-                     + (f"; what the failed run wrote is in {failed}" if failed else ""))
-        raise
     app.refresh()
     n_ops = sum(1 for n in imported.graph.nodes
                 if n.type not in ("Placeholder", "Variable", "Const"))

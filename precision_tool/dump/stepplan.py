@@ -141,8 +141,8 @@ class StepPlan:
                     arrays[i] = values[i].astype(dtype)
         stats = np.empty((len(values), 7))
         if self.numpy_stats:    # the kinds the C module does not take (its '.' kinds)
-            some = kernels.batch_stats([self._logical(values, i) for i in self.numpy_stats])
-            stats[self.numpy_stats] = np.column_stack([some[f] for f in kernels.STAT_FIELDS])
+            stats[self.numpy_stats] = kernels.stats_table([self._logical(values, i)
+                                                           for i in self.numpy_stats])
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
                       stats)
 
@@ -169,8 +169,7 @@ class StepPlan:
         kernels.write.write_files makes them (dirs and links first, renames once every file is
         written)."""
         if filled.values is None:
-            text = self.index.fill(filled.stamps, kernels.stats_text(
-                dict(zip(kernels.STAT_FIELDS, filled.stats.T))))
+            text = self.index.fill(filled.stamps, kernels.table_text(filled.stats))
         else:
             text = index_text(self.index, filled.stamps, filled.values, self.kinds,
                               filled.stats)

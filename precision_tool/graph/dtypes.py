@@ -21,6 +21,7 @@ _NUMPY = {
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bf16": "bfloat16",
             "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 
+ALL_DTYPES = frozenset(_NUMPY)             # every dtype a tensor of the IR may have
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 INT_DTYPES = frozenset({"int8", "uint8", "int32", "int64"})
 

@@ -2,7 +2,8 @@
 the C module (precision_tool._reduce) is built and PRECISION_TOOL_NUMPY_ONLY is not set, C
 loops compute the same numbers (the tests run both ways). Callers do not ask which runs.
 
-- stats: tensor statistics (tensor_stats, stats_row, batch_stats, stats_text, SourceRows)
+- stats: tensor statistics (tensor_stats, stats_row, stats_table / batch_stats, table_text /
+  stats_text, SourceRows)
 - grid: fp16/bf16 rounding of results with saturation and the overflow it shows
   (round_result, rounder)
 - compare: the totals of a pair that every comparison metric is made of, KL's sums
@@ -15,4 +16,4 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
 from .native import writer_running  # noqa: F401
 from .grid import round_result, rounder  # noqa: F401
 from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_kind,  # noqa: F401
-                    stats_row, stats_text, tensor_stats)
+                    stats_row, stats_table, stats_text, table_text, tensor_stats)

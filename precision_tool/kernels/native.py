@@ -2,11 +2,11 @@
 
 The C module reads a tensor once for all its statistics, or a pair once for all the
 comparison totals, formats the index's numbers and writes a step's tensor files, all with
-the GIL released. It is an accelerator only: numerics and
-analysis.metrics keep the numpy code that defines every quantity, which runs where the
-module was not built (no C compiler at install time), for element types it does not take
-(integers and booleans in comparisons), and when PRECISION_TOOL_NUMPY_ONLY is set (the
-tests run both).
+the GIL released. It is an accelerator only: the rest of the kernels package keeps the
+numpy code that defines every quantity, which runs where the module was not built (no C
+compiler at install time), for element types it does not take (integers and booleans in
+comparisons), and when PRECISION_TOOL_NUMPY_ONLY is set (the tests run both). Nothing
+outside the kernels package calls this module.
 """
 from __future__ import annotations
 

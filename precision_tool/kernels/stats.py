@@ -61,33 +61,42 @@ def stats_row(x: np.ndarray, row) -> None:
     row[7] = float(x.size)
 
 
-def batch_stats(arrays) -> dict:
-    """tensor_stats of many tensors at once, as arrays by field (one entry per tensor): the
-    C module's one pass per tensor, GIL released, where it runs and takes the dtype;
-    tensor_stats for the others. Same values, float64."""
-    n = len(arrays)
-    out = {f: np.full(n, np.nan) for f in ("max", "min", "mean", "l2norm")}
-    out.update({f: np.zeros(n, dtype=np.int64) for f in ("nan_count", "pos_inf_count", "neg_inf_count")})
+def stats_table(arrays) -> np.ndarray:
+    """tensor_stats of many tensors at once, a row per tensor ((n, 7) float64, STAT_FIELDS'
+    order, the counts as floats): the C module's one pass per tensor, GIL released, where
+    it runs and takes the dtype; tensor_stats for the others. Same values."""
+    table = np.empty((len(arrays), 7))
     fast = native.enabled()
     one_pass = [k for k, a in enumerate(arrays) if fast and a.size and native.stats_kind(a)]
     if one_pass:
-        rows = native.stats([arrays[k] for k in one_pass])
-        for j, field in enumerate(STAT_FIELDS):
-            out[field][one_pass] = rows[:, j]
-    for k in sorted(set(range(n)) - set(one_pass)):
-        for field, value in tensor_stats(arrays[k]).items():
-            out[field][k] = value
-    return out
+        table[one_pass] = native.stats([arrays[k] for k in one_pass])
+    for k in sorted(set(range(len(arrays))) - set(one_pass)):
+        stats = tensor_stats(arrays[k])
+        table[k] = [stats[f] for f in STAT_FIELDS]
+    return table
+
+
+def batch_stats(arrays) -> dict:
+    """stats_table as arrays by field (one entry per tensor; the counts as int64)."""
+    table = stats_table(arrays)
+    return {f: table[:, j].astype(np.int64) if f.endswith("_count") else table[:, j]
+            for j, f in enumerate(STAT_FIELDS)}
+
+
+def table_text(table: np.ndarray) -> list:
+    """Per row of a statistics table (its first seven columns: STAT_FIELDS' order) its index
+    fields: the floats with 17 significant digits (they read back exactly; repr's shortest
+    digits cost as much to find, and the C module formats these without the GIL), the
+    counts as ints."""
+    rows = table[:, :7]
+    if native.enabled():
+        return native.stats_text(rows)
+    return ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % tuple(row) for row in rows.tolist()]
 
 
 def stats_text(stats: dict) -> list:
-    """Per tensor of batch_stats' result, its index fields: the floats with 17 significant
-    digits (they read back exactly; repr's shortest digits cost as much to find, and the C
-    module formats these without the GIL), the counts as ints."""
-    if native.enabled():
-        return native.stats_text(np.column_stack([stats[f] for f in STAT_FIELDS]))
-    columns = [stats[f].tolist() for f in STAT_FIELDS]
-    return ["%.17g,%.17g,%.17g,%.17g,%d,%d,%d" % values for values in zip(*columns)]
+    """table_text of batch_stats' result."""
+    return table_text(np.column_stack([stats[f] for f in STAT_FIELDS]))
 
 
 class SourceRows:

@@ -17,14 +17,14 @@ import shutil
 import threading
 import weakref
 
-import numpy as np
-
 from functools import lru_cache
+
+import numpy as np
 
 from . import native
 from ..errors import PrecisionToolError
 from ..fileio import write_buffers
-from .stats import STAT_FIELDS, batch_stats, stats_text
+from .stats import stats_table, table_text
 
 
 class DumpWriteError(PrecisionToolError, OSError):
@@ -112,9 +112,8 @@ def index_text(index, stamps: np.ndarray, values, kinds: str, stats: np.ndarray)
             return native.index_text(c_arrays(values, kinds, True), kinds, stats, stamps, index)
     todo = [i for i, k in enumerate(kinds) if k != "."]
     if todo:
-        some = batch_stats([values[i] for i in todo])
-        stats[todo] = np.column_stack([some[f] for f in STAT_FIELDS])
-    return index.fill(stamps, stats_text(dict(zip(STAT_FIELDS, stats.T))))
+        stats[todo] = stats_table([values[i] for i in todo])
+    return index.fill(stamps, table_text(stats))
 
 
 @lru_cache(maxsize=256)

@@ -18,13 +18,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import GraphError, PrecisionToolError
+from ..errors import FeedError, GraphError, PrecisionToolError
 from ..graph import Graph, Tensor, dtypes
 from .. import ops
 
 MIN_OPSET, MAX_OPSET = 13, 21
-IR_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
-                       "int64", "bool"})
 # a folded float constant this small is a Const op; larger ones are variables
 CONST_LIMIT = 64
 
@@ -76,6 +74,17 @@ class ImportedModel:
     def load_weights(self, session) -> None:
         """Give a session of this graph the model's weights (exactly: no rounding)."""
         session.load_variables(self.weights, exact=True)
+
+    def feed_dict(self, feeds: Mapping[str, np.ndarray]) -> Dict[Tensor, np.ndarray]:
+        """{input tensor: value} from ONNX input names, every model input given once."""
+        unknown = sorted(set(feeds) - set(self.inputs))
+        if unknown:
+            raise FeedError(f"{', '.join(unknown)}: no such model input "
+                            f"(inputs: {', '.join(self.inputs)})")
+        missing = sorted(set(self.inputs) - set(feeds))
+        if missing:
+            raise FeedError(f"no data for input(s) {', '.join(missing)}")
+        return {self.inputs[k]: v for k, v in feeds.items()}
 
     def random_feeds(self, seed: int = 0) -> Dict[Tensor, np.ndarray]:
         """Standard-normal float inputs and zero integer inputs of the fixed shapes."""
@@ -228,7 +237,7 @@ class _Importer:
         if isinstance(value, Tensor):
             return value
         arr = value
-        if str(arr.dtype) not in IR_DTYPES:
+        if str(arr.dtype) not in dtypes.ALL_DTYPES:
             raise Unsupported(f"{arr.dtype} tensors")
         name = op_name(value_name, "Const")
         if arr.dtype.kind == "f" and arr.size > CONST_LIMIT:
@@ -328,7 +337,7 @@ def _input_shapes(model, batch: Optional[int], shapes: Mapping[str, Sequence[int
                 free.append(f"{vi.name}[{k}] ({d.dim_param or '?'})")
                 dims.append(None)
         fixed[vi.name] = (tuple(dims), dtype)
-    odd = {f"{dt} input": (1, k) for k, (_, dt) in fixed.items() if dt not in IR_DTYPES}
+    odd = {f"{dt} input": (1, k) for k, (_, dt) in fixed.items() if dt not in dtypes.ALL_DTYPES}
     if odd:
         raise UnsupportedModelError(odd)
     if free:

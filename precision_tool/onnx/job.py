@@ -10,7 +10,6 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 
 from ..dump import hooks
-from ..errors import FeedError
 from ..runtime import Session, SessionConfig
 from .importer import ImportedModel
 
@@ -29,18 +28,6 @@ class ModelRun:
     outputs: Dict[str, tuple]
     float_status: int
     reference: List = field(default_factory=list)
-
-
-def check_feeds(imported: ImportedModel, feeds: Mapping[str, np.ndarray]) -> Dict:
-    """{input tensor: value}, every model input given once, each as the import fixed it."""
-    unknown = sorted(set(feeds) - set(imported.inputs))
-    if unknown:
-        raise FeedError(f"{', '.join(unknown)}: no such model input "
-                        f"(inputs: {', '.join(imported.inputs)})")
-    missing = sorted(set(imported.inputs) - set(feeds))
-    if missing:
-        raise FeedError(f"no data for input(s) {', '.join(missing)}")
-    return {imported.inputs[k]: v for k, v in feeds.items()}
 
 
 def _substitute(imported: ImportedModel, values: Mapping[str, np.ndarray]) -> dict:
@@ -70,7 +57,7 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
     dict or path; modify_mixlist: a dict or JSON path, as ATC's --modify_mixlist (what `fix`
     writes). progress(text) hears what is running."""
     say = progress or (lambda text: None)
-    fed = check_feeds(imported, feeds)
+    fed = imported.feed_dict(feeds)
     fetches = list(imported.outputs.values())
     if reference is not None and reference not in REFERENCES:
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
@@ -78,9 +65,9 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
                         modify_mixlist=modify_mixlist, fusion_switch=fusion_switch)
     diffs, reference_run = [], None
     if reference:
-        from .reference import compare_nodes, node_outputs
+        from .reference import against_onnxruntime
         say("running the model on ONNX Runtime (every node's output)...")
-        ort_values = node_outputs(imported, feeds)
+        ort_values, diffs = against_onnxruntime(imported, feeds)
         ref = Session(imported.graph)
         imported.load_weights(ref)
         hooks.attach_dump(ref, action="dump", dump_step="0", data_dir=root,
@@ -88,7 +75,6 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
         ref.run(fetches, fed, substitute=_substitute(imported, ort_values))
         ref.close()
         (reference_run,) = hooks.dump_dirs(ref)
-        diffs = compare_nodes(_golden_values(imported, fed, list(ort_values)), ort_values)
     say("running the model on the golden executor...")
     golden = hooks.sess_dump(Session(imported.graph), action="dump", dump_step="0",
                              data_dir=root)
@@ -107,10 +93,3 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
     return ModelRun(npu_run=hooks.dump_dirs(npu)[0], golden_run=hooks.dump_dirs(golden)[0],
                     reference_run=reference_run, outputs=outputs, float_status=status,
                     reference=diffs)
-
-
-def _golden_values(imported: ImportedModel, fed, names) -> Dict[str, np.ndarray]:
-    """The golden executor's value of each ONNX value named (an undumped session)."""
-    sess = Session(imported.graph)
-    imported.load_weights(sess)
-    return dict(zip(names, sess.run([imported.tensors[k] for k in names], fed)))

@@ -100,3 +100,21 @@ def compare_nodes(golden: Mapping[str, np.ndarray], reference: Mapping[str, np.n
             rel_l2 = max_abs = max_rel = 0.0
         diffs.append(NodeDiff(name, tuple(ref.shape), rel_l2, max_abs, max_rel, same_nf))
     return diffs
+
+
+def golden_values(imported: ImportedModel, feeds: Mapping[str, np.ndarray],
+                  names) -> Dict[str, np.ndarray]:
+    """The golden executor's value of each ONNX value named (an undumped session); feeds:
+    ONNX input name -> array."""
+    from ..runtime import Session
+    sess = Session(imported.graph)
+    imported.load_weights(sess)
+    return dict(zip(names, sess.run([imported.tensors[k] for k in names],
+                                    imported.feed_dict(feeds))))
+
+
+def against_onnxruntime(imported: ImportedModel, feeds: Mapping[str, np.ndarray]):
+    """(ORT's value of every node, the golden executor against it node by node)."""
+    ort_values = node_outputs(imported, feeds)
+    return ort_values, compare_nodes(golden_values(imported, feeds, list(ort_values)),
+                                     ort_values)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ops
+from ..graph import dtypes
 from ..ops.math_ops import clip_by_value, erf_, hard_sigmoid
 from ..ops.array_ops import broadcast_to
 from ..ops.nn_ops import resolve_pads
@@ -186,8 +187,7 @@ def _where(c: Context):
 def _cast(c: Context):
     from onnx import helper
     to = str(helper.tensor_dtype_to_np_dtype(c.attrs["to"]))
-    if to not in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
-                  "int64", "bool"):
+    if to not in dtypes.ALL_DTYPES:
         raise Unsupported(f"a cast to {to}")
     return [ops.cast(c.tensor(0), to, name=c.name)]
 
