@@ -425,3 +425,22 @@ def test_a_run_that_fails_puts_the_workspace_back(tmp_path):
     assert (ws / "kept.txt").read_text() == "the user's"
     moved = [p for p in tmp_path.iterdir() if p.name.startswith("ws.")]
     assert len(moved) == 1 and not (ws / "npu").exists()
+
+
+def test_an_output_with_nan_or_inf_is_said_and_the_data_named(tmp_path):
+    """An inf fed to the model: the output line says what it could not compare, and ac
+    names the data (the golden holds the inf too), not a range to fix on the NPU."""
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(om.mlp().SerializeToString())
+    x = np.random.default_rng(9).normal(size=(2, 8)).astype(np.float32)
+    x[0, 3] = np.inf
+    np.save(tmp_path / "x.npy", x)
+    ws = tmp_path / "ws"
+    out = _invoke(ws, "--json", "onnx", str(path), "--input", f"x={tmp_path / 'x.npy'}")
+    assert out.exit_code == 0, out.output
+    (probs,) = json.loads(out.stdout)["outputs"]
+    assert "left out" in probs["note"]
+    out = _invoke(ws, "--json", "ac", "-c")
+    advice = json.loads(out.stdout)["advice"]
+    assert out.exit_code == 1 and advice[0].startswith("The golden run itself holds nan/inf")
+    assert "x:0" in advice[0]

@@ -173,3 +173,15 @@ def test_nan_or_inf_in_the_golden_run_is_said_to_be_the_data(tmp_path):
     g = result.golden_nonfinite
     assert g is not None and g["golden_tensor"] == "x:0" and g["nonfinite"] == 1
     assert "golden run itself holds nan/inf" in " ".join(result.advice)
+
+
+def test_nan_or_inf_the_golden_holds_before_the_divergence_leads_the_advice(tmp_path):
+    """The inf is in the data: the golden holds it where the divergence starts, so the advice
+    leads with the data and neither advises scaling the origin's range nor a repair."""
+    import math
+    from precision_tool.analysis import auto_check
+    result = auto_check(_exp_into_matmul(tmp_path, x_value=math.inf), compare=True)
+    assert result.golden_nonfinite["order"] <= result.origin["order"]
+    assert result.advice[0].startswith("The golden run itself holds nan/inf")
+    assert f"starts at {result.origin['op_name']} follows from it" in result.advice[0]
+    assert not any("fix -s" in a or "Normalise" in a for a in result.advice), result.advice

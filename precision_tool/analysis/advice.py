@@ -91,6 +91,14 @@ def advise(r, info: dict) -> List[str]:
                      f"the files) and run ac -c again; what follows covers what was compared.")
     first = r.first_overflow
     o = r.origin
+    g = getattr(r, "golden_nonfinite", None)
+    # the golden has no number there either, at or before where the divergence starts: the
+    # divergence is the NPU storing what the golden cannot (65504 for inf...), the cause the
+    # data or the model, and range advice for the origin would send the user the wrong way
+    data_first = g is not None and o is not None and g.get("order", -1) <= o["order"]
+    if data_first:
+        lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
+                     f"{o['op_name']} follows from it.")
     if first is not None:
         lines.extend(_overflow_advice(r, first, o, mode))
     if r.underflow is not None:
@@ -100,22 +108,20 @@ def advise(r, info: dict) -> List[str]:
         lines.append(_carried_advice(r.carried))
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
-    if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed:
+    if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
+            and not data_first:
         lines.append(_origin_advice(r, o, mode))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    g = getattr(r, "golden_nonfinite", None)
-    if g:
-        lines.append(f"The golden run itself holds nan/inf: {g['tensors']} tensor(s), the first "
-                     f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)). That is "
-                     f"the data or the model, not the NPU: precision-tool check names it "
-                     f"(nan/inf in a feed, a learning rate too high).")
+    if g and not data_first:
+        lines.append(_golden_nonfinite_advice(g))
     if r.watchpoints:
         h = r.watchpoints[0]
         lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "
                      f"first {h['condition']} at step {h['step']}: {h['message']}): "
                      f"precision-tool wp lists them.")
-    if lines and r.repairable and (first is not None or o is not None or r.underflow is not None):
+    if lines and r.repairable and not data_first and \
+            (first is not None or o is not None or r.underflow is not None):
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} (it replays the step under such changes and writes the "
                      f"configuration that works).")
@@ -134,6 +140,13 @@ def advise(r, info: dict) -> List[str]:
                 f"zero up to rounding noise in both runs (cancellation, e.g. "
                 f"{r.cancellations[0]}): precision looks sound."]
     return ["No op diverges and nothing overflowed: precision looks sound."]
+
+
+def _golden_nonfinite_advice(g: dict) -> str:
+    return (f"The golden run itself holds nan/inf: {g['tensors']} tensor(s), the first "
+            f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)). That is the data "
+            f"or the model, not the NPU: precision-tool check names it (nan/inf in a feed, a "
+            f"learning rate too high).")
 
 
 def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str]:

@@ -165,7 +165,7 @@ def _golden_nonfinite(table: pd.DataFrame) -> Optional[dict]:
         return None
     first = rows.iloc[0]
     return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
-            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows)}
+            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows), "order": int(first.Index)}
 
 
 def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
