@@ -11,20 +11,23 @@ precision, and why.
 import importlib
 
 from .version import __version__
-
-from . import graph, nn, ops, train
 from .errors import (ExecutionError, FeedError, FetchError, GraphError, GraphFormatError,
                      PrecisionToolError)
-from .graph import Graph, Tensor
-from .io import load_graph, save_graph
-from .ops import constant, placeholder, variable
-from .runtime import Session, SessionConfig
-from .train import amp
 
-# imported when first used (PEP 562): the models and the data are only built on demand, and
-# the trainer pulls in the dump hooks and, through the workspace, pandas
-_LAZY = {"data": ("data", None), "models": ("models", None), "trainer": ("trainer", None),
-         "hooks": ("dump.hooks", None), "analysis": ("analysis", None), "Model": ("trainer", "Model")}
+# Every name below is imported when first used (PEP 562): `import precision_tool` costs
+# numpy alone, so the command line and the dump hooks start fast; the graph, the ops, the
+# runtime, the models and the trainer (which brings pandas) load on demand.
+# name -> (module, attribute; None: the module itself)
+_LAZY = {"graph": ("graph", None), "nn": ("nn", None), "ops": ("ops", None),
+         "train": ("train", None), "data": ("data", None), "models": ("models", None),
+         "trainer": ("trainer", None), "hooks": ("dump.hooks", None),
+         "analysis": ("analysis", None), "amp": ("train", "amp"),
+         "Graph": ("graph", "Graph"), "Tensor": ("graph", "Tensor"),
+         "get_default_graph": ("graph", "get_default_graph"),
+         "load_graph": ("io", "load_graph"), "save_graph": ("io", "save_graph"),
+         "constant": ("ops", "constant"), "placeholder": ("ops", "placeholder"),
+         "variable": ("ops", "variable"), "Session": ("runtime", "Session"),
+         "SessionConfig": ("runtime", "SessionConfig"), "Model": ("trainer", "Model")}
 
 
 def __getattr__(name: str):
@@ -37,12 +40,14 @@ def __getattr__(name: str):
     return value
 
 
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def name_scope(name: str):
     """`with pt.name_scope("encoder"):` on the default graph."""
-    return graph.get_default_graph().name_scope(name)
+    return __getattr__("graph").get_default_graph().name_scope(name)
 
-
-get_default_graph = graph.get_default_graph
 
 __all__ = ["Graph", "Tensor", "Session", "SessionConfig", "placeholder", "variable", "constant",
            "name_scope", "get_default_graph", "load_graph", "save_graph", "ops", "nn", "train",

@@ -17,7 +17,7 @@ import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.dump import (DumpConfigError, Workspace, cores, load_bundle, parse_steps,
                                  replay)
-from precision_tool.dump.replay import ReplayError
+from precision_tool.dump.bundle import ReplayError
 
 import refs
 
@@ -555,7 +555,7 @@ def test_a_bundle_holds_any_array_it_is_given(tmp_path, monkeypatch, c_module):
     empty arrays go into a bundle and come back as they were, with the C module and without
     it; a changed shape gets entries of its own; Python objects are refused."""
     import ml_dtypes
-    from precision_tool.dump.replay import BundleWriter
+    from precision_tool.dump.bundle import BundleWriter
     from precision_tool.kernels.write import write_files
     if not c_module:
         monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
@@ -580,7 +580,7 @@ def test_a_bundle_holds_any_array_it_is_given(tmp_path, monkeypatch, c_module):
         held = sess.variables()
         assert all(bundle.variables[k].tobytes() == v.tobytes() for k, v in held.items())
         assert bundle.meta["feeds"][0]["dtype"] == "bfloat16"
-    from precision_tool.dump.replay import ReplayError
+    from precision_tool.dump.bundle import ReplayError
     with pytest.raises(ReplayError, match="'objects' holds Python objects"):
         writer.files(str(tmp_path) + os.sep, "9", sess, {"objects": np.array([{}, None], dtype=object)}, [], [])
 

@@ -768,7 +768,7 @@ def test_rounding_a_scalar_keeps_its_shape():
 
 
 def test_a_c_pass_reaches_python_with_its_fields_named():
-    """The C pass's totals come as PassTotals, one field per entry of _reduce.c's T_* enum,
+    """The C pass's totals come as PassTotals, one field per entry of kernels.h's T_* enum,
     each holding what its name says (a pair with a nan, an inf and a flushed element)."""
     assert native._reduce.FIELDS == len(native.PassTotals._fields)
     x = np.array([1.0, 0.0, np.nan, 3.0, 70000.0, -2.0], np.float32)

@@ -77,8 +77,8 @@ def test_the_report_in_a_browser(one_step, tmp_path):
     result = sorted(os.listdir(os.path.join(ws.root, "temp", "vector_compare")))[-1]
     folder = os.path.join(ws.root, "temp", "vector_compare", result)
     table = read_result(os.path.join(folder, next(f for f in os.listdir(folder) if f.endswith(".csv"))))
-    outputs = table[table.TensorIndex.str.contains(":output:")]
-    finite = sum(math.isfinite(c) for c in outputs.CosineSimilarity)
+    outputs = [":output:" in t for t in table["TensorIndex"]]
+    finite = sum(math.isfinite(c) for c, out in zip(table["CosineSimilarity"], outputs) if out)
     cosine_plot = dom[dom.index('data-plot="cosine"'):dom.index('data-plot="norm"')]
     assert cosine_plot.count("<circle") == finite
     for section in SECTIONS:

@@ -16,7 +16,7 @@ _WHERE = {
     "ops": ("Found", "OpRow", "export_subgraph", "find_op", "find_tensor", "list_ops",
             "subgraph_dot"),
     "overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
-    "replay_op": ("OpReplay", "ReplayOpError", "replay_op"),
+    "op_replay": ("OpReplay", "ReplayOpError", "replay_op"),
     "result": ("Coverage", "Provenance", "StaleResultError", "coverage", "current_result",
                "read_provenance", "read_result", "staleness", "write_result"),
     "rootcause": ("Divergence", "RootCause", "root_cause"),
@@ -36,9 +36,3 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
-
-
-# `replay_op` is also a submodule's name, and importing a submodule binds the package's
-# attribute to it: the module is imported here (the runtime it needs is loaded with the
-# package anyway) and the function bound after it
-from .replay_op import replay_op  # noqa: E402

@@ -32,7 +32,7 @@ from .impact import rank_by_impact
 from .loss_scale import loss_scale_history
 from .mapping import TensorMap, placed_types
 from .overflow import overflow_report
-from .replay_op import ReplayOpError, replay_op
+from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause
 from .steps import check_steps, trace_state

@@ -18,7 +18,7 @@ import pandas as pd
 from .. import numerics
 from ..dump import Workspace
 from ..dump.dumper import NOT_KERNELS
-from ..dump.replay import bundle_fetches
+from ..dump.bundle import bundle_fetches
 from ..dump.workspace import Run
 from ..graph import split_tensor_name
 from .engine import Pair, Side, compare_pairs, engine_for
@@ -26,11 +26,6 @@ from .mapping import TensorMap
 from .metrics import METRICS
 from .sums import sum_kind
 from .verdicts import NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
-
-# The per-dtype tolerances tell an op's own error from fp16 rounding (root cause): an fp16
-# tensor against an fp32 golden is expected to differ by that much. (A verdict's thresholds:
-# verdicts.Criteria.)
-TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 
 COLUMNS = (["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth", "GoldenDataType",
@@ -234,7 +229,8 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             row.update(results[p])
             row["NormRelativeDiff"] = norm_relative_diff(row["NpuNorm"], row["GoldenNorm"])
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table[["Verdict", "Reason"]] = judge(table, threshold)
+    judged = judge(table, threshold)
+    table["Verdict"], table["Reason"] = judged["Verdict"], judged["Reason"]
     # what it was computed from: write_result keeps it beside the CSV (result.Provenance)
     table.attrs["compared"] = {"npu_run": npu_run.label, "golden_run": golden_run.label,
                                "step": step, "golden_step": gold_step,

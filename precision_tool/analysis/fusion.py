@@ -16,7 +16,7 @@ from typing import Dict, List, Set
 
 from ..dump import hooks
 from ..dump import Workspace
-from ..dump.replay import load_bundle, replay
+from ..dump.bundle import load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..runtime.npu.fusion import PASSES, switch_for

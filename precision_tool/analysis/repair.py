@@ -280,7 +280,7 @@ class StepReplay:
         if not rows:
             return []
         judged = judge(pd.DataFrame(rows), self.criteria)
-        return [(n, r or v) for n, v, r in zip(names, judged.Verdict, judged.Reason)
+        return [(n, r or v) for n, v, r in zip(names, judged["Verdict"], judged["Reason"])
                 if v in DIVERGING]
 
     def judge(self, npu, changes: Sequence[Change] = ()) -> Outcome:

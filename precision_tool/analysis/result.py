@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 import numpy as np
-import pandas as pd
 
 from ..dump import Workspace
 from ..dump.workspace import Run, WorkspaceError
-from ..fileio import load_json, write_text_atomic
+from ..fileio import load_json, read_bytes, write_text_atomic
+from ..kernels.table import Table, TableError, column, read_csv
 from .verdicts import ERROR, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
 
 RESULT_VERSION = 1
@@ -85,14 +85,13 @@ def _gap(reason: str) -> str:
     return reason or "not compared"
 
 
-def coverage(table: pd.DataFrame) -> Coverage:
+def coverage(table) -> Coverage:
     if "Verdict" not in table:
         return Coverage()
-    verdicts = table.Verdict.to_numpy(dtype=object)
+    verdicts = column(table, "Verdict", "")
     npu_only = int((verdicts == NPU_ONLY).sum())
     errors = np.flatnonzero(verdicts == ERROR)        # few rows: their reasons one by one
-    reasons = table.CompareFailReason.to_numpy(dtype=object)[errors] \
-        if "CompareFailReason" in table else [""] * len(errors)
+    reasons = column(table, "CompareFailReason", "")[errors]
     missing = Counter(_gap(r if isinstance(r, str) else "") for r in reasons)
     tensors = len(verdicts) - npu_only
     return Coverage(tensors, tensors - len(errors), npu_only, dict(missing))
@@ -131,7 +130,7 @@ class Provenance:
     version: int = RESULT_VERSION
 
     @classmethod
-    def of(cls, ws: Workspace, table: pd.DataFrame, graph: Optional[str] = None) -> Optional["Provenance"]:
+    def of(cls, ws: Workspace, table, graph: Optional[str] = None) -> Optional["Provenance"]:
         """What a table of vector_compare was computed from (its attrs say which runs, steps
         and criteria), with the steps' fingerprints as they are now and its coverage; None
         for a table made otherwise."""
@@ -155,7 +154,7 @@ def sidecar(csv_path: str) -> str:
     return csv_path[:-len(".csv")] + ".json" if csv_path.endswith(".csv") else csv_path + ".json"
 
 
-def write_result(ws: Workspace, table: pd.DataFrame, graph: Optional[str] = None) -> str:
+def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
     """temp/vector_compare/<ts>/result_<ts>.csv and, for a table of vector_compare, its
     provenance beside it (Provenance.of; graph: the compiled graph file the compare was
     given instead of the run's own). The CSV is written last: a result is found by its CSV,
@@ -263,22 +262,21 @@ TEXT_COLUMNS = ("NPUDump", "TensorIndex", "GoldenTensor", "GoldenOpType", "PassN
                 "GroundTruth", "CompareFailReason", "Verdict", "SumKind", "NpuDataType", "OpType")
 
 
-def read_result(path: str) -> pd.DataFrame:
-    """A result CSV as the summary reads it. Text columns are read as text, never as
-    numbers: an op named "nan", a verdict... (only numeric columns take "nan" for nan)."""
-    numeric = {c for c in SUMMARY_COLUMNS if c not in TEXT_COLUMNS}
+def read_result(path: str) -> Table:
+    """A result CSV as the summary reads it: its SUMMARY_COLUMNS as a kernels.table.Table.
+    Text columns are read as text, never as numbers: an op named "nan", a verdict...
+    (an empty number is nan). No pandas: a summary of a result starts quickly."""
+    data = read_bytes(path, WorkspaceError, "compare result")
     try:
-        table = pd.read_csv(path, keep_default_na=False,
-                            na_values={c: ["nan", "NaN", ""] for c in numeric},
-                            usecols=lambda c: c in SUMMARY_COLUMNS,
-                            dtype={c: str for c in TEXT_COLUMNS})
-    except FileNotFoundError:
-        raise WorkspaceError(f"no result file {path}") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError,
-            ValueError) as e:
+        table = read_csv(data, {c: "t" if c in TEXT_COLUMNS else "f" for c in SUMMARY_COLUMNS})
+    except TableError as e:
         raise WorkspaceError(f"{path} is not a readable compare result: {e}") from None
     missing = {"NPUDump", "OpType", "TensorIndex", "CosineSimilarity", "Verdict", "Index"} - set(table.columns)
     if missing:
         raise WorkspaceError(f"{path} is not a compare result of precision-tool vc: no "
                              f"{', '.join(sorted(missing))} column")
-    return table
+    order = table["Index"]
+    if not np.array_equal(order, np.round(order)):        # nan too
+        raise WorkspaceError(f"{path} is not a readable compare result: an Index that is not "
+                             f"a whole number")
+    return table.with_column("Index", order.astype(np.int64))

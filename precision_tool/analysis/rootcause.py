@@ -39,12 +39,14 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
 import numpy as np
-import pandas as pd
 
-from ..ops import registry
-from .compare import TOLERANCE
 from .sums import CONTRACTIONS, SUMS
+from ..kernels.table import column, factorize, numbers, texts
 from .verdicts import NONFINITE, PASS, Criteria, evaluate
+
+# The per-dtype tolerances tell an op's own error from fp16 rounding: an fp16 tensor against
+# an fp32 golden is expected to differ by that much. (A verdict's thresholds: Criteria.)
+TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 class OpRows:
     """A result table's columns as Python lists, its verdicts judged once for every row
@@ -53,25 +55,23 @@ class OpRows:
     (per-op pandas or numpy selections cost microseconds each, and a 100,000-row table has
     thousands of such ops)."""
 
-    def __init__(self, table: pd.DataFrame, criteria=None):
-        n = len(table)
+    def __init__(self, table, criteria=None):
         self.criteria = Criteria.of(criteria)
 
         def col(name, default):
-            return table[name].tolist() if name in table else [default] * n
-        self.tensor = table.TensorIndex.astype(str).tolist()
+            return column(table, name, default).tolist()
+        self.tensor = texts(table, "TensorIndex").tolist()
         self.is_out = [":output:" in s for s in self.tensor]
         self.judged = evaluate(table, self.criteria)
         self.verdict = self.judged.verdicts.tolist()
         self._reasons = {}             # row -> reason, made when asked (reasons)
         bad = self.judged.shown          # fail or nonfinite: the verdicts that have a reason
         self.bad = bad.tolist()
-        self.op_type = table.OpType.astype(str).tolist()
+        self.op_type = texts(table, "OpType").tolist()
         self.pass_name = col("PassName", "")
         self.golden_op = col("GroundTruth", "")
         # input rows holding a variable's value at the start of the step
-        self.state = ((table.GoldenOpType == "Variable").to_numpy(dtype=bool) if "GoldenOpType" in table
-                      else np.zeros(n, dtype=bool)) & ~np.array(self.is_out, dtype=bool)
+        self.state = (texts(table, "GoldenOpType") == "Variable") & ~np.array(self.is_out, dtype=bool)
         # rows that fail on one piece of evidence alone (root cause's and underflow's tests);
         # these stay numpy arrays: read for a few rows each, and no list of 100,000 items
         # more for the garbage collector to walk
@@ -79,11 +79,10 @@ class OpRows:
         self.flushed_only = self.judged.only("flushed")
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
-        self.golden_norm = table.GoldenNorm.to_numpy(dtype=float).tolist() \
-            if "GoldenNorm" in table else None
+        self.golden_norm = numbers(table, "GoldenNorm").tolist() if "GoldenNorm" in table else None
         self.sum_kind = col("SumKind", None)
         self.dtype = col("NpuDataType", "")
-        self.cosine = table.CosineSimilarity.to_numpy(dtype=float).tolist()
+        self.cosine = numbers(table, "CosineSimilarity").tolist()
         self.fail_reason = col("CompareFailReason", "")
         # rows compared by their statistics only (a side dumped no tensor): no cosine
         self.stats_only = self.judged.stats.tolist()
@@ -93,9 +92,8 @@ class OpRows:
         compared = (bad | (self.judged.verdicts == PASS)) if stats.any() else None
         self.by_statistics = compared is not None and bool(compared.any() and stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
-        self.red = table.RelativeEuclideanDistance.to_numpy(dtype=float).tolist() \
-            if "RelativeEuclideanDistance" in table else [float("nan")] * n
-        self.ops = _diverging_ops(table.NPUDump.to_numpy(), table.Index.to_numpy(),
+        self.red = numbers(table, "RelativeEuclideanDistance").tolist()
+        self.ops = _diverging_ops(column(table, "NPUDump", ""), column(table, "Index", 0),
                                   bad & np.array(self.is_out, dtype=bool))
 
     def kind_of(self, i: int) -> str:
@@ -117,7 +115,7 @@ class OpRows:
 def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
     """(name, row positions, execution order of its first row) of each op with a row in
     bad_out, sorted by that order; an op's rows in table order."""
-    codes, uniques = pd.factorize(names, use_na_sentinel=False)   # a nan name too
+    codes, uniques = factorize(names.tolist())                    # a nan name too
     wanted = np.zeros(len(uniques), dtype=bool)
     wanted[codes[bad_out]] = True
     rows = np.flatnonzero(wanted[codes])
@@ -214,7 +212,14 @@ def _collector_paused():
             gc.enable()
 
 
-def root_cause(table: pd.DataFrame, criteria=None, rows: "OpRows" = None) -> RootCause:
+def _updates_inputs(op_type: str) -> bool:
+    """Does the op type write its inputs (a variable update)? The op registry is loaded the
+    first time a root cause asks, not for every summary."""
+    from ..ops import registry
+    return bool(registry.updated_inputs(op_type))
+
+
+def root_cause(table, criteria=None, rows: "OpRows" = None) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
     threshold)."""
@@ -291,12 +296,12 @@ def _root_cause(t: "OpRows") -> RootCause:
         # an update from a noise gradient writes noise into its variable and its optimizer
         # slots, and in later steps reads that state back: noise carried over, no lead
         carries_noise = bool(noisy) and all(t.verdict[i] != NONFINITE for i in bad_out) and \
-            all(i in noisy or (t.state[i] and bool(registry.updated_inputs(d.op_type))) for i in bad_in)
+            all(i in noisy or (t.state[i] and _updates_inputs(d.op_type)) for i in bad_in)
         # an update whose inputs all match and whose outputs differ in direction alone:
         # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps
-        amplified = d.is_origin and bool(registry.updated_inputs(d.op_type)) and \
-            all(t.cosine_only[i] for i in bad_out)
+        amplified = d.is_origin and all(t.cosine_only[i] for i in bad_out) and \
+            _updates_inputs(d.op_type)
         if carries_noise or amplified or op_name in harmless or \
                 (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"

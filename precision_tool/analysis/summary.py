@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-import pandas as pd
 
 from .rootcause import OpRows, RootCause, root_cause
 from .verdicts import NONFINITE
@@ -49,7 +48,7 @@ class OpSummary:
         return min(finite) if finite else float("nan")
 
 
-def summarize(table: pd.DataFrame, threshold=None, limit: int = 3,
+def summarize(table, threshold=None, limit: int = 3,
               by_cosine: bool = False, cause: Optional[RootCause] = None,
               noise_last: bool = False) -> List[OpSummary]:
     """Ops with a diverging output under the criteria (`threshold`: verdicts.Criteria, or a
@@ -73,7 +72,7 @@ def summarize(table: pd.DataFrame, threshold=None, limit: int = 3,
     return [_summary(t, op, category, roles) for op, category in shown]
 
 
-def count_findings(table: pd.DataFrame, threshold=None,
+def count_findings(table, threshold=None,
                    cause: Optional[RootCause] = None) -> int:
     """How many ops summarize would list as findings (all but cancellation noise)."""
     t, cause = _rows_and_cause(table, threshold, cause)

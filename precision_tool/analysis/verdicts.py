@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 
 from .. import numerics
+from ..kernels.table import Table, numbers as _numbers, texts as _text
 
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"
@@ -77,31 +77,13 @@ class Criteria:
         return asdict(self)
 
 
-def _column(table: pd.DataFrame, name: str, default=np.nan) -> pd.Series:
-    if name in table:
-        return table[name]
-    return pd.Series(default, index=table.index)
-
-
-def _text(table: pd.DataFrame, name: str) -> np.ndarray:
-    """A text column, "" where a value is missing (a CSV's empty field, a column not there)."""
-    column = _column(table, name, "")
-    if column.dtype.kind in "fiub":       # all missing (read as nan), or numbers: no text
-        return np.full(len(column), "", dtype=object)
-    return column.fillna("").astype(str).to_numpy(dtype=object)
-
-
-def _numbers(table: pd.DataFrame, name: str) -> np.ndarray:
-    return pd.to_numeric(_column(table, name), errors="coerce").to_numpy(dtype=float)
-
-
-def judge(table: pd.DataFrame, criteria=None) -> pd.DataFrame:
-    """Verdict and Reason of every row: pass, fail (with the evidence that decided, e.g.
-    "norm -94.1%; 32 at 65504"), nonfinite, error (not compared: CompareFailReason says why)
-    or npu-only. Missing evidence columns count as no evidence (a hand-made table)."""
+def judge(table, criteria=None) -> Table:
+    """Verdict and Reason of every row of a table (a kernels.table.Table or a pandas
+    DataFrame): pass, fail (with the evidence that decided, e.g. "norm -94.1%; 32 at
+    65504"), nonfinite, error (not compared: CompareFailReason says why) or npu-only.
+    Missing evidence columns count as no evidence (a hand-made table)."""
     judged = evaluate(table, criteria)
-    return pd.DataFrame({"Verdict": judged.verdicts, "Reason": judged.reasons()},
-                        index=table.index)
+    return Table({"Verdict": judged.verdicts, "Reason": judged.reasons()})
 
 
 class Judged:
@@ -139,7 +121,7 @@ class Judged:
         return out
 
 
-def evaluate(table: pd.DataFrame, criteria=None) -> Judged:
+def evaluate(table, criteria=None) -> Judged:
     """judge's verdicts and their tests, the reasons' text left for later (see Judged)."""
     c = Criteria.of(criteria)
     n = len(table)
@@ -261,16 +243,22 @@ _EVIDENCE = {
 }
 
 
-def diverging(table: pd.DataFrame, criteria=None) -> pd.Series:
-    """The rows that diverge under these criteria (fail or nonfinite): what the summary, root
-    cause and fusion bisection all use, so that `vcs -c 0` on a table made at 0.98 finds what
-    0 finds."""
-    return judge(table, criteria).Verdict.isin(DIVERGING)
+def diverging(table, criteria=None) -> np.ndarray:
+    """The rows that diverge under these criteria (fail or nonfinite), as a boolean array:
+    what the summary, root cause and fusion bisection all use, so that `vcs -c 0` on a table
+    made at 0.98 finds what 0 finds."""
+    return np.isin(judge(table, criteria)["Verdict"], list(DIVERGING))
 
 
 def verdict(row: dict, criteria=None) -> str:
     """The verdict of one row (a dict of a compare row's columns)."""
-    return judge(pd.DataFrame([row]), criteria).Verdict.iloc[0]
+    return judge(Table({k: _one(v) for k, v in row.items()}), criteria)["Verdict"][0]
+
+
+def _one(value) -> np.ndarray:
+    out = np.empty(1, dtype=object)
+    out[0] = value
+    return out
 
 
 @functools.lru_cache(maxsize=4096)       # a step's tensors share a few shapes

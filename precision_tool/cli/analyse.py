@@ -7,7 +7,6 @@ import re
 
 import click
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .. import analysis
@@ -281,6 +280,8 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     if graph_file is not None:
         from ..fileio import load_json
         graph = check_compiled_graph(load_json(graph_file, WorkspaceError, "compiled graph"))
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn)
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)

@@ -12,7 +12,7 @@ import click
 
 from ..dump import hooks
 from ..dump import housekeeping
-from ..dump.replay import load_bundle, replay
+from ..dump.bundle import load_bundle, replay
 from ..runtime.config import SessionConfig
 from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command

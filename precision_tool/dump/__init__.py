@@ -1,11 +1,12 @@
 """The dump layer: the precision_data/ workspace layout, the dump observers and their
-writer (kernels.write), the workspace reader and replay bundles. Its names load with the module that defines
-them (PEP 562): the workspace reader brings pandas, which a dump alone does not need."""
+writer (kernels.write), the workspace reader and replay bundles (bundle.py). Its names load
+with the module that defines them (PEP 562): a replay brings the runtime, which reading a
+workspace does not need."""
 import importlib
 
 _WHERE = {"DumpHook": "dumper", "DumpObserver": "dumper", "DumpConfigError": "layout",
           "DumpSettings": "layout", "parse_action": "layout", "parse_steps": "layout",
-          "Bundle": "replay", "ReplayError": "replay", "load_bundle": "replay", "replay": "replay",
+          "Bundle": "bundle", "ReplayError": "bundle", "load_bundle": "bundle", "replay": "bundle",
           "Run": "workspace", "StepDump": "workspace", "Workspace": "workspace",
           "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write"}
 
@@ -19,8 +20,3 @@ def __getattr__(name: str):
     globals()[name] = value
     return value
 
-
-# `replay` is also a submodule's name, and importing a submodule binds the package's
-# attribute to it: the replay module (no pandas in it) is imported here, the function bound
-# after it, so that `from precision_tool.dump import replay` is always the function
-from .replay import replay  # noqa: E402

@@ -39,7 +39,8 @@ from .. import kernels, numerics
 from ..errors import ExecutionError
 from ..runtime.plan import STATS_ONLY
 from . import layout
-from .stepplan import Row, StepPlan, csv_field as _q, disk_dtype
+from ..kernels.table import csv_field as _q
+from .stepplan import Row, StepPlan, disk_dtype
 from .cores import WriterCore
 from .runfiles import RunFiles, run_json
 from ..kernels.write import make_writer
@@ -169,7 +170,7 @@ class DumpObserver:
         self._step = _Step(number, path, "dump" in acts, inputs)
         if self._step.dump:
             if self._bundles is None:
-                from .replay import BundleWriter
+                from .bundle import BundleWriter
                 self._bundles = BundleWriter(session)
             self._step.bundle = self._bundles.files(self._replay_dir, str(number), session,
                                                     feeds, fetch_tensors, fetch_nodes,

@@ -19,6 +19,7 @@ import numpy as np
 from .. import kernels, numerics
 from . import layout
 from .template import Template
+from ..kernels.table import csv_field
 from ..kernels.write import contiguous_arrays, index_text, npy_header, step_paths, write_files
 
 _HALF = np.dtype(np.float16)
@@ -48,13 +49,6 @@ def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
     if spec_dtype == "bfloat16":
         return _SINGLE
     return value.dtype
-
-
-def csv_field(text: str) -> str:
-    """A CSV field: quoted when it holds a separator, a quote or a line break."""
-    if any(c in text for c in ',"\n\r') or text[:1].isspace():
-        return '"' + text.replace('"', '""') + '"'
-    return text
 
 
 def _quoted(before: str, after: str) -> tuple:

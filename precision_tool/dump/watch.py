@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import kernels, numerics
 from ..graph import dtypes, split_tensor_name
+from ..kernels.table import csv_field
 from ..ops import registry
 from ..runtime.plan import STATS_ONLY
 from . import layout
@@ -360,8 +361,8 @@ class WatchObserver:
 
 
 def _csv(text: str) -> str:
-    text = str(text).replace("\n", " ")
-    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"') else text
+    """A hit's text as a field of one line of hits.csv."""
+    return csv_field(str(text).replace("\r", " ").replace("\n", " "))
 
 
 @dataclass

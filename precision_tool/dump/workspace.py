@@ -2,7 +2,8 @@
 
 `Workspace(root)` lists runs, their steps and graphs from the directory tree once, returns a
 step's index as a pandas DataFrame (read once, cached) and loads tensors lazily, never
-unpickling. Dumps written by Ascend's tools (no index.csv; file names with or without the
+unpickling. pandas is imported when an index or a step history is first read: a command
+that reads neither (vcs) starts without it. Dumps written by Ascend's tools (no index.csv; file names with or without the
 stream id) are indexed from their file names and .npy headers.
 """
 from __future__ import annotations
@@ -15,16 +16,18 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import ml_dtypes
 import numpy as np
-import pandas as pd
 
 from ..errors import GraphFormatError, PrecisionToolError
 from ..version import __version__
 from ..fileio import load_json, parse_json, read_bytes
 from . import layout
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class WorkspaceError(PrecisionToolError, ValueError):
@@ -267,6 +270,7 @@ class Workspace:
     def step_history(self, run: Run) -> pd.DataFrame:
         """step_history.csv: every observed step's status word and loss scale (empty if the
         run predates it or observed no step). A torn last line is dropped."""
+        import pandas as pd
         path = os.path.join(run.path, layout.HISTORY_FILE)
         columns = layout.HISTORY_HEADER.split(",")
         if not os.path.isfile(path):
@@ -293,6 +297,7 @@ class Workspace:
         return table.copy()
 
     def _read_index(self, run: Run, step: int) -> pd.DataFrame:
+        import pandas as pd
         target = run.target
         sd = run.step(step)
         if not sd.complete:
@@ -490,6 +495,7 @@ def _check_rows(table: pd.DataFrame, path: str) -> None:
     """Every row of an index is whole: names present, io an io, integers integral. A file
     cut off mid-row (a dump killed while a foreign tool copied it, a full disk) is refused
     naming the row, never read as a row with holes. Rows count as lines of the file."""
+    import pandas as pd
     bad = ~table["io"].isin(["input", "output"])
     for column in ("op_type", "op_name", "tensor", "dtype"):
         values = table[column]
@@ -546,6 +552,7 @@ def npy_header(path: str):
 
 def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
     """Index a step directory written by Ascend's tools from its file names and npy headers."""
+    import pandas as pd
     rows = []
     pattern = ASCEND_NPU_NAME if target == "npu" else CPU_NAME
     for name in sorted(os.listdir(step_dir)):

@@ -10,7 +10,7 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
   (Totals, span_totals, span_kl)
 - writer_running: whether the C module's dump writer thread is alive (a process that forks
   must not copy its locks)
-- native: the C module itself; the step writing (dump.writer, dump.stepplan, dump.replay)
+- native: the C module itself; the step writing (dump.writer, dump.stepplan, dump.bundle)
   still calls it directly: the next to move here.
 """
 from .native import writer_running  # noqa: F401

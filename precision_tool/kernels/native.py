@@ -113,7 +113,7 @@ def stats_text(rows: np.ndarray) -> list:
 
 
 class PassTotals(NamedTuple):
-    """One C pass over a pair (x the NPU side, y the golden): the fields of _reduce.c's
+    """One C pass over a pair (x the NPU side, y the golden): the fields of kernels/c/kernels.h's
     T_* enum, in its order (a test holds the two to one count). Counts arrive as floats."""
     x_nan: float
     x_inf: float
@@ -227,3 +227,9 @@ def writer_threads() -> list:
 def writer_running() -> bool:
     """Is one of the C module's writer threads alive in this process?"""
     return bool(writer_threads())
+
+
+def read_csv(data, kinds: dict):
+    """kernels.table.read_csv's columns: (header, {name: bytearray of float64 or list of
+    str}, rows); ValueError says what is wrong and where."""
+    return _reduce.read_csv(data, kinds)

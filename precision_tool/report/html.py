@@ -21,6 +21,7 @@ from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..fileio import write_text_atomic
+from ..kernels.table import column, numbers, texts
 
 ROLE_COLOURS = {"origin": "#d62728", "propagator": "#ff7f0e", "carried": "#9467bd",
                 "cancellation": "#999999", "pass": "#1f77b4", "error": "#444444"}
@@ -50,19 +51,20 @@ def _ops(table, criteria: Criteria) -> List[dict]:
     roles.update({d.op_name: "carried" for d in cause.carried})
     rows = cause.rows                  # the verdicts the root cause was judged on
     at = np.flatnonzero(np.array(rows.is_out))
-    at = at[np.argsort(table.Index.to_numpy()[at], kind="stable")]      # execution order
+    at = at[np.argsort(column(table, "Index", 0)[at], kind="stable")]   # execution order
     reasons = dict(zip(at.tolist(), rows.reasons(at.tolist())))
+    op = texts(table, "NPUDump")
+    golden_dtype = texts(table, "GoldenDataType")
+    norm = numbers(table, "NormRelativeDiff")
     points = []
     for i, pos in enumerate(at.tolist()):
-        r = table.iloc[pos]
         verdict = rows.verdict[pos]
-        role = roles.get(r.NPUDump, "error" if verdict == "error" else "pass")
-        points.append({"x": i, "op": r.NPUDump, "type": r.OpType, "tensor": r.TensorIndex,
-                       "pass": r.get("PassName", "") or "", "dtype": r.NpuDataType,
-                       "golden_dtype": r.get("GoldenDataType", ""),
-                       "cosine": float(r.CosineSimilarity), "norm": float(r.get("NormRelativeDiff", np.nan)),
-                       "verdict": verdict, "reason": reasons[pos] or "", "role": role,
-                       "scope": _scope(str(r.NPUDump))})
+        role = roles.get(op[pos], "error" if verdict == "error" else "pass")
+        points.append({"x": i, "op": op[pos], "type": rows.op_type[pos], "tensor": rows.tensor[pos],
+                       "pass": rows.pass_name[pos] or "", "dtype": rows.dtype[pos],
+                       "golden_dtype": golden_dtype[pos], "cosine": float(rows.cosine[pos]),
+                       "norm": float(norm[pos]), "verdict": verdict,
+                       "reason": reasons[pos] or "", "role": role, "scope": _scope(op[pos])})
     return points
 
 

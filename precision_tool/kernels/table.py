@@ -1,0 +1,230 @@
+"""CSV files read as named numpy columns: a compare result, a dump's index.
+
+The definition is the csv module (strict quoting, as the excel dialect writes it) and the
+number grammar below; the C module reads the same bytes to the same columns and the same
+errors, about ten times as fast (tests/test_table.py checks the two on hostile input). A
+command that only summarises a result needs no pandas: a `Table` is what it reads.
+
+The rules, both ways:
+- the first non-blank line is the header; a column named twice is an error; blank lines
+  are skipped; every other line has as many fields as the header;
+- a field may be quoted, a quote within it doubled; a quoted field may hold commas and
+  line breaks; after a closing quote comes a comma or the line's end, and a quote must close;
+- the lines end in \\n, \\r\\n or \\r; a UTF-8 byte-order mark is skipped;
+- a number column ('f') holds float64: an empty field is nan; otherwise a decimal number
+  ([+-]digits[.digits][e[+-]digits], or .digits...), nan, inf or infinity (any case,
+  signed); anything else is an error;
+- a text column ('t') holds str: it must be UTF-8 (the columns not asked for are not read).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+
+from . import native
+
+NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                    r"|(?i:nan|inf|infinity))")
+
+
+class TableError(ValueError):
+    """A CSV file that is not a table of the columns asked for; the message says where."""
+
+
+class Table:
+    """Rows of named columns, each a 1-D numpy array (float64, or object holding str).
+    What the analysis of a result reads, as it reads a pandas DataFrame: `name in table`,
+    `table[name]` and `len(table)` (the rows)."""
+
+    def __init__(self, columns: Mapping[str, np.ndarray], rows: Optional[int] = None):
+        self._columns = dict(columns)
+        lengths = {len(v) for v in self._columns.values()}
+        if rows is None:
+            rows = lengths.pop() if lengths else 0
+        if lengths - {rows}:
+            raise ValueError(f"columns of unequal lengths {sorted(lengths)}")
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __contains__(self, name) -> bool:
+        return name in self._columns
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._columns[name]
+
+    @property
+    def columns(self) -> list:
+        return list(self._columns)
+
+    def with_column(self, name: str, values) -> "Table":
+        """A table with this column added or replaced."""
+        return Table({**self._columns, name: np.asarray(values)}, self._rows)
+
+    def to_pandas(self):
+        import pandas as pd
+        return pd.DataFrame(self._columns)
+
+
+def column(table, name: str, default) -> np.ndarray:
+    """A column of a Table or a pandas DataFrame as a numpy array; `default` in every row
+    where the table has no such column."""
+    if name in table:
+        return np.asarray(table[name])
+    return np.full(len(table), default, dtype=object if isinstance(default, str) else float)
+
+
+def numbers(table, name: str) -> np.ndarray:
+    """A column as float64: nan where the table has no such column, and where a value is
+    not a number (a hand-made table's None or text)."""
+    a = column(table, name, np.nan)
+    if a.dtype.kind in "fiub":
+        return a.astype(np.float64)
+    try:
+        return a.astype(np.float64)
+    except (TypeError, ValueError):
+        return np.array([_number(v) for v in a.tolist()], dtype=np.float64)
+
+
+def _number(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def texts(table, name: str) -> np.ndarray:
+    """A column as an object array of str: "" where the table has no such column, where a
+    value is missing (None, nan: a DataFrame's empty cell) and where it holds no text at all
+    (read as numbers: all empty)."""
+    a = column(table, name, "")
+    if a.dtype.kind in "fiub":
+        return np.full(len(a), "", dtype=object)
+    out = np.empty(len(a), dtype=object)
+    out[:] = [v if type(v) is str else "" if v is None or v != v else str(v) for v in a.tolist()]
+    return out
+
+
+def factorize(values) -> tuple:
+    """(codes, uniques): each value's position among the distinct values, in the order they
+    first appear (pandas.factorize's answer; nan is a value like any other)."""
+    seen: Dict = {}
+    nan_code = None
+    codes = []
+    for v in values:
+        if v != v:                   # nan != nan: one code for all of them
+            if nan_code is None:
+                nan_code = seen[v] = len(seen)
+            codes.append(nan_code)
+        else:
+            codes.append(seen.setdefault(v, len(seen)))
+    uniques = np.empty(len(seen), dtype=object)
+    uniques[:] = list(seen)
+    return np.array(codes, dtype=np.int64), uniques
+
+
+def csv_field(text: str) -> str:
+    """One field as the csv module writes it (the excel dialect, minimal quoting): quoted
+    when it holds a comma, a quote or a line break, its quotes doubled."""
+    if not text:
+        return ""               # the csv module writes a lone empty field as ""
+    out = io.StringIO()
+    csv.writer(out).writerow([text])       # its line end, \r\n, makes it quote \r and \n
+    return out.getvalue()[:-2]
+
+
+def read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
+    """The columns named in `kinds` ('f': numbers, 't': text) that the file has, as a Table
+    (a column asked for and absent is not in it). TableError says what is wrong and where."""
+    for name, kind in kinds.items():
+        if kind not in ("f", "t"):
+            raise ValueError(f"column {name!r}: kind {kind!r} is not 'f' or 't'")
+    if native.enabled():
+        try:
+            header, found, rows = native.read_csv(data, dict(kinds))
+        except ValueError as e:
+            raise TableError(str(e)) from None
+        return Table({name: _array(found[name], kinds[name]) for name in header
+                      if name in found}, rows)
+    return _read_csv(data, kinds)
+
+
+def _array(values, kind: str) -> np.ndarray:
+    if kind == "f":
+        return np.frombuffer(values, dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
+    """The definition: the csv module, strict, over the text decoded with surrogateescape
+    (so that bytes that are not UTF-8 are an error only where a text column reads them)."""
+    text = bytes(data).decode("utf-8", "surrogateescape").removeprefix("\ufeff")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header, line = None, 1
+    try:
+        for record in reader:
+            if record:
+                header = record
+                break
+            line = reader.line_num + 1
+    except csv.Error as e:
+        raise TableError(_csv_error(line, e)) from None
+    if header is None:
+        raise TableError("no header line")
+    for name in header:
+        _utf8(name, "the header is not UTF-8")
+    seen = set()
+    for name in header:
+        if name in seen:
+            raise TableError(f"the header names {name!r} twice")
+        seen.add(name)
+    wanted = [(i, name, kinds[name]) for i, name in enumerate(header) if name in kinds]
+    values: Dict[str, list] = {name: [] for _, name, _ in wanted}
+    line, rows = reader.line_num + 1, 0
+    try:
+        for record in reader:
+            if record:
+                rows += 1
+                if len(record) != len(header):
+                    raise TableError(f"line {line}: {len(record)} field(s), the header has "
+                                     f"{len(header)}")
+                for i, name, kind in wanted:
+                    values[name].append(_value(record[i], kind, line, name))
+            line = reader.line_num + 1
+    except csv.Error as e:
+        raise TableError(_csv_error(line, e)) from None
+    return Table({name: (np.array(v, dtype=np.float64) if kind == "f" else _array(v, "t"))
+                  for (_, name, kind), v in zip(wanted, values.values())}, rows)
+
+
+def _value(field: str, kind: str, line: int, name: str):
+    if kind == "t":
+        return _utf8(field, f"line {line}, column {name}: not UTF-8 text")
+    if not field:
+        return float("nan")
+    if NUMBER.fullmatch(field) is None:
+        raise TableError(f"line {line}, column {name}: not a number")
+    return float(field)
+
+
+def _utf8(value: str, message: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TableError(message) from None
+    return value
+
+
+def _csv_error(line: int, e: csv.Error) -> str:
+    if "expected after" in str(e):
+        return f"line {line}: a closing quote is followed by more text"
+    if "unexpected end of data" in str(e):
+        return f"line {line}: a quoted field is not closed"
+    return f"line {line}: {e}"

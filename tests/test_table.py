@@ -1,0 +1,166 @@
+"""kernels.table: CSV files as named columns. The definition (the csv module, strict) is
+checked against hand-worked cases and Python's float(); the C reader against the
+definition on random hostile bytes, value for value and error for error."""
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from precision_tool.kernels import native
+from precision_tool.kernels import table
+from precision_tool.kernels.table import Table, TableError
+
+needs_c = pytest.mark.skipif(native._reduce is None, reason="the C module is not built")
+
+
+def both(monkeypatch, data: bytes, kinds: dict):
+    """(definition's result or error text, C's result or error text)."""
+    def run(numpy_only):
+        if numpy_only:
+            monkeypatch.setenv("PRECISION_TOOL_NUMPY_ONLY", "1")
+        else:
+            monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
+        try:
+            return table.read_csv(data, kinds)
+        except TableError as e:
+            return str(e)
+    return run(True), run(False)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    if a.columns != b.columns or len(a) != len(b):
+        return False
+    for name in a.columns:
+        x, y = a[name], b[name]
+        if x.dtype != y.dtype:
+            return False
+        if x.dtype == object:
+            if list(x) != list(y):
+                return False
+        elif not (np.array_equal(x, y, equal_nan=True) and
+                  np.array_equal(np.signbit(x), np.signbit(y))):
+            return False
+    return True
+
+
+def definition(data: bytes, kinds: dict):
+    try:
+        return table._read_csv(data, kinds)
+    except TableError as e:
+        return str(e)
+
+
+# -- the definition ------------------------------------------------------------------------
+def test_quoted_fields_blank_lines_and_line_ends():
+    data = ('\ufeffname,value\r\n\r\n"a, ""b""",1.5\n"two\nlines",-inf\rlast,\n'
+            ).encode("utf-8")
+    t = definition(data, {"name": "t", "value": "f"})
+    assert list(t["name"]) == ['a, "b"', "two\nlines", "last"]
+    v = t["value"]
+    assert v[0] == 1.5 and v[1] == -np.inf and np.isnan(v[2])
+    assert len(t) == 3 and t.columns == ["name", "value"]
+
+
+def test_columns_not_asked_for_are_not_read_and_absent_ones_are_not_there():
+    t = definition(b"a,b,c\n1,\xff\xfe,3\n", {"a": "f", "c": "t", "zzz": "f"})
+    assert t.columns == ["a", "c"] and list(t["c"]) == ["3"] and "zzz" not in t
+
+
+def test_a_table_without_the_columns_asked_still_counts_its_rows():
+    assert len(definition(b"a\n1\n2\n\n3\n", {})) == 3
+
+
+@pytest.mark.parametrize("data,error", [
+    (b"", "no header line"),
+    (b"\n\r\n", "no header line"),
+    (b"a,a\n1,2\n", "the header names 'a' twice"),
+    (b"a,b\n1,2\n3\n", "line 3: 1 field(s), the header has 2"),
+    (b"a,b\n1,2,3\n", "line 2: 3 field(s), the header has 2"),
+    (b'a,b\n"1,2\n', "line 2: a quoted field is not closed"),
+    (b'a,b\n"1"x,2\n', "line 2: a closing quote is followed by more text"),
+    (b'a,b\n1,"2"\n\n1,nope\n', "line 4, column b: not a number"),
+    (b"a,b\n1,2\n3, 4\n", "line 3, column b: not a number"),
+    (b"a,b\n1,1_000\n", "line 2, column b: not a number"),
+    (b"a,b\n1,0x10\n", "line 2, column b: not a number"),
+    (b"a,b\n1,\xff\n", "line 2, column b: not UTF-8 text"),
+    (b"a,\xff\n1,2\n", "the header is not UTF-8"),
+])
+def test_what_is_not_a_table_is_an_error_that_says_where(data, error):
+    kinds = {"a": "f", "b": "t" if error.endswith("UTF-8 text") else "f"}
+    assert definition(data, kinds) == error
+
+
+def test_the_number_grammar():
+    good = ["0", "-0", "+1", "1.", ".5", "1e5", "1E-5", "-.5e+3", "nan", "NaN", "-inf",
+            "Infinity", "+INF", "00012.50"]
+    bad = ["", " 1", "1 ", "1e", "e5", ".", "-", "1.2.3", "1e5.0", "infinit", "nan1", "٣",
+           "0x1p3", "1_0", "+-1"]
+    for text in good:
+        assert table.NUMBER.fullmatch(text), text
+    for text in bad:
+        assert not table.NUMBER.fullmatch(text), text
+
+
+def test_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind"):
+        table.read_csv(b"a\n1\n", {"a": "x"})
+
+
+def test_a_table_of_unequal_columns_is_refused():
+    with pytest.raises(ValueError, match="unequal"):
+        Table({"a": np.zeros(2), "b": np.zeros(3)})
+
+
+# -- C against the definition --------------------------------------------------------------
+@needs_c
+def test_c_reads_what_the_definition_reads_on_random_hostile_bytes(monkeypatch):
+    rng = np.random.default_rng(7)
+    pieces = [b"a", b"1", b"2.5", b"-", b"e", b".", b",", b'"', b'""', b"\n", b"\r", b"\r\n",
+              b"nan", b"inf", b"\xc3\xa9", b"\xff", b" ", b"\x00", b"x,y"]
+    kinds_list = [{"x": "f", "y": "t"}, {"x": "t", "y": "f"}, {"x": "f"}, {}]
+    disagree = []
+    for case in range(3000):
+        header = [b"x,y", b'"x",y', b"y,x,z", b"x"][case % 4]
+        body = b"".join(pieces[i] for i in rng.integers(0, len(pieces), rng.integers(0, 30)))
+        data = header + b"\n" + body
+        kinds = kinds_list[case % len(kinds_list)]
+        got = both(monkeypatch, data, kinds)
+        if not same(*got):
+            disagree.append((data, kinds, got))
+    assert not disagree, disagree[:3]
+
+
+@needs_c
+def test_c_parses_numbers_exactly_as_float_does(monkeypatch):
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal(20000) * 10.0 ** rng.integers(-320, 300, 20000)
+    texts = [repr(float(v)) for v in values]
+    texts += [f"{v:.19e}" for v in values[:5000]] + [f"{v:.25f}" for v in values[:2000]]
+    # doubles' midpoints written out, the cases a fast path gets wrong
+    for v in rng.random(3000) * 10.0 ** rng.integers(-8, 8, 3000):
+        mid = (Decimal(float(v)) + Decimal(float(np.nextafter(v, np.inf)))) / 2
+        texts += [f"{mid:.{d}e}" for d in (16, 17, 18, 19, 25)]
+    texts += ["4.9e-324", "2.4703282292062328e-324", "1.7976931348623157e308", "1e309",
+              "-0.0", "0e999", "123456789012345678901234567890", ".000000000000000000000001"]
+    data = ("x\n" + "\n".join(texts) + "\n").encode()
+    monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
+    got = table.read_csv(data, {"x": "f"})["x"]
+    want = np.array([float(t) for t in texts])
+    wrong = np.flatnonzero(~((got == want) | (np.isnan(got) & np.isnan(want)))
+                           | (np.signbit(got) != np.signbit(want)))
+    assert not len(wrong), [texts[i] for i in wrong[:5]]
+
+
+@needs_c
+def test_c_reads_a_compare_result_as_the_definition_does(monkeypatch, tmp_path):
+    lines = ["Index,OpType,NPUDump,CosineSimilarity,Verdict"]
+    for i in range(3000):
+        lines.append(f'{i},MatMul,"enc/layer_{i % 7}/mm, ""q""",{1 - i * 1e-7!r},'
+                     f'{"pass" if i % 3 else "fail"}')
+    data = ("\n".join(lines) + "\n").encode()
+    kinds = {"Index": "f", "OpType": "t", "NPUDump": "t", "CosineSimilarity": "f", "Verdict": "t"}
+    a, b = both(monkeypatch, data, kinds)
+    assert same(a, b) and len(a) == 3000
+    assert a["NPUDump"][8] == 'enc/layer_1/mm, "q"'
