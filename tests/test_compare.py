@@ -49,7 +49,7 @@ def test_fused_and_inserted_ops_map_to_the_golden_tensors_they_stand_for(tmp_pat
                                     "encoder/layer_0/output_norm/Add_1:0"}
     casts = table[(table.OpType == "Cast") & table.TensorIndex.str.contains(":output:")]
     assert len(casts) > 10 and (casts.GoldenTensor != "").all()
-    tmap = TensorMap(ws.graph_json(npu_run))
+    tmap = TensorMap(ws.compiled_graph(npu_run))
     assert tmap.golden_tensor("encoder/layer_0/attention/query/kernel/Cast_fp16:0") == \
         "encoder/layer_0/attention/query/kernel:0"
 

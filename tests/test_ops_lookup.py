@@ -48,9 +48,9 @@ def test_list_ops_filters_by_name_type_pass_and_kernel(dumped):
 def test_find_op_by_exact_name_fused_name_partial_name_and_typo(dumped):
     ws, npu, _ = dumped
     node, note = ops.find_op(ws, npu, "head/Softmax")
-    assert node["name"] == "head/Softmax" and note == ""
+    assert node.name == "head/Softmax" and note == ""
     node, note = ops.find_op(ws, npu, "dense/MatMul")          # absorbed by the fusion
-    assert "dense/MatMul" in node["attrs"]["original_op_names"]
+    assert "dense/MatMul" in node.attrs["original_op_names"]
     assert "was fused into" in note and "MatMulBiasAddFusionPass" in note
     with pytest.raises(WorkspaceError, match="op.s. whose name holds it: .*head/Softmax"):
         ops.find_op(ws, npu, "Soft")
@@ -59,10 +59,9 @@ def test_find_op_by_exact_name_fused_name_partial_name_and_typo(dumped):
 
 
 def test_subgraph_dot_keeps_the_ops_within_the_depth_and_escapes_names():
-    nodes = [{"name": "a", "type": "Placeholder", "inputs": []},
-             {"name": 'b"q', "type": "Relu", "inputs": ["a:0"]},
-             {"name": "c", "type": "Exp", "inputs": ['b"q:0']},
-             {"name": "d", "type": "Neg", "inputs": ["c:0"]}]
+    from precision_tool.graph import NodeView
+    nodes = [NodeView("a", "Placeholder", [], {}, []), NodeView('b"q', "Relu", ["a:0"], {}, []),
+             NodeView("c", "Exp", ['b"q:0'], {}, []), NodeView("d", "Neg", ["c:0"], {}, [])]
     dot = ops.subgraph_dot(nodes, "c", 1)
     assert '"b\\"q" -> "c";' in dot and '"c" -> "d";' in dot
     assert '"a"' not in dot                                   # two hops away

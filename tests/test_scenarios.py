@@ -125,11 +125,12 @@ def test_an_origin_whose_golden_output_its_dtype_cannot_hold_is_not_ranked():
     clears nor acquits the op, so it is said and not ranked."""
     import numpy as np
     from precision_tool.analysis.impact import _unfit
-    node = {"outputs": [{"dtype": "float16"}]}
+    from precision_tool.graph import NodeView
+    node = NodeView("mm", "MatMul", [], {}, [{"dtype": "float16"}])
     assert "does not fit float16" in _unfit(node, {0: np.array([1e-12, 1.0])})
     assert "does not fit float16" in _unfit(node, {0: np.array([1e5])})
     assert _unfit(node, {0: np.array([1e-3, 60000.0])}) == ""
-    assert _unfit({"outputs": [{"dtype": "float32"}]}, {0: np.array([1e-12])}) == ""
+    assert _unfit(node._replace(outputs=[{"dtype": "float32"}]), {0: np.array([1e-12])}) == ""
 
 
 def _exp_into_matmul(root, x_value=None):

@@ -144,7 +144,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         inputs = [t for t in result.first_overflow["tensors"] if t["io"] == "input"]
         peak = max(abs(inputs[0]["max"]), abs(inputs[0]["min"])) if inputs else None
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
-                                            TensorMap(ws.graph_json(npu_run) or {}), peak))
+                                            TensorMap(ws.compiled_graph(npu_run)), peak))
     if compare:
         tables = {k: c.table for k, c in compared.items()}
         _compare_step(ws, npu_run, golden_run, s, compared[s], tables, criteria, limit, rank,
@@ -196,7 +196,7 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
     result.diverging_count = c.findings
     result.cancellations = sorted(cause.noise_ops)
-    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    tmap = TensorMap(ws.compiled_graph(npu_run))
     origin = cause.first_origin
     if origin is not None:
         result.origin = dict(dataclasses.asdict(origin), **_facts(
@@ -229,19 +229,19 @@ def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[flo
     input reaches), whether it updates state, its pass, and the op types a precision policy
     placed for it (a UB-fused elementwise kernel's are its steps': the policy placed those
     before fusion, never "FusedEltwise")."""
-    node = tmap.node(op_name) or {}
-    attrs = node.get("attrs", {})
-    producers = [tmap.node(split_tensor_name(t)[0]) or {} for t in node.get("inputs", [])]
-    source = next(({"name": p["name"], "type": p["type"], "peak": input_peak}
-                   for p in producers if p.get("type") in ("Placeholder", "Const")), None)
+    node = tmap.node(op_name)
+    attrs = tmap.attrs(op_name)
+    producers = [tmap.node(split_tensor_name(t)[0]) for t in (node.inputs if node else [])]
+    source = next(({"name": p.name, "type": p.type, "peak": input_peak}
+                   for p in producers if p is not None and p.type in ("Placeholder", "Const")),
+                  None)
     placed = sorted(set(placed_types(op_type, attrs)))
     # an inserted Cast is there because what reads it computes in fp16
-    reading = [n for n in tmap.readers(op_name) if n["type"] != "Cast"] \
+    reading = [n for n in tmap.readers(op_name) if n.type != "Cast"] \
         if attrs.get("inserted_by") else []
-    readers = sorted({t for n in reading for t in placed_types(n["type"], n.get("attrs"))}
-                     - {"Cast"})
+    readers = sorted({t for n in reading for t in placed_types(n.type, n.attrs)} - {"Cast"})
     return {"inserted": bool(attrs.get("inserted_by")), "source": source, "readers": readers,
-            "reader_ops": sorted(n["name"] for n in reading),
+            "reader_ops": sorted(n.name for n in reading),
             "update": bool(registry.updated_inputs(op_type)),
             "pass_name": attrs.get("pass_name", "") or "",
             "compute_dtype": attrs.get("compute_dtype", ""), "policy_types": placed}

@@ -572,9 +572,9 @@ def diff_runs(ws: Workspace, a: Run, b: Run) -> List[dict]:
         history = ws.step_history(run)
         scaled = history.dropna(subset=["loss_scale"]) if "loss_scale" in history else history.iloc[:0]
         out["loss scale (first step)"] = float(scaled.loss_scale.iloc[0]) if len(scaled) else None
-        graph = ws.graph_json(run) if run.target == "npu" else None
-        out["_dtypes"] = {n["name"]: (n.get("attrs") or {}).get("compute_dtype")
-                          for n in (graph or {}).get("nodes", []) if (n.get("attrs") or {}).get("compute_dtype")}
+        graph = ws.compiled_graph(run) if run.target == "npu" else None
+        out["_dtypes"] = {n.name: n.attrs["compute_dtype"] for n in (graph or ())
+                          if n.attrs.get("compute_dtype")}
         return out
 
     left, right = facts(a), facts(b)

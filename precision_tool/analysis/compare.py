@@ -20,7 +20,7 @@ from ..dump import Workspace
 from ..dump.dumper import NOT_KERNELS
 from ..dump.bundle import bundle_fetches
 from ..dump.workspace import Run
-from ..graph import split_tensor_name
+from ..graph import GraphView, split_tensor_name
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS
@@ -72,37 +72,36 @@ def compare_stats(npu: dict, golden: dict) -> dict:
     return out
 
 
-def _undumped_ops(graph: dict, tmap: TensorMap, indexed: set, fetched: Optional[list],
-                  start: int) -> list:
+def _undumped_ops(graph: Optional[GraphView], tmap: TensorMap, indexed: set,
+                  fetched: Optional[list], start: int) -> list:
     """An error row for each kernel the step ran (the compiled graph's ancestors of what the
     step fetched, as its replay bundle records) that has no row in the step's index: the
     dump holds every kernel a step runs, so a missing one means an index cut off at a line
     break or rows removed. Without them the compare would look whole while it never saw
     those ops. A step without a bundle says nothing of what ran: no rows."""
-    nodes = graph.get("nodes", [])
-    if not fetched or all(n.get("name") in indexed or n.get("type") in NOT_KERNELS for n in nodes):
+    nodes = list(graph) if graph is not None else []
+    if not fetched or all(n.name in indexed or n.type in NOT_KERNELS for n in nodes):
         return []                    # every kernel has its rows: nothing to walk
     wanted = set(fetched)
-    todo = [n for n in nodes if n.get("name") in wanted
-            or wanted & set(n.get("attrs", {}).get("original_op_names", []))]
+    todo = [n for n in nodes if n.name in wanted
+            or wanted & set(n.attrs.get("original_op_names", []))]
     ran = set()
     while todo:
         node = todo.pop()
-        if node.get("name") in ran:
+        if node.name in ran:
             continue
-        ran.add(node.get("name"))
-        for t in node.get("inputs", []):
+        ran.add(node.name)
+        for t in node.inputs:
             producer = tmap.node(split_tensor_name(t)[0])
             if producer is not None:
                 todo.append(producer)
     rows = []
     for node in nodes:
-        if node.get("type") in NOT_KERNELS or node.get("name") in indexed or \
-                node.get("name") not in ran:
+        if node.type in NOT_KERNELS or node.name in indexed or node.name not in ran:
             continue
-        rows.append({"Index": start + len(rows), "OpType": node.get("type", ""),
-                     "NPUDump": node.get("name", ""), "TensorIndex": f"{node.get('name')}:output:0",
-                     "PassName": node.get("attrs", {}).get("pass_name", "") or "",
+        rows.append({"Index": start + len(rows), "OpType": node.type,
+                     "NPUDump": node.name, "TensorIndex": f"{node.name}:output:0",
+                     "PassName": node.attrs.get("pass_name", "") or "",
                      **{name: np.nan for name in METRICS},
                      "CompareFailReason": f"{NOT_IN_INDEX}: the step ran this op, its index has "
                                           f"no row of it",
@@ -125,7 +124,7 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     graph, and where several stand for one original (a tensor and the Cast the compiler
     inserted after it), the tensor itself holds it."""
     table = ws.index(run, step)
-    graph = ws.graph_json(run) if run.target == "npu" else None
+    graph = ws.compiled_graph(run) if run.target == "npu" else None
     tmap = TensorMap(graph) if graph else None
     exact, original_of, by_original = {}, {}, {}
     # a tensor's own row is its producer's output row; the input rows of the ops that read
@@ -147,10 +146,10 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold=None,
                    progress: Optional[Callable[[int, int], None]] = None,
-                   graph: Optional[dict] = None, workers: int = 1,
+                   graph: Optional[GraphView] = None, workers: int = 1,
                    scheduler=None) -> pd.DataFrame:
     """Every tensor of the NPU run's step against the tensor of golden_run it stands for
-    (mapped through `graph`, a compiled graph's JSON, default the run's own), judged by
+    (mapped through `graph`, a compiled graph, default the run's own), judged by
     `threshold` (verdicts.Criteria, or a cosine threshold).
 
     golden_run is normally the CPU golden; it may be another NPU run (fusion on against
@@ -169,7 +168,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     # output row stands for already)
     wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values()))
     gold_rows = dict(zip(wanted, records(gold.iloc[wanted])))
-    graph = graph if graph is not None else ws.graph_json(npu_run) or {}
+    graph = graph if graph is not None else ws.compiled_graph(npu_run)
     tmap = TensorMap(graph)
     gold_format = "format" in gold.columns
     # joined by hand below: os.path.join per file is a measurable share on many small tensors
@@ -185,7 +184,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                "OverFlow": "", "TaskId": r["task_id"], "PassName": r["pass_name"] or "",
                "GoldenTensor": golden_tensor or "", "Elements": element_count(r["shape"]),
                "SumKind": "" if r["io"] != "output" else
-               sum_kind(r["op_type"], (tmap.node(r["op_name"]) or {}).get("attrs", {}), r["index"])}
+               sum_kind(r["op_type"], tmap.attrs(r["op_name"]), r["index"])}
         g = gold_exact.get(r["tensor"])
         if g is None or golden_tensor is None or gold_original.get(r["tensor"]) != golden_tensor:
             g = gold_by_original.get(golden_tensor) if golden_tensor else None

@@ -76,7 +76,7 @@ def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> F
     bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
     failures = Failures(set(table[bad].GoldenTensor))
     if step in run.complete_steps:
-        tmap = TensorMap(ws.graph_json(run) or {})
+        tmap = TensorMap(ws.compiled_graph(run))
         for task in overflow_report(ws, run, step).tasks:
             if task.is_producer:
                 failures.overflows.append(frozenset(tmap.stands_for(task.op_name)))
@@ -110,7 +110,7 @@ def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
     fired = fired_passes(ws, npu_run)
     # the run's files are read as every command reads them: a broken compiled graph is an
     # input error here too, although the replays run from the bundle's own graph
-    ws.graph_json(npu_run)
+    ws.compiled_graph(npu_run)
     names = [p for p in PASSES if p in fired]          # the compiler's order
     replays = 0
     runs = []

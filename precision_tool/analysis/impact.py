@@ -93,12 +93,12 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     first `limit`) with its outputs replaced by the golden's. Raises PrecisionToolError when
     the step has no replay bundle."""
     bundle = load_bundle(ws.bundle_path(npu_run, step))
-    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    tmap = TensorMap(ws.compiled_graph(npu_run))
     wanted = {}                         # op -> {output: golden tensor}
     ranking_skipped = {}
     for op in candidates[:limit]:
         node = tmap.node(op)
-        outs = {k: tmap.golden_tensor(f"{op}:{k}") for k in range(len(node.get("outputs", [])))} \
+        outs = {k: tmap.golden_tensor(f"{op}:{k}") for k in range(len(node.outputs))} \
             if node else {}
         outs = {k: g for k, g in outs.items() if g and _in_graph(bundle.graph, g)}
         if outs:
@@ -128,12 +128,12 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     return ranking
 
 
-def _unfit(node: dict, values: Dict[int, np.ndarray]) -> str:
+def _unfit(node, values: Dict[int, np.ndarray]) -> str:
     """Why an op's golden outputs cannot be handed on in its own dtypes ("" when they can):
     rounded to them, they overflow to inf or 65504, or flush to zero, so the substitution
     is the NPU's own result and can neither clear nor acquit the op."""
     for k, value in values.items():
-        dtype = node["outputs"][k].get("dtype", "float32")
+        dtype = node.outputs[k].get("dtype", "float32")
         if dtype not in ("float16", "bfloat16"):
             continue
         exact = np.asarray(value, np.float64)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from ..graph import split_tensor_name
+from ..graph import GraphView, NodeView, split_tensor_name
 
 
 class TensorMap:
-    """Built once from the compiled graph's JSON (as dumped in graph/<graph>.json)."""
+    """Built once from the compiled graph (Workspace.compiled_graph; None: a run without
+    one, where every tensor stands for itself)."""
 
-    def __init__(self, compiled_graph: dict):
-        self._nodes: Dict[str, dict] = {n["name"]: n for n in compiled_graph.get("nodes", [])}
+    def __init__(self, compiled_graph: Optional[GraphView]):
+        self._nodes: Dict[str, NodeView] = compiled_graph.nodes if compiled_graph else {}
         self._cache: Dict[str, Optional[str]] = {}
 
     def golden_tensor(self, tensor: str) -> Optional[str]:
@@ -32,27 +33,31 @@ class TensorMap:
         node = self._nodes.get(name)
         if node is None:
             return tensor                  # not in the compiled graph: take the name as is
-        attrs = node.get("attrs", {})
+        attrs = node.attrs
         if attrs.get("inserted_by"):       # a compiler-inserted Cast or TransData
-            inputs = node.get("inputs", [])
+            inputs = node.inputs
             return self._resolve(inputs[0], depth + 1) if inputs else None
         sources = attrs.get("output_sources")
         if sources:
             return sources[index] if index < len(sources) else None
         return tensor
 
-    def readers(self, op_name: str) -> List[dict]:
+    def readers(self, op_name: str) -> List[NodeView]:
         """The compiled nodes that read an output of the op (a walk over the graph)."""
         return [n for n in self._nodes.values()
-                if any(split_tensor_name(t)[0] == op_name for t in n.get("inputs", []))]
+                if any(split_tensor_name(t)[0] == op_name for t in n.inputs)]
 
-    def node(self, op_name: str) -> Optional[dict]:
-        """The compiled node's JSON, or None."""
+    def node(self, op_name: str) -> Optional[NodeView]:
+        """The compiled node, or None."""
         return self._nodes.get(op_name)
 
+    def attrs(self, op_name: str) -> dict:
+        """The compiled node's attributes ({} for an op the graph does not hold)."""
+        node = self._nodes.get(op_name)
+        return node.attrs if node is not None else {}
+
     def original_ops(self, op_name: str):
-        node = self._nodes.get(op_name, {})
-        return list(node.get("attrs", {}).get("original_op_names", [])) or [op_name]
+        return list(self.attrs(op_name).get("original_op_names", [])) or [op_name]
 
     def stands_for(self, op_name: str) -> set:
         """The original tensors an op's outputs stand for: a fused op's every role, an
@@ -60,12 +65,12 @@ class TensorMap:
         node = self._nodes.get(op_name)
         if node is None:
             return {f"{op_name}:0"}
-        found = {self.golden_tensor(f"{op_name}:{k}") for k in range(len(node.get("outputs", [])) or 1)}
-        found |= set(node.get("attrs", {}).get("output_sources", []))
+        found = {self.golden_tensor(f"{op_name}:{k}") for k in range(len(node.outputs) or 1)}
+        found |= set(node.attrs.get("output_sources", []))
         return found - {None}
 
     def pass_name(self, op_name: str) -> str:
-        return self._nodes.get(op_name, {}).get("attrs", {}).get("pass_name", "")
+        return self.attrs(op_name).get("pass_name", "")
 
 
 def placed_types(op_type: str, attrs: dict) -> list:

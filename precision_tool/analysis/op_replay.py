@@ -13,8 +13,8 @@ import numpy as np
 from .. import numerics
 from ..dump import Workspace
 from ..dump.workspace import Run
-from ..errors import PrecisionToolError
-from ..graph import split_tensor_name
+from ..errors import GraphFormatError, PrecisionToolError
+from ..graph import GraphView, NodeView, split_tensor_name
 from ..ops import registry
 from .engine import logical_tensor
 from .mapping import TensorMap
@@ -85,9 +85,8 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
     rows = table[table.op_name == op_name]
     if rows.empty:
         raise ReplayOpError(f"op {op_name!r} is not in the dump of step {step}")
-    graph = ws.graph_json(npu_run) or {}
-    nodes = {n["name"]: n for n in graph.get("nodes", [])}
-    node = nodes.get(op_name)
+    graph = ws.compiled_graph(npu_run)
+    node = graph.get(op_name) if graph is not None else None
     if node is None:
         raise ReplayOpError(f"op {op_name!r} is not in the compiled graph of {npu_run.name}")
     tmap = TensorMap(graph)
@@ -97,24 +96,24 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
             raise ReplayOpError(f"step {step} dumped statistics only: no inputs to replay")
         value = logical_tensor(ws.load(npu_run, step, r.file), r.format, r.original_shape)
         inputs[int(r.index)] = value.astype(np.float64) if value.dtype.kind == "f" else value
-    if len(inputs) != len(node["inputs"]):
-        raise ReplayOpError(f"op {op_name!r}: {len(node['inputs'])} inputs, {len(inputs)} dumped "
+    if len(inputs) != len(node.inputs):
+        raise ReplayOpError(f"op {op_name!r}: {len(node.inputs)} inputs, {len(inputs)} dumped "
                             f"(dump with dump_mode='all' or 'input')")
     out_rows = rows[(rows.io == "output") & (rows["index"] == output_index)]
     if out_rows.empty:
         raise ReplayOpError(f"op {op_name!r} output {output_index} is not dumped")
     out_row = out_rows.iloc[0]
     npu_out = logical_tensor(ws.load(npu_run, step, out_row.file), out_row.format, out_row.original_shape)
-    ctx = registry.KernelContext(np.float64, step, graph.get("seed", 0))
-    args = [inputs[k] for k in range(len(node["inputs"]))]
-    attrs = node.get("attrs", {})
+    ctx = registry.KernelContext(np.float64, step, graph.seed)
+    args = [inputs[k] for k in range(len(node.inputs))]
+    attrs = node.attrs
     target = tmap.golden_tensor(f"{op_name}:{output_index}")
     if attrs.get("original_op_names"):
         replayed = _replay_fused(npu_run, step, node, args, tmap, ctx)[target]
     elif attrs.get("inserted_by"):
         replayed = args[0]                          # a Cast or TransData carries its value
     else:
-        replayed = _run(node["type"], attrs, args, ctx)[output_index]
+        replayed = _run(node.type, attrs, args, ctx)[output_index]
     inherited = None
     if golden_run is not None and target:
         gold = ws.index(golden_run, step)
@@ -127,30 +126,34 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
                     str(out_row["dtype"]), at_max)
 
 
-def _replay_fused(npu_run: Run, step: int, node: dict, args, tmap: TensorMap, ctx) -> Dict[str, np.ndarray]:
+def _replay_fused(npu_run: Run, step: int, node: NodeView, args, tmap: TensorMap,
+                  ctx) -> Dict[str, np.ndarray]:
     """Evaluate the original ops a fused node replaced, from the step's original graph."""
     path = os.path.join(npu_run.path, "replay", str(step), "graph.json")
     from ..fileio import load_json
-    original = load_json(path, ReplayOpError, "the step's replay graph (a fused op replays its "
-                                               "original ops from it)")
-    by_name = {n["name"]: n for n in original.get("nodes", [])}
+    data = load_json(path, ReplayOpError, "the step's replay graph (a fused op replays its "
+                                          "original ops from it)")
+    try:
+        original = GraphView(data)
+    except GraphFormatError as e:
+        raise ReplayOpError(f"the step's replay graph {path} is broken: {e}") from None
     env = {}
-    for value, tensor in zip(args, node["inputs"]):
+    for value, tensor in zip(args, node.inputs):
         env[tmap.golden_tensor(tensor) or tensor] = value
-    members = set(node["attrs"]["original_op_names"])
-    for n in original.get("nodes", []):            # the graph lists ops in a valid order
-        if n["name"] not in members:
+    members = set(node.attrs["original_op_names"])
+    for n in original:                           # the graph lists ops in a valid order
+        if n.name not in members:
             continue
         ins = []
-        for t in n["inputs"]:
+        for t in n.inputs:
             if t not in env:
-                src = by_name.get(split_tensor_name(t)[0])
-                if src is not None and src["type"] == "Const":
-                    env[t] = _run("Const", src["attrs"], [], ctx)[0]
+                src = original.get(split_tensor_name(t)[0])
+                if src is not None and src.type == "Const":
+                    env[t] = _run("Const", src.attrs, [], ctx)[0]
                 else:
-                    raise ReplayOpError(f"fused op {node['name']!r}: input {t} of {n['name']} "
+                    raise ReplayOpError(f"fused op {node.name!r}: input {t} of {n.name} "
                                         f"is neither dumped nor a constant")
             ins.append(env[t])
-        for k, out in enumerate(_run(n["type"], n.get("attrs", {}), ins, ctx)):
-            env[f"{n['name']}:{k}"] = out
+        for k, out in enumerate(_run(n.type, n.attrs, ins, ctx)):
+            env[f"{n.name}:{k}"] = out
     return env

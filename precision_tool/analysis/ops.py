@@ -14,6 +14,7 @@ import numpy as np
 from ..dump.layout import fit_file_name, mangle
 from ..dump.workspace import BFLOAT16, Run, Workspace, WorkspaceError, read_tensor_file
 from ..fileio import write_text_atomic
+from ..graph import NodeView
 from ..ops import registry
 from .engine import logical_tensor
 
@@ -31,24 +32,24 @@ class OpRow:
         return asdict(self)
 
 
-def run_ops(ws: Workspace, run: Run) -> List[dict]:
-    """The run's ops as its compiled graph holds them (JSON nodes); a golden run has no
-    compiled graph: its ops, name and type only, come from the index of its first step."""
-    graph = ws.graph_json(run)
+def run_ops(ws: Workspace, run: Run) -> List[NodeView]:
+    """The run's ops as its compiled graph holds them; a golden run has no compiled graph:
+    its ops, name and type only, come from the index of its first step."""
+    graph = ws.compiled_graph(run)
     if graph:
-        return graph.get("nodes", [])
+        return list(graph)
     table = ws.index(run, ws.resolve_step(run, None))
-    return [{"name": n, "type": t, "attrs": {}} for n, t in
+    return [NodeView(n, t, [], {}, []) for n, t in
             table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
 
 
-def kernel_of(node: dict) -> str:
+def kernel_of(node: NodeView) -> str:
     """The kernel a node runs: its compute unit and compute dtype (cube_float16...)."""
     try:
-        unit = registry.get(node["type"]).unit
+        unit = registry.get(node.type).unit
     except Exception:           # an op type this build does not know (a dump from elsewhere)
         unit = "?"
-    return f"{unit}_{node.get('attrs', {}).get('compute_dtype', '')}".rstrip("_")
+    return f"{unit}_{node.attrs.get('compute_dtype', '')}".rstrip("_")
 
 
 def list_ops(ws: Workspace, run: Run, name: Optional[str] = None, op_type: Optional[str] = None,
@@ -57,7 +58,7 @@ def list_ops(ws: Workspace, run: Run, name: Optional[str] = None, op_type: Optio
     no pattern), in graph order."""
     found = []
     for n in run_ops(ws, run):
-        row = OpRow(n["name"], n["type"], kernel_of(n), n.get("attrs", {}).get("pass_name", ""))
+        row = OpRow(n.name, n.type, kernel_of(n), n.attrs.get("pass_name", ""))
         if (name and name not in row.name) or (op_type and op_type not in row.type) or \
                 (pass_name and pass_name not in row.pass_name) or \
                 (kernel and kernel not in row.kernel):
@@ -79,40 +80,42 @@ def did_you_mean(name: str, names) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-def find_op(ws: Workspace, run: Run, name: str) -> Tuple[dict, str]:
+def find_op(ws: Workspace, run: Run, name: str) -> Tuple[NodeView, str]:
     """(node, note): the op of that exact name, or the fused op that absorbed it (the note
     says so and names the pass). A name that is only part of op names is never taken for
     one of them: WorkspaceError lists the candidates, or the names close to a mistyped one."""
     nodes = run_ops(ws, run)
     for n in nodes:
-        if n["name"] == name:
+        if n.name == name:
             return n, ""
     for n in nodes:
-        attrs = n.get("attrs", {})
-        if name in attrs.get("original_op_names", []):
-            return n, (f"{name} was fused into {n['name']} ({n['type']}) by "
-                       f"{attrs.get('pass_name', 'a fusion pass')}: shown is that op")
-    candidates = [n["name"] for n in nodes if name in n["name"]]
+        if name in n.attrs.get("original_op_names", []):
+            return n, (f"{name} was fused into {n.name} ({n.type}) by "
+                       f"{n.attrs.get('pass_name', 'a fusion pass')}: shown is that op")
+    candidates = [n.name for n in nodes if name in n.name]
     if not candidates:
         raise WorkspaceError(f"no op {name!r} in {run.label}"
-                             + did_you_mean(name, [n["name"] for n in nodes]))
+                             + did_you_mean(name, [n.name for n in nodes]))
     shown = ", ".join(candidates[:10]) + (f" ... ({len(candidates)} in all)" if len(candidates) > 10 else "")
     raise WorkspaceError(f"no op {name!r} in {run.label}; op(s) whose name holds it: {shown}")
 
 
-def subgraph_dot(nodes: List[dict], center: str, depth: int) -> str:
+def subgraph_dot(nodes: List[NodeView], center: str, depth: int) -> str:
     """The ops within `depth` hops of `center` (inputs and consumers alike) and the edges
     between them, as a DOT digraph; the center in bold."""
-    by_name = {n["name"]: n for n in nodes}
+    by_name = {n.name: n for n in nodes}
     consumers: Dict[str, set] = {}
     for n in nodes:
-        for i in n.get("inputs", []):
-            consumers.setdefault(i.rsplit(":", 1)[0], set()).add(n["name"])
+        for i in n.inputs:
+            consumers.setdefault(i.rsplit(":", 1)[0], set()).add(n.name)
+
+    def inputs(name):
+        return by_name[name].inputs if name in by_name else []
     keep, frontier = {center}, {center}
     for _ in range(depth):
         nxt = set()
         for name in frontier:
-            nxt |= {i.rsplit(":", 1)[0] for i in by_name.get(name, {}).get("inputs", [])}
+            nxt |= {i.rsplit(":", 1)[0] for i in inputs(name)}
             nxt |= consumers.get(name, set())
         frontier = nxt - keep
         keep |= nxt
@@ -121,11 +124,11 @@ def subgraph_dot(nodes: List[dict], center: str, depth: int) -> str:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     lines = ["digraph subgraph {", "  node [shape=box];"]
     for name in sorted(keep):
-        n = by_name.get(name, {"type": "?"})
+        op_type = by_name[name].type if name in by_name else "?"
         style = ', style=bold' if name == center else ""
-        lines.append(f"  {q(name)} [label={q(name + chr(10) + n['type'])}{style}];")
+        lines.append(f"  {q(name)} [label={q(name + chr(10) + op_type)}{style}];")
     for name in sorted(keep):
-        for i in by_name.get(name, {}).get("inputs", []):
+        for i in inputs(name):
             src = i.rsplit(":", 1)[0]
             if src in keep:
                 lines.append(f"  {q(src)} -> {q(name)};")

@@ -358,10 +358,10 @@ def root_cause_types(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
     cov = coverage(table)
     cause = root_cause(table, criteria)
-    tmap = TensorMap(ws.graph_json(npu_run) or {})
+    tmap = TensorMap(ws.compiled_graph(npu_run))
     types: Dict[str, None] = {}
     for d in cause.origins + cause.propagators:
-        for t in placed_types(d.op_type, (tmap.node(d.op_name) or {}).get("attrs")):
+        for t in placed_types(d.op_type, tmap.attrs(d.op_name)):
             types.setdefault(t, None)
     return list(types), None if cov.complete else cov.text()
 

@@ -279,7 +279,9 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     graph = None
     if graph_file is not None:
         from ..fileio import load_json
-        graph = check_compiled_graph(load_json(graph_file, WorkspaceError, "compiled graph"))
+        from ..graph import GraphView
+        graph = GraphView(check_compiled_graph(load_json(graph_file, WorkspaceError,
+                                                         "compiled graph")))
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeRemainingColumn)
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

@@ -39,9 +39,9 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     if not any((name, op_type, pass_name, kernel)):
         every = app.runs()
         runs = [app.run(run_spec, "npu")] if run_spec else [r for r in every if not r.info.get("replay_of")]
-        counts = {r.label: dict(Counter(n["type"] for n in ops.run_ops(app.ws, r)
-                                        if n["type"] not in ("Const", "Variable", "NoOp")))
-                  for r in runs if r.steps or app.ws.graph_json(r)}
+        counts = {r.label: dict(Counter(n.type for n in ops.run_ops(app.ws, r)
+                                        if n.type not in ("Const", "Variable", "NoOp")))
+                  for r in runs if r.steps or app.ws.compiled_graph(r)}
         listing = [{"run": r.label, "replay_of": r.info.get("replay_of"),
                     "values_from": r.info.get("values_from"), "steps": r.complete_steps,
                     "bytes": housekeeping.size_of(r.path)} for r in every]
@@ -99,9 +99,9 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     golden files. An inexact name lists the candidates."""
     run = app.run(run_spec, "npu")
     node, note = ops.find_op(app.ws, run, name)
-    attrs = node.get("attrs", {})
-    info = {"name": node["name"], "asked": name, "note": note, "type": node["type"],
-            "inputs": node.get("inputs", []), "outputs": node.get("outputs", []),
+    attrs = node.attrs
+    info = {"name": node.name, "asked": name, "note": note, "type": node.type,
+            "inputs": node.inputs, "outputs": node.outputs,
             "pass_name": attrs.get("pass_name", ""),
             "original_ops": attrs.get("original_op_names", []), "dump": [], "golden": [],
             "golden_note": ""}
@@ -110,21 +110,21 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     if run.complete_steps or step is not None:
         s = app.step(run, step)
         table = app.ws.index(run, s)
-        mine = table[table.op_name == node["name"]]
+        mine = table[table.op_name == node.name]
         cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count"]
         info["dump"] = mine[[c for c in cols if c in mine]].to_dict("records")
         if app.ws.runs("cpu"):
             golden = app.run(None, "cpu")
             if s in golden.complete_steps:
                 gt = app.ws.index(golden, s)
-                tmap = TensorMap(app.ws.graph_json(run) or {})
-                wanted = {tmap.golden_tensor(f"{node['name']}:{k}") for k in range(len(info["outputs"]) or 1)}
+                tmap = TensorMap(app.ws.compiled_graph(run))
+                wanted = {tmap.golden_tensor(f"{node.name}:{k}") for k in range(len(info["outputs"]) or 1)}
                 gt = gt[gt.tensor.isin(wanted) & (gt.io == "output")]
                 info["golden"] = gt[["tensor", "dtype", "shape", "file"]].to_dict("records")
             else:
                 info["golden_note"] = f"{golden.label} has no dump of step {s}"
     if depth is not None:
-        info["dot_file"] = ops.export_subgraph(app.ws, run, node["name"], depth)
+        info["dot_file"] = ops.export_subgraph(app.ws, run, node.name, depth)
 
     def render():
         lines = [f"type: {info['type']}" + (f"   pass: {info['pass_name']}" if info["pass_name"] else "")]

@@ -56,9 +56,9 @@ def _words(app: App) -> dict:
     try:
         ws = app.ws
         for run in ws.runs():
-            graph = ws.graph_json(run)
+            graph = ws.compiled_graph(run)
             if graph:
-                ops.update(n["name"] for n in graph.get("nodes", []))
+                ops.update(graph.nodes)
             complete = [s.step for s in run.steps if s.complete]
             files = []
             if complete:

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import GraphFormatError, PrecisionToolError
+from ..graph.serialize import GraphView
 from ..version import __version__
 from ..fileio import load_json, parse_json, read_bytes
 from . import layout
@@ -92,6 +93,7 @@ class Workspace:
         self._runs: Optional[Dict[tuple, Run]] = None
         self._indexes: Dict[tuple, pd.DataFrame] = {}
         self._graphs: Dict[str, Optional[dict]] = {}
+        self._views: Dict[str, Optional[GraphView]] = {}
         self._real_root = os.path.realpath(self.root)
         self._real_dirs: Dict[str, str] = {}
 
@@ -237,6 +239,17 @@ class Workspace:
             else:
                 self._graphs[run.path] = None
         return self._graphs[run.path]
+
+    def compiled_graph(self, run: Run) -> Optional[GraphView]:
+        """graph_json's graph read as NodeViews (graph.serialize.GraphView), once; None where
+        the run has no compiled graph."""
+        if run.path not in self._views:
+            data = self.graph_json(run)
+            try:
+                self._views[run.path] = GraphView(data) if data is not None else None
+            except PrecisionToolError as e:
+                raise WorkspaceError(f"the compiled graph of {run.label} is broken: {e}") from None
+        return self._views[run.path]
 
     def fusion_result(self, run: Run) -> Optional[dict]:
         """fusion_result.json of an NPU run as pass -> fused nodes, for the passes that fused

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from typing import Callable, Dict, Iterator, NamedTuple, Optional
 
 from ..errors import GraphError, GraphFormatError
 from .ir import Graph, Node, TensorSpec, split_tensor_name
@@ -68,6 +68,49 @@ def _entry(entry: dict, specs: bool = True):
             raise TypeError("outputs must be a list of tensor specs")
         return name, type_, inputs, attrs, outputs
     return name, type_, inputs, attrs, [_spec_from_dict(o) for o in outputs]
+
+
+class NodeView(NamedTuple):
+    """A node of a graph's JSON as read, each field checked for its kind: what the analysis
+    reads of a compiled graph. outputs: the specs as the JSON holds them ({"shape", "dtype",
+    "format", ...}: a compiled tensor in 5HD is not a TensorSpec of the original graph)."""
+    name: str
+    type: str
+    inputs: list
+    attrs: dict
+    outputs: list
+
+
+class GraphView:
+    """A graph's JSON read as NodeViews by name, in the order the JSON lists them (a valid
+    execution order): no Graph is built, no shape checked. Its checks are _entry's."""
+
+    def __init__(self, data):
+        entries = graph_nodes(data)
+        self.name = str(data.get("name", "graph"))
+        try:
+            self.seed = int(data.get("seed", 0))
+        except (TypeError, ValueError):
+            raise GraphFormatError(f"graph seed {data.get('seed')!r} is not an integer") from None
+        self.nodes: Dict[str, NodeView] = {}
+        for i, entry in enumerate(entries):
+            try:
+                node = NodeView(*_entry(entry, specs=False))
+            except (KeyError, TypeError, GraphError) as e:
+                raise GraphFormatError(f"node #{i} of graph JSON is malformed: {e}") from None
+            self.nodes[node.name] = node
+
+    def __iter__(self) -> Iterator[NodeView]:
+        return iter(self.nodes.values())
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __contains__(self, name) -> bool:
+        return name in self.nodes
+
+    def get(self, name: str) -> Optional[NodeView]:
+        return self.nodes.get(name)
 
 
 def graph_nodes(data) -> list:

@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import native
+from .. import numerics
 from ..errors import PrecisionToolError
 from ..fileio import write_buffers
 from .stats import stats_table, table_text
@@ -148,9 +149,10 @@ def half_bits(x: np.ndarray) -> np.ndarray:
     """float32 as float16, as numpy's own conversion rounds (to nearest even, overflow to
     inf, gradual underflow); a nan keeps its sign and the top ten bits of its payload (a nan
     that came from a float16 comes back as it was), 1 where those are all zero. numpy builds
-    that convert in hardware quiet a nan instead: the dump does not depend on which."""
-    with np.errstate(over="ignore"):        # beyond the float16 range is inf, as intended
-        h = x.astype(np.float16)
+    that convert in hardware quiet a nan instead: the dump does not depend on which. The
+    rounding is numerics.quantize's (the one definition of the float16 grid); the values it
+    gives are float16 values, which astype then encodes exactly."""
+    h = numerics.quantize(x, "float16").astype(np.float16)
     nan = np.isnan(x)
     if nan.any():
         bits = x.view(np.uint32)[nan]
