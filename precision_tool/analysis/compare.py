@@ -17,10 +17,9 @@ import pandas as pd
 
 from .. import numerics
 from ..dump import Workspace
-from ..dump.dumper import NOT_KERNELS
 from ..dump.bundle import bundle_fetches
 from ..dump.workspace import Run
-from ..graph import GraphView, split_tensor_name
+from ..graph import NOT_KERNELS, GraphView, split_tensor_name
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS

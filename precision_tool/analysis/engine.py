@@ -35,6 +35,12 @@ BATCH_PAIRS = 256               # ... of at most this many
 # the page cache into fresh memory: from about 1 MiB the mapping is the cheaper, below it the
 # mapping's own set-up costs more than the copy (docs/design-notes.md has the figures).
 MAP_BYTES = 1 << 20
+# A pool of worker processes costs its start and a round trip per task: work that this
+# process would finish in under POOL_SECONDS runs here, whatever -w asks. The estimate of
+# that time takes a rate per byte read and one per pair (bench/run.py measures both).
+POOL_SECONDS = 0.5
+HERE_BYTES_PER_SECOND = 1.5e9
+HERE_PAIRS_PER_SECOND = 8000.0
 
 
 class EngineError(WorkspaceError):
@@ -119,11 +125,11 @@ def run_task(task):
         return _failed(str(e))
 
 
-def _small(side: Side) -> bool:
+def _bytes(side: Side) -> int:
     try:
-        return os.path.getsize(side.path) <= BATCH_BYTES
+        return os.path.getsize(side.path)
     except OSError:
-        return True               # missing: the batch task reports it
+        return 0                  # missing: its task reports it
 
 
 def _size(side: Side) -> Optional[int]:
@@ -147,7 +153,10 @@ class Engine:
         per = max(1, GROUP_ELEMENTS // RANGE_ELEMENTS)
         return [spans[k:k + per] for k in range(0, len(spans), per)]
 
-    def map(self, tasks: List[tuple], done: Callable[[int], None]) -> List:
+    def map(self, tasks: List[tuple], done: Callable[[int], None],
+            seconds: Optional[float] = None) -> List:
+        """The tasks' results in task order; `seconds`: how long they would take in this
+        process (an estimate, for an engine that may then keep them here)."""
         results = [None] * len(tasks)
         for k, result in self._unordered(tasks):
             results[k] = result
@@ -172,7 +181,19 @@ class _WorkerEngine(Engine):
 
 
 class ProcessEngine(_WorkerEngine):
+    """A pool of `workers` local processes, started when work worth it first comes."""
+
     def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+        self._here = False
+
+    def map(self, tasks: List[tuple], done: Callable[[int], None],
+            seconds: Optional[float] = None) -> List:
+        self._here = seconds is not None and seconds < POOL_SECONDS
+        return super().map(tasks, done)
+
+    def _start(self):
         import multiprocessing
         import threading
         from concurrent.futures import ProcessPoolExecutor
@@ -183,16 +204,23 @@ class ProcessEngine(_WorkerEngine):
         single = threading.active_count() == 1 and not kernels.writer_running() \
             and "fork" in multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if single else "spawn")
-        self.pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread)
+        self.pool = ProcessPoolExecutor(self.workers, mp_context=context,
+                                        initializer=_one_thread)
 
     def _unordered(self, tasks):
+        if self._here:
+            yield from Engine._unordered(self, tasks)
+            return
         from concurrent.futures import as_completed
+        if self.pool is None:
+            self._start()
         futures = {self.pool.submit(run_task, t): k for k, t in enumerate(tasks)}
         for f in as_completed(futures):
             yield futures[f], f.result()
 
     def close(self):
-        self.pool.shutdown()
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 class DaskEngine(_WorkerEngine):
@@ -246,9 +274,12 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             tasks.append(("batch", root, [pairs[p] for p in batch]))
             batch.clear()
 
+    read = 0                   # bytes the tasks read: how long they take here
     for p, pair in enumerate(pairs):
         plans.append(None)
-        if _small(pair.npu) and _small(pair.golden):
+        sizes = _bytes(pair.npu), _bytes(pair.golden)
+        read += sum(sizes)
+        if max(sizes) <= BATCH_BYTES:
             batch.append(p)
             if len(batch) == BATCH_PAIRS:
                 flush()
@@ -275,7 +306,8 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             if progress is not None:
                 progress(finished[0], len(pairs))
 
-    first = engine.map(tasks, done)
+    here = read / HERE_BYTES_PER_SECOND + len(pairs) / HERE_PAIRS_PER_SECOND
+    first = engine.map(tasks, done, here)
     results: Dict[int, dict] = {}
     kl_tasks, kl_owner, totals = [], [], {}
     for p, plan in enumerate(plans):
@@ -299,7 +331,7 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
                 kl_tasks.append(("kl", root, pairs[p], spans, t.ranges()))
                 kl_owner.append(p)
     if kl_tasks:
-        sums = engine.map(kl_tasks, lambda k: None)
+        sums = engine.map(kl_tasks, lambda k: None, here / 2)
         per_pair: Dict[int, tuple] = {}
         for p, parts in zip(kl_owner, sums):
             if isinstance(parts, dict):

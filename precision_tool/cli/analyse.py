@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import click
 from rich.markup import escape
@@ -284,12 +285,20 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                                                          "compiled graph")))
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeRemainingColumn)
+    # refreshed from the callback, not by rich's thread: with no other thread running, a
+    # pool of workers (-w) starts by fork in milliseconds instead of by spawn
     with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=app.err, transient=True, disable=app.as_json or app.log_level > 1) as bar:
+                  console=app.err, transient=True, auto_refresh=False,
+                  disable=app.as_json or app.log_level > 1) as bar:
         task = bar.add_task("compare", total=None)
+        shown = [0.0]
+
+        def progress(k, n):
+            now = time.monotonic()
+            bar.update(task, completed=k, total=n, refresh=k == n or now - shown[0] > 0.1)
+            shown[0] = now if now - shown[0] > 0.1 else shown[0]
         table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria, graph=graph,
-                                        progress=lambda k, n: bar.update(task, completed=k, total=n),
-                                        workers=workers, scheduler=scheduler)
+                                        progress=progress, workers=workers, scheduler=scheduler)
     cov = analysis.coverage(table)
     path = analysis.write_result(app.ws, table, os.path.abspath(graph_file) if graph_file else None)
     diverging = analysis.count_findings(table, criteria)

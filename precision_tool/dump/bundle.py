@@ -18,16 +18,18 @@ import json
 import operator
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional
 
 import numpy as np
 
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..graph import Graph, graph_to_json
-from ..runtime import Session, SessionConfig
 from .cores import blas_threads_as
 from ..kernels.write import contiguous_arrays, pack
+
+if TYPE_CHECKING:          # the runtime loads when a bundle is replayed, not when one is read
+    from ..runtime import Session, SessionConfig
 
 BUNDLE_VERSION = 1
 
@@ -170,6 +172,7 @@ class Bundle:
     meta: dict
 
     def config(self, **overrides) -> SessionConfig:
+        from ..runtime import SessionConfig
         return SessionConfig.from_dict(self.meta["config"], **overrides)
 
     def start(self, sess: Session, variables: Optional[Dict[str, np.ndarray]] = None,
@@ -237,6 +240,7 @@ def load_bundle(path: str) -> Bundle:
 def replay(bundle: Bundle, target: Optional[str] = None, config: Optional[SessionConfig] = None):
     """Rerun the bundle's step on `target` (default: the one it was dumped from). Returns the
     session (its `step` is the dumped step's) and the fetched results."""
+    from ..runtime import Session, SessionConfig
     target = target or bundle.meta["target"]
     if config is None:
         config = bundle.config() if target == bundle.meta["target"] else SessionConfig()

@@ -36,6 +36,7 @@ from typing import Dict, List, NamedTuple
 import numpy as np
 
 from .. import kernels, numerics
+from ..graph import NOT_KERNELS
 from ..errors import ExecutionError
 from ..runtime.plan import STATS_ONLY
 from . import layout
@@ -45,7 +46,6 @@ from .cores import WriterCore
 from .runfiles import RunFiles, run_json
 from ..kernels.write import make_writer
 
-NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 _STATS = list(kernels.STAT_FIELDS)
 NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
                "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS

@@ -18,6 +18,10 @@ from . import dtypes
 
 Shape = Tuple[Optional[int], ...]
 
+# The op types that hold or feed values and run no kernel: the compiler launches no task
+# for them, a dump has no kernel of them, the cost model gives them no time.
+NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
+
 
 def _normalize_shape(shape) -> Shape:
     if shape is None:

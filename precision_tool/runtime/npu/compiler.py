@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Dict, List
 
 from ... import numerics
-from ...graph import Graph, TensorSpec, dtypes, graph_from_dict, graph_to_dict
+from ...graph import NOT_KERNELS, Graph, TensorSpec, dtypes, graph_from_dict, graph_to_dict
 from ...ops import registry
 from . import fusion
 from .policy import FIXED, Policy
@@ -20,7 +20,6 @@ from ...ops.registry import KEEP_DTYPE
 
 _SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 FORMAT_TRANSPARENT = frozenset({"Cast", "Relu"})   # f(0) = 0: a 5HD input stays 5HD
-NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 
 
 @dataclass

@@ -20,14 +20,13 @@ import math
 from typing import Optional
 
 from ...errors import GraphError
-from ...graph import Graph, dtypes, split_tensor_name
+from ...graph import NOT_KERNELS, Graph, dtypes, split_tensor_name
 from ...ops import REGISTRY, registry
 
 CUBE_FLOPS = {"float16": 256e12, "bfloat16": 256e12, "float32": 64e12}
 VECTOR_OPS = {"float16": 8e12, "bfloat16": 8e12, "float32": 4e12}
 BANDWIDTH = 1.2e12            # bytes per second
 LAUNCH = 3e-6                 # seconds per kernel
-NOT_KERNELS = frozenset({"Placeholder", "Variable", "Const", "NoOp"})
 
 
 def _elements(shape, open_dim: int) -> int:
