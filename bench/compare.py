@@ -54,12 +54,12 @@ def large(root, n):
     pair = Pair(*sides)
     simd = native.simd()
 
-    def portable():                             # the loops CPUs without AVX-512 run
-        os.environ["PRECISION_TOOL_NO_AVX512"] = "1"
+    def portable():                             # the loops CPUs without vector loops run
+        os.environ["PRECISION_TOOL_NO_AVX512"] = os.environ["PRECISION_TOOL_NO_AVX2"] = "1"
         try:
             compare_pairs(root, [pair], Engine())
         finally:
-            del os.environ["PRECISION_TOOL_NO_AVX512"]
+            del os.environ["PRECISION_TOOL_NO_AVX512"], os.environ["PRECISION_TOOL_NO_AVX2"]
     t_dot, t_cmp, t_portable = [], [], []
     for _ in range(3):                          # interleaved: all see the same load
         t_dot.append(best_of(lambda: np.dot(xm, ym), 1))
@@ -68,7 +68,7 @@ def large(root, n):
             t_portable.append(best_of(portable, 1))
     dot, cmp = min(t_dot), min(t_cmp)
     how = (f"{n * 4 / 2**20:.0f} MiB per side, as vc reads them, on {native.threads()} thread(s)"
-           f"{' with the AVX-512 loops' if simd else ''}: {8 * n / cmp / 1e9:.2f} GB/s, np.dot "
+           f"{f' with the {simd.upper()} loops' if simd else ''}: {8 * n / cmp / 1e9:.2f} GB/s, np.dot "
            f"{8 * n / dot / 1e9:.1f} GB/s")
     if simd:
         how += f"; the portable loops {dot / min(t_portable):.3f}"

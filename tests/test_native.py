@@ -22,16 +22,19 @@ import refs
 EPS = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(autouse=True, params=["avx512", "portable"])
+@pytest.fixture(autouse=True, params=["avx512", "avx2", "portable"])
 def c_module(monkeypatch, request):
     """These tests are of the C module: on, whatever the environment (the tests that compare
-    it with the numpy code switch that on themselves), and each runs twice: with the AVX-512
-    loops where the CPU has them, and with the portable loops only."""
+    it with the numpy code switch that on themselves), and each runs three times: with the
+    AVX-512 loops where the CPU has them, with the AVX2 loops (where it has those, and
+    AVX-512 is turned off) and with the portable loops only."""
     monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
-    if request.param == "portable":
+    for name in ("PRECISION_TOOL_NO_AVX512", "PRECISION_TOOL_NO_AVX2"):
+        monkeypatch.delenv(name, raising=False)
+    if request.param in ("avx2", "portable"):
         monkeypatch.setenv("PRECISION_TOOL_NO_AVX512", "1")
-    else:
-        monkeypatch.delenv("PRECISION_TOOL_NO_AVX512", raising=False)
+    if request.param == "portable":
+        monkeypatch.setenv("PRECISION_TOOL_NO_AVX2", "1")
     return request.param
 
 
@@ -40,14 +43,17 @@ def test_the_c_module_is_built():
     assert native._reduce is not None, "precision_tool._reduce was not built (no C compiler?)"
 
 
-def test_the_avx512_loops_run_where_the_cpu_has_them(c_module):
+def test_the_vector_loops_run_where_the_cpu_has_them(c_module):
     try:
         with open("/proc/cpuinfo") as f:
             flags = set(next(line for line in f if line.startswith("flags")).split())
     except (OSError, StopIteration):
         pytest.skip("no /proc/cpuinfo to tell what this CPU has")
-    has = {"avx512f", "avx512dq"} <= flags
-    assert native.simd() == (has and c_module == "avx512")
+    avx512 = {"avx512f", "avx512dq"} <= flags
+    avx2 = {"avx2", "fma", "f16c", "popcnt"} <= flags
+    want = {"avx512": "avx512" if avx512 else "avx2" if avx2 else "",
+            "avx2": "avx2" if avx2 else "", "portable": ""}[c_module]
+    assert native.simd() == want
 
 
 def _hostile(n, dtype, seed=0):
@@ -302,9 +308,9 @@ def test_split_ranges_with_the_index_hint_need_no_kl_pass(tmp_path, monkeypatch)
     class Counting(Engine):
         tasks = []
 
-        def map(self, tasks, done):
+        def map(self, tasks, done, seconds=None):
             self.tasks += [(task[0], len(task[3])) for task in tasks]
-            return super().map(tasks, done)
+            return super().map(tasks, done, seconds)
 
     rows = {}
     for name, pair in (("plain", plain), ("hinted", hinted)):

@@ -46,11 +46,12 @@ def threads() -> int:
         return os.cpu_count() or 1
 
 
-def simd() -> bool:
-    """Do comparisons of float16, bfloat16 and float32 tensors run the AVX-512 loops here?
-    (the CPU has them and PRECISION_TOOL_NO_AVX512 is not set; the tests set it to test the
-    portable loops too)"""
-    return enabled() and _reduce.simd()
+def simd() -> str:
+    """The vector loops comparisons and statistics of float16, bfloat16 and float32 tensors
+    run here: "avx512", "avx2" (the CPU has them, and PRECISION_TOOL_NO_AVX512 or
+    PRECISION_TOOL_NO_AVX2 does not turn them off: the tests do, to test each path) or ""
+    (the portable loops)."""
+    return _reduce.simd() if enabled() else ""
 
 
 def kind(a: np.ndarray) -> Optional[str]:

@@ -1,4 +1,5 @@
-/* The AVX-512 loops of the statistics, the comparison, KL and the fp16 grid. */
+/* The AVX-512 loops of the statistics, the comparison, KL and the fp16 grid (simd.c says
+ * when they run). */
 #include "kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -161,7 +162,7 @@ AVX512 static double kl_wide(const char *x, char xk, const char *y, char yk, Py_
 
 /* n a multiple of 16; u.on: KL sums too (both sides normalised). Returns 0, leaving t alone,
  * when the block holds an inf or nan: compare_loop takes it. Moments shifted by (kx, ky). */
-AVX512 int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
+AVX512 int compare_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
                                double kx_, double ky_, Unit u, double *t, double *shifted)
 {
     const __m512 zero = _mm512_setzero_ps(), fp16_max = _mm512_set1_ps((float)FP16_MAX);
@@ -235,7 +236,7 @@ AVX512 int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize
  * block holds an inf or nan (stats_block counts them): the sums then are inf or nan, which
  * finite float32 values cannot make them (16 * 1024 squares of FLT_MAX are far below
  * DBL_MAX). float32 is converted to double straight from memory, half a vector at a time. */
-AVX512 int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st)
+AVX512 int stats_avx512(const char *data, char kind, Py_ssize_t n, Stats *st)
 {
     __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
     __m512d sum0 = _mm512_setzero_pd(), sum1 = sum0, sq0 = sum0, sq1 = sum0;
@@ -269,7 +270,7 @@ AVX512 int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st)
 /* float32 -> float16 sixteen at a time, rounding to nearest even in hardware as
  * float_to_half_bits does (overflow to inf, subnormals; a nan by float_to_half_bits itself);
  * returns how many it converted. */
-AVX512 Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst)
+AVX512 Py_ssize_t halves_avx512(const float *src, Py_ssize_t n, uint16_t *dst)
 {
     Py_ssize_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -287,7 +288,7 @@ AVX512 Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst)
  * (rounding to nearest even, subnormals, inf beyond the range: numerics.quantize's rule),
  * bfloat16 by rounding the bits; a nan becomes the positive quiet nan. Returns how many it
  * did; *bad set when one of them is an inf or a nan. */
-AVX512 Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad)
+AVX512 Py_ssize_t grid_avx512(const float *src, Py_ssize_t n, char kind, float *dst, int *bad)
 {
     const __m512 quiet = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
     const __m512i keep = _mm512_set1_epi32((int)0xffff0000u), half = _mm512_set1_epi32(0x7fff);
@@ -313,7 +314,7 @@ AVX512 Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *ds
 }
 
 /* kl_loop's plain case: n a multiple of 16, both sides normalised; 0 when not plain */
-AVX512 int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+AVX512 int kl_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
                           double *t)
 {
     __m512 check = _mm512_setzero_ps();
@@ -330,21 +331,19 @@ AVX512 int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
     return 1;
 }
 
-/* Does this CPU run the AVX-512 loops (and are they not turned off, as the tests do to test
- * the portable ones)? Asked per call. */
-int use_simd(void)
+int avx512_cpu(void)
 {
     static int cpu = -1;
     if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-    return cpu && !getenv("PRECISION_TOOL_NO_AVX512");
+    return cpu;
 }
 #else
-int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
-                        double kx, double ky, Unit u, double *t, double *shifted) { return 0; }
-int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
-                   double *t) { return 0; }
-int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st) { return 0; }
-Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst) { return 0; }
-Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad) { return 0; }
-int use_simd(void) { return 0; }
+int compare_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n,
+                   double kx, double ky, Unit u, double *t, double *shifted) { return 0; }
+int kl_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+              double *t) { return 0; }
+int stats_avx512(const char *data, char kind, Py_ssize_t n, Stats *st) { return 0; }
+Py_ssize_t halves_avx512(const float *src, Py_ssize_t n, uint16_t *dst) { return 0; }
+Py_ssize_t grid_avx512(const float *src, Py_ssize_t n, char kind, float *dst, int *bad) { return 0; }
+int avx512_cpu(void) { return 0; }
 #endif

@@ -104,6 +104,13 @@ ALWAYS_INLINE double kl_excess_sum(const double *x, const double *y, Py_ssize_t 
     return s;
 }
 
+/* the same for a block of finite elements, both sides normalised: avx2.c's KL blocks with
+ * a term out of its short series' range */
+double kl_excess_sum_normalised(const double *x, const double *y, Py_ssize_t n, Unit u)
+{
+    return kl_excess_sum(x, y, n, u, 1, 1);
+}
+
 /* Everything but the moments' combination over one block; moments are shifted by the
  * block's first finite pair (kx, ky), which keeps sum (x - k)^2 free of cancellation.
  * `fast`: every element of the block is finite, so nothing is masked and nothing
@@ -253,14 +260,14 @@ static void compare_range(const char *xd, char xk, const char *yd, char yk,
     for (int k = 0; k < T_FIELDS; k++) t[k] = 0.0;
     t[T_LO_X] = t[T_LO_Y] = INFINITY;
     t[T_HI_X] = t[T_HI_Y] = -INFINITY;
-    int simd = xk != 'd' && yk != 'd' && (!u.on || u.normalised) && use_simd();
+    int simd = xk != 'd' && yk != 'd' && (!u.on || u.normalised) ? simd_level() : SIMD_NONE;
     for (Py_ssize_t at = start; at < stop; at += BLOCK) {
         Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
         double kx, ky;                  /* the moments' shift: the block's first finite pair */
         to_double(xd + at * xs, xk, 1, &kx);
         to_double(yd + at * ys, yk, 1, &ky);
         if (!(simd && m % 16 == 0 &&
-              compare_simd(xd + at * xs, xk, yd + at * ys, yk, m, kx, ky, u, t, shifted))) {
+              compare_simd(simd, xd + at * xs, xk, yd + at * ys, yk, m, kx, ky, u, t, shifted))) {
             to_double(xd + at * xs, xk, m, xb);
             to_double(yd + at * ys, yk, m, yb);
             Py_ssize_t j = first_finite(xb, yb, m);
@@ -286,10 +293,10 @@ static void kl_range(const char *xd, char xk, const char *yd, char yk,
     double xb[BLOCK], yb[BLOCK];
     int xs = itemsize(xk), ys = itemsize(yk);
     t[0] = t[1] = t[2] = 0.0;
-    int simd = xk != 'd' && yk != 'd' && u.normalised && use_simd();
+    int simd = xk != 'd' && yk != 'd' && u.normalised ? simd_level() : SIMD_NONE;
     for (Py_ssize_t at = start; at < stop; at += BLOCK) {
         Py_ssize_t m = stop - at < BLOCK ? stop - at : BLOCK;
-        if (simd && m % 16 == 0 && kl_simd(xd + at * xs, xk, yd + at * ys, yk, m, u, t)) continue;
+        if (simd && m % 16 == 0 && kl_simd(simd, xd + at * xs, xk, yd + at * ys, yk, m, u, t)) continue;
         to_double(xd + at * xs, xk, m, xb);
         to_double(yd + at * ys, yk, m, yb);
         kl_block(xb, yb, m, u, t);

@@ -3,7 +3,7 @@
 
 CLONES void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t *dst)
 {
-    Py_ssize_t i = use_simd() ? halves_simd((const float *)src, n, dst) : 0;
+    Py_ssize_t i = halves_simd((const float *)src, n, dst);
     for (; i < n; i++) dst[i] = float_to_half_bits(src[i]);
 }
 
@@ -15,7 +15,7 @@ CLONES void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t *dst)
 CLONES static int grid_values(const float *src, Py_ssize_t n, char kind, int saturation, float *dst)
 {
     int bad = 0;
-    Py_ssize_t i = use_simd() ? grid_simd(src, n, kind, dst, &bad) : 0;
+    Py_ssize_t i = grid_simd(src, n, kind, dst, &bad);
     const uint32_t *u = (const uint32_t *)src;
     for (; i < n; i++) {
         float r;

@@ -1,9 +1,9 @@
 /* What the C module's source files share: element kinds and their conversions, the
  * structures that pass between files, and the functions one file gives the others. Each
  * file is one concern: stats.c (a tensor's statistics), compare.c (a pair's comparison
- * totals and KL's sums), avx512.c (the AVX-512 loops of both), grid.c (fp16/bf16 rounding),
- * text.c (numbers as text, a step's index), files.c and writer.c (writing a step),
- * table.c (reading CSV), module.c (the Python module). */
+ * totals and KL's sums), simd.c, avx512.c and avx2.c (the vector loops of both), grid.c
+ * (fp16/bf16 rounding), text.c (numbers as text, a step's index), files.c and writer.c
+ * (writing a step), table.c (reading CSV), module.c (the Python module). */
 #ifndef PRECISION_TOOL_KERNELS_H
 #define PRECISION_TOOL_KERNELS_H
 #define PY_SSIZE_T_CLEAN
@@ -128,14 +128,30 @@ typedef struct {            /* the KL pass's normalisation: p = max((x - lo) * s
 PyObject *py_compare(PyObject *self, PyObject *args);
 PyObject *py_kl(PyObject *self, PyObject *args);
 
-/* ---- the AVX-512 loops (avx512.c): 0 (or nothing done) where the CPU has none ---- */
-int use_simd(void);
-int compare_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, double kx,
-                 double ky, Unit u, double *t, double *shifted);
-int kl_simd(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u, double *t);
-int stats_simd(const char *data, char kind, Py_ssize_t n, Stats *st);
+/* ---- the vector loops (simd.c chooses; avx512.c, avx2.c): 0 (or nothing done) where a
+ * block is not theirs to take ---- */
+enum { SIMD_NONE, SIMD_AVX2, SIMD_AVX512 };
+int simd_level(void);
+int compare_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_t n,
+                 double kx, double ky, Unit u, double *t, double *shifted);
+int kl_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
+            double *t);
+int stats_simd(int level, const char *data, char kind, Py_ssize_t n, Stats *st);
 Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst);
 Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad);
+int avx512_cpu(void);
+int compare_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, double kx,
+                   double ky, Unit u, double *t, double *shifted);
+int kl_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u, double *t);
+int stats_avx512(const char *data, char kind, Py_ssize_t n, Stats *st);
+Py_ssize_t halves_avx512(const float *src, Py_ssize_t n, uint16_t *dst);
+Py_ssize_t grid_avx512(const float *src, Py_ssize_t n, char kind, float *dst, int *bad);
+int avx2_cpu(void);
+int compare_avx2(const char *x, char xk, const char *y, char yk, Py_ssize_t n, double kx,
+                 double ky, Unit u, double *t, double *shifted);
+int kl_avx2(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u, double *t);
+int stats_avx2(const char *data, char kind, Py_ssize_t n, Stats *st);
+double kl_excess_sum_normalised(const double *x, const double *y, Py_ssize_t n, Unit u);
 
 /* ---- fp16/bf16 rounding (grid.c) ---- */
 void floats_to_halves(const uint32_t *src, Py_ssize_t n, uint16_t *dst);

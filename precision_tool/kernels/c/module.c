@@ -78,7 +78,8 @@ done:
 
 PyObject *py_simd(PyObject *self, PyObject *args)
 {
-    return PyBool_FromLong(use_simd());
+    static const char *names[] = {"", "avx2", "avx512"};
+    return PyUnicode_FromString(names[simd_level()]);
 }
 
 static PyMethodDef methods[] = {
@@ -86,8 +87,8 @@ static PyMethodDef methods[] = {
      "read_csv(data, kinds) -> (header, columns, rows): the CSV bytes' columns named in kinds "
      "('f': a bytearray of float64, 't': a list of str), as kernels.table defines."},
     {"simd", py_simd, METH_NOARGS,
-     "simd(): do comparisons of 16- and 32-bit floats run the AVX-512 loops here (the CPU has "
-     "them and PRECISION_TOOL_NO_AVX512 is not set)?"},
+     "simd() -> 'avx512', 'avx2' or '': the vector loops that comparisons and statistics of "
+     "16- and 32-bit floats run here (simd.c)."},
     {"pack", py_pack, METH_O,
      "pack(arrays) -> (data, layout): the C-contiguous arrays' bytes back to back, and each "
      "one's item size, number of dimensions and dimensions as int64."},

@@ -76,10 +76,10 @@ void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
     double buf[BLOCK];
     Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
-    int size = itemsize(kind), simd = is_float(kind) && kind != 'd' && use_simd();
+    int size = itemsize(kind), simd = is_float(kind) && kind != 'd' ? simd_level() : SIMD_NONE;
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
-        if (simd && m % 16 == 0 && stats_simd(data + start * size, kind, m, &st)) continue;
+        if (simd && m % 16 == 0 && stats_simd(simd, data + start * size, kind, m, &st)) continue;
         to_double(data + start * size, kind, m, buf);
         stats_block(buf, m, &st);
     }
