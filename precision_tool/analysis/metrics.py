@@ -22,9 +22,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .. import numerics
-from ..kernels.compare import (CHUNK, EPS, Totals, add_counts, block_pairs, float64, kl_excess,
-                               range_kl, range_totals)
+from ..kernels.compare import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
+                               range_totals)
 
 
 def _cosine(t: Totals) -> float:
@@ -66,11 +65,14 @@ METRICS: Dict[str, tuple] = {
 }
 
 
+_EMPTY = {**{name: float("nan") for name in METRICS}, "NpuNanCount": 0, "NpuInfCount": 0,
+          "GoldenNanCount": 0, "GoldenInfCount": 0, "NpuAtFp16Max": 0,
+          "FlushedToZeroRatio": float("nan"), "NpuNorm": float("nan"), "GoldenNorm": float("nan")}
+
+
 def empty_result() -> dict:
-    out = {name: float("nan") for name in METRICS}
-    out.update(NpuNanCount=0, NpuInfCount=0, GoldenNanCount=0, GoldenInfCount=0, NpuAtFp16Max=0,
-               FlushedToZeroRatio=float("nan"), NpuNorm=float("nan"), GoldenNorm=float("nan"))
-    return out
+    """A result row before anything is compared: every metric nan, every count 0."""
+    return dict(_EMPTY)
 
 
 def compare_tensors(npu, golden, ranges=None) -> dict:
@@ -119,89 +121,22 @@ def finish(t: Totals, out: Optional[dict] = None) -> dict:
     return out
 
 
-SMALL = CHUNK          # pairs up to this many elements may be compared as a batch
+SMALL = CHUNK          # pairs up to this many elements are compared in one batch
 
 
 def compare_many(pairs) -> list:
-    """compare_tensors for many (npu, golden) pairs at once: the small, same-shape, all-finite
-    ones are laid end to end and every sum, extreme and count is taken per segment in one
-    numpy call each (one block per pair, as compare_tensors takes them; sums may differ from
-    it in the last bits, their order being another); every other pair goes to
-    compare_tensors. The per-call cost of numpy dominates small tensors: this is where the
-    throughput on thousands of them comes from."""
+    """compare_tensors for many (npu, golden) pairs: the small, same-shape, non-empty ones
+    through kernels.compare.batch_totals (one C call for them all where the module takes
+    their kinds: on thousands of small tensors the cost of a call is what counts), every
+    other pair through compare_tensors. The same numbers either way."""
     out: list = [None] * len(pairs)
     batch = []
     for k, (x, y) in enumerate(pairs):
         x, y = np.asarray(x), np.asarray(y)
         if x.shape == y.shape and 0 < x.size <= SMALL:
-            batch.append((k, x, y))
+            batch.append((k, x.reshape(-1), y.reshape(-1)))
         else:
             out[k] = compare_tensors(x, y)
-    if not batch:
-        return out
-    X = np.concatenate([float64(x.reshape(-1)) for _, x, _ in batch])
-    Y = np.concatenate([float64(y.reshape(-1)) for _, _, y in batch])
-    sizes = np.array([x.size for _, x, _ in batch])
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    finite = np.add.reduceat((np.isfinite(X) & np.isfinite(Y)).astype(np.int64), starts) == sizes
-    if not finite.all():                 # the rare pairs with inf/nan: the general path
-        for j in np.flatnonzero(~finite):
-            k, x, y = batch[j]
-            out[k] = compare_tensors(x, y)
-        keep = np.repeat(finite, sizes)
-        X, Y = X[keep], Y[keep]
-        batch = [b for b, f in zip(batch, finite) if f]
-        sizes = sizes[finite]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    if not batch:
-        return out
-
-    def seg_sum(v):
-        return np.add.reduceat(v, starts)
-
-    def per_elem(v):
-        return np.repeat(v, sizes)
-
-    D = X - Y
-    absD, absY = np.abs(D), np.abs(Y)
-    mask = absY > EPS
-    err = np.divide(absD, absY, out=absD.copy(), where=mask)
-    rel = np.where(mask, err, 0.0)
-    stats = {
-        "xy": seg_sum(X * Y), "xx": seg_sum(X * X), "yy": seg_sum(Y * Y), "dd": seg_sum(D * D),
-        "abs_d_sum": seg_sum(absD), "abs_d_max": np.maximum.reduceat(absD, starts),
-        "rel_n": seg_sum(mask.astype(np.int64)), "rel_sum": seg_sum(rel),
-        "rel_max": np.maximum.reduceat(rel, starts),
-        "within_1e3": seg_sum((err < 1e-3).astype(np.int64)),
-        "within_5e3": seg_sum((err < 5e-3).astype(np.int64)),
-        "live": seg_sum((Y != 0).astype(np.int64)),
-        "flushed": seg_sum(((Y != 0) & (X == 0)).astype(np.int64)),
-        "at_max": seg_sum((np.abs(X) >= numerics.FP16_MAX).astype(np.int64)),
-    }
-    sides = {}
-    for side, V in (("x", X), ("y", Y)):
-        lo, hi = np.minimum.reduceat(V, starts), np.maximum.reduceat(V, starts)
-        mean = seg_sum(V) / sizes
-        centred = V - per_elem(mean)
-        m2 = seg_sum(centred * centred)
-        span = hi - lo
-        unit = np.where(per_elem(span > 0), (V - per_elem(lo)) / per_elem(np.where(span > 0, span, 1.0)), V)
-        sides[side] = (lo, hi, mean, m2, np.maximum(unit, EPS))
-    P, Q = sides["x"][4], sides["y"][4]
-    kl = (seg_sum(P), seg_sum(Q), seg_sum(kl_excess(P, Q)))
-    for j, (k, _, _) in enumerate(batch):
-        t = Totals()
-        n = int(sizes[j])
-        t.n = n
-        for name in ("xy", "xx", "yy", "dd", "abs_d_sum", "abs_d_max", "rel_sum", "rel_max"):
-            setattr(t, name, float(stats[name][j]))
-        for name in ("rel_n", "within_1e3", "within_5e3", "live", "flushed"):
-            setattr(t, name, int(stats[name][j]))
-        t.counts["NpuAtFp16Max"] = int(stats["at_max"][j])
-        for side in ("x", "y"):
-            lo, hi, mean, m2, _ = sides[side]
-            t.lo[side], t.hi[side] = float(lo[j]), float(hi[j])
-            t.moments[side] = (n, float(mean[j]), float(m2[j]))
-        t.set_kl((float(kl[0][j]), float(kl[1][j]), float(kl[2][j])))
+    for (k, _, _), t in zip(batch, batch_totals([(x, y) for _, x, y in batch])):
         out[k] = finish(t)
     return out

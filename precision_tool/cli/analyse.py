@@ -282,7 +282,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         from ..fileio import load_json
         from ..graph import GraphView
         graph = GraphView(check_compiled_graph(load_json(graph_file, WorkspaceError,
-                                                         "compiled graph")))
+                                                         "compiled graph")), checked=True)
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeRemainingColumn)
     # refreshed from the callback, not by rich's thread: with no other thread running, a

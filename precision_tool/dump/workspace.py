@@ -9,6 +9,7 @@ stream id) are indexed from their file names and .npy headers.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -246,7 +247,8 @@ class Workspace:
         if run.path not in self._views:
             data = self.graph_json(run)
             try:
-                self._views[run.path] = GraphView(data) if data is not None else None
+                # graph_json checked it, or it is the bytes our dumper wrote
+                self._views[run.path] = GraphView(data, checked=True) if data is not None else None
             except PrecisionToolError as e:
                 raise WorkspaceError(f"the compiled graph of {run.label} is broken: {e}") from None
         return self._views[run.path]
@@ -463,15 +465,33 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
         if n == 0:
             raise ValueError("is corrupt: it changed while it was read")
         got += n
-    header = io.BytesIO(view[:_HEADER_BYTES])    # a copy of the header's bytes only
-    shape, fortran, dtype = _npy_header(header)
-    dtype = stored_dtype(dtype)
-    offset = header.tell()
+    shape, fortran, dtype, offset = _small_header(view)
     want = _checked(shape, dtype, size - offset)
     array = np.frombuffer(raw, dtype, count=want // dtype.itemsize, offset=offset)
     if offset % 16:                              # a foreign header: keep the data aligned
         array = array.copy()
     return array.reshape(shape, order="F" if fortran else "C")
+
+
+def _small_header(view) -> tuple:
+    """(shape, fortran_order, stored dtype, data offset) of a whole .npy file's bytes. The
+    files of a dump share a few headers: each distinct one is parsed once (_parsed_header)."""
+    end = -1
+    if len(view) >= 10 and view[:6] == b"\x93NUMPY" and view[6] in (1, 2, 3):
+        width = 2 if view[6] == 1 else 4
+        end = 8 + width + int.from_bytes(view[8:8 + width], "little")
+    if 0 < end <= min(len(view), _HEADER_BYTES):
+        return _parsed_header(bytes(view[:end]))
+    header = io.BytesIO(view[:_HEADER_BYTES])    # let _npy_header say what is wrong
+    shape, fortran, dtype = _npy_header(header)
+    return shape, fortran, stored_dtype(dtype), header.tell()
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_header(header: bytes) -> tuple:
+    f = io.BytesIO(header)
+    shape, fortran, dtype = _npy_header(f)
+    return shape, fortran, stored_dtype(dtype), len(header)
 
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

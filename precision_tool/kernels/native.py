@@ -165,6 +165,16 @@ def compare(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges=None) ->
                                             ranges))
 
 
+def compare_batch(pairs) -> list:
+    """compare() of each whole pair (x, y: flat arrays of one size, of kinds this module
+    takes) and, where it found finite elements, kl() for the ranges it found, in its KL
+    fields: one call for them all, the GIL released."""
+    xs = [flat(x) for x, _ in pairs]
+    ys = [flat(y) for _, y in pairs]
+    kinds = "".join(kind(x) + kind(y) for x, y in pairs)
+    return [PassTotals._make(v) for v in _reduce.compare_batch(xs, ys, kinds)]
+
+
 def kl(x: np.ndarray, y: np.ndarray, start: int, stop: int, ranges) -> KLSums:
     return KLSums._make(_reduce.kl(flat(x), flat(y), kind(x) + kind(y), start, stop,
                                    tuple(map(float, ranges))))

@@ -378,3 +378,76 @@ PyObject *py_kl(PyObject *self, PyObject *args)
     PyBuffer_Release(&y);
     return Py_BuildValue("(ddd)", t[0], t[1], t[2]);
 }
+
+/* compare_batch(xs, ys, kinds) -> [totals]: each pair (flat arrays of equal size, kinds
+ * two characters a pair, back to back) compared whole and, where a pair has finite
+ * elements, its KL sums taken for the ranges its first pass found (in T_SP, T_SQ, T_S):
+ * compare() then kl() per pair, as kernels.compare.batch_totals defines, in one call
+ * without the GIL. The per-call cost is what small tensors pay most. */
+PyObject *py_compare_batch(PyObject *self, PyObject *args)
+{
+    PyObject *xs, *ys, *sx = NULL, *sy = NULL, *out = NULL;
+    const char *kinds;
+    Py_ssize_t nk, n = 0, got = 0, k;
+    if (!PyArg_ParseTuple(args, "OOs#", &xs, &ys, &kinds, &nk)) return NULL;
+    Py_buffer *views = NULL;
+    double *t = NULL;
+    sx = PySequence_Fast(xs, "xs must be a sequence");
+    sy = sx ? PySequence_Fast(ys, "ys must be a sequence") : NULL;
+    if (!sy) goto done;
+    n = PySequence_Fast_GET_SIZE(sx);
+    if (PySequence_Fast_GET_SIZE(sy) != n || nk != 2 * n) {
+        PyErr_SetString(PyExc_ValueError, "compare_batch: as many ys as xs, two kinds a pair");
+        goto done;
+    }
+    for (k = 0; k < 2 * n; k++)
+        if (!is_float(kinds[k])) {
+            PyErr_SetString(PyExc_ValueError, "kinds: the comparisons take floats only");
+            goto done;
+        }
+    views = PyMem_Calloc(2 * n + 1, sizeof(Py_buffer));
+    t = PyMem_Malloc((n + 1) * T_FIELDS * sizeof(double));
+    if (!views || !t) { PyErr_NoMemory(); goto done; }
+    for (got = 0; got < n; got++) {
+        Py_buffer *x = &views[2 * got], *y = &views[2 * got + 1];
+        if (get_buffer(PySequence_Fast_GET_ITEM(sx, got), kinds[2 * got], -1, x) < 0) goto done;
+        if (get_buffer(PySequence_Fast_GET_ITEM(sy, got), kinds[2 * got + 1],
+                       x->len / itemsize(kinds[2 * got]), y) < 0) {
+            PyBuffer_Release(x);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (k = 0; k < n; k++) {
+        const Py_buffer *x = &views[2 * k], *y = &views[2 * k + 1];
+        double *tk = t + k * T_FIELDS, kl[3];
+        char xk = kinds[2 * k], yk = kinds[2 * k + 1];
+        Py_ssize_t m = x->len / itemsize(xk);
+        Unit off = {0, 0, 0.0, 1.0, 0.0, 1.0};
+        compare_range(x->buf, xk, y->buf, yk, 0, m, off, tk);
+        if (tk[T_N] > 0) {
+            double r[4] = {tk[T_LO_X], tk[T_HI_X], tk[T_LO_Y], tk[T_HI_Y]};
+            kl_range(x->buf, xk, y->buf, yk, 0, m, make_unit(r), kl);
+            tk[T_SP] = kl[0]; tk[T_SQ] = kl[1]; tk[T_S] = kl[2];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    out = PyList_New(n);
+    for (k = 0; out && k < n; k++) {
+        PyObject *row = PyTuple_New(T_FIELDS);
+        for (int f = 0; row && f < T_FIELDS; f++) {
+            PyObject *v = PyFloat_FromDouble(t[k * T_FIELDS + f]);
+            if (!v) Py_CLEAR(row);
+            else PyTuple_SET_ITEM(row, f, v);
+        }
+        if (!row) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, k, row);
+    }
+done:
+    for (k = 0; views && k < 2 * got; k++) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(t);
+    Py_XDECREF(sx);
+    Py_XDECREF(sy);
+    return out;
+}

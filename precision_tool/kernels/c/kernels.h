@@ -127,6 +127,7 @@ typedef struct {            /* the KL pass's normalisation: p = max((x - lo) * s
 
 PyObject *py_compare(PyObject *self, PyObject *args);
 PyObject *py_kl(PyObject *self, PyObject *args);
+PyObject *py_compare_batch(PyObject *self, PyObject *args);
 
 /* ---- the vector loops (simd.c chooses; avx512.c, avx2.c): 0 (or nothing done) where a
  * block is not theirs to take ---- */

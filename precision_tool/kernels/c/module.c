@@ -114,6 +114,9 @@ static PyMethodDef methods[] = {
     {"compare", py_compare, METH_VARARGS,
      "compare(x, y, kinds, start, stop, ranges): the comparison totals of one range "
      "(KL sums too when ranges = (lo_x, hi_x, lo_y, hi_y), else nan)."},
+    {"compare_batch", py_compare_batch, METH_VARARGS,
+     "compare_batch(xs, ys, kinds) -> [totals]: compare() of each whole pair and, where it has "
+     "finite elements, kl() for the ranges it found, in its KL fields; one call for them all."},
     {"kl", py_kl, METH_VARARGS,
      "kl(x, y, kinds, start, stop, ranges): (Sp, Sq, sum p (log p - log q)) of one range."},
     {NULL, NULL, 0, NULL},
