@@ -86,6 +86,20 @@ def startup(root):
             ("precision-tool vcs (demo)", best(tool + ["vcs"]) - base)]
 
 
+def workers_on_demo(root):
+    """Whole-process `vc -w 2` against `vc -w 1` on the demo workspace (a small step: the
+    pool must not cost more than it saves), interleaved, best of 5 each."""
+    tool = [sys.executable, "-m", "precision_tool", "--data-dir", root, "--log-level", "4", "vc"]
+    times = {1: [], 2: []}
+    for _ in range(5):
+        for w in (1, 2):
+            start = time.perf_counter()
+            subprocess.run(tool + ["-w", str(w)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            times[w].append(time.perf_counter() - start)
+    return min(times[2]) / min(times[1]), min(times[1]), min(times[2])
+
+
 def ac_on_demo(root):
     from click.testing import CliRunner
     from precision_tool.cli import cli
@@ -206,6 +220,10 @@ def main():
                   over <= 0.3, note="best of 5 fresh processes each")
         t.add("`ac -c` wall time on the demo workspace", f"{seconds:.2f} s",
               note="in-process, after the demo's 100 steps")
+        ratio, one, two = workers_on_demo(os.path.join(work, "demo"))
+        t.add("`vc -w 2` ÷ `vc -w 1`, whole process, demo workspace", f"{ratio:.2f}",
+              "≤ 1 (beyond noise: 1.05)", ratio <= 1.05,
+              note=f"best of 5 interleaved: {one:.2f} s and {two:.2f} s")
         seconds, rows = vcs_rows(os.path.join(work, "vcs"), 10_000 if q else 100_000)
         t.add(f"`vcs` on a {rows:,}-row result", f"{seconds:.2f} s", "< 1 s", seconds < 1)
         for what, n, k, replays, seconds, verified in repair_bench.transformer_rows(q):

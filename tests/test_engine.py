@@ -61,7 +61,8 @@ def _same(a: pd.DataFrame, b: pd.DataFrame):
                                   check_exact=True)
 
 
-def test_worker_processes_give_the_local_result(tmp_path):
+def test_worker_processes_give_the_local_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "POOL_SECONDS", 0.0)      # the pool, however small the work
     ws = _workspace(str(tmp_path))
     local = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
     seen = []
@@ -82,11 +83,39 @@ def test_split_tensors_give_the_same_numbers_on_every_engine(tmp_path, monkeypat
     monkeypatch.setattr(engine, "SPLIT_ELEMENTS", 300)
     monkeypatch.setattr(engine, "RANGE_ELEMENTS", 256)
     split = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    monkeypatch.setattr(engine, "POOL_SECONDS", 0.0)
     _same(split, analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0, workers=2))
     cos_a, cos_b = whole.CosineSimilarity.to_numpy(), split.CosineSimilarity.to_numpy()
     assert np.array_equal(np.isnan(cos_a), np.isnan(cos_b))
     np.testing.assert_allclose(cos_b[~np.isnan(cos_b)], cos_a[~np.isnan(cos_a)], rtol=1e-12)
     assert (whole.Verdict == split.Verdict).all()
+
+
+def test_a_pool_starts_only_for_work_worth_it(tmp_path, monkeypatch):
+    """Work this process finishes in under POOL_SECONDS stays here whatever -w asks (a pool
+    costs its start and a round trip a task); more work starts the pool."""
+    ws = _workspace(str(tmp_path))
+    pairs = [engine.Pair(engine.Side(os.path.join(ws.root, "x.npy")),
+                         engine.Side(os.path.join(ws.root, "x.npy")))]
+    np.save(os.path.join(ws.root, "x.npy"), np.arange(4096, dtype=np.float32))
+    for seconds, started in ((1e9, False), (0.0, True)):
+        monkeypatch.setattr(engine, "POOL_SECONDS", seconds)
+        e = engine.ProcessEngine(2)
+        try:
+            (row,) = engine.compare_pairs(ws.root, pairs, e)
+            assert (e.pool is not None) == started and row["CosineSimilarity"] == 1.0
+        finally:
+            e.close()
+
+
+def test_pairs_side_by_side_on_threads_give_the_serial_result(tmp_path, monkeypatch):
+    """Here, pair tasks run on kernels.threads() threads: the same rows as one at a time."""
+    ws = _workspace(str(tmp_path))
+    monkeypatch.setattr(engine, "BATCH_BYTES", 0)          # every pair a task of its own
+    monkeypatch.setenv("PRECISION_TOOL_THREADS", "1")
+    serial = analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
+    monkeypatch.setenv("PRECISION_TOOL_THREADS", "2")
+    _same(serial, analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0))
 
 
 def test_split_ranges_go_in_groups_here_and_one_a_task_to_workers(monkeypatch):
@@ -185,6 +214,7 @@ def test_worker_processes_are_not_forked_while_a_dump_writer_runs(tmp_path):
     def start_method():
         e = engine.ProcessEngine(1)
         try:
+            e.start()
             return e.pool._mp_context.get_start_method()
         finally:
             e.close()

@@ -37,7 +37,8 @@ BATCH_PAIRS = 256               # ... of at most this many
 MAP_BYTES = 1 << 20
 # A pool of worker processes costs its start and a round trip per task: work that this
 # process would finish in under POOL_SECONDS runs here, whatever -w asks. The estimate of
-# that time takes a rate per byte read and one per pair (bench/run.py measures both).
+# that time takes a rate per byte read on each of its threads and one per pair (bench/run.py
+# measures both).
 POOL_SECONDS = 0.5
 HERE_BYTES_PER_SECOND = 1.5e9
 HERE_PAIRS_PER_SECOND = 8000.0
@@ -164,6 +165,21 @@ class Engine:
         return results
 
     def _unordered(self, tasks):
+        # a pair's C pass runs without the GIL: pairs run side by side on the threads one
+        # large pair would use; ranges of a split pair thread themselves, a batch is Python
+        pairs = [k for k, task in enumerate(tasks) if task[0] == "pair"]
+        threads = min(kernels.threads(), len(pairs))
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor, as_completed
+            with ThreadPoolExecutor(threads) as pool:
+                futures = {pool.submit(run_task, tasks[k]): k for k in pairs}
+                for f in as_completed(futures):
+                    yield futures[f], f.result()
+            pairs = set(pairs)
+            for k, task in enumerate(tasks):
+                if k not in pairs:
+                    yield k, run_task(task)
+            return
         for k, task in enumerate(tasks):
             yield k, run_task(task)
 
@@ -193,7 +209,8 @@ class ProcessEngine(_WorkerEngine):
         self._here = seconds is not None and seconds < POOL_SECONDS
         return super().map(tasks, done)
 
-    def _start(self):
+    def start(self):
+        """Start the pool now (it starts itself when work worth it comes)."""
         import multiprocessing
         import threading
         from concurrent.futures import ProcessPoolExecutor
@@ -213,7 +230,7 @@ class ProcessEngine(_WorkerEngine):
             return
         from concurrent.futures import as_completed
         if self.pool is None:
-            self._start()
+            self.start()
         futures = {self.pool.submit(run_task, t): k for k, t in enumerate(tasks)}
         for f in as_completed(futures):
             yield futures[f], f.result()
@@ -306,7 +323,7 @@ def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
             if progress is not None:
                 progress(finished[0], len(pairs))
 
-    here = read / HERE_BYTES_PER_SECOND + len(pairs) / HERE_PAIRS_PER_SECOND
+    here = read / (HERE_BYTES_PER_SECOND * kernels.threads()) + len(pairs) / HERE_PAIRS_PER_SECOND
     first = engine.map(tasks, done, here)
     results: Dict[int, dict] = {}
     kl_tasks, kl_owner, totals = [], [], {}

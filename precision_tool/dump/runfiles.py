@@ -4,6 +4,7 @@ up to date), the compiled graph and fusion_result.json of an NPU run, and the st
 (step_history.csv: status word and loss scale of every observed step, dumped or not)."""
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ class RunFiles:
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.graph = session.compiled.graph if self.npu else session.graph
         self.dumped_steps: List[int] = []
-        self.history: List[str] = []       # step_history.csv rows of every observed step
+        self.history: List[list] = []      # step_history.csv rows of every observed step
         self._history_written = 0          # how many of them are in the file
         self.history_at = 0.0              # when they were last appended (time.monotonic)
         self._info = self._run_info(session, settings)
@@ -92,9 +93,9 @@ class RunFiles:
 
     def observed(self, step: int, status: int, loss_scale: Optional[tuple]) -> None:
         """A step the session ran (dumped or not): its history row, written later."""
-        scale = ",".join(map(repr, loss_scale[:2])) + f",{int(loss_scale[2])}" \
-            if loss_scale else ",,"
-        self.history.append(f"{step},{status},{scale}")
+        scale = [repr(loss_scale[0]), repr(loss_scale[1]), int(loss_scale[2])] \
+            if loss_scale else ["", "", ""]
+        self.history.append([step, status, *scale])
 
     def finish(self) -> None:
         """The history rows observed so far, and run.json's list of dumped steps, on disk."""
@@ -115,6 +116,8 @@ class RunFiles:
             return
         with open(os.path.join(self.run_dir, layout.HISTORY_FILE),
                   "a" if self._history_written else "w", encoding="utf-8", newline="") as f:
-            f.write(("" if self._history_written else layout.HISTORY_HEADER + "\n")
-                    + "\n".join(rows) + "\n")
+            out = csv.writer(f, lineterminator="\n")
+            if not self._history_written:
+                out.writerow(layout.HISTORY_HEADER.split(","))
+            out.writerows(rows)
         self._history_written += len(rows)

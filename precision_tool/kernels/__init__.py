@@ -9,11 +9,11 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
 - compare: the totals of a pair that every comparison metric is made of, KL's sums
   (Totals, span_totals, span_kl)
 - writer_running: whether the C module's dump writer thread is alive (a process that forks
-  must not copy its locks)
+  must not copy its locks); threads: how many threads a comparison may use here
 - native: the C module itself; the step writing (dump.writer, dump.stepplan, dump.bundle)
   still calls it directly: the next to move here.
 """
-from .native import writer_running  # noqa: F401
+from .native import threads, writer_running  # noqa: F401
 from .grid import round_result, rounder  # noqa: F401
 from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_kind,  # noqa: F401
                     stats_row, stats_table, stats_text, table_text, tensor_stats)
