@@ -56,10 +56,12 @@ def large(root, n):
 
     def portable():                             # the loops CPUs without vector loops run
         os.environ["PRECISION_TOOL_NO_AVX512"] = os.environ["PRECISION_TOOL_NO_AVX2"] = "1"
+        native.refresh_simd()
         try:
             compare_pairs(root, [pair], Engine())
         finally:
             del os.environ["PRECISION_TOOL_NO_AVX512"], os.environ["PRECISION_TOOL_NO_AVX2"]
+            native.refresh_simd()
     t_dot, t_cmp, t_portable = [], [], []
     for _ in range(3):                          # interleaved: all see the same load
         t_dot.append(best_of(lambda: np.dot(xm, ym), 1))

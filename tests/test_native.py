@@ -35,7 +35,10 @@ def c_module(monkeypatch, request):
         monkeypatch.setenv("PRECISION_TOOL_NO_AVX512", "1")
     if request.param == "portable":
         monkeypatch.setenv("PRECISION_TOOL_NO_AVX2", "1")
-    return request.param
+    native.refresh_simd()
+    yield request.param
+    monkeypatch.undo()
+    native.refresh_simd()
 
 
 def test_the_c_module_is_built():

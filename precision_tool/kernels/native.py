@@ -49,9 +49,15 @@ def threads() -> int:
 def simd() -> str:
     """The vector loops comparisons and statistics of float16, bfloat16 and float32 tensors
     run here: "avx512", "avx2" (the CPU has them, and PRECISION_TOOL_NO_AVX512 or
-    PRECISION_TOOL_NO_AVX2 does not turn them off: the tests do, to test each path) or ""
-    (the portable loops)."""
+    PRECISION_TOOL_NO_AVX2 does not turn them off) or "" (the portable loops)."""
     return _reduce.simd() if enabled() else ""
+
+
+def refresh_simd() -> None:
+    """Read PRECISION_TOOL_NO_AVX512 and PRECISION_TOOL_NO_AVX2 again (the C module reads
+    them once: the tests and the benchmarks that switch paths call this after)."""
+    if _reduce is not None:
+        _reduce.simd_refresh()
 
 
 def kind(a: np.ndarray) -> Optional[str]:

@@ -133,6 +133,7 @@ PyObject *py_compare_batch(PyObject *self, PyObject *args);
  * block is not theirs to take ---- */
 enum { SIMD_NONE, SIMD_AVX2, SIMD_AVX512 };
 int simd_level(void);
+void simd_refresh(void);
 int compare_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_t n,
                  double kx, double ky, Unit u, double *t, double *shifted);
 int kl_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,
@@ -140,18 +141,18 @@ int kl_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_
 int stats_simd(int level, const char *data, char kind, Py_ssize_t n, Stats *st);
 Py_ssize_t halves_simd(const float *src, Py_ssize_t n, uint16_t *dst);
 Py_ssize_t grid_simd(const float *src, Py_ssize_t n, char kind, float *dst, int *bad);
-int avx512_cpu(void);
-int compare_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, double kx,
-                   double ky, Unit u, double *t, double *shifted);
-int kl_avx512(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u, double *t);
-int stats_avx512(const char *data, char kind, Py_ssize_t n, Stats *st);
+/* each instruction set's loops: whether the CPU has it, and its compare, KL and stats */
+#define SIMD_LOOPS(isa)                                                                      \
+    int isa##_cpu(void);                                                                     \
+    int compare_##isa(const char *x, char xk, const char *y, char yk, Py_ssize_t n,          \
+                      double kx, double ky, Unit u, double *t, double *shifted);             \
+    int kl_##isa(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u,       \
+                 double *t);                                                                 \
+    int stats_##isa(const char *data, char kind, Py_ssize_t n, Stats *st);
+SIMD_LOOPS(avx512)
+SIMD_LOOPS(avx2)
 Py_ssize_t halves_avx512(const float *src, Py_ssize_t n, uint16_t *dst);
 Py_ssize_t grid_avx512(const float *src, Py_ssize_t n, char kind, float *dst, int *bad);
-int avx2_cpu(void);
-int compare_avx2(const char *x, char xk, const char *y, char yk, Py_ssize_t n, double kx,
-                 double ky, Unit u, double *t, double *shifted);
-int kl_avx2(const char *x, char xk, const char *y, char yk, Py_ssize_t n, Unit u, double *t);
-int stats_avx2(const char *data, char kind, Py_ssize_t n, Stats *st);
 double kl_excess_sum_normalised(const double *x, const double *y, Py_ssize_t n, Unit u);
 
 /* ---- fp16/bf16 rounding (grid.c) ---- */
@@ -219,5 +220,6 @@ extern PyTypeObject WriterType;
 /* ---- module.c, table.c ---- */
 int get_buffer(PyObject *obj, char kind, Py_ssize_t count, Py_buffer *view);
 PyObject *pt_read_csv(PyObject *self, PyObject *args);
+PyObject *py_simd_refresh(PyObject *self, PyObject *args);
 
 #endif

@@ -76,6 +76,12 @@ done:
     return out;
 }
 
+PyObject *py_simd_refresh(PyObject *self, PyObject *args)
+{
+    simd_refresh();
+    Py_RETURN_NONE;
+}
+
 PyObject *py_simd(PyObject *self, PyObject *args)
 {
     static const char *names[] = {"", "avx2", "avx512"};
@@ -89,6 +95,8 @@ static PyMethodDef methods[] = {
     {"simd", py_simd, METH_NOARGS,
      "simd() -> 'avx512', 'avx2' or '': the vector loops that comparisons and statistics of "
      "16- and 32-bit floats run here (simd.c)."},
+    {"simd_refresh", py_simd_refresh, METH_NOARGS,
+     "simd_refresh(): read PRECISION_TOOL_NO_AVX512 and PRECISION_TOOL_NO_AVX2 again."},
     {"pack", py_pack, METH_O,
      "pack(arrays) -> (data, layout): the C-contiguous arrays' bytes back to back, and each "
      "one's item size, number of dimensions and dimensions as int64."},

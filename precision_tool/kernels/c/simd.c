@@ -1,15 +1,22 @@
 /* Which vector loops run: avx512.c's where the CPU has AVX-512 F and DQ, else avx2.c's where
  * it has AVX2, FMA and F16C, else none (the portable loops of stats.c and compare.c). The
- * tests turn them off through the environment, read once per call of the module:
- * PRECISION_TOOL_NO_AVX512 (then the AVX2 loops or the portable ones run) and
- * PRECISION_TOOL_NO_AVX2 (no AVX2 loops). */
+ * environment can turn them off: PRECISION_TOOL_NO_AVX512 (then the AVX2 loops or the
+ * portable ones run) and PRECISION_TOOL_NO_AVX2 (no AVX2 loops). It is read on the first
+ * call and again after simd_refresh() (native.refresh_simd(): the tests switch paths so),
+ * not per call: getenv scans the whole environment, and a small tensor's statistics are a
+ * call each (8% of a small model's simulated step). */
 #include "kernels.h"
+
+static int level = -1;
+
+void simd_refresh(void) { level = -1; }
 
 int simd_level(void)
 {
-    if (avx512_cpu() && !getenv("PRECISION_TOOL_NO_AVX512")) return SIMD_AVX512;
-    if (avx2_cpu() && !getenv("PRECISION_TOOL_NO_AVX2")) return SIMD_AVX2;
-    return SIMD_NONE;
+    if (level < 0)
+        level = avx512_cpu() && !getenv("PRECISION_TOOL_NO_AVX512") ? SIMD_AVX512
+              : avx2_cpu() && !getenv("PRECISION_TOOL_NO_AVX2") ? SIMD_AVX2 : SIMD_NONE;
+    return level;
 }
 
 int compare_simd(int level, const char *x, char xk, const char *y, char yk, Py_ssize_t n,
