@@ -1,6 +1,7 @@
 """kernels.table: CSV files as named columns. The definition (the csv module, strict) is
 checked against hand-worked cases and Python's float(); the C reader against the
 definition on random hostile bytes, value for value and error for error."""
+import re
 from decimal import Decimal
 
 import numpy as np
@@ -164,3 +165,30 @@ def test_c_reads_a_compare_result_as_the_definition_does(monkeypatch, tmp_path):
     a, b = both(monkeypatch, data, kinds)
     assert same(a, b) and len(a) == 3000
     assert a["NPUDump"][8] == 'enc/layer_1/mm, "q"'
+
+
+# -- a compare result read through it -----------------------------------------------------
+RESULT = ("Index,OpType,NPUDump,TensorIndex,CosineSimilarity,Verdict\n"
+          "0,MatMul,mm,mm:output:0,0.5,fail\n"
+          '1,Softmax,"a,b",a:output:0,,pass\n')
+
+
+@pytest.mark.parametrize("text,error", [
+    (RESULT, None),
+    (RESULT.replace("0.5", "0.5x"), "line 2, column CosineSimilarity: not a number"),
+    (RESULT.replace("\n1,", "\n1.5,"), "an Index that is not a whole number"),
+    (RESULT.replace(",fail\n", ",fail,extra\n"), "line 2: 7 field(s), the header has 6"),
+    (RESULT.replace("Verdict", "Verdikt"), "no Verdict column"),
+])
+def test_read_result_reads_a_table_or_says_what_is_wrong(tmp_path, text, error):
+    from precision_tool.analysis import read_result
+    from precision_tool.dump import WorkspaceError
+    path = tmp_path / "result.csv"
+    path.write_text(text)
+    if error is None:
+        t = read_result(str(path))
+        assert t["Index"].dtype == np.int64 and list(t["NPUDump"]) == ["mm", "a,b"]
+        assert t["CosineSimilarity"][0] == 0.5 and np.isnan(t["CosineSimilarity"][1])
+        return
+    with pytest.raises(WorkspaceError, match=re.escape(error)):
+        read_result(str(path))
