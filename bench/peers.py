@@ -1,6 +1,6 @@
 """Whole-process `precision-tool vc` against its peers on the very same files: msprobe's
-compare core (mindstudio-probe: its numpy reader and compare_ops_apply, in one process) and
-TroubleShooter's compare_npy_dir. Run by hand, not in CI: the peers are installed into a
+compare core (mindstudio-probe: compare_by_op's reader, tensor checks and compare_ops_apply
+with every column, in one process) and TroubleShooter's compare_npy_dir. Run by hand, not in CI: the peers are installed into a
 virtual environment of their own when asked.
 
     python bench/peers.py --install           # once: the peers into bench/.peers/
@@ -33,12 +33,27 @@ PEERS = ["mindstudio-probe==26.2.0", "troubleshooter==1.0.18"]
 PEER_DEPS = ["numpy", "pandas", "pyyaml", "psutil", "tqdm", "packaging", "prettytable<3.8",
              "protobuf<=3.20.1", "matplotlib", "PySnooper"]
 
+# compare_by_op's steps for one pair (msprobe.core.compare.multiprocessing_compute): its
+# reader (path check, load_npy, squeeze), the tensor checks, and every compare column
+# compare_by_op's steps for one pair (msprobe.core.compare.multiprocessing_compute): its
+# reader (read_npy_data's path check, load_npy, squeeze), the tensor checks, every column
 MSPROBE = """
 import json, sys
-from msprobe.core.common.file_utils import load_npy
-from msprobe.core.compare.npy_compare import compare_ops_apply
-rows = [compare_ops_apply(load_npy(n), load_npy(b), False, "")[0]
-        for n, b in json.load(open(sys.argv[1]))]
+import numpy as np
+from msprobe.core.common.const import CompareConst
+from msprobe.core.common.file_utils import FileCheckConst, FileChecker, load_npy
+from msprobe.core.compare.npy_compare import CompareResult, ValidateTensor, compare_ops_apply
+
+def read(path):
+    checked = FileChecker(path, FileCheckConst.FILE, FileCheckConst.READ_ABLE,
+                          FileCheckConst.NUMPY_SUFFIX).common_check()
+    return np.squeeze(load_npy(checked))
+
+rows = []
+for n, b in json.load(open(sys.argv[1])):
+    checked = ValidateTensor().check_tensor(CompareResult(read(n), read(b)))
+    rows.append(compare_ops_apply(checked.n_value, checked.b_value, checked.error_flag,
+                                  checked.err_msg, column_names=CompareConst.ALL_COMPARE_INDEX)[0])
 print(len(rows), rows[0])
 """
 

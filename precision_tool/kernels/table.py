@@ -1,4 +1,5 @@
-"""CSV files read as named numpy columns: a compare result, a dump's index.
+"""CSV files read as named numpy columns: what a summary reads of a compare result (a dump's
+index is read by pandas, into the DataFrame a compare works on).
 
 The definition is the csv module (strict quoting, as the excel dialect writes it) and the
 number grammar below; the C module reads the same bytes to the same columns and the same
@@ -66,9 +67,6 @@ class Table:
         """A table with this column added or replaced."""
         return Table({**self._columns, name: np.asarray(values)}, self._rows)
 
-    def to_pandas(self):
-        import pandas as pd
-        return pd.DataFrame(self._columns)
 
 
 def column(table, name: str, default) -> np.ndarray:
