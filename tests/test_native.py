@@ -792,3 +792,18 @@ def test_a_c_pass_reaches_python_with_its_fields_named():
     assert t.abs_d_max == 10000.0 and t.mean_x == pytest.approx(xs.mean())
     assert native.kl(x, y, 0, x.size, (-2.0, 70000.0, -2.0, 60000.0)) == \
         pytest.approx((t.kl_p, t.kl_q, t.kl_excess))
+
+
+def test_a_batch_of_mixed_kinds_gives_each_pair_its_own_row():
+    """A batch of small pairs where some kinds the C module does not take (integer labels)
+    sit among float ones: every pair's row is compare_tensors' own, bit for bit."""
+    rng = np.random.default_rng(11)
+    pairs = [(rng.normal(size=64).astype(np.float16), rng.normal(size=64).astype(np.float32)),
+             (rng.integers(0, 9, 64), rng.integers(0, 9, 64)),
+             (rng.normal(size=(4, 4)).astype(np.float32), rng.normal(size=(4, 4)).astype(np.float32)),
+             (np.array([np.inf, 1.0, np.nan], np.float32), np.array([1.0, 2.0, 3.0], np.float32))]
+    for got, (x, y) in zip(metrics.compare_many(pairs), pairs):
+        want = metrics.compare_tensors(x, y)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert got[name] == want[name] or (got[name] != got[name] and want[name] != want[name]), name

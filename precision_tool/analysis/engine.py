@@ -175,13 +175,12 @@ class Engine:
                 futures = {pool.submit(run_task, tasks[k]): k for k in pairs}
                 for f in as_completed(futures):
                     yield futures[f], f.result()
-            pairs = set(pairs)
-            for k, task in enumerate(tasks):
-                if k not in pairs:
-                    yield k, run_task(task)
-            return
+        else:
+            pairs = []
+        done = set(pairs)
         for k, task in enumerate(tasks):
-            yield k, run_task(task)
+            if k not in done:
+                yield k, run_task(task)
 
     def close(self):
         pass
@@ -202,11 +201,11 @@ class ProcessEngine(_WorkerEngine):
     def __init__(self, workers: int):
         self.workers = workers
         self.pool = None
-        self._here = False
 
     def map(self, tasks: List[tuple], done: Callable[[int], None],
             seconds: Optional[float] = None) -> List:
-        self._here = seconds is not None and seconds < POOL_SECONDS
+        if seconds is not None and seconds < POOL_SECONDS:
+            return Engine().map(tasks, done)          # not worth a pool: here
         return super().map(tasks, done)
 
     def start(self):
@@ -225,9 +224,6 @@ class ProcessEngine(_WorkerEngine):
                                         initializer=_one_thread)
 
     def _unordered(self, tasks):
-        if self._here:
-            yield from Engine._unordered(self, tasks)
-            return
         from concurrent.futures import as_completed
         if self.pool is None:
             self.start()

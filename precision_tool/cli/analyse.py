@@ -293,10 +293,11 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         task = bar.add_task("compare", total=None)
         shown = [0.0]
 
-        def progress(k, n):
-            now = time.monotonic()
-            bar.update(task, completed=k, total=n, refresh=k == n or now - shown[0] > 0.1)
-            shown[0] = now if now - shown[0] > 0.1 else shown[0]
+        def progress(k, n):                 # drawn ten times a second at most
+            refresh = k == n or time.monotonic() - shown[0] > 0.1
+            if refresh:
+                shown[0] = time.monotonic()
+            bar.update(task, completed=k, total=n, refresh=refresh)
         table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria, graph=graph,
                                         progress=progress, workers=workers, scheduler=scheduler)
     cov = analysis.coverage(table)

@@ -296,22 +296,20 @@ def span_totals(xs: np.ndarray, ys: np.ndarray, spans, ranges=None) -> List[Tota
 def batch_totals(pairs) -> List[Totals]:
     """The totals of each pair (flat arrays of one size) with KL's sums set for the ranges
     its pass found: range_totals, then range_kl where a pair has finite elements. Small
-    tensors pay the cost of a call more than that of their elements: where the C module
-    takes every pair's kinds, one call does them all."""
-    if all(_one_pass(x, y) for x, y in pairs):
-        out = []
-        for v in native.compare_batch(pairs):
-            t = Totals.from_native(v)
-            if t.n:
-                t.set_kl((v.kl_p, v.kl_q, v.kl_excess))
-            out.append(t)
-        return out
-    out = []
-    for x, y in pairs:
-        t = range_totals(x, y)
-        if t.n:
-            t.set_kl(range_kl(x, y, 0, x.size, t.ranges()))
-        out.append(t)
+    tensors pay the cost of a call more than that of their elements: the pairs whose kinds
+    the C module takes go in one call; the others (integer labels, masks) one by one."""
+    c = native.enabled()
+    here = [k for k, (x, y) in enumerate(pairs) if c and native.kind(x) and native.kind(y)]
+    out: List[Optional[Totals]] = [None] * len(pairs)
+    for k, v in zip(here, native.compare_batch([pairs[k] for k in here]) if here else ()):
+        out[k] = Totals.from_native(v)
+        if out[k].n:
+            out[k].set_kl((v.kl_p, v.kl_q, v.kl_excess))
+    for k, (x, y) in enumerate(pairs):
+        if out[k] is None:
+            out[k] = range_totals(x, y)
+            if out[k].n:
+                out[k].set_kl(range_kl(x, y, 0, x.size, out[k].ranges()))
     return out
 
 

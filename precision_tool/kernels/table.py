@@ -81,8 +81,6 @@ def numbers(table, name: str) -> np.ndarray:
     """A column as float64: nan where the table has no such column, and where a value is
     not a number (a hand-made table's None or text)."""
     a = column(table, name, np.nan)
-    if a.dtype.kind in "fiub":
-        return a.astype(np.float64)
     try:
         return a.astype(np.float64)
     except (TypeError, ValueError):
