@@ -271,6 +271,14 @@ def test_dump_step_syntax():
     assert parse_steps(" 2 ") == {2} and parse_steps("all") is None and parse_steps(None) is None
 
 
+def test_steps_are_shown_in_dump_step_syntax_and_read_back():
+    from precision_tool.dump.layout import format_steps
+    assert format_steps([]) == "" and format_steps([7]) == "7"
+    assert format_steps([5, 0, 1, 2, 9, 10]) == "0-2|5|9-10"
+    steps = set(np.random.default_rng(0).choice(400, 150, replace=False).tolist())
+    assert parse_steps(format_steps(steps)) == steps
+
+
 def test_actions_combine_with_spaces_and_fusion_off(tmp_path):
     m = pt.models.transformer()
     cfg = hooks.session_dump_config(action="dump | fusion_off", data_dir=str(tmp_path))

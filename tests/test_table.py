@@ -192,3 +192,26 @@ def test_read_result_reads_a_table_or_says_what_is_wrong(tmp_path, text, error):
         return
     with pytest.raises(WorkspaceError, match=re.escape(error)):
         read_result(str(path))
+
+
+def test_an_origin_with_an_input_not_compared_says_so():
+    """The root cause names an op whose compared inputs match and whose outputs do not; an
+    input that could not be compared (its file missing) is named with it, since the
+    divergence may come in through it, and the summary says why that input has no cosine."""
+    from precision_tool.analysis import root_cause, summarize
+
+    def col(*v):
+        out = np.empty(len(v), dtype=object)
+        out[:] = v
+        return out
+    reason = "unreadable: tensor file x.npy is missing"
+    t = Table({"Index": np.arange(4), "OpType": col("Exp", "Exp", "Sum", "Sum"),
+               "NPUDump": col("e", "e", "s", "s"),
+               "TensorIndex": col("e:input:0", "e:output:0", "s:input:0", "s:output:0"),
+               "CosineSimilarity": np.array([1.0, np.nan, np.nan, 0.5]),
+               "CompareFailReason": col("", reason, reason, ""),
+               "Verdict": col("pass", "error", "error", "fail")})
+    origin = root_cause(t).first_origin
+    assert origin.op_name == "s" and origin.unseen_inputs == ["s:input:0"]
+    (op,) = summarize(t)
+    assert op.input_notes == [reason] and op.output_notes == [""]

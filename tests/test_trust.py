@@ -146,6 +146,23 @@ def test_deleted_tensor_files_are_counted_and_never_sound(built, tmp_path):
     assert "could not be compared" in result.stdout and "incomplete" in result.stderr
 
 
+def test_an_origin_whose_input_file_is_gone_is_named_as_far_as_the_compare_saw(built, tmp_path):
+    """The overflowed run's origin with its input's file deleted: the op that reads it has
+    no compared input left that diverges, so it leads, and ac says which input it could not
+    see and that the divergence may come in through it."""
+    root = copy(built, "overflowed", tmp_path)
+    code, data = as_json(root, "ac", "-c", "-s", "0")
+    origin = data["origin"]["op_name"]
+    ws = Workspace(str(root))
+    index = ws.index(ws.run("npu"), 0)
+    fed = index[(index.op_name == origin) & (index.io == "input")]
+    os.remove(os.path.join(step_dir(root), fed.file.iloc[0]))
+    code, data = as_json(root, "ac", "-c", "-s", "0")
+    assert code == 2 and data["origin"]["unseen_inputs"]
+    result = invoke(root, "ac", "-c", "-s", "0")
+    assert "not compared: " in result.stdout and "may come in through it" in result.stdout
+
+
 def test_an_index_cut_at_a_line_break_is_a_coverage_gap(built, tmp_path):
     root = copy(built, "clean", tmp_path)
     index = os.path.join(step_dir(root), "index.csv")

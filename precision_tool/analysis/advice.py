@@ -218,6 +218,9 @@ def _origin_advice(r, o: dict, mode: str) -> str:
     why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
     replay = r.origin_replay or ""
     head = f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}){why}."
+    if o.get("unseen_inputs"):
+        head += (f" As far as the compare saw: {', '.join(o['unseen_inputs'])} could not be "
+                 f"compared, and the divergence may come in through it.")
     if replay == "inherited":
         return (head + " Its single-op replay says its own numerics are exact: it amplifies "
                 "differences its inputs bring, small as they are. Look at what feeds it "

@@ -42,7 +42,7 @@ import numpy as np
 
 from .sums import CONTRACTIONS, SUMS
 from ..kernels.table import column, factorize, numbers, texts
-from .verdicts import NONFINITE, PASS, Criteria, evaluate
+from .verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 
 # The per-dtype tolerances tell an op's own error from fp16 rounding: an fp16 tensor against
 # an fp32 golden is expected to differ by that much. (A verdict's thresholds: Criteria.)
@@ -159,6 +159,9 @@ class Divergence:
     # what decided, per diverging output (verdicts.judge's reason: "norm -94.1%; ...")
     reasons: List[str] = field(default_factory=list)
     state_inputs: List[str] = field(default_factory=list)   # the variables among bad_inputs
+    # inputs that were not compared (a file missing or unreadable): an origin with such an
+    # input is one as far as the compare saw; the divergence may have come in through it
+    unseen_inputs: List[str] = field(default_factory=list)
 
     @property
     def is_origin(self) -> bool:
@@ -291,7 +294,8 @@ def _root_cause(t: "OpRows") -> RootCause:
                        pass_name if isinstance(pass_name, str) else "",
                        [t.tensor[i] for i in bad_out], [t.tensor[i] for i in bad_in],
                        (),                    # filled below for the ops that lead
-                       tuple(str(t.golden_tensor[i]) for i in bad_in if t.state[i]))
+                       tuple(str(t.golden_tensor[i]) for i in bad_in if t.state[i]),
+                       [t.tensor[i] for i in pos if not t.is_out[i] and t.verdict[i] == ERROR])
         noisy = [i for i in bad_in if t.golden_tensor[i] in noise] if noise and t.has_golden else ()
         # an update from a noise gradient writes noise into its variable and its optimizer
         # slots, and in later steps reads that state back: noise carried over, no lead

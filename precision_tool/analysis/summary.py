@@ -32,6 +32,7 @@ class OpSummary:
     # per output: why a metric is undefined or left elements out (CompareFailReason: "npu
     # tensor is all zero", "3 non-finite element(s) left out"), "" where nothing is
     output_notes: List[str] = field(default_factory=list)
+    input_notes: List[str] = field(default_factory=list)    # why an input was not compared
     # "diverging"; "nonfinite": an output holds nan/inf the golden lacks;
     # "cancellation": the golden output is cancellation noise, or only carries it;
     # "carried": only variables read at the start of the step diverge among its inputs
@@ -124,5 +125,8 @@ def _summary(t: OpRows, op: tuple, category: str, roles: dict) -> OpSummary:
         input_norm_diffs=[float(t.norm_diff[i]) for i in inputs],
         output_norm_diffs=[float(t.norm_diff[i]) for i in outputs],
         output_reasons=t.reasons(outputs),
-        output_notes=[t.fail_reason[i] if isinstance(t.fail_reason[i], str) else ""
-                      for i in outputs])
+        output_notes=_notes(t, outputs), input_notes=_notes(t, inputs))
+
+
+def _notes(t: OpRows, rows: list) -> list:
+    return [t.fail_reason[i] if isinstance(t.fail_reason[i], str) else "" for i in rows]

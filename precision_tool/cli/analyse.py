@@ -167,8 +167,11 @@ def _render_ac(app: App, r, limit):
             o = r.origin
             fused = f"fused by {o['pass_name']}" if o["pass_name"] else "not fused"
             why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
-            out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\nits inputs match the "
-                                   f"golden, its outputs do not: {', '.join(o['bad_outputs'])}{why}\n"
+            inputs = "its inputs match the golden" if not o.get("unseen_inputs") else \
+                (f"its inputs that were compared match the golden (not compared: "
+                 f"{', '.join(o['unseen_inputs'])}: the divergence may come in through it)")
+            out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\n{inputs}, its outputs "
+                                   f"do not: {', '.join(o['bad_outputs'])}{why}\n"
                                    f"single-op replay: {r.origin_replay}"),
                             title="Root cause", title_align="left"))
         if r.carried:
@@ -234,10 +237,11 @@ def _render_op(app: App, s: dict):
         lines.append("inputs:  " + (" ".join(fmt(c) for c in s["input_norm_diffs"]) or "-"))
         lines.append("outputs: " + " ".join(fmt(c) for c in s["output_norm_diffs"]))
     else:
-        lines.append("input cosines:  " + (" ".join(fmt(c) for c in s["input_cosines"]) or "-"))
-        lines.append("output cosines: " + " ".join(
-            fmt(c) + _cosine_note(c, note)
-            for c, note in zip(s["output_cosines"], s.get("output_notes", [""] * len(s["output_cosines"])))))
+        for side in ("input", "output"):
+            cosines = s[f"{side}_cosines"]
+            notes = s.get(f"{side}_notes") or [""] * len(cosines)
+            lines.append(f"{side} cosines:{' ' if side == 'input' else ''} " + (" ".join(
+                fmt(c) + _cosine_note(c, note) for c, note in zip(cosines, notes)) or "-"))
     reasons = [r for r in s.get("output_reasons", []) if r]
     if reasons:
         lines.append("diverges: " + " | ".join(reasons))

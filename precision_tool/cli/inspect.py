@@ -13,6 +13,7 @@ from rich.table import Table
 from .. import kernels
 from ..analysis import TensorMap, ops
 from ..analysis.pair import compare_pair
+from ..dump import layout
 from ..dump import housekeeping
 from ..dump.layout import fit_file_name
 from ..dump.workspace import WorkspaceError
@@ -51,7 +52,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
             for col in ("run", "steps", "size", "replay of / values from"):
                 t.add_column(col, justify="right" if col == "size" else "left")
             for r in listing:
-                t.add_row(r["run"], ",".join(map(str, r["steps"])) or "-",
+                t.add_row(r["run"], layout.format_steps(r["steps"]) or "-",
                           f"{r['bytes'] / 2 ** 20:.1f} MiB",
                           r["replay_of"] or (f"values from {r['values_from']}"
                                              if r["values_from"] else ""))

@@ -99,6 +99,22 @@ def opdebug_file_name(task_id, stream_id, timestamp) -> str:
     return f"Opdebug.Node_OpDebug.{task_id}.{stream_id}.{timestamp}.json"
 
 
+def format_steps(steps) -> str:
+    """Steps in dump_step's own syntax, runs as ranges: [0, 1, 2, 5] -> "0-2|5" (what
+    parse_steps reads back); "" for none."""
+    parts, run = [], []
+    for step in sorted(set(steps)):
+        if run and step == run[-1] + 1:
+            run.append(step)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [step]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return "|".join(parts)
+
+
 def parse_steps(spec) -> Optional[FrozenSet[int]]:
     """Ascend's dump_step: "0|5|10", ranges "0|3-5|10"; None or "all" means every step."""
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
