@@ -807,3 +807,40 @@ def test_a_batch_of_mixed_kinds_gives_each_pair_its_own_row():
         assert got.keys() == want.keys()
         for name in want:
             assert got[name] == want[name] or (got[name] != got[name] and want[name] != want[name]), name
+
+
+def _eight_lane_sum(terms: np.ndarray, block: int = 1024) -> float:
+    """The vector loops' order of a sum (avx512.c's, which avx2.c keeps): per block, lane j
+    of eight adds terms 8k + j in order of k; the lanes reduce as _mm512_reduce_add_pd does
+    (4 + 4, then 2 + 2, then 1 + 1); the blocks' sums add up in order."""
+    total = 0.0
+    for start in range(0, terms.size, block):
+        lanes = np.zeros(8)
+        for row in terms[start:start + block].reshape(-1, 8):
+            lanes = lanes + row
+        t = lanes[4:] + lanes[:4]
+        u = t[2:] + t[:2]
+        total += float(u[0] + u[1])
+    return total
+
+
+def test_the_vector_loops_sum_in_the_eight_lane_order(c_module):
+    """Every vector loop sums in one order, so the AVX-512 and AVX2 paths give the same
+    numbers bit for bit: checked against that order written out in numpy, on values in
+    [1, 2) where every product and difference is exact (so a fused multiply-add rounds as
+    a multiply then an add) and each division is correctly rounded on both sides."""
+    if c_module == "portable":
+        pytest.skip("the portable loops sum in the order the compiler vectorises them to")
+    if not native.simd():
+        pytest.skip("this CPU has no AVX2: the vector loops do not run")
+    rng = np.random.default_rng(3)
+    n = 4096
+    x = rng.uniform(1, 2, n).astype(np.float32)
+    y = rng.uniform(1, 2, n).astype(np.float32)
+    t = native.compare(x, y, 0, n, None)
+    a, b = x.astype(np.float64), y.astype(np.float64)
+    d = a - b
+    for field, terms in (("xy", a * b), ("xx", a * a), ("yy", b * b), ("dd", d * d),
+                         ("abs_d_sum", np.abs(d)), ("rel_sum", np.abs(d) / np.abs(b))):
+        assert getattr(t, field) == _eight_lane_sum(terms), field
+    assert t.abs_d_max == np.abs(d).max() and t.rel_max == (np.abs(d) / np.abs(b)).max()
