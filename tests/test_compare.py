@@ -315,3 +315,27 @@ def test_compare_from_statistics_only(tmp_path):
     assert verdict(row, 0.7) == "fail"                 # the cosine threshold does not decide it
     assert verdict(compare_stats(a, dict(a, l2norm=0.0))) == "fail"      # golden all zero
     assert verdict(compare_stats(dict(a, l2norm=0.0), dict(a, l2norm=0.0))) == "pass"
+
+
+def test_compare_step_is_vector_compare_without_pandas(tmp_path):
+    """The Table vc works on and the DataFrame of vector_compare hold the same rows, their
+    CSVs are the same bytes as pandas writes them, and `vc` itself never imports pandas."""
+    import subprocess
+    import sys
+    from precision_tool.analysis import compare_step
+    from precision_tool.kernels.table import Table
+    m = pt.models.mlp()
+    root = str(tmp_path)
+    ws, npu_run, cpu_run, _ = _dump_both(root, m, precision_mode="allow_mix_precision")
+    table = compare_step(ws, npu_run, cpu_run, 0)
+    frame = vector_compare(ws, npu_run, cpu_run, 0)
+    assert isinstance(table, Table) and table.attrs == frame.attrs
+    assert table.to_csv() == frame.to_csv(index=False)
+    assert table.columns == list(frame.columns) and len(table) == len(frame) > 20
+    assert frame.Index.dtype == np.int64 and frame.CosineSimilarity.dtype == np.float64
+    code = ("import sys; from precision_tool.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "--data-dir", root, "vc"],
+                         capture_output=True, text=True, timeout=120)
+    assert "tensors compared" in out.stdout and out.stdout.split()[-1] == "False", \
+        out.stdout + out.stderr

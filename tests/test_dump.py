@@ -316,14 +316,17 @@ def test_the_index_is_read_once(tmp_path, monkeypatch):
     _train(m, str(tmp_path), steps=1, cpu_action=None)
     ws = Workspace(str(tmp_path))
     calls = []
-    real = pd.read_csv
-    monkeypatch.setattr(pd, "read_csv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    from precision_tool.dump import workspace
+    real = workspace.read_csv
+    monkeypatch.setattr(workspace, "read_csv", lambda *a, **k: calls.append(1) or real(*a, **k))
     run = ws.run("npu")
     a = ws.index(run, 0)
     b = ws.index(run, 0)
-    assert len(calls) == 1 and a.equals(b)
-    a.loc[0, "op_name"] = "changed"                  # callers get copies
-    assert ws.index(run, 0).loc[0, "op_name"] != "changed"
+    t = ws.index_table(run, 0)
+    assert len(calls) == 1 and a.equals(b) and t is ws.index_table(run, 0)
+    assert list(a.columns) == t.columns and a.op_name.tolist() == t["op_name"].tolist()
+    a.loc[0, "op_name"] = "changed"                  # callers of index() get copies
+    assert ws.index(run, 0).loc[0, "op_name"] != "changed" and t["op_name"][0] != "changed"
 
 
 def test_ascend_named_dumps_are_read_without_an_index(tmp_path):

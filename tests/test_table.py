@@ -215,3 +215,44 @@ def test_an_origin_with_an_input_not_compared_says_so():
     assert origin.op_name == "s" and origin.unseen_inputs == ["s:input:0"]
     (op,) = summarize(t)
     assert op.input_notes == [reason] and op.output_notes == [""]
+
+
+def test_rows_become_columns_and_csv_as_pandas_makes_them():
+    """Table.from_rows infers each column's kind as pandas.DataFrame(rows) does, and
+    to_csv writes the bytes DataFrame.to_csv(index=False) writes, on awkward values:
+    nan, infinities, -0.0, huge and tiny numbers, None, quotes, commas, line breaks,
+    unicode, a key some rows lack; read back, every value is what was written."""
+    pd = pytest.importorskip("pandas")
+    rows = [{"i": 1, "f": 0.1 + 0.2, "s": 'a,"b"', "m": 1, "u": "名前\n2"},
+            {"i": -7, "f": float("nan"), "s": None, "m": 2.5, "u": "x"},
+            {"i": 2**53, "f": -0.0, "s": "", "u": "😀"},
+            {"i": 0, "f": float("-inf"), "s": "plain", "m": 1e-300, "u": "\r"},
+            {"i": 3, "f": 1e16, "s": "nan", "m": float("inf"), "u": ""}]
+    columns = ["i", "f", "s", "m", "u", "absent"]
+    t = Table.from_rows(rows, columns)
+    frame = pd.DataFrame(rows, columns=columns)
+    assert {k: t[k].dtype.kind for k in columns} == \
+        {"i": "i", "f": "f", "s": "O", "m": "f", "u": "O", "absent": "f"}
+    text = t.to_csv()
+    assert text.replace('"\r"', "\r") == frame.to_csv(index=False)    # pandas leaves \r bare
+    back = table.read_csv(text.encode(), {"i": "f", "f": "f", "m": "f", "s": "t", "u": "t"})
+    np.testing.assert_array_equal(back["i"], t["i"].astype(float))
+    np.testing.assert_array_equal(back["f"], t["f"])
+    assert np.signbit(back["f"][2]) and back["s"].tolist() == ['a,"b"', "", "", "plain", "nan"]
+    assert back["u"].tolist() == [r["u"] for r in rows]
+    assert t.take([3, 0]).records()[1]["s"] == 'a,"b"' and t.take([]).records() == []
+    f = t.to_frame()
+    f.loc[0, "s"] = "changed"
+    assert t["s"][0] == 'a,"b"'
+
+
+def test_a_field_is_quoted_as_the_csv_module_quotes_it():
+    import csv
+    import io
+    rng = np.random.default_rng(5)
+    alphabet = list('ab ,"\r\n\t;\'名😀') + [""]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet, size=int(rng.integers(0, 8))))
+        out = io.StringIO()
+        csv.writer(out).writerow([text, "x"])         # two fields: a lone "" is quoted alone
+        assert table.csv_field(text) + ",x\r\n" == out.getvalue(), repr(text)

@@ -7,7 +7,7 @@ import importlib
 
 _WHERE = {
     "autocheck": ("AutoCheck", "auto_check"),
-    "compare": ("vector_compare",),
+    "compare": ("compare_step", "vector_compare"),
     "fusion": ("FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"),
     "impact": ("ImpactRanking", "rank_by_impact"),
     "loss_scale": ("LossScaleHistory", "loss_scale_history"),

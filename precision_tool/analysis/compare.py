@@ -6,25 +6,31 @@ The result CSV keeps msaccucmp's columns (Index, OpType, NPUDump, DataType, Grou
 DataType, TensorIndex, Shape, OverFlow, the metrics, CompareFailReason) and adds the counts
 and norms the verdict weighs, the verdict and its reason (verdicts.judge), the task id and
 the pass that fused the op.
+
+compare_step makes the result as a kernels.table Table, without pandas (vc's start-up is
+most of its time on a small dump); vector_compare is the same as a pandas DataFrame.
 """
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
-import pandas as pd
 
 from .. import numerics
 from ..dump import Workspace
 from ..dump.bundle import bundle_fetches
 from ..dump.workspace import Run
 from ..graph import NOT_KERNELS, GraphView, split_tensor_name
+from ..kernels.table import Table
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS
 from .sums import sum_kind
 from .verdicts import NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 COLUMNS = (["Index", "OpType", "NPUDump", "NpuDataType", "GroundTruth", "GoldenDataType",
@@ -108,27 +114,19 @@ def _undumped_ops(graph: Optional[GraphView], tmap: TensorMap, indexed: set,
     return rows
 
 
-def records(table: pd.DataFrame) -> list:
-    """The table's rows as dicts of Python values, column by column: pandas' own row
-    iteration (itertuples, to_dict) takes each string element through its array's
-    __getitem__, which dominates on a dump of thousands of small tensors."""
-    columns = list(table.columns)
-    return [dict(zip(columns, values)) for values in zip(*(table[c].tolist() for c in columns))]
-
-
 def _golden_rows(ws: Workspace, run: Run, step: int):
     """A step's index of the reference run, and two ways to find a row in it: by the
     compiled tensor's own name, and by the original (golden) tensor a row stands for. A
     golden run's tensors are their own originals; an NPU run's map through its compiled
     graph, and where several stand for one original (a tensor and the Cast the compiler
     inserted after it), the tensor itself holds it."""
-    table = ws.index(run, step)
+    table = ws.index_table(run, step)
     graph = ws.compiled_graph(run) if run.target == "npu" else None
     tmap = TensorMap(graph) if graph else None
     exact, original_of, by_original = {}, {}, {}
     # a tensor's own row is its producer's output row; the input rows of the ops that read
     # it name the same file under the reader's name (GroundTruth would name the reader)
-    outputs = (table["io"] == "output").to_numpy()
+    outputs = table["io"] == "output"
     tensors = table["tensor"].tolist()
     # output rows first: an input row stands for its tensor only where no output row does
     for k in [*np.flatnonzero(outputs).tolist(), *np.flatnonzero(~outputs).tolist()]:
@@ -146,7 +144,17 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold=None,
                    progress: Optional[Callable[[int, int], None]] = None,
                    graph: Optional[GraphView] = None, workers: int = 1,
-                   scheduler=None) -> pd.DataFrame:
+                   scheduler=None) -> "pd.DataFrame":
+    """compare_step's result as a pandas DataFrame (its attrs included)."""
+    return compare_step(ws, npu_run, golden_run, step, golden_step, threshold, progress, graph,
+                        workers, scheduler).to_frame()
+
+
+def compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
+                 golden_step: Optional[int] = None, threshold=None,
+                 progress: Optional[Callable[[int, int], None]] = None,
+                 graph: Optional[GraphView] = None, workers: int = 1,
+                 scheduler=None) -> Table:
     """Every tensor of the NPU run's step against the tensor of golden_run it stands for
     (mapped through `graph`, a compiled graph, default the run's own), judged by
     `threshold` (verdicts.Criteria, or a cosine threshold).
@@ -158,15 +166,16 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     The comparisons run here, in `workers` local processes, or on the Dask cluster of
     `scheduler` (an address or a distributed.Client): the same numbers either way."""
     gold_step = step if golden_step is None else golden_step
-    npu = ws.index(npu_run, step)
+    npu = ws.index_table(npu_run, step)
     for column, default in (("task_id", -1), ("pass_name", ""), ("format", ""), ("original_shape", "")):
         if column not in npu:          # a golden run on the left: golden against golden
-            npu[column] = default
+            npu = npu.with_column(column, np.full(len(npu), default,
+                                                  dtype=object if default == "" else np.int64))
     gold, gold_exact, gold_original, gold_by_original = _golden_rows(ws, golden_run, gold_step)
     # only the rows a lookup can return (the golden's input rows mostly name a tensor its
     # output row stands for already)
     wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values()))
-    gold_rows = dict(zip(wanted, records(gold.iloc[wanted])))
+    gold_rows = dict(zip(wanted, gold.take(wanted).records()))
     graph = graph if graph is not None else ws.compiled_graph(npu_run)
     tmap = TensorMap(graph)
     gold_format = "format" in gold.columns
@@ -175,7 +184,7 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     gold_dir = os.path.join(ws.step_path(golden_run, gold_step), "")
     rows, pairs = [], []
     pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
-    for k, r in enumerate(records(npu)):
+    for k, r in enumerate(npu.records()):
         golden_tensor = tmap.golden_tensor(r["tensor"])
         row = {"Index": k, "OpType": r["op_type"], "NPUDump": r["op_name"],
                "NpuDataType": r["dtype"], "GroundTruth": "", "GoldenDataType": "",
@@ -226,9 +235,9 @@ def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if p is not None:
             row.update(results[p])
             row["NormRelativeDiff"] = norm_relative_diff(row["NpuNorm"], row["GoldenNorm"])
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    table = Table.from_rows(rows, COLUMNS)
     judged = judge(table, threshold)
-    table["Verdict"], table["Reason"] = judged["Verdict"], judged["Reason"]
+    table = table.with_column("Verdict", judged["Verdict"]).with_column("Reason", judged["Reason"])
     # what it was computed from: write_result keeps it beside the CSV (result.Provenance)
     table.attrs["compared"] = {"npu_run": npu_run.label, "golden_run": golden_run.label,
                                "step": step, "golden_step": gold_step,

@@ -155,11 +155,11 @@ def sidecar(csv_path: str) -> str:
 
 
 def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
-    """temp/vector_compare/<ts>/result_<ts>.csv and, for a table of vector_compare, its
-    provenance beside it (Provenance.of; graph: the compiled graph file the compare was
-    given instead of the run's own). The CSV is written last: a result is found by its CSV,
-    so it is never found without the sidecar it was written with. A second run in the same
-    second gets its own directory."""
+    """temp/vector_compare/<ts>/result_<ts>.csv (of a Table or a DataFrame) and, for a
+    table of compare_step or vector_compare, its provenance beside it (Provenance.of;
+    graph: the compiled graph file the compare was given instead of the run's own). The
+    CSV is written last: a result is found by its CSV, so it is never found without the
+    sidecar it was written with. A second run in the same second gets its own directory."""
     provenance = Provenance.of(ws, table, graph)
     stamp = time.strftime("%Y%m%d%H%M%S")
     parent = os.path.join(ws.root, "temp", "vector_compare")
@@ -175,7 +175,7 @@ def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
     path = os.path.join(parent, name, f"result_{stamp}.csv")
     if provenance is not None:
         write_text_atomic(sidecar(path), json.dumps(asdict(provenance), indent=1) + "\n")
-    write_text_atomic(path, table.to_csv(index=False))
+    write_text_atomic(path, table.to_csv() if isinstance(table, Table) else table.to_csv(index=False))
     return path
 
 

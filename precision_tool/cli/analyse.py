@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 
 import click
 from rich.markup import escape
@@ -302,12 +303,12 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
             if refresh:
                 shown[0] = time.monotonic()
             bar.update(task, completed=k, total=n, refresh=refresh)
-        table = analysis.vector_compare(app.ws, npu, golden, step, threshold=criteria, graph=graph,
-                                        progress=progress, workers=workers, scheduler=scheduler)
+        table = analysis.compare_step(app.ws, npu, golden, step, threshold=criteria, graph=graph,
+                                      progress=progress, workers=workers, scheduler=scheduler)
     cov = analysis.coverage(table)
     path = analysis.write_result(app.ws, table, os.path.abspath(graph_file) if graph_file else None)
     diverging = analysis.count_findings(table, criteria)
-    counts = table.Verdict.value_counts().to_dict()
+    counts = dict(Counter(table["Verdict"].tolist()))
     payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
                "step": step, "rows": len(table), "verdicts": counts,
                "diverging_ops": diverging, "coverage": cov.to_dict(),

@@ -1,13 +1,15 @@
 """Reading a precision_data/ workspace: the one index of what is on disk.
 
-`Workspace(root)` lists runs, their steps and graphs from the directory tree once, returns a
-step's index as a pandas DataFrame (read once, cached) and loads tensors lazily, never
-unpickling. pandas is imported when an index or a step history is first read: a command
-that reads neither (vcs) starts without it. Dumps written by Ascend's tools (no index.csv; file names with or without the
-stream id) are indexed from their file names and .npy headers.
+`Workspace(root)` lists runs, their steps and graphs from the directory tree once, reads a
+step's index once (a kernels.table Table, cached: index_table; as a pandas DataFrame:
+index) and loads tensors lazily, never unpickling. pandas is imported only when a
+DataFrame is asked for or a step history is read: vc and vcs start without it. Dumps
+written by Ascend's tools (no index.csv; file names with or without the stream id) are
+indexed from their file names and .npy headers.
 """
 from __future__ import annotations
 
+import csv
 import errno
 import functools
 import hashlib
@@ -26,6 +28,7 @@ from ..errors import GraphFormatError, PrecisionToolError
 from ..graph.serialize import GraphView
 from ..version import __version__
 from ..fileio import load_json, parse_json, read_bytes
+from ..kernels.table import Table, TableError, read_csv
 from . import layout
 
 if TYPE_CHECKING:
@@ -92,7 +95,7 @@ class Workspace:
     def __init__(self, root: Optional[str] = None):
         self.root = layout.resolve_root(root)
         self._runs: Optional[Dict[tuple, Run]] = None
-        self._indexes: Dict[tuple, pd.DataFrame] = {}
+        self._indexes: Dict[tuple, Table] = {}
         self._graphs: Dict[str, Optional[dict]] = {}
         self._views: Dict[str, Optional[GraphView]] = {}
         self._real_root = os.path.realpath(self.root)
@@ -301,7 +304,15 @@ class Workspace:
 
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:
-        """The step's index, read once per workspace (a copy: callers may modify it)."""
+        """The step's index as a pandas DataFrame (a new one each call: callers may modify
+        it)."""
+        return self.index_table(run, step).to_frame()
+
+    def index_table(self, run: Run, step: int) -> Table:
+        """The step's index, read once per workspace: the index file's columns (text, or
+        numbers: int64 for the INTEGER_COLUMNS, float64 for the rest), the statistics (nan
+        where unknown) and the step. Shared: not to be modified (Table.with_column makes a
+        new one)."""
         key = (run.path, step)
         table = self._indexes.get(key)
         if table is None:
@@ -309,36 +320,27 @@ class Workspace:
             self._indexes[key] = table
             if len(self._indexes) > 64:          # bounded: drop the oldest
                 self._indexes.pop(next(iter(self._indexes)))
-        return table.copy()
+        return table
 
-    def _read_index(self, run: Run, step: int) -> pd.DataFrame:
-        import pandas as pd
-        target = run.target
+    def _read_index(self, run: Run, step: int) -> Table:
         sd = run.step(step)
         if not sd.complete:
             raise WorkspaceError(f"step {step} of {run.target}/{run.name} was interrupted before "
                                  f"its index was written; it is not read")
         index_path = os.path.join(sd.path, layout.INDEX_FILE)
         if os.path.isfile(index_path):
-            try:
-                table = pd.read_csv(index_path, keep_default_na=False, na_values=["nan", "NaN"],
-                                    dtype={"file": str, "op_name": str, "tensor": str})
-            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-                raise WorkspaceError(f"{index_path} is not a readable index: {e}") from None
-            missing = [c for c in INDEX_COLUMNS if c not in table.columns]
-            if missing:
-                raise WorkspaceError(f"{index_path} is not a readable index: no "
-                                     f"{', '.join(missing)} column")
-            _check_rows(table, index_path)
-            table["index"] = table["index"].astype(int)
-            table["file"] = table["file"].fillna("").astype(str)
+            table = _read_index_file(index_path)
         else:
-            table = _index_from_names(sd.path, target)
-        for column in STAT_COLUMNS:     # floats even where all look integral; nan where unknown
-            table[column] = (pd.to_numeric(table[column], errors="coerce").astype(float)
-                             if column in table else np.nan)
-        table["step"] = step
-        return table
+            table = _index_from_names(sd.path, run.target)
+        columns = {name: table[name] for name in table.columns}
+        for name in INTEGER_COLUMNS:    # whole (_check_rows), or a foreign dump's holes
+            if name in columns and np.isfinite(columns[name]).all():
+                columns[name] = columns[name].astype(np.int64)
+        for name in STAT_COLUMNS:       # floats even where all look integral; nan where unknown
+            if name not in columns:
+                columns[name] = np.full(len(table), np.nan)
+        columns["step"] = np.full(len(table), step, dtype=np.int64)
+        return Table(columns, len(table))
 
     # -- tensors ------------------------------------------------------------------------------
     def step_path(self, run: Run, step: int) -> str:
@@ -522,34 +524,49 @@ def _checked(shape, dtype, have: int) -> int:
 
 INTEGER_COLUMNS = ("index", "task_id", "stream_id", "timestamp", "nan_count", "pos_inf_count",
                    "neg_inf_count")
+NUMBER_COLUMNS = INTEGER_COLUMNS + STAT_COLUMNS        # the rest of an index is text
 
 
-def _check_rows(table: pd.DataFrame, path: str) -> None:
+def _read_index_file(path: str) -> Table:
+    """An index.csv as a Table: every column of its header (numbers where NUMBER_COLUMNS
+    says, text otherwise), refused with the row it stops at when it is not whole."""
+    data = read_bytes(path, WorkspaceError, "the index")
+    try:
+        first = data[:1 << 16].decode("utf-8", "replace").lstrip("\ufeff").lstrip("\r\n")
+        header = next(csv.reader(io.StringIO(first)), [])
+        table = read_csv(data, {name: "f" if name in NUMBER_COLUMNS else "t" for name in header})
+    except TableError as e:
+        where = f"row {e.line} is incomplete or not a tensor row (was the file cut off?): " \
+            if e.line else ""
+        raise WorkspaceError(f"{path} is not a readable index: {where}{e}") from None
+    except csv.Error as e:
+        raise WorkspaceError(f"{path} is not a readable index: {e}") from None
+    missing = [c for c in INDEX_COLUMNS if c not in table]
+    if missing:
+        raise WorkspaceError(f"{path} is not a readable index: no {', '.join(missing)} column")
+    _check_rows(table, path)
+    if data and not data.endswith(b"\n"):      # our index ends every row with a line break
+        raise WorkspaceError(f"{path} is not a readable index: row {len(table) + 1} "
+                             f"is cut off (no line break at the end of the file)")
+    return table
+
+
+def _check_rows(table: Table, path: str) -> None:
     """Every row of an index is whole: names present, io an io, integers integral. A file
     cut off mid-row (a dump killed while a foreign tool copied it, a full disk) is refused
     naming the row, never read as a row with holes. Rows count as lines of the file."""
-    import pandas as pd
-    bad = ~table["io"].isin(["input", "output"])
-    for column in ("op_type", "op_name", "tensor", "dtype"):
-        values = table[column]
-        bad |= values.isna()
-        if values.dtype.kind not in "iufb":          # text: an empty field is a hole too
-            bad |= values.eq("")
-    for column in INTEGER_COLUMNS:
-        if column in table and table[column].dtype.kind not in "iu":   # parsed whole: fine
-            numbers = pd.to_numeric(table[column], errors="coerce")
-            bad |= numbers.isna() | (numbers != numbers.round())
+    bad = ~np.isin(table["io"], ["input", "output"])
+    for name in ("op_type", "op_name", "tensor", "dtype"):
+        bad |= table[name] == ""
+    for name in INTEGER_COLUMNS:
+        if name in table:
+            v = table[name]
+            with np.errstate(invalid="ignore"):
+                bad |= ~np.isfinite(v) | (v != np.round(v))
     if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
+        row = int(np.flatnonzero(bad)[0])
         raise WorkspaceError(f"{path} is not a readable index: row {row + 2} is incomplete or "
                              f"not a tensor row (was the file cut off?)")
-    with open(path, "rb") as f:          # our index ends every row with a line break
-        f.seek(0, os.SEEK_END)
-        if f.tell():
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                raise WorkspaceError(f"{path} is not a readable index: row {len(table) + 1} "
-                                     f"is cut off (no line break at the end of the file)")
 
 
 def check_compiled_graph(data, walk: bool = True) -> dict:
@@ -583,9 +600,8 @@ def npy_header(path: str):
         return _npy_header(f)
 
 
-def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
+def _index_from_names(step_dir: str, target: str) -> Table:
     """Index a step directory written by Ascend's tools from its file names and npy headers."""
-    import pandas as pd
     rows = []
     pattern = ASCEND_NPU_NAME if target == "npu" else CPU_NAME
     for name in sorted(os.listdir(step_dir)):
@@ -599,9 +615,8 @@ def _index_from_names(step_dir: str, target: str) -> pd.DataFrame:
         row = m.groupdict()
         row.update(file=name, shape=" ".join(map(str, shape)), dtype=str(dtype),
                    io=row.get("io", "output"))
+        for col in ("task_id", "stream_id", "timestamp", "index"):
+            if col in row:
+                row[col] = float(row[col]) if row[col] is not None else np.nan
         rows.append(row)
-    table = pd.DataFrame(rows)
-    for col in ("task_id", "stream_id", "timestamp", "index"):
-        if col in table:
-            table[col] = pd.to_numeric(table[col], errors="coerce")
-    return table
+    return Table.from_rows(rows, list(dict.fromkeys(k for r in rows for k in r)))

@@ -1,5 +1,5 @@
-"""CSV files read as named numpy columns: what a summary reads of a compare result (a dump's
-index is read by pandas, into the DataFrame a compare works on).
+"""CSV files read as named numpy columns: a dump's index and a compare's result, read and
+written without pandas (a DataFrame is a view made on demand: Table.to_frame).
 
 The definition is the csv module (strict quoting, as the excel dialect writes it) and the
 number grammar below; the C module reads the same bytes to the same columns and the same
@@ -33,15 +33,23 @@ NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 
 
 class TableError(ValueError):
-    """A CSV file that is not a table of the columns asked for; the message says where."""
+    """A CSV file that is not a table of the columns asked for; the message says where
+    (`line`: the line of the file it names, when it names one)."""
+
+    @property
+    def line(self) -> Optional[int]:
+        m = re.match(r"line (\d+)", str(self))
+        return int(m.group(1)) if m else None
 
 
 class Table:
-    """Rows of named columns, each a 1-D numpy array (float64, or object holding str).
-    What the analysis of a result reads, as it reads a pandas DataFrame: `name in table`,
-    `table[name]` and `len(table)` (the rows)."""
+    """Rows of named columns, each a 1-D numpy array (float64 or int64, or object holding
+    str). What the analysis reads, as it reads a pandas DataFrame: `name in table`,
+    `table[name]` and `len(table)` (the rows); `attrs` holds what it was made from, as a
+    DataFrame's does."""
 
-    def __init__(self, columns: Mapping[str, np.ndarray], rows: Optional[int] = None):
+    def __init__(self, columns: Mapping[str, np.ndarray], rows: Optional[int] = None,
+                 attrs: Optional[dict] = None):
         self._columns = dict(columns)
         lengths = {len(v) for v in self._columns.values()}
         if rows is None:
@@ -49,6 +57,15 @@ class Table:
         if lengths - {rows}:
             raise ValueError(f"columns of unequal lengths {sorted(lengths)}")
         self._rows = rows
+        self.attrs = dict(attrs or {})
+
+    @classmethod
+    def from_rows(cls, rows: list, columns) -> "Table":
+        """Rows (dicts) as columns, as pandas.DataFrame(rows, columns=columns) makes them: a
+        key a row lacks is nan; a column of ints is int64, of numbers float64 (nan where
+        missing), anything else object."""
+        return cls({name: _inferred([r.get(name, _NAN) for r in rows]) for name in columns},
+                   len(rows))
 
     def __len__(self) -> int:
         return self._rows
@@ -65,7 +82,60 @@ class Table:
 
     def with_column(self, name: str, values) -> "Table":
         """A table with this column added or replaced."""
-        return Table({**self._columns, name: np.asarray(values)}, self._rows)
+        return Table({**self._columns, name: np.asarray(values)}, self._rows, self.attrs)
+
+    def take(self, rows) -> "Table":
+        """The rows at these positions, in this order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return Table({k: v[rows] for k, v in self._columns.items()}, len(rows), self.attrs)
+
+    def records(self) -> list:
+        """The rows as dicts of Python values."""
+        names = list(self._columns)
+        return [dict(zip(names, values))
+                for values in zip(*(self._columns[k].tolist() for k in names))] \
+            if names else [{} for _ in range(self._rows)]
+
+    def to_frame(self):
+        """The same rows as a pandas DataFrame of its own (attrs included): a change to it
+        leaves the table alone (pandas may keep an object array it is given as it is)."""
+        import pandas as pd
+        frame = pd.DataFrame({k: v.copy() for k, v in self._columns.items()},
+                             index=pd.RangeIndex(self._rows))
+        frame.attrs.update(self.attrs)
+        return frame
+
+    def to_csv(self) -> str:
+        """The table as CSV text, as DataFrame.to_csv(index=False) writes it (numbers as
+        their shortest round-trip text, nan and None as empty fields, \\n after each row),
+        but for a field holding a carriage return: quoted here, as read_csv needs it."""
+        lines = [",".join(csv_field(str(name)) for name in self._columns)]
+        lines += [",".join(row) for row in zip(*(_csv_values(v) for v in self._columns.values()))]
+        return "\n".join(lines) + "\n"
+
+
+_NAN = float("nan")
+
+
+def _inferred(values: list) -> np.ndarray:
+    kinds = {type(v) for v in values}
+    if kinds and kinds <= {int, np.int64}:
+        return np.array(values, dtype=np.int64)
+    if kinds and kinds <= {int, float, np.int64, np.float64}:
+        return np.array(values, dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _csv_values(a: np.ndarray) -> list:
+    if a.dtype.kind == "f":
+        return ["" if v != v else repr(v) for v in a.tolist()]
+    if a.dtype.kind in "iub":
+        return [str(v) for v in a.tolist()]
+    return ["" if v is None or (isinstance(v, float) and v != v) else csv_field(str(v))
+            for v in a.tolist()]
+
 
 
 
@@ -126,12 +196,10 @@ def factorize(values) -> tuple:
 
 def csv_field(text: str) -> str:
     """One field as the csv module writes it (the excel dialect, minimal quoting): quoted
-    when it holds a comma, a quote or a line break, its quotes doubled."""
-    if not text:
-        return ""               # the csv module writes a lone empty field as ""
-    out = io.StringIO()
-    csv.writer(out).writerow([text])       # its line end, \r\n, makes it quote \r and \n
-    return out.getvalue()[:-2]
+    when it holds a comma, a quote or a line break (\\r included), its quotes doubled."""
+    if "," in text or '"' in text or "\n" in text or "\r" in text:
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
