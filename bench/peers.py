@@ -11,8 +11,9 @@ dumped on the NPU (float32 kept) and on the golden run, fed inputs 1e-3 apart so
 pair differs: that is precision-tool's workspace. The peers read the same .npy files
 through symlinks laid out as each expects: a list of (NPU, golden) paths for msprobe, two
 directories of equal file names for TroubleShooter. The three run interleaved as whole
-processes (start-up and import included), twice each, against a warm page cache; the best
-of each decides, and the ratios are printed.
+processes (start-up and import included, every package's bytecode compiled as an install
+leaves it), twice each, against a warm page cache; the best of each decides, and the ratios
+are printed.
 """
 import argparse
 import json
@@ -25,6 +26,8 @@ import time
 
 import numpy as np
 
+from installed import compile_bytecode
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(HERE, ".peers")
 PEERS = ["mindstudio-probe==26.2.0", "troubleshooter==1.0.18"]
@@ -33,8 +36,6 @@ PEERS = ["mindstudio-probe==26.2.0", "troubleshooter==1.0.18"]
 PEER_DEPS = ["numpy", "pandas", "pyyaml", "psutil", "tqdm", "packaging", "prettytable<3.8",
              "protobuf<=3.20.1", "matplotlib", "PySnooper"]
 
-# compare_by_op's steps for one pair (msprobe.core.compare.multiprocessing_compute): its
-# reader (path check, load_npy, squeeze), the tensor checks, and every compare column
 # compare_by_op's steps for one pair (msprobe.core.compare.multiprocessing_compute): its
 # reader (read_npy_data's path check, load_npy, squeeze), the tensor checks, every column
 MSPROBE = """
@@ -158,6 +159,7 @@ def main():
     try:
         pairs = dump(os.path.join(work, "precision_data"), args.pairs, args.elements)
         runs = lay_out(work, pairs, python)
+        compile_bytecode()                          # as the peers' pip install did for them
         runs["precision-tool vc"] += ["-w", str(args.workers)]
         for name, argv in runs.items():             # warm the page cache and the imports
             timed(name, argv)

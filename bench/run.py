@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compare as compare_bench  # noqa: E402
+from installed import compile_bytecode  # noqa: E402
 import executors  # noqa: E402
 import onnx_import as onnx_bench  # noqa: E402
 import repair as repair_bench  # noqa: E402
@@ -133,6 +134,7 @@ def main():
     args = ap.parse_args()
     q = args.quick
     started = time.perf_counter()
+    compile_bytecode()           # the whole-process rows time a start-up, not a compile
     t = Table()
     work = tempfile.mkdtemp(prefix="bench-", dir=".")
     digits = pt.data.digits()
@@ -142,7 +144,7 @@ def main():
               f"{frac:.3f}", "≥ 0.5", frac >= 0.5, how)
         rate, how = compare_bench.small_pairs(os.path.join(work, "small"), 500 if q else 5000)
         t.add("compare, small tensors, pairs per second (vector_compare)", f"{rate:,.0f}",
-              "≥ 5,000", rate >= 5000, how)
+              "≥ 10,000", rate >= 10000, how)
         rate, how = compare_bench.small(os.path.join(work, "step"), 1 if q else 4)
         t.add("compare, one Transformer step, pairs per second", f"{rate:,.0f}", note=how)
         speedup, how = compare_bench.scaling(os.path.join(work, "scale"), 4 if q else 48,

@@ -574,11 +574,11 @@ def check_compiled_graph(data, walk: bool = True) -> dict:
     cycle, every op type known (walk=False: its header and node list only, for the bytes our
     own dumper wrote). Not shape-checked: compiled tensors are in 5HD."""
     from ..graph.serialize import check_graph_dict, graph_nodes
-    from ..ops import REGISTRY
 
     if not isinstance(data, dict):
         raise GraphFormatError("a compiled graph is a JSON object with a node list")
     if walk:
+        from ..ops import REGISTRY      # the op implementations: only a walk asks them
         check_graph_dict(data, REGISTRY.__contains__)
     else:
         graph_nodes(data)
