@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -327,6 +328,30 @@ def test_the_index_is_read_once(tmp_path, monkeypatch):
     assert list(a.columns) == t.columns and a.op_name.tolist() == t["op_name"].tolist()
     a.loc[0, "op_name"] = "changed"                  # callers of index() get copies
     assert ws.index(run, 0).loc[0, "op_name"] != "changed" and t["op_name"][0] != "changed"
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda f: f.__setitem__(14, "abc"), "row 3 is incomplete or not a tensor row (was the file "
+                                        "cut off?): column max: not a number"),
+    (lambda f: f.pop(), "row 3 is incomplete or not a tensor row (was the file cut off?): "),
+    (lambda f: f.__setitem__(5, "inout"), "row 3 is incomplete or not a tensor row"),
+    (lambda f: f.__setitem__(1, ""), "row 3 is incomplete or not a tensor row")])
+def test_a_damaged_index_row_is_named_with_what_is_wrong(tmp_path, damage, says):
+    m = pt.models.mlp()
+    _train(m, str(tmp_path), steps=1, cpu_action=None)
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    path = os.path.join(ws.step_path(run, 0), "index.csv")
+    lines = open(path, encoding="utf-8").read().splitlines()
+    assert lines[0].split(",")[14] == "max" and lines[0].split(",")[5] == "io"
+    fields = lines[2].split(",")
+    damage(fields)
+    lines[2] = ",".join(fields)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    want = re.escape(f"{path} is not a readable index: {says}")
+    with pytest.raises(pt.PrecisionToolError, match=want):
+        Workspace(str(tmp_path)).index_table(run, 0)
 
 
 def test_ascend_named_dumps_are_read_without_an_index(tmp_path):

@@ -536,9 +536,10 @@ def _read_index_file(path: str) -> Table:
         header = next(csv.reader(io.StringIO(first)), [])
         table = read_csv(data, {name: "f" if name in NUMBER_COLUMNS else "t" for name in header})
     except TableError as e:
+        what = re.sub(r"^line \d+(, )?:? ?", "", str(e))       # the row says where
         where = f"row {e.line} is incomplete or not a tensor row (was the file cut off?): " \
             if e.line else ""
-        raise WorkspaceError(f"{path} is not a readable index: {where}{e}") from None
+        raise WorkspaceError(f"{path} is not a readable index: {where}{what}") from None
     except csv.Error as e:
         raise WorkspaceError(f"{path} is not a readable index: {e}") from None
     missing = [c for c in INDEX_COLUMNS if c not in table]
