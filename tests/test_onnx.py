@@ -286,6 +286,20 @@ def test_the_model_zoo_cnns_match_onnxruntime_on_every_node(name):
     assert worst.rel_l2 <= 1e-5 and all(d.same_nonfinite for d in diffs), worst
 
 
+def test_the_reference_values_are_copied_out_of_onnxruntime():
+    """ORT's arrays view memory its session owns; the squeezenet check once read an output
+    half zeroed after the run (an aliased Reshape output): the reference keeps copies."""
+    _ort()
+    if not os.path.exists(_shipped("squeezenet")):
+        pytest.skip("this onnx build ships no light models")
+    from precision_tool.onnx.reference import node_outputs
+    imported = load(_shipped("squeezenet"))
+    feeds = {k: np.zeros(t.shape, np.float32) for k, t in imported.inputs.items()}
+    values = node_outputs(imported, feeds)
+    assert len(values) > 50 and all(v.flags.owndata for v in values.values())
+    np.testing.assert_allclose(values["softmaxout_1_intermediate"], 1e-3, rtol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     missing = om.missing_export_packages()

@@ -43,9 +43,10 @@ def node_outputs(imported: ImportedModel, feeds: Mapping[str, np.ndarray],
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     outs = [o.name for o in session.get_outputs()]
-    values = session.run(outs, dict(feeds))
-    got = dict(zip(outs, values))
-    return {k: np.asarray(got[k]) for k in wanted if k in got}
+    # copied while the session lives: ORT's arrays view memory it owns (a capsule as their
+    # base), and an output it aliases (a Reshape's) was found half zeroed after the run
+    got = {name: np.array(v, copy=True) for name, v in zip(outs, session.run(outs, dict(feeds)))}
+    return {k: got[k] for k in wanted if k in got}
 
 
 @dataclass(frozen=True)
