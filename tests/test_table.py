@@ -14,7 +14,7 @@ from precision_tool.kernels.table import Table, TableError
 needs_c = pytest.mark.skipif(native._reduce is None, reason="the C module is not built")
 
 
-def both(monkeypatch, data: bytes, kinds: dict):
+def both(monkeypatch, data: bytes, kinds: dict, rest=None):
     """(definition's result or error text, C's result or error text)."""
     def run(numpy_only):
         if numpy_only:
@@ -22,7 +22,7 @@ def both(monkeypatch, data: bytes, kinds: dict):
         else:
             monkeypatch.delenv("PRECISION_TOOL_NUMPY_ONLY", raising=False)
         try:
-            return table.read_csv(data, kinds)
+            return table.read_csv(data, kinds, rest)
         except TableError as e:
             return str(e)
     return run(True), run(False)
@@ -62,6 +62,17 @@ def test_quoted_fields_blank_lines_and_line_ends():
     v = t["value"]
     assert v[0] == 1.5 and v[1] == -np.inf and np.isnan(v[2])
     assert len(t) == 3 and t.columns == ["name", "value"]
+
+
+def test_the_rest_of_the_columns_take_the_kind_asked_for_them(monkeypatch):
+    data = b"a,b,c\n1,x,2\n3,y,nan\n"
+    for got in both(monkeypatch, data, {"a": "f"}, rest="t"):
+        assert got.columns == ["a", "b", "c"] and got["c"].tolist() == ["2", "nan"]
+        assert got["a"].tolist() == [1.0, 3.0]
+    for got in both(monkeypatch, data, {"b": "t"}, rest="f"):
+        assert got["c"][0] == 2.0 and np.isnan(got["c"][1]) and got["b"].tolist() == ["x", "y"]
+    with pytest.raises(ValueError, match="kind 'x'"):
+        table.read_csv(data, {}, rest="x")
 
 
 def test_columns_not_asked_for_are_not_read_and_absent_ones_are_not_there():
@@ -127,9 +138,10 @@ def test_c_reads_what_the_definition_reads_on_random_hostile_bytes(monkeypatch):
         body = b"".join(pieces[i] for i in rng.integers(0, len(pieces), rng.integers(0, 30)))
         data = header + b"\n" + body
         kinds = kinds_list[case % len(kinds_list)]
-        got = both(monkeypatch, data, kinds)
+        rest = [None, "t", "f"][case % 3]          # the columns kinds does not name
+        got = both(monkeypatch, data, kinds, rest)
         if not same(*got):
-            disagree.append((data, kinds, got))
+            disagree.append((data, kinds, rest, got))
     assert not disagree, disagree[:3]
 
 

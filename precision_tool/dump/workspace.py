@@ -9,7 +9,6 @@ indexed from their file names and .npy headers.
 """
 from __future__ import annotations
 
-import csv
 import errno
 import functools
 import hashlib
@@ -532,16 +531,11 @@ def _read_index_file(path: str) -> Table:
     says, text otherwise), refused with the row it stops at when it is not whole."""
     data = read_bytes(path, WorkspaceError, "the index")
     try:
-        first = data[:1 << 16].decode("utf-8", "replace").lstrip("\ufeff").lstrip("\r\n")
-        header = next(csv.reader(io.StringIO(first)), [])
-        table = read_csv(data, {name: "f" if name in NUMBER_COLUMNS else "t" for name in header})
+        table = read_csv(data, {name: "f" for name in NUMBER_COLUMNS}, rest="t")
     except TableError as e:
-        what = re.sub(r"^line \d+(, )?:? ?", "", str(e))       # the row says where
         where = f"row {e.line} is incomplete or not a tensor row (was the file cut off?): " \
             if e.line else ""
-        raise WorkspaceError(f"{path} is not a readable index: {where}{what}") from None
-    except csv.Error as e:
-        raise WorkspaceError(f"{path} is not a readable index: {e}") from None
+        raise WorkspaceError(f"{path} is not a readable index: {where}{e.detail}") from None
     missing = [c for c in INDEX_COLUMNS if c not in table]
     if missing:
         raise WorkspaceError(f"{path} is not a readable index: no {', '.join(missing)} column")

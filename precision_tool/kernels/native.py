@@ -246,7 +246,7 @@ def writer_running() -> bool:
     return bool(writer_threads())
 
 
-def read_csv(data, kinds: dict):
+def read_csv(data, kinds: dict, rest=None):
     """kernels.table.read_csv's columns: (header, {name: bytearray of float64 or list of
     str}, rows); ValueError says what is wrong and where."""
-    return _reduce.read_csv(data, kinds)
+    return _reduce.read_csv(data, kinds, rest)

@@ -34,12 +34,17 @@ NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 
 class TableError(ValueError):
     """A CSV file that is not a table of the columns asked for; the message says where
-    (`line`: the line of the file it names, when it names one)."""
+    (`line`: the line of the file it names, when it names one; `detail`: the rest)."""
 
     @property
     def line(self) -> Optional[int]:
         m = re.match(r"line (\d+)", str(self))
         return int(m.group(1)) if m else None
+
+    @property
+    def detail(self) -> str:
+        """What is wrong, without the line it is on ("column max: not a number")."""
+        return re.sub(r"^line \d+(, |: )", "", str(self))
 
 
 class Table:
@@ -202,20 +207,21 @@ def csv_field(text: str) -> str:
     return text
 
 
-def read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
-    """The columns named in `kinds` ('f': numbers, 't': text) that the file has, as a Table
-    (a column asked for and absent is not in it). TableError says what is wrong and where."""
-    for name, kind in kinds.items():
+def read_csv(data: bytes, kinds: Mapping[str, str], rest: Optional[str] = None) -> Table:
+    """The columns named in `kinds` ('f': numbers, 't': text) that the file has, and with
+    `rest` every other column as that kind, as a Table (a column asked for and absent is
+    not in it). TableError says what is wrong and where."""
+    for name, kind in [*kinds.items(), *([("rest", rest)] if rest is not None else [])]:
         if kind not in ("f", "t"):
             raise ValueError(f"column {name!r}: kind {kind!r} is not 'f' or 't'")
     if native.enabled():
         try:
-            header, found, rows = native.read_csv(data, dict(kinds))
+            header, found, rows = native.read_csv(data, dict(kinds), rest)
         except ValueError as e:
             raise TableError(str(e)) from None
-        return Table({name: _array(found[name], kinds[name]) for name in header
+        return Table({name: _array(found[name], kinds.get(name, rest)) for name in header
                       if name in found}, rows)
-    return _read_csv(data, kinds)
+    return _read_csv(data, kinds, rest)
 
 
 def _array(values, kind: str) -> np.ndarray:
@@ -226,7 +232,7 @@ def _array(values, kind: str) -> np.ndarray:
     return out
 
 
-def _read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
+def _read_csv(data: bytes, kinds: Mapping[str, str], rest: Optional[str] = None) -> Table:
     """The definition: the csv module, strict, over the text decoded with surrogateescape
     (so that bytes that are not UTF-8 are an error only where a text column reads them)."""
     text = bytes(data).decode("utf-8", "surrogateescape").removeprefix("\ufeff")
@@ -249,7 +255,8 @@ def _read_csv(data: bytes, kinds: Mapping[str, str]) -> Table:
         if name in seen:
             raise TableError(f"the header names {name!r} twice")
         seen.add(name)
-    wanted = [(i, name, kinds[name]) for i, name in enumerate(header) if name in kinds]
+    wanted = [(i, name, kinds.get(name, rest)) for i, name in enumerate(header)
+              if name in kinds or rest is not None]
     values: Dict[str, list] = {name: [] for _, name, _ in wanted}
     line, rows = reader.line_num + 1, 0
     try:

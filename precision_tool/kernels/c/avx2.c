@@ -51,12 +51,6 @@ AVX2 static inline float f16_reduce(F16 a, int largest)
     return r;
 }
 
-#define AHEAD 512           /* as avx512.c: the line AHEAD elements on, asked for ahead */
-AVX2 static inline void fetch_ahead(const char *data, char kind, Py_ssize_t i)
-{
-    _mm_prefetch(data + (i + AHEAD) * (kind == 'f' ? 4 : 2), _MM_HINT_T0);
-}
-
 AVX2 static inline __m256 load8(const char *data, char kind, Py_ssize_t i)
 {
     if (kind == 'f') return _mm256_loadu_ps((const float *)data + i);

@@ -80,16 +80,6 @@ AVX512 static inline __m512d kl_excess_any(__m512d p, __m512d q)
     return _mm512_mask_blend_pd(near, far, series_pd(diff, d, 10));
 }
 
-/* Ask for the line AHEAD elements past element i: the loops below do so much arithmetic per
- * element that they do not run ahead far enough by themselves, and the hardware's prefetcher
- * stops at each 4 KiB page, so that without this a pair beyond the caches compared at half the
- * rate of one within them. (A prefetch past the end of a mapping faults nothing.) */
-#define AHEAD 512
-AVX512 static inline void fetch_ahead(const char *data, char kind, Py_ssize_t i)
-{
-    _mm_prefetch(data + (i + AHEAD) * (kind == 'f' ? 4 : 2), _MM_HINT_T0);
-}
-
 /* sixteen elements of kind 'e', 'b' or 'f' as float32 (exact) */
 AVX512 static inline __m512 load16(const char *data, char kind, Py_ssize_t i)
 {

@@ -38,6 +38,20 @@
 #define CLONES
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#include <xmmintrin.h>
+/* Ask for the line AHEAD elements past element i (of kind 'f', or a 2-byte kind): the vector
+ * loops do so much arithmetic per element that they do not run ahead far enough by
+ * themselves, and the hardware's prefetcher stops at each 4 KiB page, so that without this
+ * a pair beyond the caches compared at half the rate of one within them. (A prefetch past
+ * the end of a mapping faults nothing.) */
+#define AHEAD 512
+static inline void fetch_ahead(const char *data, char kind, Py_ssize_t i)
+{
+    _mm_prefetch(data + (i + AHEAD) * (kind == 'f' ? 4 : 2), _MM_HINT_T0);
+}
+#endif
+
 /* not fmax/fmin: their nan rules keep loops from vectorising (no nan reaches these) */
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -241,12 +241,13 @@ static PyObject *column_text(Column *col, const Field *f, char **scratch, Py_ssi
     return text;
 }
 
-/* read_csv(data, kinds) -> (header, {name: bytearray of float64 | list of str}, rows) */
+/* read_csv(data, kinds[, rest]) -> (header, {name: bytearray of float64 | list of str}, rows):
+ * the columns kinds names, and every other column with the kind `rest` when given */
 PyObject *pt_read_csv(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    PyObject *kinds, *header = NULL, *found = NULL, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*O!", &view, &PyDict_Type, &kinds)) return NULL;
+    PyObject *kinds, *rest = Py_None, *header = NULL, *found = NULL, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*O!|O", &view, &PyDict_Type, &kinds, &rest)) return NULL;
     Scan sc = {view.buf, (const char *)view.buf + view.len, 1};
     if (view.len >= 3 && memcmp(sc.p, "\xef\xbb\xbf", 3) == 0) sc.p += 3;
     Field *fields = NULL;
@@ -288,7 +289,8 @@ PyObject *pt_read_csv(PyObject *self, PyObject *args)
         PyObject *kind = PyDict_GetItemWithError(kinds, cols[c].name);
         if (kind == NULL) {
             if (PyErr_Occurred()) goto done;
-            continue;
+            if (rest == Py_None) continue;
+            kind = rest;
         }
         const char *k = PyUnicode_Check(kind) ? PyUnicode_AsUTF8(kind) : NULL;
         if (k == NULL || (strcmp(k, "f") != 0 && strcmp(k, "t") != 0)) {
