@@ -251,7 +251,7 @@ def test_missing_steps_and_runs_are_errors_and_ac_takes_its_runs(built, tmp_path
         result = invoke(root, *args)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.exit_code == 2 and len(errors) == 1, args
-    assert "dumped steps: [0, 1]" in invoke(root, "ac", "-s", "999").stderr
+    assert "dumped steps: 0-1" in invoke(root, "ac", "-s", "999").stderr
     assert invoke(root, "ac", "-s", "-1").exit_code == 2
     dump(root, steps=1, golden=False, precision_mode="force_fp16")   # a newer NPU run
     back = invoke(root, "ac", "-c", "-lt", "debug_0", "-rt", "cpu/debug_0", "-s", "0")
@@ -576,3 +576,37 @@ def test_damage_to_a_workspace_never_exits_0(built, tmp_path_factory, workspace,
         result = invoke(root, *args)
         assert result.exit_code != 0, (args, damage, result.output)
         assert "sound" not in result.stdout
+
+
+# -- a foreign dump the tool can read nothing of, or only some of --------------------------------
+def _foreign(root, npu_files):
+    step = root / "npu" / "debug_0" / "dump" / "20240101000000" / "0" / "ge_default" / "1" / "0"
+    step.mkdir(parents=True)
+    for name in npu_files:
+        np.save(step / name, np.ones((2, 3), np.float32))
+    (step / "notes.txt").write_text("not a tensor")
+    golden = root / "cpu" / "debug_0" / "dump" / "0"
+    golden.mkdir(parents=True)
+    np.save(golden / "fc1_MatMul.0.1700000000000001.npy", np.ones((2, 3), np.float32))
+
+
+def test_a_compare_that_saw_nothing_is_never_sound(tmp_path):
+    """An Ascend-named NPU step none of whose files the tool recognises: vc and ac -c say
+    nothing was compared and exit 2, never 'precision looks sound' with 0 of 0 compared."""
+    _foreign(tmp_path, [])
+    vc = invoke(tmp_path, "vc")
+    assert vc.exit_code == 2 and "0 of 0 tensors compared" in vc.stderr
+    ac = invoke(tmp_path, "ac", "-c")
+    assert ac.exit_code == 2 and "looks sound" not in ac.stdout
+    assert "Nothing could be compared" in ac.stdout
+    code, payload = as_json(tmp_path, "ac", "-c")
+    assert code == 2 and payload["verdict"] == "incomplete"
+
+
+def test_an_ascend_named_dump_is_compared_by_its_output_tensors(tmp_path):
+    """Its outputs are their ops' tensors (the file names say which); an input file's name
+    does not say which tensor it holds: that row is no golden tensor's, and says so."""
+    _foreign(tmp_path, ["MatMul.fc1_MatMul.12.0.1700000000000001.output.0.npy",
+                        "MatMul.fc1_MatMul.12.0.1700000000000001.input.0.npy"])
+    code, payload = as_json(tmp_path, "vc")
+    assert code == 0 and payload["verdicts"] == {"pass": 1, "npu-only": 1}

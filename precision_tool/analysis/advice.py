@@ -13,6 +13,7 @@ import math
 from typing import List, Optional
 
 from .. import numerics
+from .result import Coverage
 
 MIXLIST_MODES = frozenset({"allow_mix_precision", "allow_mix_precision_bf16", "O1"})
 # the modes whose black-list move an op into fp32, by what the run used instead
@@ -85,10 +86,13 @@ def advise(r, info: dict) -> List[str]:
     mode = mode_of(info)
     lines: List[str] = []
     cov = r.coverage
-    if cov is not None and cov["compared"] != cov["tensors"]:
-        lines.append(f"{cov['tensors'] - cov['compared']} of {cov['tensors']} tensors could not "
-                     f"be compared ({', '.join(cov['missing'])}): dump the step again (or restore "
-                     f"the files) and run ac -c again; what follows covers what was compared.")
+    if cov is not None and not Coverage(**cov).complete:
+        gap = Coverage(**cov)
+        lines.append((f"{gap.not_compared} of {gap.tensors} tensors could not be compared "
+                      f"({', '.join(gap.missing)})" if gap.tensors else
+                      f"Nothing could be compared ({gap.text()})") +
+                     ": dump the step again (or restore the files) and run ac -c again; what "
+                     "follows covers what was compared.")
     first = r.first_overflow
     o = r.origin
     g = getattr(r, "golden_nonfinite", None)

@@ -75,7 +75,7 @@ class AutoCheck:
 
     @property
     def complete(self) -> bool:
-        return self.coverage is None or self.coverage["compared"] == self.coverage["tensors"]
+        return self.coverage is None or Coverage(**self.coverage).complete
 
     @property
     def has_findings(self) -> bool:
@@ -269,7 +269,8 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
         # whose norm, cosine and all-zero NPU side are what the flushing did
         whole = (np.asarray(t.dtype, dtype=object) == "float16") & (share > t.criteria.flushed) \
             & (peaks < FP16_MIN_NORMAL)
-    candidates = np.asarray(t.bad) & np.asarray(t.is_out) & (t.flushed_only | whole)
+    candidates = np.asarray(t.bad, dtype=bool) & np.asarray(t.is_out, dtype=bool) \
+        & (np.asarray(t.flushed_only, dtype=bool) | whole)
     hits = [i for i in np.flatnonzero(candidates).tolist()
             if t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
     if not hits:

@@ -47,7 +47,9 @@ class Coverage:
 
     @property
     def complete(self) -> bool:
-        return self.compared == self.tensors
+        """Every tensor compared, and at least one: a compare that saw nothing (a step with
+        no tensor a golden one stands for) is no evidence that precision is sound."""
+        return self.compared == self.tensors > 0
 
     @property
     def not_compared(self) -> int:
@@ -58,6 +60,9 @@ class Coverage:
         head = f"{self.compared} of {self.tensors} tensors compared"
         if self.complete:
             return head
+        if not self.tensors:
+            return f"{head}: the step holds no tensor that a golden one stands for" + \
+                (f" ({self.npu_only} NPU-only)" if self.npu_only else "")
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.missing.items(),
                                                                 key=lambda kv: -kv[1]))
         return f"{head}; {self.not_compared} not: {why}"

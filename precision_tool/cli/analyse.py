@@ -360,7 +360,7 @@ def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error
     app.emit({"report": path, "verdict": check["verdict"], "step": check["step"]},
              lambda: app.line(f"report: {path} ({check['verdict']}, step {check['step']})"))
     cov = check["coverage"]
-    if cov is not None and cov["compared"] != cov["tensors"]:
+    if cov is not None and not Coverage(**cov).complete:
         raise _incomplete(f"the compare of step {check['step']}", cov)
     return EXIT_FINDINGS if check["verdict"] == "findings" else EXIT_OK
 

@@ -85,9 +85,9 @@ class Run:
         if number in self.interrupted or any(s.step == number for s in self.steps):
             raise WorkspaceError(f"step {number} of {self.label} was interrupted before it was "
                                  f"written whole; it is not read (dumped steps: "
-                                 f"{self.complete_steps})")
+                                 f"{layout.format_steps(self.complete_steps) or 'none'})")
         raise WorkspaceError(f"{self.label} has no dump of step {number}; "
-                             f"dumped steps: {self.complete_steps}")
+                             f"dumped steps: {layout.format_steps(self.complete_steps) or 'none'}")
 
 
 class Workspace:
@@ -608,10 +608,16 @@ def _index_from_names(step_dir: str, target: str) -> Table:
         except (OSError, ValueError):
             continue        # unreadable files are not indexed (the analysis reports them)
         row = m.groupdict()
-        row.update(file=name, shape=" ".join(map(str, shape)), dtype=str(dtype),
-                   io=row.get("io", "output"))
+        io_ = row.get("io", "output")
+        # an output is its op's tensor; what an input file holds, its name does not say
+        row.update(file=name, shape=" ".join(map(str, shape)), dtype=str(dtype), io=io_,
+                   op_type=row.get("op_type", ""),
+                   tensor=f"{row['op_name']}:{row['index']}" if io_ == "output" else "")
         for col in ("task_id", "stream_id", "timestamp", "index"):
             if col in row:
                 row[col] = float(row[col]) if row[col] is not None else np.nan
         rows.append(row)
-    return Table.from_rows(rows, list(dict.fromkeys(k for r in rows for k in r)))
+    names = list(dict.fromkeys([*INDEX_COLUMNS, *(k for r in rows for k in r)]))
+    if not rows:        # the index's columns even where no file matched: an empty step
+        return Table({k: np.empty(0, float if k in NUMBER_COLUMNS else object) for k in names}, 0)
+    return Table.from_rows(rows, names)

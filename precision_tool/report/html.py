@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..analysis import auto_check, read_result, root_cause, vector_compare
+from ..analysis import Coverage, auto_check, read_result, root_cause, vector_compare
 from ..analysis.verdicts import Criteria
 from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
@@ -261,10 +261,9 @@ def _unseen(check: dict, interrupted: Dict[str, list]) -> List[str]:
     steps a killed dump left partial."""
     out = []
     cov = check.get("coverage")
-    if cov and cov["compared"] != cov["tensors"]:
-        out.append(f"<p class='unseen' id='incomplete'>Incomplete: {cov['compared']} of "
-                   f"{cov['tensors']} tensors compared ({_e(', '.join(cov['missing']))}); what "
-                   f"follows covers what was compared.</p>")
+    if cov and not Coverage(**cov).complete:
+        out.append(f"<p class='unseen' id='incomplete'>Incomplete: {_e(Coverage(**cov).text())}; "
+                   f"what follows covers what was compared.</p>")
     for label, steps in interrupted.items():
         out.append(f"<p class='unseen'>{_e(label)}: step(s) {_e(', '.join(map(str, steps)))} were "
                    f"interrupted before they were written whole (a killed dump); not read.</p>")
