@@ -422,6 +422,39 @@ def test_tensor_files_read_back_exactly_mapped_or_not(tmp_path, monkeypatch, map
             assert isinstance(got, np.memmap) and not got.flags.writeable
 
 
+@pytest.mark.parametrize("elements", [0, 1, 16352, 16354, 40000])
+def test_a_tensor_file_read_short_by_a_signal_is_read_on_to_its_end(tmp_path, monkeypatch,
+                                                                      elements):
+    """A small file is taken in one read, without asking its size; a read that a signal cut
+    short is not taken for a cut-off file: the file's size decides and the rest is read.
+    Sizes about the one read's 64 KiB (a header of 128 bytes: 16352 float32 are 64 KiB)."""
+    from precision_tool.dump import workspace
+    a = np.random.default_rng(elements).normal(size=elements).astype(np.float32)
+    np.save(tmp_path / "t.npy", a)
+    ws = Workspace(str(tmp_path))
+    real_read, cuts = os.read, []
+
+    def short_read(fd, n):              # every first read of a file stops after 100 bytes
+        if not cuts or cuts[-1] != fd:
+            cuts.append(fd)
+            return real_read(fd, min(n, 100))
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", short_read)
+    got = ws.load_file(str(tmp_path / "t.npy"))
+    assert cuts and got.flags.writeable and np.array_equal(got, a)
+    monkeypatch.setattr(os, "read", real_read)
+    assert np.array_equal(ws.load_file(str(tmp_path / "t.npy")), a)
+    # cut off for real: said so, read short or not
+    with open(tmp_path / "t.npy", "r+b") as f:
+        f.truncate(os.path.getsize(tmp_path / "t.npy") - 1)
+    for read in (real_read, short_read):
+        monkeypatch.setattr(os, "read", read)
+        cuts.clear()
+        with pytest.raises(workspace.WorkspaceError, match="is corrupt"):
+            ws.load_file(str(tmp_path / "t.npy"))
+
+
 # -- replay ----------------------------------------------------------------------------------
 def _by_key(ws, run, step):
     table = ws.index(run, step)

@@ -118,6 +118,57 @@ def test_pairs_side_by_side_on_threads_give_the_serial_result(tmp_path, monkeypa
     _same(serial, analysis.vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0))
 
 
+def test_a_pair_is_planned_by_its_index_size_and_compared_by_its_file(tmp_path, monkeypatch):
+    """compare_pairs plans a side by the size its index gave (no stat per file) and falls
+    back to the file's size where the index gave none; an index that understates a file
+    changes the plan, never the numbers: the file is what is read (mapped if large)."""
+    x, y = _pair(3_000_000, seed=5)            # 12 MB a side: above BATCH_BYTES, MAP_BYTES
+    for name, a in (("x", x), ("y", y)):
+        np.save(tmp_path / f"{name}.npy", a)
+    sides = [str(tmp_path / f"{name}.npy") for name in "xy"]
+    stats = []
+    real_getsize = os.path.getsize
+    monkeypatch.setattr(os.path, "getsize", lambda p: stats.append(p) or real_getsize(p))
+    rows = {}
+    for nbytes in (-1, x.nbytes, 64):              # unknown, what the index says, a lie
+        pair = engine.Pair(*(engine.Side(p, nbytes=nbytes) for p in sides))
+        stats.clear()
+        (rows[nbytes],) = engine.compare_pairs(str(tmp_path), [pair], engine.Engine())
+        assert stats == (sides if nbytes < 0 else []), nbytes
+    expected = compare_tensors(x, y)
+    for row in rows.values():
+        for k, v in expected.items():
+            assert row[k] == v or (v != v and row[k] != row[k]), k
+
+
+def test_totals_of_the_c_pass_have_every_field_of_totals():
+    """Totals.from_native makes its object without __init__ (thousands of small pairs):
+    it must set every field __init__ does, whatever is added to Totals later."""
+    from precision_tool.kernels import native
+    if not native.enabled():
+        pytest.skip("the C module's totals are what this is about")
+    x, y = _pair(1000)
+    for hint in (None, (0.0, 1.0, 0.0, 1.0)):
+        t = Totals.from_native(native.compare(x, y, 0, x.size, hint), hint)
+        assert set(vars(t)) == set(vars(Totals())), hint
+        assert t.kl != t.kl and t.reasons == [] and not t.empty
+    empty = Totals.from_native(native.compare(x[:0], y[:0], 0, 0))
+    assert set(vars(empty)) == set(vars(Totals())) and empty.moments == Totals().moments
+
+
+def test_the_metrics_square_root_is_numpys_on_every_edge():
+    """kernels.compare.sqrt stands for np.sqrt on the totals' floats: the same value, bit for
+    bit, nan below zero and for nan, inf for inf, -0.0 for -0.0."""
+    from precision_tool.kernels.compare import sqrt
+    values = [0.0, -0.0, 5e-324, 1e-310, 0.25, 2.0, 1e308, float("inf"), float("nan"), -1e-300,
+              -1.0, float("-inf")] + list(np.random.default_rng(0).uniform(0, 1e6, 100))
+    with np.errstate(invalid="ignore"):
+        for v in values:
+            want, got = float(np.sqrt(v)), sqrt(float(v))
+            assert (want == got and np.signbit(want) == np.signbit(got)) or \
+                (want != want and got != got), v
+
+
 def test_split_ranges_go_in_groups_here_and_one_a_task_to_workers(monkeypatch):
     monkeypatch.setattr(engine, "RANGE_ELEMENTS", 10)
     monkeypatch.setattr(engine, "GROUP_ELEMENTS", 30)

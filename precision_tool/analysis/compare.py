@@ -12,6 +12,7 @@ most of its time on a small dump); vector_compare is the same as a pandas DataFr
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -140,6 +141,20 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     return table, exact, original_of, by_original
 
 
+@functools.lru_cache(maxsize=256)
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except (TypeError, ValueError):    # a name numpy does not know: the file will say
+        return -1
+
+
+def _data_bytes(elements: Optional[int], dtype: str) -> int:
+    """A tensor's data size as its index row says, -1 where it cannot say."""
+    size = _itemsize(dtype) if elements is not None else -1
+    return elements * size if size >= 0 else -1
+
+
 def vector_compare(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                    golden_step: Optional[int] = None, threshold=None,
                    progress: Optional[Callable[[int, int], None]] = None,
@@ -215,11 +230,13 @@ def compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                     pair_of[key] = len(pairs)
                     pairs.append(Pair(
                         Side(npu_dir + r["file"], r["format"] or "",
-                             r["original_shape"] or "", r["min"], r["max"]),
+                             r["original_shape"] or "", r["min"], r["max"],
+                             _data_bytes(row["Elements"], r["dtype"])),
                         Side(gold_dir + grow["file"],
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
-                             grow["min"], grow["max"])))
+                             grow["min"], grow["max"],
+                             _data_bytes(element_count(grow["shape"]), grow["dtype"]))))
                 row["_pair"] = pair_of[key]
         rows.append(row)
     fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \

@@ -15,8 +15,7 @@ ranges merge in order, so every engine gives the same numbers, bit for bit.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -57,17 +56,18 @@ def logical_tensor(value: np.ndarray, fmt: str, original_shape: str) -> np.ndarr
     return value
 
 
-@dataclass(frozen=True)
-class Side:
+class Side(NamedTuple):
+    """One tensor file of a pair (a tuple: a compare of many small pairs makes thousands)."""
     path: str                   # absolute path of the .npy
     fmt: str = ""               # NC1HWC0 is converted to NCHW before comparing
     original_shape: str = ""
     lo: float = float("nan")    # min and max as the dump index says: a hint that spares
     hi: float = float("nan")    # KL its second pass when it proves right
+    nbytes: int = -1            # its data's size as the index says (-1: unknown, stat it):
+                                # where it goes is planned without a stat per file
 
 
-@dataclass(frozen=True)
-class Pair:
+class Pair(NamedTuple):
     npu: Side
     golden: Side
 
@@ -127,6 +127,10 @@ def run_task(task):
 
 
 def _bytes(side: Side) -> int:
+    """The side's size, for planning: the index's where it said (a file that is larger than
+    that is still mapped, not read whole, when it is loaded), else the file's."""
+    if side.nbytes >= 0:
+        return side.nbytes
     try:
         return os.path.getsize(side.path)
     except OSError:

@@ -23,7 +23,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..kernels.compare import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
-                               range_totals)
+                               range_totals, sqrt)
 
 
 def _cosine(t: Totals) -> float:
@@ -34,13 +34,13 @@ def _cosine(t: Totals) -> float:
         return float("nan")
     if t.abs_d_max == 0:            # identical: exactly 1, not 1 - 1 ulp of the rounding
         return 1.0
-    return min(1.0, max(-1.0, t.xy / (np.sqrt(t.xx) * np.sqrt(t.yy))))
+    return min(1.0, max(-1.0, t.xy / (sqrt(t.xx) * sqrt(t.yy))))
 
 
 def _relative_euclidean(t: Totals) -> float:
     if t.yy == 0:
         return 0.0 if t.xx == 0 else float("nan")
-    return float(np.sqrt(t.dd / t.yy))
+    return sqrt(t.dd / t.yy)
 
 
 def _over_rel(value):
@@ -57,7 +57,7 @@ METRICS: Dict[str, tuple] = {
     "StandardDeviation": (lambda t: t.std("x"), "std of x (golden: GoldenStandardDeviation)"),
     "GoldenStandardDeviation": (lambda t: t.std("y"), "std of y"),
     "MeanAbsoluteError": (lambda t: t.abs_d_sum / t.n, "mean |x - y|"),
-    "RootMeanSquareError": (lambda t: float(np.sqrt(t.dd / t.n)), "sqrt(mean (x - y)^2)"),
+    "RootMeanSquareError": (lambda t: sqrt(t.dd / t.n), "sqrt(mean (x - y)^2)"),
     "MaxRelativeError": (_over_rel(lambda t: t.rel_max), "max |x - y| / |y| over |y| > eps"),
     "MeanRelativeError": (_over_rel(lambda t: t.rel_sum / t.rel_n), "mean |x - y| / |y| over |y| > eps"),
     "RatioRelError<0.001": (lambda t: t.within_1e3 / t.n, "share of elements with relative error < 1/1000"),
@@ -114,7 +114,7 @@ def finish(t: Totals, out: Optional[dict] = None) -> dict:
         return out
     for name, (fn, _) in METRICS.items():
         out[name] = float(fn(t))
-    out["NpuNorm"], out["GoldenNorm"] = float(np.sqrt(t.xx)), float(np.sqrt(t.yy))
+    out["NpuNorm"], out["GoldenNorm"] = sqrt(t.xx), sqrt(t.yy)
     if not t.rel_n:
         reasons.append("golden tensor is all (near) zero: relative errors undefined")
     out["CompareFailReason"] = "; ".join(reasons + t.reasons)

@@ -443,14 +443,28 @@ def _npy_header(f):
                          f"({type(e).__name__}: {e})") from None
 
 
+_FIRST_READ = 1 << 16       # a small tensor's whole file comes in this one read
+
+
 def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
     """The .npy file open on fd, never unpickling: a header that is not a plain numeric array
     (objects, records) is refused, and the data length must be what the header claims,
     checked before anything is allocated (a header may claim terabytes). A file larger than
-    mmap_over bytes is mapped read-only; a smaller one is read whole, header and data, in
-    one call (a compare reads thousands of small files)."""
+    mmap_over bytes is mapped read-only; a smaller one is read whole, header and data. A file
+    under _FIRST_READ bytes takes one read and no fstat (only one that seems cut off is
+    measured, and the rest read, if any): a compare reads thousands of small files, and a
+    system call is most of the cost of each."""
+    head = b""
+    if mmap_over >= _FIRST_READ:
+        head = os.read(fd, _FIRST_READ)
+        if len(head) < _FIRST_READ:
+            try:
+                return _array_of(bytearray(head), head)    # writable, as a larger file's
+            except ValueError:       # or a signal cut the read short: the size decides
+                pass
     size = os.fstat(fd).st_size
     if size > mmap_over:
+        os.lseek(fd, 0, os.SEEK_SET)
         with os.fdopen(os.dup(fd), "rb") as f:
             shape, fortran, dtype = _npy_header(f)
             dtype = stored_dtype(dtype)
@@ -459,40 +473,50 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
                 return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
                                  order="F" if fortran else "C")
         return np.zeros(shape, dtype)                # no data: an empty array
+    if len(head) > size:
+        raise ValueError("is corrupt: it changed while it was read")
     raw = np.empty(size, np.uint8)               # writable, and not zeroed only to be overwritten
-    got, view = 0, memoryview(raw)
+    got, view = len(head), memoryview(raw)
+    view[:got] = head
     while got < size:                            # one call but for a signal's short read
         n = os.readv(fd, [view[got:]])
         if n == 0:
             raise ValueError("is corrupt: it changed while it was read")
         got += n
-    shape, fortran, dtype, offset = _small_header(view)
-    want = _checked(shape, dtype, size - offset)
-    array = np.frombuffer(raw, dtype, count=want // dtype.itemsize, offset=offset)
+    return _array_of(raw)
+
+
+def _array_of(raw, head: Optional[bytes] = None) -> np.ndarray:
+    """The array a whole .npy file's bytes (raw) hold, a view of them where its data is
+    aligned; head: raw's first bytes as bytes, if the caller has them."""
+    head = bytes(memoryview(raw)[:_HEADER_BYTES]) if head is None else head
+    dtype, count, offset, shape, order = _layout(_header_of(head), len(raw))
+    array = np.frombuffer(raw, dtype, count=count, offset=offset)
     if offset % 16:                              # a foreign header: keep the data aligned
         array = array.copy()
-    return array.reshape(shape, order="F" if fortran else "C")
+    return array.reshape(shape, order=order)
 
 
-def _small_header(view) -> tuple:
-    """(shape, fortran_order, stored dtype, data offset) of a whole .npy file's bytes. The
-    files of a dump share a few headers: each distinct one is parsed once (_parsed_header)."""
-    end = -1
-    if len(view) >= 10 and view[:6] == b"\x93NUMPY" and view[6] in (1, 2, 3):
-        width = 2 if view[6] == 1 else 4
-        end = 8 + width + int.from_bytes(view[8:8 + width], "little")
-    if 0 < end <= min(len(view), _HEADER_BYTES):
-        return _parsed_header(bytes(view[:end]))
-    header = io.BytesIO(view[:_HEADER_BYTES])    # let _npy_header say what is wrong
-    shape, fortran, dtype = _npy_header(header)
-    return shape, fortran, stored_dtype(dtype), header.tell()
+def _header_of(head: bytes) -> bytes:
+    """The header of a whole .npy file whose first bytes are head (b"" if it has none)."""
+    if len(head) >= 10 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2, 3):
+        width = 2 if head[6] == 1 else 4
+        end = 8 + width + int.from_bytes(head[8:8 + width], "little")
+        if end <= min(len(head), _HEADER_BYTES):
+            return head[:end]
+    return head[:_HEADER_BYTES] if len(head) < 10 else head[:10]   # _layout says what is wrong
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed_header(header: bytes) -> tuple:
+def _layout(header: bytes, size: int) -> tuple:
+    """(stored dtype, element count, data offset, shape, order) of a whole .npy file of
+    `size` bytes with this header. The files of a dump share a few headers and sizes: each
+    distinct pair is parsed and checked once (an exception is raised again each time)."""
     f = io.BytesIO(header)
     shape, fortran, dtype = _npy_header(f)
-    return shape, fortran, stored_dtype(dtype), len(header)
+    dtype = stored_dtype(dtype)
+    want = _checked(shape, dtype, size - f.tell())
+    return dtype, want // dtype.itemsize, f.tell(), shape, "F" if fortran else "C"
 
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

@@ -51,7 +51,7 @@ class Totals:
     @classmethod
     def from_native(cls, v: "native.PassTotals", hint=None) -> "Totals":
         """The totals of one C pass."""
-        t = cls()
+        t = cls.__new__(cls)      # every field set here: __init__'s would be overwritten
         t.empty = False
         t.counts = {"NpuNanCount": int(v.x_nan), "NpuInfCount": int(v.x_inf),
                     "GoldenNanCount": int(v.y_nan), "GoldenInfCount": int(v.y_inf),
@@ -61,11 +61,13 @@ class Totals:
         t.abs_d_sum, t.abs_d_max = v.abs_d_sum, v.abs_d_max
         t.rel_n, t.rel_sum, t.rel_max = int(v.rel_n), v.rel_sum, v.rel_max
         t.within_1e3, t.within_5e3 = int(v.within_1e3), int(v.within_5e3)
-        t.lo["x"], t.hi["x"], t.lo["y"], t.hi["y"] = v.lo_x, v.hi_x, v.lo_y, v.hi_y
-        if t.n:
-            t.moments = {"x": (t.n, v.mean_x, v.m2_x), "y": (t.n, v.mean_y, v.m2_y)}
-        if hint is not None:
-            t.kl_hint, t.kl_early = tuple(hint), (v.kl_p, v.kl_q, v.kl_excess)
+        t.lo, t.hi = {"x": v.lo_x, "y": v.lo_y}, {"x": v.hi_x, "y": v.hi_y}
+        t.moments = ({"x": (t.n, v.mean_x, v.m2_x), "y": (t.n, v.mean_y, v.m2_y)} if t.n else
+                     {"x": (0, 0.0, 0.0), "y": (0, 0.0, 0.0)})
+        t.kl = float("nan")
+        t.kl_hint, t.kl_early = (None, None) if hint is None else \
+            (tuple(hint), (v.kl_p, v.kl_q, v.kl_excess))
+        t.reasons = []
         return t
 
     def early_kl(self):
@@ -159,7 +161,13 @@ class Totals:
 
     def std(self, side) -> float:
         n, _, m2 = self.moments[side]
-        return float(np.sqrt(m2 / n)) if n else float("nan")
+        return sqrt(m2 / n) if n else float("nan")
+
+
+def sqrt(v: float) -> float:
+    """np.sqrt of a Python float (nan below zero, nan and inf kept) at math.sqrt's cost: the
+    metrics of thousands of small pairs take a few each."""
+    return math.sqrt(v) if v >= 0 else float("nan")
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
