@@ -126,6 +126,20 @@ def test_lines_run_on_one_app(workspace, capsys):
     assert "(see precision-tool pt --help)" in capsys.readouterr().err
 
 
+def test_what_a_command_suggests_is_typed_as_the_shell_takes_it(workspace, tmp_path, capsys):
+    """vc's pointer to the summary names the command as the user types it: `vcs` in the
+    shell, `precision-tool vcs` on the command line."""
+    import shutil
+    root = str(tmp_path / "precision_data")
+    shutil.copytree(workspace, root)          # vc writes its result into the workspace
+    for in_shell, want in ((True, "summary: vcs"), (False, "summary: precision-tool vcs")):
+        app = App(root)
+        app.in_shell = in_shell
+        assert execute(app, "vc") == 1             # the softmax overflow diverges
+        out = capsys.readouterr().out
+        assert want in out.splitlines(), out
+
+
 # -- the workspace, value completion, run, pipes ----------------------------------------------
 def _small_workspace(root):
     """A one-step MLP dump (ops named fc1/..., logits/...): another workspace to switch to."""

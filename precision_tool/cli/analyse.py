@@ -320,7 +320,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         app.line(f"{cov.text()}; {diverging} op(s) diverge")
         app.line(f"result: {path}")
         if diverging:
-            app.line("summary: precision-tool vcs")
+            app.line(f"summary: {app.command('vcs')}")
     app.emit(payload, render)
     if not cov.complete:
         raise _incomplete(f"the compare of step {step}", cov.to_dict())

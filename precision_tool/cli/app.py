@@ -88,6 +88,10 @@ class App:
         lines cannot be copied); panels and tables still fit the terminal."""
         self.console.print(text, soft_wrap=True, markup=False)
 
+    def command(self, words: str) -> str:
+        """A command as the user types it here: in the shell without the program's name."""
+        return words if self.in_shell else f"precision-tool {words}"
+
     def info(self, message: str):
         if self.log_level <= 1 and not self.as_json:
             self.err.print(message, markup=False)
