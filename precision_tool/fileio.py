@@ -6,7 +6,35 @@ import errno
 import json
 import math
 import os
+import stat
 import tempfile
+
+# non-blocking: a named pipe where a file should be would block the open, and then the
+# read, until something wrote to it (regular files ignore the flag)
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def open_regular(path: str):
+    """A regular file opened to read bytes. A directory raises IsADirectoryError, anything
+    else that is not a regular file (a named pipe, a socket, a device) an OSError saying so:
+    never an open or a read that waits for a writer."""
+    fd = os.open(path, READ_FLAGS)
+    try:
+        check_regular(fd, path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_regular(fd: int, path: str) -> os.stat_result:
+    """fd's status, if it is a regular file; else the OSError open_regular raises."""
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a pipe, a socket or a device)", path)
+    return st
 
 
 def write_atomic(path: str, write, durable: bool = True) -> None:
@@ -78,7 +106,7 @@ def load_json(path, error, what: str):
 def read_bytes(path, error, what: str) -> bytes:
     """A file's bytes; an unreadable file raises `error` in one line."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read()
     except OSError as e:
         raise error(f"cannot read {what} {path}: {e.strerror}") from None

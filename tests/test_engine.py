@@ -1,6 +1,7 @@
 """The compare engines: ranges of a split tensor merge into the single-pass numbers; local
 worker processes and a Dask cluster give the local run's result exactly."""
 import gc
+import json
 import os
 import threading
 
@@ -216,6 +217,34 @@ def test_an_unreadable_tensor_is_a_row_with_its_reason(tmp_path):
     bad = result[result.CompareFailReason.str.contains("corrupt|unreadable|cannot be loaded",
                                                        regex=True, na=False)]
     assert len(bad) >= 1 and (bad.Verdict == "error").all()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are a POSIX thing")
+def test_a_named_pipe_where_a_file_should_be_is_an_error_never_a_wait(tmp_path):
+    """A named pipe in place of a tensor file, or of a run's compiled graph, is said to be
+    what it is (no open or read waits for a writer that never comes): vc, as a process, with
+    a deadline, so that a wait fails this test instead of hanging the suite."""
+    import subprocess
+    import sys
+    ws = _workspace(str(tmp_path))
+    run = ws.run("npu")
+    step_dir = ws.step_path(run, 0)
+    victim = ws.index(run, 0).file.iloc[0]
+    os.remove(os.path.join(step_dir, victim))
+    os.mkfifo(os.path.join(step_dir, victim))
+    vc = [sys.executable, "-m", "precision_tool", "--data-dir", ws.root, "--json", "vc"]
+    out = subprocess.run(vc, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr                   # incomplete: one tensor unread
+    assert "is not a regular file (a pipe, a socket or a device)" in out.stdout + out.stderr \
+        or "not a regular file" in open(json.loads(out.stdout)["result_file"]).read()
+    graph_dir = os.path.join(run.path, "graph")
+    (graph,) = os.listdir(graph_dir)
+    os.remove(os.path.join(graph_dir, graph))
+    os.mkfifo(os.path.join(graph_dir, graph))
+    out = subprocess.run(vc, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"cannot read compiled graph {os.path.join(graph_dir, graph)}: not a regular " \
+           f"file (a pipe, a socket or a device)" in out.stderr, out.stderr
 
 
 def test_a_compare_maps_files_above_map_bytes_where_a_plain_load_reads_them(tmp_path):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional
 import numpy as np
 
 from ..errors import PrecisionToolError
-from ..fileio import load_json
+from ..fileio import load_json, open_regular
 from ..graph import Graph, graph_to_json
 from .cores import blas_threads_as
 from ..kernels.write import contiguous_arrays, pack
@@ -195,7 +195,7 @@ class Bundle:
 
 def _load_arrays(path: str, entries) -> Dict[str, np.ndarray]:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             raw = f.read()
         out = {}
         for e in entries:

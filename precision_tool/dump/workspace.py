@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import GraphFormatError, PrecisionToolError
 from ..graph.serialize import GraphView
 from ..version import __version__
-from ..fileio import load_json, parse_json, read_bytes
+from ..fileio import READ_FLAGS, check_regular, load_json, open_regular, parse_json, read_bytes
 from ..kernels.table import Table, TableError, read_csv
 from . import layout
 
@@ -372,13 +372,13 @@ class Workspace:
         if _NOFOLLOW:
             self._check_inside(path, real)
             try:
-                return os.open(real, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+                return os.open(real, _READ | _NOFOLLOW)
             except OSError as e:
                 if e.errno != errno.ELOOP:
                     raise
         real = os.path.realpath(real)
         self._check_inside(path, real)
-        return os.open(real, os.O_RDONLY | _CLOEXEC)
+        return os.open(real, _READ)
 
     def _check_inside(self, path: str, real: str) -> None:
         if not real.startswith(self._real_root + os.sep):
@@ -391,7 +391,7 @@ def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) ->
     the workspace passes one that refuses paths outside it; a path the user typed
     (pt, cp, dc) is opened as it is."""
     try:
-        fd = opener(path) if opener else os.open(path, os.O_RDONLY | _CLOEXEC)
+        fd = opener(path) if opener else os.open(path, _READ)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
             return read_npy(fd, mmap_over=MMAP_BYTES if mmap_over is None else mmap_over)
@@ -414,6 +414,7 @@ def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) ->
 _HEADER_BYTES = 1 << 16        # more than numpy's parser accepts in a header
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_READ = READ_FLAGS               # a named pipe where a tensor should be: no wait (fileio)
 _NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                          r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*$")
 
@@ -462,7 +463,12 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
                 return _array_of(bytearray(head), head)    # writable, as a larger file's
             except ValueError:       # or a signal cut the read short: the size decides
                 pass
-    size = os.fstat(fd).st_size
+    try:
+        size = check_regular(fd, "").st_size
+    except IsADirectoryError:
+        raise
+    except OSError as e:             # a named pipe, a socket, a device: said as the file's
+        raise ValueError(f"is {e.strerror}") from None
     if size > mmap_over:
         os.lseek(fd, 0, os.SEEK_SET)
         with os.fdopen(os.dup(fd), "rb") as f:
@@ -606,8 +612,8 @@ def check_compiled_graph(data, walk: bool = True) -> dict:
 
 def _read_json(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open_regular(path) as f:
+            data = json.loads(f.read().decode("utf-8"))
         return data if isinstance(data, dict) else {}
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         return {}
@@ -615,7 +621,7 @@ def _read_json(path: str) -> dict:
 
 def npy_header(path: str):
     """(shape, fortran_order, dtype) of an .npy from its header alone."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         return _npy_header(f)
 
 
