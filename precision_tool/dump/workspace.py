@@ -428,7 +428,10 @@ def _npy_header(f):
         magic = f.read(8)
         if len(magic) == 8 and magic[:6] == b"\x93NUMPY" and magic[6] in (1, 2, 3):
             width = 2 if magic[6] == 1 else 4
-            m = _NPY_HEADER.match(f.read(int.from_bytes(f.read(width), "little")).decode("latin1"))
+            length = int.from_bytes(f.read(width), "little")
+            text = f.read(length)
+            # a header cut short (its newline, say) is numpy's parser's to refuse
+            m = _NPY_HEADER.match(text.decode("latin1")) if len(text) == length else None
             if m is not None:
                 shape = tuple(int(d) for d in m.group(3).replace(" ", "").split(",") if d)
                 return shape, m.group(2) == "True", np.dtype(m.group(1))
@@ -504,13 +507,14 @@ def _array_of(raw, head: Optional[bytes] = None) -> np.ndarray:
 
 
 def _header_of(head: bytes) -> bytes:
-    """The header of a whole .npy file whose first bytes are head (b"" if it has none)."""
+    """The header of the .npy file whose first bytes are head; where head holds no whole
+    header, all of head that a header may take (_layout then says what is wrong)."""
     if len(head) >= 10 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2, 3):
         width = 2 if head[6] == 1 else 4
         end = 8 + width + int.from_bytes(head[8:8 + width], "little")
         if end <= min(len(head), _HEADER_BYTES):
             return head[:end]
-    return head[:_HEADER_BYTES] if len(head) < 10 else head[:10]   # _layout says what is wrong
+    return head[:_HEADER_BYTES]
 
 
 @functools.lru_cache(maxsize=1024)
