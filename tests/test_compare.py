@@ -3,6 +3,7 @@ comparing every dumped tensor of a step."""
 import os
 
 import numpy as np
+import pytest
 import pandas as pd
 
 import precision_tool as pt
@@ -339,3 +340,53 @@ def test_compare_step_is_vector_compare_without_pandas(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert "tensors compared" in out.stdout and out.stdout.split()[-1] == "False", \
         out.stdout + out.stderr
+
+
+def test_a_compare_pauses_the_cyclic_collector_and_restores_it(tmp_path):
+    """compare_step makes some forty containers a tensor and no cycles: no collection runs
+    while it works (they walked every container again and again; one may run as the pause
+    ends), and the collector is left as it was found, running or not, after an error too."""
+    import contextlib
+    import gc
+    import sys
+    from precision_tool.analysis import compare_step
+    from precision_tool.collector import collector_paused
+    ws, npu_run, cpu_run, _ = _dump_both(str(tmp_path), pt.models.transformer(layers=1),
+                                         precision_mode="allow_mix_precision")
+    within = []
+
+    def callback(phase, info):                 # a collection that starts inside the compare
+        frame = sys._getframe(1)
+        while phase == "start" and frame is not None:
+            if frame.f_code.co_name in ("_compare_step", "compare_pairs", "_allocate"):
+                within.append(info["generation"])
+                break
+            frame = frame.f_back
+
+    def _allocate():
+        return [[k] for k in range(100_000)]         # allocations that start collections
+
+    def _inside(pause):
+        with pause():
+            return _allocate()
+
+    gc.callbacks.append(callback)
+    try:
+        _inside(contextlib.nullcontext)
+        assert within, "the collector should run on these allocations when not paused"
+        within.clear()
+        _inside(collector_paused)
+        compare_step(ws, npu_run, cpu_run, 0)
+        assert not within and gc.isenabled()
+    finally:
+        gc.callbacks.remove(callback)
+    gc.disable()
+    try:
+        with pytest.raises(Exception):
+            compare_step(ws, npu_run, cpu_run, 99)               # a step that was not dumped
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(Exception):
+        compare_step(ws, npu_run, cpu_run, 99)
+    assert gc.isenabled()

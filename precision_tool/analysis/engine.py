@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 
 from .. import kernels, numerics
+from ..collector import collector_paused
 from ..dump.workspace import Workspace, WorkspaceError, npy_header
 from .verdicts import UNREADABLE
 from ..kernels.compare import Totals, add_kl_sums, span_kl, span_totals
@@ -114,7 +115,8 @@ def run_task(task):
     kind, root, pair = task[:3]
     ws = Workspace(root)          # the reader's checks, wherever the task runs
     if kind == "batch":
-        return _batch(ws, pair)
+        with collector_paused():         # a worker's share of compare_step's containers
+            return _batch(ws, pair)
     try:
         if kind == "pair":
             return compare_tensors(_load(ws, pair.npu), _load(ws, pair.golden), pair.ranges())

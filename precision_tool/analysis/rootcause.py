@@ -33,13 +33,12 @@ entered with the state an earlier step left (see analysis.steps for following it
 """
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import List, Optional, Set
 
 import numpy as np
 
+from ..collector import collector_paused
 from .sums import CONTRACTIONS, SUMS
 from ..kernels.table import column, factorize, numbers, texts
 from .verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
@@ -201,20 +200,6 @@ class RootCause:
         return self.first_origin is None or self.carried[0].order < self.first_origin.order
 
 
-@contextmanager
-def _collector_paused():
-    """Root cause makes a few objects per op and no reference cycles; the cyclic garbage
-    collector, triggered by those allocations, would walk the table's columns (lists of
-    100,000 items) again and again for nothing: a fifth of the time on a large table."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _updates_inputs(op_type: str) -> bool:
     """Does the op type write its inputs (a variable update)? The op registry is loaded the
     first time a root cause asks, not for every summary."""
@@ -226,7 +211,9 @@ def root_cause(table, criteria=None, rows: "OpRows" = None) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
     threshold)."""
-    with _collector_paused():
+    # a few objects per op and no cycles: collections walked the table's columns (lists of
+    # 100,000 items) again and again, a fifth of the time on a large table
+    with collector_paused():
         return _root_cause(rows if rows is not None else OpRows(table, criteria))
 
 
