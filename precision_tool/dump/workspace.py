@@ -372,13 +372,13 @@ class Workspace:
         if _NOFOLLOW:
             self._check_inside(path, real)
             try:
-                return os.open(real, _READ | _NOFOLLOW)
+                return os.open(real, READ_FLAGS | _NOFOLLOW)
             except OSError as e:
                 if e.errno != errno.ELOOP:
                     raise
         real = os.path.realpath(real)
         self._check_inside(path, real)
-        return os.open(real, _READ)
+        return os.open(real, READ_FLAGS)
 
     def _check_inside(self, path: str, real: str) -> None:
         if not real.startswith(self._real_root + os.sep):
@@ -391,7 +391,7 @@ def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) ->
     the workspace passes one that refuses paths outside it; a path the user typed
     (pt, cp, dc) is opened as it is."""
     try:
-        fd = opener(path) if opener else os.open(path, _READ)
+        fd = opener(path) if opener else os.open(path, READ_FLAGS)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
             return read_npy(fd, mmap_over=MMAP_BYTES if mmap_over is None else mmap_over)
@@ -413,8 +413,6 @@ def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) ->
 
 _HEADER_BYTES = 1 << 16        # more than numpy's parser accepts in a header
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_READ = READ_FLAGS               # a named pipe where a tensor should be: no wait (fileio)
 _NPY_HEADER = re.compile(r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
                          r"'shape': \(((?:\d+, ?)*\d*)\), \}\s*$")
 
