@@ -196,7 +196,9 @@ def main():
                   "thread; training thread beyond an undumped step",
                   f"{tw * 1e3:.2f} / {sw * 1e3:.2f} ms; {tt * 1e3:.2f} / {st * 1e3:.2f} ms",
                   note="the C module's writer thread's user+system time (/proc), the training "
-                       "thread's thread_time; workspace on tmpfs")
+                       "thread's thread_time less an undumped step's (a difference of two "
+                       "measured times: near zero, noise can make it negative); workspace on "
+                       "tmpfs")
         for name, ratio, how in executors.step_ratios(digits, q):
             t.add(name, f"{ratio:.2f}", "≤ 1.5", ratio <= 1.5, how)
         peer = executors.torch_ratio(digits)
