@@ -85,9 +85,8 @@ def advise(r, info: dict) -> List[str]:
     """The advice lines for an AutoCheck `r` of a run whose run.json is `info`."""
     mode = mode_of(info)
     lines: List[str] = []
-    cov = r.coverage
-    if cov is not None and not Coverage(**cov).complete:
-        gap = Coverage(**cov)
+    gap = Coverage(**r.coverage) if r.coverage is not None else None
+    if gap is not None and not gap.complete:
         lines.append((f"{gap.not_compared} of {gap.tensors} tensors could not be compared "
                       f"({', '.join(gap.missing)})" if gap.tensors else
                       f"Nothing could be compared ({gap.text()})") +

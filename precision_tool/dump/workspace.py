@@ -470,16 +470,13 @@ def read_npy(fd: int, mmap_over: float = math.inf) -> np.ndarray:
         raise
     except OSError as e:             # a named pipe, a socket, a device: said as the file's
         raise ValueError(f"is {e.strerror}") from None
-    if size > mmap_over:
-        os.lseek(fd, 0, os.SEEK_SET)
+    if size > mmap_over:             # its header parsed and checked as a small file's
+        dtype, count, offset, shape, order = _layout(_header_of(os.pread(fd, _HEADER_BYTES, 0)),
+                                                     size)
+        if not count:
+            return np.zeros(shape, dtype)            # no data: an empty array
         with os.fdopen(os.dup(fd), "rb") as f:
-            shape, fortran, dtype = _npy_header(f)
-            dtype = stored_dtype(dtype)
-            offset = f.tell()
-            if _checked(shape, dtype, size - offset):
-                return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape,
-                                 order="F" if fortran else "C")
-        return np.zeros(shape, dtype)                # no data: an empty array
+            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
     if len(head) > size:
         raise ValueError("is corrupt: it changed while it was read")
     raw = np.empty(size, np.uint8)               # writable, and not zeroed only to be overwritten

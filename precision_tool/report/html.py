@@ -260,9 +260,9 @@ def _unseen(check: dict, interrupted: Dict[str, list]) -> List[str]:
     """What the report could not see, said at its top: tensors the compare could not read,
     steps a killed dump left partial."""
     out = []
-    cov = check.get("coverage")
-    if cov and not Coverage(**cov).complete:
-        out.append(f"<p class='unseen' id='incomplete'>Incomplete: {_e(Coverage(**cov).text())}; "
+    gap = Coverage(**check["coverage"]) if check.get("coverage") else None
+    if gap is not None and not gap.complete:
+        out.append(f"<p class='unseen' id='incomplete'>Incomplete: {_e(gap.text())}; "
                    f"what follows covers what was compared.</p>")
     for label, steps in interrupted.items():
         out.append(f"<p class='unseen'>{_e(label)}: step(s) {_e(', '.join(map(str, steps)))} were "
