@@ -3,6 +3,7 @@ scenario `ac -c` names the origin, the first overflow, the step and advice that 
 exits as it should; clean runs (fp32 against itself and against fp64, bf16, fp16 rounding
 only, several steps) exit 0."""
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -176,13 +177,41 @@ def test_nan_or_inf_in_the_golden_run_is_said_to_be_the_data(tmp_path):
     assert "golden run itself holds nan/inf" in " ".join(result.advice)
 
 
+def test_nan_or_inf_that_stops_short_of_the_origin_is_said_but_not_made_the_cause(tmp_path):
+    """A golden file holds an inf its golden readers never saw (the file of fc1's kernel,
+    written over after the run): the golden's own downstream is finite, so the divergence
+    at the overflowing Cast does not follow from it. The advice names the inf, and still
+    advises the overflow and the repair."""
+    import numpy as np
+    from precision_tool.analysis import auto_check
+    ws = _exp_into_matmul(tmp_path)
+    run = ws.run("cpu")
+    index = ws.index(run, 0)
+    (name,) = index.file[(index.op_name == "fc1/kernel") & (index.io == "output")]
+    path = os.path.join(ws.step_path(run, 0), name)
+    kernel = np.load(path)
+    kernel.flat[0] = np.inf
+    np.save(path, kernel)
+    result = auto_check(ws, compare=True)
+    g = result.golden_nonfinite
+    assert g is not None and g["golden_tensor"] == "fc1/kernel:0" and not g["at_origin"]
+    assert g["order"] <= result.origin["order"]        # before it, yet not in its way
+    advice = " ".join(result.advice)
+    assert "golden run itself holds nan/inf" in advice and "follows from it" not in advice
+    assert result.advice[0].startswith("The first overflow is Exp/Cast_fp16"), result.advice
+    assert "fix -s" in advice
+
+
 def test_nan_or_inf_the_golden_holds_before_the_divergence_leads_the_advice(tmp_path):
-    """The inf is in the data: the golden holds it where the divergence starts, so the advice
-    leads with the data and neither advises scaling the origin's range nor a repair."""
+    """The nan is in the data and the golden carries it to where the divergence starts, so
+    the advice leads with the data and neither advises scaling the origin's range nor a
+    repair. (An inf fed there stops at the tanh, ±1 in both runs: the overflow after it is
+    the NPU's own, and is advised as one.)"""
     import math
     from precision_tool.analysis import auto_check
-    result = auto_check(_exp_into_matmul(tmp_path, x_value=math.inf), compare=True)
+    result = auto_check(_exp_into_matmul(tmp_path, x_value=math.nan), compare=True)
     assert result.golden_nonfinite["order"] <= result.origin["order"]
+    assert result.golden_nonfinite["at_origin"]
     assert result.advice[0].startswith("The golden run itself holds nan/inf")
     assert f"starts at {result.origin['op_name']} follows from it" in result.advice[0]
     assert not any("fix -s" in a or "Normalise" in a for a in result.advice), result.advice

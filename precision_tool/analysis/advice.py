@@ -95,10 +95,12 @@ def advise(r, info: dict) -> List[str]:
     first = r.first_overflow
     o = r.origin
     g = getattr(r, "golden_nonfinite", None)
-    # the golden has no number there either, at or before where the divergence starts: the
-    # divergence is the NPU storing what the golden cannot (65504 for inf...), the cause the
-    # data or the model, and range advice for the origin would send the user the wrong way
-    data_first = g is not None and o is not None and g.get("order", -1) <= o["order"]
+    # the golden has no number where the divergence starts either (its nan/inf reached the
+    # origin's inputs or outputs): the divergence is the NPU storing what the golden cannot
+    # (65504 for inf...), the cause the data or the model, and range advice for the origin
+    # would send the user the wrong way. A nan/inf that stops short of the origin (a dumped
+    # file of a variable, say, whose golden readers came out finite) explains nothing there.
+    data_first = g is not None and o is not None and g.get("at_origin", False)
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")

@@ -155,9 +155,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     return result
 
 
-def _golden_nonfinite(table: pd.DataFrame) -> Optional[dict]:
-    """The first row (execution order) whose golden tensor holds nan or inf, and how many
-    rows do."""
+def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[dict]:
+    """The first row (execution order) whose golden tensor holds nan or inf, how many rows
+    do, and whether the origin's own rows (its inputs or outputs) are among them: only then
+    does the golden's nan/inf reach where the divergence starts."""
     bad = sum(pd.to_numeric(table.get(c, 0), errors="coerce").fillna(0)
               for c in ("GoldenNanCount", "GoldenInfCount"))
     rows = table[bad > 0].sort_values("Index")
@@ -165,7 +166,8 @@ def _golden_nonfinite(table: pd.DataFrame) -> Optional[dict]:
         return None
     first = rows.iloc[0]
     return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
-            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows), "order": int(first.Index)}
+            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows), "order": int(first.Index),
+            "at_origin": origin is not None and bool((rows.NPUDump == origin).any())}
 
 
 def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
@@ -210,7 +212,7 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
                             tables)     # the earlier steps the loop compared already
         result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
     result.underflow = c.underflow
-    result.golden_nonfinite = _golden_nonfinite(c.table)
+    result.golden_nonfinite = _golden_nonfinite(c.table, origin.op_name if origin else None)
     first = result.first_overflow
     if first is not None and origin is not None and first["op_name"] != origin.op_name and \
             first["op_name"] in {d.op_name for d in cause.propagators}:
