@@ -196,6 +196,29 @@ def test_ni_shows_the_op_its_files_and_exports_dot(demo):
     assert result.exit_code == 2 and "did you mean" not in result.stderr
 
 
+def test_ni_says_what_of_a_tensor_is_not_finite(tmp_path):
+    """ni's max, min and mean are over the finite elements: an output that overflowed to
+    inf says so beside them (186 +inf, not a max of 64736 alone), and a row that holds none
+    says nothing."""
+    root = tmp_path / "precision_data"
+    g = pt.Graph("big", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [6])
+        y = pt.ops.mul(x, pt.constant(1e4, name="k"), name="big")
+    sess = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="force_fp16", overflow_mode="inf_nan"), action="dump",
+        data_dir=str(root)))
+    sess.run([y], {x: np.array([1, -2, 3, 50, -70, 0.5], np.float32)})
+    sess.close()
+    code, info = as_json(root, "ni", "big")
+    out = next(d for d in info["dump"] if d["io"] == "output")
+    assert code == 0 and (out["pos_inf_count"], out["neg_inf_count"]) == (1, 1), info["dump"]
+    text = invoke(root, "ni", "big").stdout
+    row = next(line for line in text.splitlines() if line.startswith("output0"))
+    assert "1 +inf, 1 -inf" in row and "30000" in row
+    assert "inf" not in next(line for line in text.splitlines() if line.startswith("input0"))
+
+
 def test_pt_prints_the_statistics_of_the_file(demo):
     root, _ = demo
     result = invoke(root, "pt", "Softmx:output:0")          # mistyped: the closest op names

@@ -112,7 +112,8 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
         s = app.step(run, step)
         table = app.ws.index(run, s)
         mine = table[table.op_name == node.name]
-        cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count"]
+        cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count",
+                "pos_inf_count", "neg_inf_count"]
         info["dump"] = mine[[c for c in cols if c in mine]].to_dict("records")
         if app.ws.runs("cpu"):
             golden = app.run(None, "cpu")
@@ -141,11 +142,13 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
         app.console.print(panel(escape("\n".join(lines)), title=escape(info["name"]), title_align="left"))
         if info["dump"]:
             t = Table(box=None, pad_edge=False, title="dump", title_justify="left")
-            for col in ("tensor", "dtype", "max", "min", "mean", "file"):
+            # max, min and mean are over the finite elements: what is not finite is said beside
+            for col in ("tensor", "dtype", "max", "min", "mean", "nan/inf", "file"):
                 t.add_column(col, overflow="fold")
             for d in info["dump"]:
                 t.add_row(f"{d['io']}{d['index']}", str(d["dtype"]), fmt(d.get("max"), 6),
-                          fmt(d.get("min"), 6), fmt(d.get("mean"), 6), d.get("file") or "(stats only)")
+                          fmt(d.get("min"), 6), fmt(d.get("mean"), 6), _nonfinite(d),
+                          d.get("file") or "(stats only)")
             app.console.print(t)
         for g in info["golden"]:
             app.line(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
@@ -157,6 +160,16 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
             app.line(f"subgraph: {info['dot_file']}")
     app.emit(info, render)
     return EXIT_OK
+
+
+def _nonfinite(row: dict) -> str:
+    """"186 +inf, 3 nan" from an index row's counts; "" where it holds none, "?" where the
+    index does not say (a foreign dump without statistics)."""
+    counts = [(row.get(key), label) for key, label in
+              (("nan_count", "nan"), ("pos_inf_count", "+inf"), ("neg_inf_count", "-inf"))]
+    if any(n is None or n != n for n, _ in counts):
+        return "?"
+    return ", ".join(f"{int(n)} {label}" for n, label in counts if n)
 
 
 # -- pt ---------------------------------------------------------------------------------------
