@@ -71,9 +71,9 @@ def input_beyond_fp16_saturation(root):
     _train(root, pt.models.mlp(), pt.SessionConfig(precision_mode="force_fp16"), scale=1e5)
 
 
-def _tiny_loss_mlp():
-    """An MLP whose loss is scaled down by 2**-20 (a loss averaged over a huge batch, say):
-    its gradients sit below fp16's smallest subnormal."""
+def _tiny_loss_mlp(factor: float = 2.0 ** -20):
+    """An MLP whose loss is scaled down by `factor`, no loss scale (2**-20: a loss averaged
+    over a huge batch, say; its gradients sit below fp16's smallest subnormal)."""
     g = pt.Graph("tiny_loss", seed=0)
     with g.as_default():
         x = pt.placeholder("x", [None, 64])
@@ -81,7 +81,7 @@ def _tiny_loss_mlp():
         h = pt.ops.relu(pt.nn.dense(x, 32, name="fc1"))
         logits = pt.nn.dense(h, 10, name="logits")
         loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y)) \
-            * pt.constant(2.0 ** -20, name="loss_weight")
+            * pt.constant(factor, name="loss_weight")
         train_op = pt.train.SGD(0.1).minimize(loss)
     return _Bundle(g, x, y, loss, train_op)
 
@@ -158,10 +158,12 @@ def layer_norm_fp16_variance(root):
            scale=300.0)
 
 
-def epsilon_below_fp16(root):
+def epsilon_below_fp16(root, activation="tanh"):
     """A hand-written layer norm with BERT's epsilon of 1e-12 under force_fp16 (saturation),
     fed a batch whose first rows are padding (zeros): the epsilon flushes to zero in fp16, the
-    padding rows' variance is 0, and rsqrt saturates there. The loss stays plausible."""
+    padding rows' variance is 0, and rsqrt saturates there. The loss stays plausible; the
+    gradient through the tanh (whose slope at 0 is 1, where a relu's is 0 and would absorb it)
+    scales by rsqrt, 65504 against the golden's 1e6."""
     g = pt.Graph("eps_norm", seed=0)
     with g.as_default():
         x = pt.placeholder("x", [None, 64])
@@ -171,7 +173,7 @@ def epsilon_below_fp16(root):
             c = h - pt.ops.reduce_mean(h, axis=1, keep_dims=True)
             var = pt.ops.reduce_mean(pt.ops.square(c), axis=1, keep_dims=True)
             n = c * pt.ops.rsqrt(var + pt.constant(1e-12, name="eps"))
-        logits = pt.nn.dense(pt.ops.relu(n), 10, name="logits")
+        logits = pt.nn.dense(getattr(pt.ops, activation)(n), 10, name="logits")
         loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
         train_op = pt.train.SGD(0.1).minimize(loss)
     d = pt.data.digits()
@@ -183,6 +185,13 @@ def epsilon_below_fp16(root):
         sess.close()
 
 
+def epsilon_absorbed(root):
+    """The same layer norm read through a relu: the padding rows' n is 0 whatever rsqrt
+    gave, and relu's slope at 0 is 0, so the saturated rsqrt reaches no output, loss or
+    gradient: an overflow without effect, no finding."""
+    epsilon_below_fp16(root, activation="relu")
+
+
 def bf16_overflow_free(root):
     """bf16 has fp32's range: the same unnormalised Transformer does not overflow, and its
     rounding passes (a clean run)."""
@@ -190,7 +199,49 @@ def bf16_overflow_free(root):
            pt.SessionConfig(precision_mode="allow_mix_precision_bf16"), scale=16.0)
 
 
+def flushed_gradients(root):
+    """A loss weighted by 3e-5 under allow_mix_precision, no loss scale: the largest
+    gradient entries still match the golden (cosine 0.9999), 6-13% of the smaller ones
+    flush to zero in the fp16 backward, and the updates lose them."""
+    _train(root, _tiny_loss_mlp(3e-5),
+           pt.SessionConfig(precision_mode="allow_mix_precision"))
+
+
+def lost_bf16_updates(root):
+    """An MLP whose weights are bf16 variables (as a model cast with .bfloat16() has),
+    trained by SGD at 0.003: a step under half an ulp of the weight (2^-9 at 0.25) rounds
+    away, 94% of the elements never move, and the loss drifts above the golden's while
+    every value compared still matches."""
+    g = pt.Graph("bf16_weights", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], "bfloat16")
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.nn.dense(x, 32, activation=pt.ops.relu, name="fc1")
+        logits = pt.ops.cast(pt.nn.dense(h, 10, name="logits"), "float32")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.003).minimize(loss)
+    _train(root, _Bundle(g, x, y, loss, train_op),
+           pt.SessionConfig(precision_mode="allow_mix_precision_bf16"), steps=5)
+
+
 # -- clean runs -------------------------------------------------------------------------------
+def _healthy(model_name: str, standardise: bool, steps: int = 30):
+    """A shipped model trained `steps` steps under allow_mix_precision, every step dumped,
+    on the digits as shipped (0..1) or standardised per feature."""
+    def build(root):
+        model = getattr(pt.models, model_name)()
+        d = pt.data.digits()
+        mean, std = d.x_train.mean(0), d.x_train.std(0) + 1e-6
+        npu, cpu = _sessions(root, model.graph, pt.SessionConfig(
+            precision_mode="allow_mix_precision"), steps)
+        for sess in (npu, cpu):
+            for _, (xb, yb) in zip(range(steps), d.batches(32, seed=0, epoch=0)):
+                sess.run([model.loss, model.train_op],
+                         {model.x: (xb - mean) / std if standardise else xb, model.y: yb})
+            sess.close()
+    return build
+
+
 def clean_fp32(root):
     _train(root, pt.models.cnn(), pt.SessionConfig(precision_mode="force_fp32",
                                                    fusion_switch="off"), steps=3)
@@ -205,16 +256,23 @@ def clean_mixed(root):
     _train(root, pt.models.mlp(), pt.SessionConfig(), steps=3)
 
 
-def golden_against_fp64(root):
+def golden_against_fp64(root, model=pt.models.mlp, steps=3):
     """An fp32 golden checked against an fp64 golden: rounding noise only, several steps."""
-    m = pt.models.mlp()
+    m = model()
     d = pt.data.digits()
     for dtype in ("float32", "float64"):
         sess = hooks.sess_dump(pt.Session(m.graph, config=pt.SessionConfig(golden_dtype=dtype)),
-                               action="dump", dump_step="0-2", data_dir=root)
-        for _, (xb, yb) in zip(range(3), d.batches(32, seed=0, epoch=0)):
+                               action="dump", dump_step=f"0-{steps - 1}", data_dir=root)
+        for _, (xb, yb) in zip(range(steps), d.batches(32, seed=0, epoch=0)):
             sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
         sess.close()
+
+
+def golden_against_fp64_transformer(root):
+    """The Transformer's fp32 golden against an fp64 golden over 10 steps: the attention
+    key bias (gradient zero in exact arithmetic) drifts apart under Adam and changes
+    nothing."""
+    golden_against_fp64(root, pt.models.transformer, steps=10)
 
 
 def npu_fp32_against_fp64(root):
@@ -264,8 +322,33 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
              advice=["carries the divergence that starts upstream at norm/eps/Cast_fp16",
                      "Give the constant norm/eps a value fp16 holds"],
              not_advice=["is harmless", '["FusedEltwise"]']),
+    Scenario("epsilon_absorbed", "the same norm read through a relu: the saturated rsqrt "
+             "reaches nothing (overflow and divergence without effect)", epsilon_absorbed, 0,
+             origin="", first_overflow="norm/Rsqrt", step=0, advice=["without effect"],
+             not_advice=["precision-tool fix", "modify_mixlist"]),
     Scenario("bf16_clean", "Transformer, unnormalised, allow_mix_precision_bf16: no overflow",
              bf16_overflow_free, 0, origin="", first_overflow=""),
+    Scenario("flushed_gradients", "MLP, loss x 3e-5, allow_mix_precision, no loss scale: "
+             "small gradient entries flush while the large ones match", flushed_gradients, 1,
+             first_overflow="", step=0, advice=["Gradients underflow", "Scale the loss"],
+             not_advice=["precision looks sound", "cancellation"]),
+    Scenario("lost_bf16_updates", "MLP with bf16 weights, SGD 0.003: updates under half an "
+             "ulp round away", lost_bf16_updates, 1, origin="", first_overflow="", step=0,
+             advice=["Updates are lost", "fp32 master weights"],
+             not_advice=["precision looks sound", "increase the learning rate"]),
+    Scenario("healthy_mlp_30", "MLP, standardised, allow_mix_precision, 30 steps all dumped",
+             _healthy("mlp", True), 0, origin="", first_overflow=""),
+    Scenario("healthy_cnn_30", "CNN, standardised, allow_mix_precision, 30 steps all dumped",
+             _healthy("cnn", True), 0, origin="", first_overflow=""),
+    Scenario("healthy_transformer_30", "Transformer, digits as shipped, allow_mix_precision, "
+             "30 steps all dumped: the key bias drifts without effect", _healthy("transformer", False),
+             0, origin="", first_overflow="", not_advice=["came in with the state"]),
+    Scenario("healthy_transformer_std_30", "Transformer, standardised, allow_mix_precision, 30 "
+             "steps: a saturated softmax overflow that changes nothing", _healthy("transformer", True),
+             0, origin="", advice=["without effect"], not_advice=["precision-tool fix"]),
+    Scenario("golden_fp32_vs_fp64_transformer", "Transformer, fp32 golden against fp64, 10 steps",
+             golden_against_fp64_transformer, 0, origin="", first_overflow="",
+             not_advice=['"Variable"'], args=["-lt", "cpu/debug_0", "-rt", "cpu/debug_1"]),
     Scenario("clean_fp32", "CNN, force_fp32, fusion off, 3 steps", clean_fp32, 0, origin="",
              first_overflow="", advice=["precision looks sound"]),
     Scenario("clean_fp32_fused", "Transformer, force_fp32, fusion on, 2 steps", clean_fp32_fused,

@@ -229,7 +229,12 @@ def test_bad_graph_json_is_refused_with_a_reason(tmp_path, capsys, pristine, kin
 
 
 # -- 5. numbers: nan, inf, empty, scalars, mismatches -----------------------------------------
-FLOATS = st.sampled_from([0.0, -0.0, 1.0, -1e-30, 1e30, 65504.0, np.nan, np.inf, -np.inf, 3.5])
+F32_MAX = float(np.finfo(np.float32).max)
+# the huge values a saturating device writes: float32's and float16's maxima and their
+# neighbours (KL's normalisation crashed on a side of float32 maxima), not only 1e30
+HUGE = [F32_MAX, -F32_MAX, float(np.nextafter(np.float32(F32_MAX), np.float32(0))), 65504.0,
+        -65504.0, 65488.0, 65520.0]
+FLOATS = st.sampled_from([0.0, -0.0, 1.0, -1e-30, 1e30, np.nan, np.inf, -np.inf, 3.5] + HUGE)
 
 
 @FUZZ
@@ -245,8 +250,31 @@ def test_metrics_are_defined_for_every_pair(x, y, dtype, scalar):
     assert verdict(row) in ("pass", "fail", "nonfinite", "error")
     cos = row["CosineSimilarity"]
     assert cos != cos or -1.0 <= cos <= 1.0
+    kl = row["KullbackLeiblerDivergence"]
+    assert kl != kl or kl >= 0.0
     if a.shape != b.shape:
         assert row["CompareFailReason"].startswith("shape mismatch")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_side_saturated_at_its_maximum_compares_with_a_kl(dtype, sign):
+    """A tensor saturated at its dtype's maximum against an ordinary one: KL's sums then
+    differ by 40 orders of magnitude, and math.log1p of a u rounded to -1 raised; the KL is
+    the textbook sum P log(P / Q) of the min-max normalised sides (float64 reference)."""
+    top = float(np.finfo(dtype).max)
+    rng = np.random.default_rng(3)
+    a = np.full(1000, sign * top, dtype)
+    b = rng.standard_normal(1000).astype(np.float32)
+    row = compare_tensors(a, b)
+    x = a.astype(np.float64)
+    y = b.astype(np.float64)
+    px = np.maximum(x, np.finfo(np.float32).eps)          # lo == hi: the values themselves
+    qy = np.maximum((y - y.min()) / (y.max() - y.min()), np.finfo(np.float32).eps)
+    P, Q = px / px.sum(), qy / qy.sum()
+    expected = float(np.sum(P * np.log(P / Q)))
+    # (the tool normalises a float32 side in float32: agreement to about 1e-7)
+    assert row["KullbackLeiblerDivergence"] == pytest.approx(expected, rel=1e-6)
 
 
 # -- 6. half a workspace ----------------------------------------------------------------------

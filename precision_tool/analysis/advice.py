@@ -104,13 +104,21 @@ def advise(r, info: dict) -> List[str]:
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
-    if first is not None:
+    quiet_overflow = first is not None and getattr(r, "overflow_without_effect", False)
+    if quiet_overflow:
+        lines.append(f"{len(r.overflows)} kernel(s) overflowed, the first {first['op_name']} "
+                     f"({first['op_type']}, {', '.join(first['status_bits'])}), without effect: "
+                     f"their outputs and everything after them match the golden, so precision "
+                     f"looks sound (no finding); if a later step diverges, look there first.")
+    elif first is not None:
         lines.extend(_overflow_advice(r, first, o, mode))
     if r.underflow is not None:
         where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
         lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode))
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
+    if getattr(r, "lost_updates", None):
+        lines.append(_lost_update_advice(r.lost_updates))
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
     if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
@@ -125,7 +133,7 @@ def advise(r, info: dict) -> List[str]:
         lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "
                      f"first {h['condition']} at step {h['step']}: {h['message']}): "
                      f"precision-tool wp lists them.")
-    if lines and r.repairable and not data_first and \
+    if lines and r.repairable and not data_first and r.has_findings and \
             (first is not None or o is not None or r.underflow is not None):
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} (it replays the step under such changes and writes the "
@@ -140,6 +148,11 @@ def advise(r, info: dict) -> List[str]:
     if r.golden_run is None:
         return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
                 "every op."]
+    if getattr(r, "no_effect", None):
+        first = r.no_effect["first"][0]
+        return [f"Nothing overflowed, and what diverges ({r.no_effect['ops']} op(s), the first "
+                f"{first['op_name']}) has no effect: the ops that read it match the golden, and "
+                f"no output, loss or update moves. Precision looks sound."]
     if r.cancellations:
         return [f"Nothing overflowed, and the only ops that diverge compute a result that is "
                 f"zero up to rounding noise in both runs (cancellation, e.g. "
@@ -202,6 +215,17 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] =
                 f"manager starting there (DynamicLossScaleManager(init_loss_scale={new:g})).")
     return (text + " A larger loss scale has no room (the largest gradients are near 65504 "
             "already): keep the gradient ops that flush in fp32.")
+
+
+def _lost_update_advice(u: dict) -> str:
+    first = u["lost"][0]
+    more = f" ({len(u['lost'])} variables in all)" if len(u["lost"]) > 1 else ""
+    return (f"Updates are lost: {first['variable']} ({first['dtype']}) did not move in "
+            f"{first['share'] * 100:.4g}% of the elements the golden's update moved "
+            f"({first['energy'] * 100:.3g}% of its change){more}: a step under half an ulp of "
+            f"the weight rounds away in its dtype, so the model stops learning while every "
+            f"value still matches. Keep fp32 master weights: declare the variables float32 and "
+            f"let the compute cast them down (a larger learning rate would only hide it).")
 
 
 def _carried_advice(c: dict) -> str:

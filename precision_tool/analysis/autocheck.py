@@ -36,8 +36,9 @@ from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause
 from .steps import check_steps, trace_state
+from .updates import UpdateCheck, check_updates
 from .summary import count_findings, summarize
-from .verdicts import Criteria
+from .verdicts import ERROR, Criteria
 
 GRADIENT_PREFIX = "gradients/"
 FP16_MIN_NORMAL = 2.0 ** -14      # below it fp16 holds subnormals, then zero
@@ -52,6 +53,9 @@ class AutoCheck:
     fusion: Optional[Dict[str, int]] = None        # pass -> fused nodes (None: no record)
     overflows: List[dict] = field(default_factory=list)    # in execution order
     first_overflow: Optional[dict] = None
+    # the compare shows the overflows had no effect: every overflowing kernel's outputs were
+    # compared, and nothing in the step diverges with an effect (see _without_effect)
+    overflow_without_effect: bool = False
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
     criteria: Optional[dict] = None
@@ -62,6 +66,11 @@ class AutoCheck:
     origin_replay: Optional[str] = None            # local / inherited / exact
     cancellations: List[str] = field(default_factory=list)   # ops whose divergence is noise
     carried: Optional[dict] = None                 # state that came in diverging (StateTrace)
+    # divergence that reaches no output, loss or update: how many ops, the first few with
+    # the readers that absorbed it (never a finding)
+    no_effect: Optional[dict] = None
+    # updates that left elements unchanged where the golden's moved them (UpdateCheck)
+    lost_updates: Optional[dict] = None
     underflow: Optional[dict] = None
     # the first tensor whose golden value holds nan/inf (the data or the model: not the NPU)
     golden_nonfinite: Optional[dict] = None
@@ -81,7 +90,8 @@ class AutoCheck:
     def has_findings(self) -> bool:
         """An overflow, an op that diverges and is not cancellation noise, underflow, state
         that came in diverging, or a training watchpoint hit."""
-        return bool(self.overflows) or self.diverging_count > 0 or \
+        return bool(self.overflows) and not self.overflow_without_effect or \
+            self.diverging_count > 0 or self.lost_updates is not None or \
             self.underflow is not None or self.carried is not None or bool(self.watchpoints)
 
     @property
@@ -124,16 +134,17 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         findings = bool(report.tasks)
         if compare:
             c = compared[s] = _Compared.of(
-                vector_compare(ws, npu_run, golden_run, s, threshold=criteria), criteria)
+                vector_compare(ws, npu_run, golden_run, s, threshold=criteria), criteria,
+                lambda skip, s=s: check_updates(ws, npu_run, golden_run, s, criteria, skip))
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
-                        diverging_ops=c.findings, coverage=c.coverage.text())
-            findings = findings or c.findings > 0 or bool(c.cause.carried) or \
-                c.underflow is not None
+                        diverging_ops=c.findings, coverage=c.coverage.text(),
+                        lost_updates=len(c.updates.lost))
+            findings = c.has_findings or findings and not _without_effect(report.tasks, c)
         result.steps.append(look)
         if findings:
             break
-    else:
-        s = steps[0]
+    else:                       # none has: the first whose overflows had no effect, if any
+        s = next((x for x in steps if reports[x].tasks), steps[0])
     report = reports[s]
     result.step = s
     result.repairable = golden_run is not None and s in npu_run.bundles
@@ -148,7 +159,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     if compare:
         tables = {k: c.table for k, c in compared.items()}
         _compare_step(ws, npu_run, golden_run, s, compared[s], tables, criteria, limit, rank,
-                      result)
+                      result, report.tasks)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
     result.advice = advise(result, npu_run.info)
@@ -182,22 +193,44 @@ class _Compared(NamedTuple):
     coverage: Coverage
     findings: int                  # diverging ops, noise aside
     underflow: Optional[dict]
+    updates: UpdateCheck           # what each update changed against the golden's change
+
+    @property
+    def has_findings(self) -> bool:
+        return self.findings > 0 or bool(self.cause.carried) or self.underflow is not None \
+            or bool(self.updates.lost)
 
     @classmethod
-    def of(cls, table: pd.DataFrame, criteria) -> "_Compared":
+    def of(cls, table: pd.DataFrame, criteria, updates) -> "_Compared":
+        """updates(skip): the step's UpdateCheck, leaving out the ops in skip (noise)."""
         cause = root_cause(table, criteria)
         return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
-                   _underflow(table, cause))
+                   _underflow(table, cause), updates(cause.benign_ops))
+
+
+def _without_effect(tasks, c: _Compared) -> bool:
+    """Whether a step's overflows had no effect: the compare saw everything, every
+    overflowing kernel's outputs among it, and nothing of the step diverges with an effect
+    (a saturated exp whose softmax still matches the golden). Without a compare, or with
+    anything unseen, an overflow stays a finding."""
+    if not tasks or c.has_findings or not c.coverage.complete:
+        return False
+    t = c.cause.rows
+    compared = {t.op_name[i] for i, out in enumerate(t.is_out) if out and t.verdict[i] != ERROR}
+    return all(task.op_name in compared for task in tasks)
 
 
 def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria, limit, rank,
-                  result):
+                  result, tasks):
     table, cause = c.table, c.cause
+    result.overflow_without_effect = _without_effect(tasks, c)
     result.coverage = c.coverage.to_dict()
     result.diverging = [dataclasses.asdict(s)
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
     result.diverging_count = c.findings
     result.cancellations = sorted(cause.noise_ops)
+    result.no_effect = _no_effect(cause)
+    result.lost_updates = c.updates.to_dict() if c.updates.lost else None
     tmap = TensorMap(ws.compiled_graph(npu_run))
     origin = cause.first_origin
     if origin is not None:
@@ -223,6 +256,15 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
         first["op_name"] == cause.first_origin.op_name
     if (rank or rank is None and not proven) and len(cause.origins) > 1:
         result.impact = _impact(ws, npu_run, golden_run, step, cause)
+
+
+def _no_effect(cause: RootCause, shown: int = 3) -> Optional[dict]:
+    """The divergence without effect, as the panel and the advice say it (None if none)."""
+    if not cause.no_effect:
+        return None
+    return {"ops": len(cause.no_effect),
+            "first": [{"op_name": d.op_name, "op_type": d.op_type, "reasons": list(d.reasons),
+                       "absorbed_by": d.absorbed_by[:shown]} for d in cause.no_effect[:shown]]}
 
 
 def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[float]) -> dict:
@@ -263,7 +305,7 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     order, and for gradients their largest golden magnitude (what a loss scale must keep
     under 65504)."""
     t = cause.rows
-    noise = cause.noise_ops
+    noise = cause.benign_ops
     share = pd.to_numeric(table.FlushedToZeroRatio, errors="coerce").to_numpy()
     peaks = pd.to_numeric(table.GoldenAbsMax, errors="coerce").to_numpy()
     with np.errstate(invalid="ignore"):

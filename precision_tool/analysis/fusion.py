@@ -72,7 +72,7 @@ def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> F
     table = vector_compare(ws, run, golden, step, threshold=criteria)
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
     # by chance: it is no failure of either
-    noise = root_cause(table, criteria).noise_ops
+    noise = root_cause(table, criteria).benign_ops
     bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
     failures = Failures(set(table[bad].GoldenTensor))
     if step in run.complete_steps:

@@ -29,7 +29,20 @@ origin, as does a flushed tensor nothing reads (a fetched output, an update's re
 
 Carried. An op whose only diverging inputs are variables read at the start of the step (the
 weights, optimizer moments, the loss scale) did not start the divergence in this step: it
-entered with the state an earlier step left (see analysis.steps for following it back).
+entered with the state an earlier step left (see analysis.steps for following it back). A
+variable's own row (a golden run dumps its Variable ops) that diverges is carried state too.
+
+Without effect. A finding needs an effect: a divergence that changes no output, no loss and
+no update is not one. An origin, a carried op or a propagator has an effect when one of its
+diverging outputs is read by nothing in the step (a fetched output, the loss, the value an
+update writes) or is read by an op that diverges on that input and has an effect itself. A
+divergence that every reader absorbs (a key bias whose shift the softmax removes: the
+attention scores match) stops there, and its ops are listed as "without effect" with the
+readers that absorbed it: never an origin. A table with no input rows (a foreign dump whose
+file names say nothing of inputs) has every tensor a sink: every divergence keeps its effect.
+Where an origin with an effect comes later in the step, what diverged before it stays a lead:
+its readers' small differences may be what that origin amplified (a weight gradient sums
+over the batch what each reader absorbed), which the compare alone cannot tell apart.
 """
 from __future__ import annotations
 
@@ -71,6 +84,7 @@ class OpRows:
         self.golden_op = col("GroundTruth", "")
         # input rows holding a variable's value at the start of the step
         self.state = (texts(table, "GoldenOpType") == "Variable") & ~np.array(self.is_out, dtype=bool)
+        self.op_name = col("NPUDump", "")
         # rows that fail on one piece of evidence alone (root cause's and underflow's tests);
         # these stay numpy arrays: read for a few rows each, and no list of 100,000 items
         # more for the garbage collector to walk
@@ -94,6 +108,7 @@ class OpRows:
         self.red = numbers(table, "RelativeEuclideanDistance").tolist()
         self.ops = _diverging_ops(column(table, "NPUDump", ""), column(table, "Index", 0),
                                   bad & np.array(self.is_out, dtype=bool))
+        self.order_of = {name: order for name, _, order in self.ops}
 
     def kind_of(self, i: int) -> str:
         """The row's SumKind, or (a table without the column) what its op type says."""
@@ -161,6 +176,8 @@ class Divergence:
     # inputs that were not compared (a file missing or unreadable): an origin with such an
     # input is one as far as the compare saw; the divergence may have come in through it
     unseen_inputs: List[str] = field(default_factory=list)
+    # without effect: the ops that read its diverging outputs and match the golden
+    absorbed_by: List[str] = field(default_factory=list)
 
     @property
     def is_origin(self) -> bool:
@@ -174,6 +191,8 @@ class RootCause:
     cancellations: List[Divergence] = field(default_factory=list)   # and what only carries them
     # ops whose only diverging inputs are variables: the divergence came in with the state
     carried: List[Divergence] = field(default_factory=list)
+    # ops whose divergence reaches no output, loss or update (see the module doc)
+    no_effect: List[Divergence] = field(default_factory=list)
     rows: "OpRows" = field(default=None, repr=False, compare=False)   # what it was computed from
     # per op of rows.ops, made when the summary first asks (summary._categories)
     categories: Optional[List[str]] = field(default=None, repr=False, compare=False)
@@ -185,6 +204,15 @@ class RootCause:
     @property
     def noise_ops(self) -> Set[str]:
         return {d.op_name for d in self.cancellations}
+
+    @property
+    def no_effect_ops(self) -> Set[str]:
+        return {d.op_name for d in self.no_effect}
+
+    @property
+    def benign_ops(self) -> Set[str]:
+        """The ops that diverge and are no finding: noise, and divergence without effect."""
+        return self.noise_ops | self.no_effect_ops
 
     @property
     def diverging_state(self) -> List[str]:
@@ -229,6 +257,16 @@ def _amplifies(t: "OpRows", pos: list) -> bool:
     return red_out > AMPLIFIES * red_in
 
 
+def _reads_as_step(t: "OpRows", i: int) -> bool:
+    """Whether input row i is what an update op applies (a gradient, a learning rate), not
+    the variable or slot it overwrites."""
+    from ..ops import registry
+    updates = registry.updated_inputs(t.op_type[i])
+    if not updates:
+        return False
+    return int(t.tensor[i].rpartition(":input:")[2]) not in updates
+
+
 def _harmless_flushes(t: "OpRows") -> Set[str]:
     """The ops of flushes that start nothing (see Absorbed in the module doc): flush-only
     origins and the flush-only ops downstream of them only, unless some op whose only
@@ -262,6 +300,11 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
     if not members:
         return set()
     read = {t.golden_tensor[i] for i, out in enumerate(t.is_out) if not out}
+    # a gradient an update reads: its change, not the weight it lands on, is what the flush
+    # loses (a weight of 0.25 hides a step of 1e-7 whether or not it was taken)
+    for i, out in enumerate(t.is_out):
+        if not out and t.golden_tensor[i] in flushed_from and _reads_as_step(t, i):
+            harmful |= flushed_from[t.golden_tensor[i]]
     for tensor, sources in flushed_from.items():
         if tensor not in read:
             harmful |= sources
@@ -271,7 +314,6 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
 def _root_cause(t: "OpRows") -> RootCause:
     found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
     noise: Set[str] = set()          # golden tensors that hold cancellation noise
-    leading = []                     # (origin or carried, its diverging outputs' rows)
     harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
@@ -300,14 +342,85 @@ def _root_cause(t: "OpRows") -> RootCause:
                 noise.update(t.golden_tensor[i] for i in bad_out)
         elif bad_in and all(t.state[i] for i in bad_in):
             kind = "carried"
+        elif not bad_in and d.op_type in STATE_OPS:       # a dumped variable's own value
+            kind = "carried"
+            d.state_inputs = tuple(str(t.golden_tensor[i]) for i in bad_out)
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)
-        # what the report and the advice quote: the first origin, and carried state
-        if kind == "carried" or kind == "origin" and len(found["origin"]) == 1:
-            leading.append((d, bad_out))
-    t.reasons([i for _, rows in leading for i in rows])          # in one pass
-    for d, rows in leading:
-        d.reasons = t.reasons(rows)
+    quiet = _without_effect(t, found) if t.has_golden else set()
+    # an origin with an effect later in the step may be what this one's small differences
+    # became (a contraction over the batch amplifies what each reader absorbed): the static
+    # evidence does not decide there, and the earlier divergence stays a lead
+    later = [d.order for d in found["origin"] if d.op_name not in quiet]
+    if later:
+        quiet = {name for name in quiet if t.order_of[name] > min(later)}
+    no_effect = []
+    for kind in ("origin", "carried", "propagator"):
+        no_effect += [d for d in found[kind] if d.op_name in quiet]
+        found[kind] = [d for d in found[kind] if d.op_name not in quiet]
+    no_effect.sort(key=lambda d: d.order)
+    # what the report and the advice quote: the first origin, carried state, and the first
+    # divergence without effect (its evidence)
+    leading = [d for d in found["origin"][:1] + found["carried"] + no_effect[:1]]
+    by_op = {name: pos for name, pos, _ in t.ops}
+    rows = {d.op_name: [i for i in by_op[d.op_name] if t.bad[i] and t.is_out[i]] for d in leading}
+    t.reasons([i for r in rows.values() for i in r])          # in one pass
+    for d in leading:
+        d.reasons = t.reasons(rows[d.op_name])
     return RootCause(found["origin"], found["propagator"], found["cancellation"],
-                     found["carried"], rows=t)
+                     found["carried"], no_effect, rows=t)
+
+
+STATE_OPS = frozenset({"Variable"})
+
+
+def _without_effect(t: "OpRows", found: dict) -> Set[str]:
+    """The ops among origins, carried ops and propagators whose divergence reaches no sink
+    (see Without effect in the module doc); each such op's absorbed_by names the readers
+    that matched. Ops are walked in reverse execution order, so a reader is decided before
+    what it reads. A reader that could not be compared (no output row, a file missing)
+    counts as an effect: a finding is never lost to what the compare did not see."""
+    readers: dict = {}                  # golden tensor -> [(reader op, its input row)]
+    matched: dict = {}                  # op -> every output row compared and passing
+    for i, out in enumerate(t.is_out):
+        if out:
+            matched[t.op_name[i]] = matched.get(t.op_name[i], True) and t.verdict[i] == PASS
+        else:
+            readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i))
+    if not readers:
+        return set()
+    # nan/inf the golden lacks is always a finding, wherever it stops
+    nonfinite = {name for name, pos, _ in t.ops
+                 if any(t.is_out[i] and t.verdict[i] == NONFINITE for i in pos)}
+    divs = {d.op_name: d for kind in ("origin", "carried", "propagator") for d in found[kind]}
+    noise = {d.op_name for d in found["cancellation"]}
+    rows = {name: pos for name, pos, _ in t.ops}
+    effect: dict = {}
+    for name in sorted(divs, key=lambda n: -divs[n].order):
+        absorbed, reaches = set(), False
+        for i in rows[name]:
+            if reaches or not (t.is_out[i] and t.bad[i]):
+                continue
+            tensor = t.golden_tensor[i]
+            seen = [r for r in readers.get(tensor, ()) if r[0] != name] \
+                if isinstance(tensor, str) and tensor else ()
+            if not seen or name in nonfinite:
+                reaches = True          # read by nothing: an output, the loss, an update
+            for reader, j in seen:
+                if t.bad[j] and t.flushed_only[j] and _reads_as_step(t, j):
+                    reaches = True                # an update takes a step with holes in it
+                elif reader in divs and t.bad[j]:
+                    reaches = effect.get(reader, True)
+                elif reader in noise:
+                    pass                          # it made noise of it: cancellation's own
+                elif reader in divs or matched.get(reader, False):
+                    absorbed.add(reader)          # what it read, or what it made, matches
+                else:
+                    reaches = True                # its outputs were not compared
+                if reaches:
+                    break
+        effect[name] = reaches
+        if not reaches:
+            divs[name].absorbed_by = sorted(absorbed)
+    return {name for name, reaches in effect.items() if not reaches}

@@ -12,6 +12,9 @@ import numpy as np
 from .rootcause import OpRows, RootCause, root_cause
 from .verdicts import NONFINITE
 
+NO_EFFECT = "no effect"
+BENIGN = ("cancellation", NO_EFFECT)        # the categories that are no finding
+
 
 @dataclass
 class OpSummary:
@@ -35,13 +38,15 @@ class OpSummary:
     input_notes: List[str] = field(default_factory=list)    # why an input was not compared
     # "diverging"; "nonfinite": an output holds nan/inf the golden lacks;
     # "cancellation": the golden output is cancellation noise, or only carries it;
-    # "carried": only variables read at the start of the step diverge among its inputs
+    # "carried": only variables read at the start of the step diverge among its inputs;
+    # "no effect": its divergence reaches no output, loss or update (root cause)
     category: str = "diverging"
-    role: str = ""          # from root cause: origin, propagator, cancellation or carried
+    # from root cause: origin, propagator, cancellation, carried or no effect
+    role: str = ""
 
     @property
     def is_finding(self) -> bool:
-        return self.category != "cancellation"
+        return self.category not in BENIGN
 
     @property
     def worst_output(self) -> float:
@@ -63,11 +68,12 @@ def summarize(table, threshold=None, limit: int = 3,
     if by_cosine:
         ops.sort(key=lambda oc: _worst_output(t, oc[0][1]))
     if noise_last:
-        ops.sort(key=lambda oc: oc[1] == "cancellation")
+        ops.sort(key=lambda oc: oc[1] in BENIGN)
     roles = {d.op_name: "origin" for d in cause.origins}
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
+    roles.update({d.op_name: NO_EFFECT for d in cause.no_effect})
     shown = ops if limit <= 0 else ops[:limit]
     t.reasons([i for (_, pos, _), _ in shown for i in _outputs(t, pos)])   # in one pass
     return [_summary(t, op, category, roles) for op, category in shown]
@@ -77,7 +83,7 @@ def count_findings(table, threshold=None,
                    cause: Optional[RootCause] = None) -> int:
     """How many ops summarize would list as findings (all but cancellation noise)."""
     t, cause = _rows_and_cause(table, threshold, cause)
-    return sum(c != "cancellation" for c in _categories(t, cause))
+    return sum(c not in BENIGN for c in _categories(t, cause))
 
 
 def _rows_and_cause(table, threshold, cause):
@@ -92,13 +98,15 @@ def _outputs(t: OpRows, pos: list) -> list:
 
 def _categories(t: OpRows, cause: RootCause) -> List[str]:
     """Per op of t.ops: "nonfinite" when an output holds nan/inf the golden lacks (whatever
-    else), "cancellation" when it is noise, else "diverging". Made once per root cause (the
-    summary and the count of findings both ask, over thousands of ops)."""
+    else), "cancellation" when it is noise, "no effect" when its divergence reaches nothing,
+    else "diverging". Made once per root cause (the summary and the count of findings both
+    ask, over thousands of ops)."""
     if cause.categories is None or cause.rows is not t:
-        noise, verdict, is_out = cause.noise_ops, t.verdict, t.is_out
+        noise, quiet, verdict, is_out = cause.noise_ops, cause.no_effect_ops, t.verdict, t.is_out
         cause.categories = [
             NONFINITE if any(verdict[i] == NONFINITE for i in pos if is_out[i]) else
-            "cancellation" if name in noise else "diverging" for name, pos, _ in t.ops]
+            "cancellation" if name in noise else NO_EFFECT if name in quiet else "diverging"
+            for name, pos, _ in t.ops]
     return cause.categories
 
 

@@ -128,7 +128,8 @@ def _render_ac(app: App, r, limit):
     if len(r.steps) > 1 or (r.steps and r.steps[0]["step"] != r.step):
         lines = [f"step {x['step']}: " + ", ".join(
             [f"{x['overflowing_tasks']} overflowing task(s)"] +
-            ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]]
+            ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]] +
+             ([f"{x['lost_updates']} lost update(s)"] if x.get("lost_updates") else [])
              if "compared" in x else [])) for x in r.steps]
         out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.overflows:
@@ -144,7 +145,8 @@ def _render_ac(app: App, r, limit):
                 lines.append(f"  {x['io']} {x['index']}: {x['dtype']} \\[{x['shape']}] max {fmt(x['max'], 6)} "
                              f"min {fmt(x['min'], 6)} mean {fmt(x['mean'], 6)}{bad}")
         more = len(r.overflows) - len(shown)
-        title = f"Overflow  {len(r.overflows)} overflowing task(s)" + (f", {more} more not shown" if more > 0 else "")
+        title = f"Overflow  {len(r.overflows)} overflowing task(s)" + (f", {more} more not shown" if more > 0 else "") \
+            + ("  [without effect: the outputs match the golden]" if r.overflow_without_effect else "")
         out.print(panel("\n".join(lines), title=title, title_align="left"))
     else:
         out.print(panel(f"no overflow in step {r.step}", title="Overflow", title_align="left"))
@@ -184,6 +186,22 @@ def _render_ac(app: App, r, limit):
             out.print(panel(escape(f"{len(c['variables'])} variable(s) already differ when step "
                                    f"{c['step']} starts: {', '.join(c['variables'][:5])}\n{where}"),
                             title="Carried in with the state", title_align="left"))
+        if r.lost_updates:
+            lines = [f"{u['variable']} ({u['dtype']}, {u['op_name']}): {u['stalled']} of "
+                     f"{u['moved']} elements the golden moved did not move "
+                     f"({u['share'] * 100:.4g}%; {u['energy'] * 100:.3g}% of the change)"
+                     for u in r.lost_updates["lost"][:max(limit, 1) * 2]]
+            out.print(panel(escape("\n".join(lines)), title="Lost updates", title_align="left"))
+        if r.no_effect:
+            n = r.no_effect
+            lines = [f"{n['ops']} op(s) diverge, and every op that reads what they change "
+                     f"matches the golden: no output, loss or update moves (not a finding)"]
+            for d in n["first"]:
+                why = f" ({'; '.join(d['reasons'])})" if d["reasons"] else ""
+                by = f": absorbed by {', '.join(d['absorbed_by'])}" if d["absorbed_by"] else ""
+                lines.append(f"  {d['op_name']} ({d['op_type']}){why}{by}")
+            out.print(panel(escape("\n".join(lines)), title="Diverges without effect",
+                            title_align="left"))
         if r.impact and r.impact.get("impacts"):
             lines = [f"as it ran: output error {fmt(r.impact['baseline']['output'], 6)}, update "
                      f"error {fmt(r.impact['baseline']['update'], 6)}"]

@@ -157,7 +157,7 @@ class Totals:
         kept only 3 to 7 digits of the KL of close tensors. KL is never negative (Gibbs): a
         rounding below zero is reported as 0."""
         sp, sq, e = sums
-        self.kl = max(e / sp - _psi((sq - sp) / sp), 0.0) if self.n else float("nan")
+        self.kl = max(e / sp - _psi_of(sq, sp), 0.0) if self.n else float("nan")
 
     def std(self, side) -> float:
         n, _, m2 = self.moments[side]
@@ -226,6 +226,19 @@ def _phi(d: np.ndarray, widest: float) -> np.ndarray:
         out *= d
         out += (-1.0) ** k / (k * (k - 1))
     return out
+
+
+def _psi_of(sq: float, sp: float) -> float:
+    """psi((Sq - Sp) / Sp). Where Sq is under half of Sp, u's rounding matters: a side of
+    float32 maxima (Sp about 1e41) against an ordinary one rounds u to -1, whose log1p is
+    -inf (math raised a domain error there); the logs of the sums themselves are exact
+    enough so far from u = 0. nan or inf sums give nan."""
+    if not (math.isfinite(sq) and math.isfinite(sp)) or sp <= 0:
+        return float("nan")
+    u = (sq - sp) / sp
+    if u > -0.5:
+        return _psi(u)
+    return u - (math.log(sq) - math.log(sp)) if sq > 0 else float("inf")
 
 
 def _psi(u: float) -> float:

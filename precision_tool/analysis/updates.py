@@ -1,0 +1,114 @@
+"""Lost updates: what each update op changed, against what the golden's changed.
+
+A weight of 0.25 held in bf16 has an ulp of 2^-9: a step of 1e-4 rounds away, and the value
+the update writes equals the value it read. Compared as values, such a weight matches the
+golden's to three digits step after step while the model stops learning, so the effect of an
+update is its change: new minus old, in the variable's own dtype on each side. An update
+loses its step where the golden's change is non-zero and the NPU's is exactly zero; more
+than `criteria.flushed` of the elements the golden moved is a finding, with the share of the
+golden change's energy that was lost.
+
+The tensors are the update op's dumped input (the variable it read) and output (what it
+wrote), on both sides: a statistics-only step has none, and is said to be unseen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from ..dump import Workspace
+from ..dump.workspace import Run
+from ..errors import PrecisionToolError
+from ..ops import registry
+from .verdicts import Criteria
+
+
+@dataclass
+class LostUpdate:
+    op_name: str                 # the update op
+    variable: str                # the tensor it overwrites (the golden's name)
+    dtype: str                   # the variable's dtype on the NPU
+    moved: int                   # elements the golden's update changed
+    stalled: int                 # of those, the ones the NPU's update left unchanged
+    energy: float                # the share of the golden change's sum of squares lost
+
+    @property
+    def share(self) -> float:
+        return self.stalled / self.moved if self.moved else 0.0
+
+
+@dataclass
+class UpdateCheck:
+    lost: List[LostUpdate] = field(default_factory=list)   # over the criteria, worst first
+    checked: int = 0                                       # updated variables compared
+    unseen: List[str] = field(default_factory=list)        # updates with no tensors to read
+
+    def to_dict(self) -> dict:
+        return {"checked": self.checked, "unseen": self.unseen[:5],
+                "unseen_count": len(self.unseen),
+                "lost": [dict(op_name=u.op_name, variable=u.variable, dtype=u.dtype,
+                              moved=u.moved, stalled=u.stalled, share=u.share,
+                              energy=u.energy) for u in self.lost]}
+
+
+def _rows(index) -> dict:
+    """(op name, io, index) -> (file, dtype, tensor) of a step's index."""
+    cols = [index[c].tolist() for c in ("op_name", "io", "index", "file", "dtype", "tensor")]
+    return {(op, io, int(k)): (f, dt, t) for op, io, k, f, dt, t in zip(*cols)}
+
+
+def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
+                  skip=frozenset()) -> UpdateCheck:
+    """Every update op of the step dumped on both sides (skip: ops whose divergence is
+    noise, e.g. an update from a gradient that is zero up to rounding)."""
+    criteria = Criteria.of(criteria)
+    index = ws.index(npu_run, step)
+    types = dict(zip(index.op_name.tolist(), index.op_type.tolist()))
+    npu, golden = _rows(index), _rows(ws.index(golden_run, step))
+    out = UpdateCheck()
+    ops = {}
+    for (op, io, k) in npu:
+        if io == "output":
+            continue
+        updates = registry.updated_inputs(types.get(op, ""))
+        if updates and k in updates and op not in skip:
+            ops.setdefault(op, []).append((k, list(updates).index(k)))
+    for op, pairs in ops.items():
+        for k, j in pairs:
+            ends = [side.get((op, io, n)) for side in (npu, golden)
+                    for io, n in (("input", k), ("output", j))]
+            if any(e is None or not e[0] for e in ends):
+                out.unseen.append(op)
+                continue
+            try:
+                old, new = (ws.load(npu_run, step, e[0]) for e in ends[:2])
+                g_old, g_new = (ws.load(golden_run, step, e[0]) for e in ends[2:])
+            except (PrecisionToolError, OSError, ValueError):
+                out.unseen.append(op)
+                continue
+            if old.shape != new.shape or g_old.shape != g_new.shape or old.size != g_old.size:
+                out.unseen.append(op)
+                continue
+            out.checked += 1
+            lost = _lost(op, ends[0][2], ends[0][1], old, new, g_old, g_new)
+            if lost is not None and lost.share > criteria.flushed:
+                out.lost.append(lost)
+    out.lost.sort(key=lambda u: -u.share)
+    return out
+
+
+def _lost(op, variable, dtype, old, new, g_old, g_new) -> Optional[LostUpdate]:
+    """Where the golden moved and the NPU did not (changes as each side stored them: a
+    variable in bf16 holds bf16 numbers, so new - old is its real change)."""
+    change = np.asarray(new, np.float64).ravel() - np.asarray(old, np.float64).ravel()
+    g_change = np.asarray(g_new, np.float64).ravel() - np.asarray(g_old, np.float64).ravel()
+    finite = np.isfinite(change) & np.isfinite(g_change)
+    moved = finite & (g_change != 0)
+    if not moved.any():
+        return None               # the golden did not move it either (a skipped step)
+    stalled = moved & (change == 0)
+    energy = float(np.dot(g_change[stalled], g_change[stalled]) /
+                   np.dot(g_change[moved], g_change[moved]))
+    return LostUpdate(op, variable, str(dtype), int(moved.sum()), int(stalled.sum()), energy)
