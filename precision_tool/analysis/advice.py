@@ -104,7 +104,7 @@ def advise(r, info: dict) -> List[str]:
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
-    quiet_overflow = first is not None and getattr(r, "overflow_without_effect", False)
+    quiet_overflow = first is not None and r.overflow_without_effect
     if quiet_overflow:
         lines.append(f"{len(r.overflows)} kernel(s) overflowed, the first {first['op_name']} "
                      f"({first['op_type']}, {', '.join(first['status_bits'])}), without effect: "
@@ -117,7 +117,7 @@ def advise(r, info: dict) -> List[str]:
         lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode))
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
-    if getattr(r, "lost_updates", None):
+    if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates))
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
@@ -148,7 +148,7 @@ def advise(r, info: dict) -> List[str]:
     if r.golden_run is None:
         return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
                 "every op."]
-    if getattr(r, "no_effect", None):
+    if r.no_effect:
         first = r.no_effect["first"][0]
         return [f"Nothing overflowed, and what diverges ({r.no_effect['ops']} op(s), the first "
                 f"{first['op_name']}) has no effect: the ops that read it match the golden, and "

@@ -54,7 +54,7 @@ class AutoCheck:
     overflows: List[dict] = field(default_factory=list)    # in execution order
     first_overflow: Optional[dict] = None
     # the compare shows the overflows had no effect: every overflowing kernel's outputs were
-    # compared, and nothing in the step diverges with an effect (see _without_effect)
+    # compared, and nothing in the step diverges with an effect (_overflows_without_effect)
     overflow_without_effect: bool = False
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
@@ -139,7 +139,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
-            findings = c.has_findings or findings and not _without_effect(report.tasks, c)
+            findings = c.has_findings or findings and not _overflows_without_effect(report.tasks, c)
         result.steps.append(look)
         if findings:
             break
@@ -208,7 +208,7 @@ class _Compared(NamedTuple):
                    _underflow(table, cause), updates(cause.benign_ops))
 
 
-def _without_effect(tasks, c: _Compared) -> bool:
+def _overflows_without_effect(tasks, c: _Compared) -> bool:
     """Whether a step's overflows had no effect: the compare saw everything, every
     overflowing kernel's outputs among it, and nothing of the step diverges with an effect
     (a saturated exp whose softmax still matches the golden). Without a compare, or with
@@ -223,7 +223,7 @@ def _without_effect(tasks, c: _Compared) -> bool:
 def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria, limit, rank,
                   result, tasks):
     table, cause = c.table, c.cause
-    result.overflow_without_effect = _without_effect(tasks, c)
+    result.overflow_without_effect = _overflows_without_effect(tasks, c)
     result.coverage = c.coverage.to_dict()
     result.diverging = [dataclasses.asdict(s)
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]

@@ -58,6 +58,8 @@ from .verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 
 # The per-dtype tolerances tell an op's own error from fp16 rounding: an fp16 tensor against
 # an fp32 golden is expected to differ by that much. (A verdict's thresholds: Criteria.)
+# ops whose output is a variable's value at the start of the step (a golden run dumps them)
+STATE_OPS = frozenset({"Variable"})
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 class OpRows:
@@ -228,11 +230,16 @@ class RootCause:
         return self.first_origin is None or self.carried[0].order < self.first_origin.order
 
 
-def _updates_inputs(op_type: str) -> bool:
-    """Does the op type write its inputs (a variable update)? The op registry is loaded the
-    first time a root cause asks, not for every summary."""
+def _updated_positions(op_type: str) -> tuple:
+    """The input positions an op type overwrites (a variable update's), empty for others.
+    The op registry is loaded the first time a root cause asks, not for every summary."""
     from ..ops import registry
-    return bool(registry.updated_inputs(op_type))
+    return tuple(registry.updated_inputs(op_type) or ())
+
+
+def _updates_inputs(op_type: str) -> bool:
+    """Does the op type write its inputs (a variable update)?"""
+    return bool(_updated_positions(op_type))
 
 
 def root_cause(table, criteria=None, rows: "OpRows" = None) -> RootCause:
@@ -260,11 +267,8 @@ def _amplifies(t: "OpRows", pos: list) -> bool:
 def _reads_as_step(t: "OpRows", i: int) -> bool:
     """Whether input row i is what an update op applies (a gradient, a learning rate), not
     the variable or slot it overwrites."""
-    from ..ops import registry
-    updates = registry.updated_inputs(t.op_type[i])
-    if not updates:
-        return False
-    return int(t.tensor[i].rpartition(":input:")[2]) not in updates
+    updates = _updated_positions(t.op_type[i])
+    return bool(updates) and int(t.tensor[i].rpartition(":input:")[2]) not in updates
 
 
 def _harmless_flushes(t: "OpRows") -> Set[str]:
@@ -372,8 +376,6 @@ def _root_cause(t: "OpRows") -> RootCause:
                      found["carried"], no_effect, rows=t)
 
 
-STATE_OPS = frozenset({"Variable"})
-
 
 def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     """The ops among origins, carried ops and propagators whose divergence reaches no sink
@@ -381,6 +383,9 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     that matched. Ops are walked in reverse execution order, so a reader is decided before
     what it reads. A reader that could not be compared (no output row, a file missing)
     counts as an effect: a finding is never lost to what the compare did not see."""
+    divs = {d.op_name: d for kind in ("origin", "carried", "propagator") for d in found[kind]}
+    if not divs:
+        return set()
     readers: dict = {}                  # golden tensor -> [(reader op, its input row)]
     matched: dict = {}                  # op -> every output row compared and passing
     for i, out in enumerate(t.is_out):
@@ -393,7 +398,6 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     # nan/inf the golden lacks is always a finding, wherever it stops
     nonfinite = {name for name, pos, _ in t.ops
                  if any(t.is_out[i] and t.verdict[i] == NONFINITE for i in pos)}
-    divs = {d.op_name: d for kind in ("origin", "carried", "propagator") for d in found[kind]}
     noise = {d.op_name for d in found["cancellation"]}
     rows = {name: pos for name, pos, _ in t.ops}
     effect: dict = {}

@@ -54,7 +54,8 @@ class UpdateCheck:
 
 
 def _rows(index) -> dict:
-    """(op name, io, index) -> (file, dtype, tensor) of a step's index."""
+    """(op name, io, index) -> (file, dtype, tensor) of a step's index (a kernels.table
+    Table: the workspace's own, read once, no DataFrame made)."""
     cols = [index[c].tolist() for c in ("op_name", "io", "index", "file", "dtype", "tensor")]
     return {(op, io, int(k)): (f, dt, t) for op, io, k, f, dt, t in zip(*cols)}
 
@@ -64,9 +65,9 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
     """Every update op of the step dumped on both sides (skip: ops whose divergence is
     noise, e.g. an update from a gradient that is zero up to rounding)."""
     criteria = Criteria.of(criteria)
-    index = ws.index(npu_run, step)
-    types = dict(zip(index.op_name.tolist(), index.op_type.tolist()))
-    npu, golden = _rows(index), _rows(ws.index(golden_run, step))
+    index = ws.index_table(npu_run, step)
+    types = dict(zip(index["op_name"].tolist(), index["op_type"].tolist()))
+    npu, golden = _rows(index), _rows(ws.index_table(golden_run, step))
     out = UpdateCheck()
     ops = {}
     for (op, io, k) in npu:
