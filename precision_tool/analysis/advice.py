@@ -119,6 +119,7 @@ def advise(r, info: dict) -> List[str]:
         lines.append(_carried_advice(r.carried))
     if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates))
+    unchecked = _unchecked_updates(r.update_check)
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
     if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
@@ -139,7 +140,7 @@ def advise(r, info: dict) -> List[str]:
                      f"{r.step} (it replays the step under such changes and writes the "
                      f"configuration that works).")
     if lines:
-        return lines
+        return lines + ([unchecked] if unchecked else [])
     if r.diverging_count:
         return [f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
                 f"inputs already differ from values this dump does not show (a feed, or state). "
@@ -148,6 +149,30 @@ def advise(r, info: dict) -> List[str]:
     if r.golden_run is None:
         return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
                 "every op."]
+    if unchecked:
+        return _sound_text(r) + [unchecked]
+    return _sound_text(r)
+
+
+def _unchecked_updates(u: Optional[dict]) -> str:
+    """What the update check could not see ("" when it saw every update's change)."""
+    if not u or not (u["by_statistics"] or u["unseen_count"]):
+        return ""
+    parts = []
+    if u["by_statistics"]:
+        parts.append(f"{u['by_statistics']} only by their statistics (a statistics dump: only "
+                     f"an update lost whole shows)")
+    if u["unseen_count"]:
+        parts.append(f"{u['unseen_count']} not at all (nothing to read for "
+                     f"{', '.join(u['unseen'][:3])})")
+    total = u["checked"] + u["unseen_count"]
+    return (f"What each update changed was compared with the golden's change element by "
+            f"element for {u['checked'] - u['by_statistics']} of {total} updated variable(s); "
+            + " and ".join(parts) + ": an update lost below its weight's ulp may not show. "
+            "Dump tensors of a step (--dump-data tensor) to check every element.")
+
+
+def _sound_text(r) -> List[str]:
     if r.no_effect:
         first = r.no_effect["first"][0]
         return [f"Nothing overflowed, and what diverges ({r.no_effect['ops']} op(s), the first "
@@ -220,9 +245,12 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] =
 def _lost_update_advice(u: dict) -> str:
     first = u["lost"][0]
     more = f" ({len(u['lost'])} variables in all)" if len(u["lost"]) > 1 else ""
-    return (f"Updates are lost: {first['variable']} ({first['dtype']}) did not move in "
-            f"{first['share'] * 100:.4g}% of the elements the golden's update moved "
-            f"({first['energy'] * 100:.3g}% of its change){more}: a step under half an ulp of "
+    how = ("did not move at all (its statistics are the same before and after the update; "
+           "the golden's changed)" if first.get("by_statistics") else
+           f"did not move in {first['share'] * 100:.4g}% of the elements the golden's update "
+           f"moved ({first['energy'] * 100:.3g}% of its change)")
+    return (f"Updates are lost: {first['variable']} ({first['dtype']}) {how}{more}: a step "
+            f"under half an ulp of "
             f"the weight rounds away in its dtype, so the model stops learning while every "
             f"value still matches. Keep fp32 master weights: declare the variables float32 and "
             f"let the compute cast them down (a larger learning rate would only hide it).")

@@ -71,6 +71,9 @@ class AutoCheck:
     no_effect: Optional[dict] = None
     # updates that left elements unchanged where the golden's moved them (UpdateCheck)
     lost_updates: Optional[dict] = None
+    # the step's update check whatever it found: how many updates it compared, how many
+    # only by statistics, and which it could not read
+    update_check: Optional[dict] = None
     underflow: Optional[dict] = None
     # the first tensor whose golden value holds nan/inf (the data or the model: not the NPU)
     golden_nonfinite: Optional[dict] = None
@@ -230,7 +233,8 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
     result.diverging_count = c.findings
     result.cancellations = sorted(cause.noise_ops)
     result.no_effect = _no_effect(cause)
-    result.lost_updates = c.updates.to_dict() if c.updates.lost else None
+    result.update_check = c.updates.to_dict()
+    result.lost_updates = result.update_check if c.updates.lost else None
     tmap = TensorMap(ws.compiled_graph(npu_run))
     origin = cause.first_origin
     if origin is not None:

@@ -9,7 +9,9 @@ than `criteria.flushed` of the elements the golden moved is a finding, with the 
 golden change's energy that was lost.
 
 The tensors are the update op's dumped input (the variable it read) and output (what it
-wrote), on both sides: a statistics-only step has none, and is said to be unseen.
+wrote), on both sides. A statistics-only step has none: its index rows still show an update
+lost whole (the same statistics before and after), never a partial loss, and the check says
+how many updates it saw only so.
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ class LostUpdate:
     moved: int                   # elements the golden's update changed
     stalled: int                 # of those, the ones the NPU's update left unchanged
     energy: float                # the share of the golden change's sum of squares lost
+    # seen in the index's statistics only: unchanged on the NPU, changed in the golden (moved
+    # and stalled are then the variable's size: how many the golden moved is not known)
+    by_statistics: bool = False
 
     @property
     def share(self) -> float:
@@ -43,27 +48,44 @@ class LostUpdate:
 class UpdateCheck:
     lost: List[LostUpdate] = field(default_factory=list)   # over the criteria, worst first
     checked: int = 0                                       # updated variables compared
-    unseen: List[str] = field(default_factory=list)        # updates with no tensors to read
+    by_statistics: int = 0         # of those, by their statistics (only a whole loss shows)
+    unseen: List[str] = field(default_factory=list)        # updates with nothing to read
+
+    @property
+    def partial(self) -> bool:
+        """Whether some update could not be checked element by element."""
+        return bool(self.by_statistics or self.unseen)
 
     def to_dict(self) -> dict:
-        return {"checked": self.checked, "unseen": self.unseen[:5],
+        return {"checked": self.checked, "by_statistics": self.by_statistics,
+                "unseen": self.unseen[:5],
                 "unseen_count": len(self.unseen),
                 "lost": [dict(op_name=u.op_name, variable=u.variable, dtype=u.dtype,
                               moved=u.moved, stalled=u.stalled, share=u.share,
-                              energy=u.energy) for u in self.lost]}
+                              energy=u.energy, by_statistics=u.by_statistics)
+                         for u in self.lost]}
+
+
+STATS = ("max", "min", "mean", "l2norm")
 
 
 def _rows(index) -> dict:
-    """(op name, io, index) -> (file, dtype, tensor) of a step's index (a kernels.table
-    Table: the workspace's own, read once, no DataFrame made)."""
-    cols = [index[c].tolist() for c in ("op_name", "io", "index", "file", "dtype", "tensor")]
-    return {(op, io, int(k)): (f, dt, t) for op, io, k, f, dt, t in zip(*cols)}
+    """(op name, io, index) -> (file, dtype, tensor, shape, statistics) of a step's index (a
+    kernels.table Table: the workspace's own, read once, no DataFrame made)."""
+    cols = [index[c].tolist() for c in ("op_name", "io", "index", "file", "dtype", "tensor",
+                                        "shape")]
+    stats = list(zip(*(index[c].tolist() for c in STATS)))
+    return {(op, io, int(k)): (f, dt, t, shape, st)
+            for (op, io, k, f, dt, t, shape), st in zip(zip(*cols), stats)}
 
 
 def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
                   skip=frozenset()) -> UpdateCheck:
     """Every update op of the step dumped on both sides (skip: ops whose divergence is
-    noise, e.g. an update from a gradient that is zero up to rounding)."""
+    noise, e.g. an update from a gradient that is zero up to rounding). Where a side dumped
+    statistics only, an update is checked by them: unchanged statistics where the golden's
+    changed are an update lost whole; a partial loss does not show (by_statistics counts
+    those updates, so that the answer can say so)."""
     criteria = Criteria.of(criteria)
     index = ws.index_table(npu_run, step)
     types = dict(zip(index["op_name"].tolist(), index["op_type"].tolist()))
@@ -80,24 +102,41 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
         for k, j in pairs:
             ends = [side.get((op, io, n)) for side in (npu, golden)
                     for io, n in (("input", k), ("output", j))]
-            if any(e is None or not e[0] for e in ends):
+            if any(e is None for e in ends):
                 out.unseen.append(op)
                 continue
-            try:
-                old, new = (ws.load(npu_run, step, e[0]) for e in ends[:2])
-                g_old, g_new = (ws.load(golden_run, step, e[0]) for e in ends[2:])
-            except (PrecisionToolError, OSError, ValueError):
-                out.unseen.append(op)
-                continue
-            if old.shape != new.shape or g_old.shape != g_new.shape or old.size != g_old.size:
-                out.unseen.append(op)
-                continue
+            if not all(e[0] for e in ends):
+                lost = _lost_by_statistics(op, *ends)
+                out.by_statistics += 1
+            else:
+                try:
+                    old, new = (ws.load(npu_run, step, e[0]) for e in ends[:2])
+                    g_old, g_new = (ws.load(golden_run, step, e[0]) for e in ends[2:])
+                except (PrecisionToolError, OSError, ValueError):
+                    out.unseen.append(op)
+                    continue
+                if old.shape != new.shape or g_old.shape != g_new.shape or \
+                        old.size != g_old.size:
+                    out.unseen.append(op)
+                    continue
+                lost = _lost(op, ends[0][2], ends[0][1], old, new, g_old, g_new)
             out.checked += 1
-            lost = _lost(op, ends[0][2], ends[0][1], old, new, g_old, g_new)
             if lost is not None and lost.share > criteria.flushed:
                 out.lost.append(lost)
     out.lost.sort(key=lambda u: -u.share)
     return out
+
+
+def _lost_by_statistics(op, old, new, g_old, g_new) -> Optional[LostUpdate]:
+    """An update lost whole, as the index rows show it: the NPU's variable has the same
+    statistics before and after, the golden's do not (nan statistics decide nothing)."""
+    def same(a, b):
+        return all(x == y for x, y in zip(a[4], b[4]))
+    known = all(v == v for e in (old, new, g_old, g_new) for v in e[4])
+    if not known or not same(old, new) or same(g_old, g_new):
+        return None
+    n = int(np.prod([int(d) for d in str(old[3]).split()])) if str(old[3]).strip() else 1
+    return LostUpdate(op, old[2], str(old[1]), n, n, 1.0, by_statistics=True)
 
 
 def _lost(op, variable, dtype, old, new, g_old, g_new) -> Optional[LostUpdate]:

@@ -187,10 +187,12 @@ def _render_ac(app: App, r, limit):
                                    f"{c['step']} starts: {', '.join(c['variables'][:5])}\n{where}"),
                             title="Carried in with the state", title_align="left"))
         if r.lost_updates:
-            lines = [f"{u['variable']} ({u['dtype']}, {u['op_name']}): {u['stalled']} of "
-                     f"{u['moved']} elements the golden moved did not move "
-                     f"({u['share'] * 100:.4g}%; {u['energy'] * 100:.3g}% of the change)"
-                     for u in r.lost_updates["lost"][:max(limit, 1) * 2]]
+            lines = [f"{u['variable']} ({u['dtype']}, {u['op_name']}): " + (
+                "its statistics (max, min, mean, norm) did not change, the golden's did"
+                if u["by_statistics"] else
+                f"{u['stalled']} of {u['moved']} elements the golden moved did not move "
+                f"({u['share'] * 100:.4g}%; {u['energy'] * 100:.3g}% of the change)")
+                for u in r.lost_updates["lost"][:max(limit, 1) * 2]]
             out.print(panel(escape("\n".join(lines)), title="Lost updates", title_align="left"))
         if r.no_effect:
             n = r.no_effect

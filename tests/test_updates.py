@@ -1,0 +1,79 @@
+"""Lost updates (analysis.updates): an update judged by what it changed, new minus old in the
+variable's dtype, against the golden's change. The reference is plain arithmetic on a bf16
+weight of 1.0 (ulp 2^-7 above, 2^-8 below): a step of 1e-4 is under half an ulp whatever the
+rounding, a step of 0.1 is not, so exactly the elements given the small step stay put."""
+import numpy as np
+import pytest
+
+import precision_tool as pt
+from precision_tool import hooks
+from precision_tool.analysis import auto_check
+from precision_tool.analysis.updates import check_updates
+from precision_tool.dump import Workspace
+
+N = 64
+
+
+def _workspace(root, small: int, data: str = "tensor"):
+    """One SGD step (lr 1) of loss = sum(w * x) with w a bf16 variable of ones: the step of
+    element i is x[i], 1e-4 for the first `small` elements and 0.1 for the rest."""
+    g = pt.Graph("bf16_step", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [N], "bfloat16")
+        w = pt.variable("w", [N], init="ones", dtype="bfloat16")
+        loss = pt.ops.reduce_sum(pt.ops.cast(w * x, "float32"))
+        train_op = pt.train.SGD(1.0).minimize(loss)
+    feed = np.where(np.arange(N) < small, 1e-4, 0.1).astype(np.float32)
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="allow_mix_precision_bf16"), action="dump",
+        data_dir=str(root), dump_data=data))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=str(root), dump_data=data)
+    for sess in (npu, cpu):
+        sess.run([loss, train_op], {x: feed})
+        sess.close()
+    return Workspace(str(root))
+
+
+@pytest.mark.parametrize("small", [0, 8, 32, 64])
+def test_the_elements_whose_step_is_under_half_an_ulp_are_lost(tmp_path, small):
+    ws = _workspace(tmp_path, small)
+    check = check_updates(ws, ws.run("npu"), ws.run("cpu"), 0)
+    assert check.checked == 1 and not check.partial
+    share = small / N
+    if share <= 0.05:                       # the criteria's flushed share: no finding
+        assert check.lost == []
+        return
+    (lost,) = check.lost
+    assert lost.variable == "w:0" and lost.dtype == "bfloat16" and not lost.by_statistics
+    assert (lost.moved, lost.stalled) == (N, small)
+    # the golden's steps are x as bf16 holds it; the lost energy is the small steps' share
+    steps = np.where(np.arange(N) < small, float(np.float32(1e-4)), 0.1)
+    from ml_dtypes import bfloat16
+    steps = steps.astype(bfloat16).astype(np.float64)
+    expected = float(np.sum(steps[:small] ** 2) / np.sum(steps ** 2))
+    assert lost.energy == pytest.approx(expected, rel=1e-2)
+
+
+def test_ac_names_the_lost_update_and_advises_master_weights(tmp_path):
+    ws = _workspace(tmp_path, 32)
+    r = auto_check(ws, compare=True)
+    assert r.has_findings and r.lost_updates["lost"][0]["share"] == 0.5
+    advice = " ".join(r.advice)
+    assert "Updates are lost" in advice and "fp32 master weights" in advice
+    assert "precision looks sound" not in advice
+
+
+def test_a_statistics_dump_sees_an_update_lost_whole(tmp_path):
+    ws = _workspace(tmp_path, N, data="stats")
+    check = check_updates(ws, ws.run("npu"), ws.run("cpu"), 0)
+    assert check.by_statistics == 1 and check.partial
+    (lost,) = check.lost
+    assert lost.by_statistics and lost.share == 1.0
+
+
+def test_a_statistics_dump_says_a_partial_loss_does_not_show(tmp_path):
+    ws = _workspace(tmp_path, 32, data="stats")
+    r = auto_check(ws, compare=True)
+    assert r.lost_updates is None and r.update_check["by_statistics"] == 1
+    advice = " ".join(r.advice)
+    assert "only by their statistics" in advice and "--dump-data tensor" in advice
