@@ -215,3 +215,45 @@ def test_nan_or_inf_the_golden_holds_before_the_divergence_leads_the_advice(tmp_
     assert result.advice[0].startswith("The golden run itself holds nan/inf")
     assert f"starts at {result.origin['op_name']} follows from it" in result.advice[0]
     assert not any("fix -s" in a or "Normalise" in a for a in result.advice), result.advice
+
+
+def _step_file(root, target, step, prefix):
+    """The one dump file of a step whose name starts with prefix."""
+    import glob
+    hits = [p for p in glob.glob(os.path.join(root, target, "debug_0", "dump", "**", str(step), "*"),
+                                 recursive=True) if os.path.basename(p).startswith(prefix)]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+@pytest.mark.parametrize("damage", ["reader_missing", "golden_inf"])
+def test_the_key_bias_without_its_absorbing_reader_is_carried_noise(workspaces, tmp_path,
+                                                                     damage):
+    """The healthy Transformer at step 5 with the key projection (which absorbs the key
+    bias's drift) unseen: its file deleted, or its golden holding an inf (a pass over the
+    finite elements is no evidence). The key bias then cannot be shown without effect, but
+    it was written by Adam from a noise gradient in step 0: carried noise, no finding. A
+    deleted file still makes the compare incomplete (exit 2); the golden's inf is said."""
+    import shutil
+    import numpy as np
+    root = str(tmp_path / "precision_data")
+    shutil.copytree(workspaces("healthy_transformer_30"), root)
+    if damage == "reader_missing":
+        os.remove(_step_file(root, "npu", 5, "MatMulV2.encoder_layer_0_attention_key_BiasAdd."))
+    else:
+        path = _step_file(root, "cpu", 5, "encoder_layer_0_attention_key_BiasAdd.")
+        value = np.load(path, allow_pickle=False).copy()
+        value.flat[3] = np.inf
+        np.save(path, value)
+    runner = CliRunner()
+    r = runner.invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "ac", "-c", "-s", "5"])
+    result = json.loads(r.stdout)
+    assert result["carried"]["writers_noise"] is True
+    assert result["carried"]["variables"] == ["encoder/layer_0/attention/key/bias:0"]
+    assert result["diverging_count"] == 0 and result["origin"] is None
+    advice = " ".join(result["advice"])
+    assert "zero up to rounding noise" in advice and "precision-tool fix" not in advice
+    if damage == "reader_missing":
+        assert r.exit_code == 2 and result["verdict"] == "incomplete"
+    else:
+        assert r.exit_code == 0 and "golden run itself holds nan/inf" in advice

@@ -260,6 +260,11 @@ def _carried_advice(c: dict) -> str:
     names = ", ".join(c["variables"][:3]) + (f" and {len(c['variables']) - 3} more"
                                              if len(c["variables"]) > 3 else "")
     text = f"The divergence of step {c['step']} came in with the state: {names} already differ when it starts."
+    if c.get("writers_noise"):
+        return (f"{names} already differ when step {c['step']} starts, written in step "
+                f"{c['written_at']} by {', '.join(c['writers'][:3])} from a gradient that is zero "
+                f"up to rounding noise: the state carries that noise, and what reads it is no "
+                f"finding.")
     if c.get("written_at") is not None:
         return (text + f" Step {c['written_at']} wrote the first diverging value "
                 f"({', '.join(c['writers'][:3])}): see precision-tool ac -c -s {c['written_at']}.")

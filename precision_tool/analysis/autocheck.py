@@ -35,7 +35,7 @@ from .overflow import overflow_report
 from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause
-from .steps import check_steps, trace_state
+from .steps import StateTrace, check_steps, trace_state
 from .updates import UpdateCheck, check_updates
 from .summary import count_findings, summarize
 from .verdicts import ERROR, Criteria
@@ -95,7 +95,8 @@ class AutoCheck:
         that came in diverging, or a training watchpoint hit."""
         return bool(self.overflows) and not self.overflow_without_effect or \
             self.diverging_count > 0 or self.lost_updates is not None or \
-            self.underflow is not None or self.carried is not None or bool(self.watchpoints)
+            self.underflow is not None or bool(self.watchpoints) or \
+            self.carried is not None and not self.carried["writers_noise"]
 
     @property
     def verdict(self) -> str:
@@ -136,9 +137,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
         findings = bool(report.tasks)
         if compare:
-            c = compared[s] = _Compared.of(
-                vector_compare(ws, npu_run, golden_run, s, threshold=criteria), criteria,
-                lambda skip, s=s: check_updates(ws, npu_run, golden_run, s, criteria, skip))
+            c = compared[s] = _compare(ws, npu_run, golden_run, s, criteria, compared)
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
@@ -160,9 +159,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
                                             TensorMap(ws.compiled_graph(npu_run)), peak))
     if compare:
-        tables = {k: c.table for k, c in compared.items()}
-        _compare_step(ws, npu_run, golden_run, s, compared[s], tables, criteria, limit, rank,
-                      result, report.tasks)
+        _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result,
+                      report.tasks)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
     result.advice = advise(result, npu_run.info)
@@ -197,6 +195,7 @@ class _Compared(NamedTuple):
     findings: int                  # diverging ops, noise aside
     underflow: Optional[dict]
     updates: UpdateCheck           # what each update changed against the golden's change
+    trace: Optional[StateTrace] = None     # where state carried in was written
 
     @property
     def has_findings(self) -> bool:
@@ -204,11 +203,30 @@ class _Compared(NamedTuple):
             or bool(self.updates.lost)
 
     @classmethod
-    def of(cls, table: pd.DataFrame, criteria, updates) -> "_Compared":
+    def of(cls, table: pd.DataFrame, criteria, updates, noise_state=()) -> "_Compared":
         """updates(skip): the step's UpdateCheck, leaving out the ops in skip (noise)."""
-        cause = root_cause(table, criteria)
+        cause = root_cause(table, criteria, noise_state=noise_state)
         return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
                    _underflow(table, cause), updates(cause.benign_ops))
+
+
+def _compare(ws, npu_run, golden_run, step, criteria, earlier: Dict[int, _Compared]) -> _Compared:
+    """A step's compare, root cause and update check. State that came in diverging is
+    followed back through the steps compared so far (`earlier`, made where missing); where
+    every update that wrote it was noise in its own step, the step is judged again with that
+    state as noise: it carries no finding (the key bias of every healthy Transformer)."""
+    table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
+
+    def updates(skip):
+        return check_updates(ws, npu_run, golden_run, step, criteria, skip)
+    c = _Compared.of(table, criteria, updates)
+    if not (c.cause.carried and c.cause.state_first):
+        return c
+    trace = trace_state(ws, npu_run, golden_run, step, c.cause.diverging_state, criteria,
+                        {k: e.table for k, e in earlier.items()})
+    if trace.writers_noise:
+        c = _Compared.of(table, criteria, updates, noise_state=trace.variables)
+    return c._replace(trace=trace)
 
 
 def _overflows_without_effect(tasks, c: _Compared) -> bool:
@@ -223,8 +241,8 @@ def _overflows_without_effect(tasks, c: _Compared) -> bool:
     return all(task.op_name in compared for task in tasks)
 
 
-def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria, limit, rank,
-                  result, tasks):
+def _compare_step(ws, c: _Compared, npu_run, golden_run, step, criteria, limit, rank, result,
+                  tasks):
     table, cause = c.table, c.cause
     result.overflow_without_effect = _overflows_without_effect(tasks, c)
     result.coverage = c.coverage.to_dict()
@@ -244,10 +262,8 @@ def _compare_step(ws, npu_run, golden_run, step, c: _Compared, tables, criteria,
             result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
         except (ReplayOpError, PrecisionToolError) as e:
             result.origin_replay = f"not replayed: {e}"
-    if cause.carried and cause.state_first:
-        trace = trace_state(ws, npu_run, golden_run, step, cause.diverging_state, criteria,
-                            tables)     # the earlier steps the loop compared already
-        result.carried = dict(dataclasses.asdict(trace), command=trace.dump_command())
+    if c.trace is not None:
+        result.carried = dict(dataclasses.asdict(c.trace), command=c.trace.dump_command())
     result.underflow = c.underflow
     result.golden_nonfinite = _golden_nonfinite(c.table, origin.op_name if origin else None)
     first = result.first_overflow

@@ -29,7 +29,9 @@ origin, as does a flushed tensor nothing reads (a fetched output, an update's re
 
 Carried. An op whose only diverging inputs are variables read at the start of the step (the
 weights, optimizer moments, the loss scale) did not start the divergence in this step: it
-entered with the state an earlier step left (see analysis.steps for following it back). A
+entered with the state an earlier step left (see analysis.steps for following it back).
+State that an earlier step's noise update wrote (root_cause's noise_state, from the trace)
+is noise itself: what reads only it carries noise, and is no finding. A
 variable's own row (a golden run dumps its Variable ops) that diverges is carried state too.
 
 Without effect. A finding needs an effect: a divergence that changes no output, no loss and
@@ -47,7 +49,7 @@ over the batch what each reader absorbed), which the compare alone cannot tell a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Set
+from typing import Iterable, List, Optional, Set
 
 import numpy as np
 
@@ -111,6 +113,11 @@ class OpRows:
         self.ops = _diverging_ops(column(table, "NPUDump", ""), column(table, "Index", 0),
                                   bad & np.array(self.is_out, dtype=bool))
         self.order_of = {name: order for name, _, order in self.ops}
+        # rows whose golden holds nan/inf: their metrics leave those elements out, so a pass
+        # there is no evidence that the row matches
+        with np.errstate(invalid="ignore"):
+            self.golden_nonfinite = (np.nan_to_num(numbers(table, "GoldenNanCount")) +
+                                     np.nan_to_num(numbers(table, "GoldenInfCount")) > 0)
 
     def kind_of(self, i: int) -> str:
         """The row's SumKind, or (a table without the column) what its op type says."""
@@ -242,14 +249,17 @@ def _updates_inputs(op_type: str) -> bool:
     return bool(_updated_positions(op_type))
 
 
-def root_cause(table, criteria=None, rows: "OpRows" = None) -> RootCause:
+def root_cause(table, criteria=None, rows: "OpRows" = None,
+               noise_state: Iterable[str] = ()) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
-    threshold)."""
+    threshold). noise_state: variables (golden names) that an earlier step's noise update
+    wrote (steps.trace_state): what reads only them carries that noise, as within a step."""
     # a few objects per op and no cycles: collections walked the table's columns (lists of
     # 100,000 items) again and again, a fifth of the time on a large table
     with collector_paused():
-        return _root_cause(rows if rows is not None else OpRows(table, criteria))
+        return _root_cause(rows if rows is not None else OpRows(table, criteria),
+                           set(noise_state))
 
 
 # an op whose output is this many times further from the golden (relative Euclidean distance)
@@ -315,9 +325,9 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
     return {op for op, sources in members.items() if not sources & harmful}
 
 
-def _root_cause(t: "OpRows") -> RootCause:
+def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
+    """noise: golden tensors that hold cancellation noise (grows as the ops are walked)."""
     found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
-    noise: Set[str] = set()          # golden tensors that hold cancellation noise
     harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
@@ -339,7 +349,10 @@ def _root_cause(t: "OpRows") -> RootCause:
         # near-zero gradient elements, within tolerance, into sign flips of full-size steps
         amplified = d.is_origin and all(t.cosine_only[i] for i in bad_out) and \
             _updates_inputs(d.op_type)
-        if carries_noise or amplified or op_name in harmless or \
+        # a dumped variable's own row holding what a noise update wrote
+        noise_state = not bad_in and d.op_type in STATE_OPS and bool(bad_out) and \
+            all(t.golden_tensor[i] in noise for i in bad_out)
+        if carries_noise or amplified or noise_state or op_name in harmless or \
                 (d.is_origin and is_cancellation(t, pos, bad_out)):
             kind = "cancellation"
             if t.has_golden:
@@ -382,7 +395,8 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     (see Without effect in the module doc); each such op's absorbed_by names the readers
     that matched. Ops are walked in reverse execution order, so a reader is decided before
     what it reads. A reader that could not be compared (no output row, a file missing)
-    counts as an effect: a finding is never lost to what the compare did not see."""
+    counts as an effect, as does one whose golden output holds nan/inf (its pass covers the
+    finite elements only): a finding is never lost to what the compare did not see."""
     divs = {d.op_name: d for kind in ("origin", "carried", "propagator") for d in found[kind]}
     if not divs:
         return set()
@@ -390,7 +404,8 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     matched: dict = {}                  # op -> every output row compared and passing
     for i, out in enumerate(t.is_out):
         if out:
-            matched[t.op_name[i]] = matched.get(t.op_name[i], True) and t.verdict[i] == PASS
+            matched[t.op_name[i]] = matched.get(t.op_name[i], True) and \
+                t.verdict[i] == PASS and not t.golden_nonfinite[i]
         else:
             readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i))
     if not readers:

@@ -19,7 +19,7 @@ from ..dump import Workspace
 from ..dump.workspace import Run, WorkspaceError
 from ..ops import registry
 from .compare import vector_compare
-from .rootcause import OpRows
+from .rootcause import OpRows, root_cause
 
 
 def common_steps(npu_run: Run, golden_run: Run) -> List[int]:
@@ -73,6 +73,9 @@ class StateTrace:
     missing: Optional[List[int]] = None     # the first and last step to dump, where it was
                                             # written in steps that were not dumped
     looked_at: List[int] = field(default_factory=list)   # the earlier steps compared
+    # every writer was cancellation noise in its step (an update from a gradient that is
+    # zero up to rounding): the state carries noise, no finding
+    writers_noise: bool = False
 
     def dump_command(self) -> Optional[str]:
         if self.missing is None:
@@ -95,7 +98,8 @@ def trace_state(ws: Workspace, npu_run: Run, golden_run: Run, step: int, variabl
         if table is None:
             table = vector_compare(ws, npu_run, golden_run, j, threshold=criteria)
         trace.looked_at.append(j)
-        state = _state_rows(OpRows(table, criteria))
+        rows = OpRows(table, criteria)
+        state = _state_rows(rows)
         started = {v for v in wanted if state.get(v, {}).get("start")}
         wrote = {v for v in wanted if state.get(v, {}).get("written")}
         if started:                      # already wrong when step j began: further back
@@ -104,6 +108,7 @@ def trace_state(ws: Workspace, npu_run: Run, golden_run: Run, step: int, variabl
         if wrote:                        # step j wrote it; the steps after j kept it
             trace.written_at = j
             trace.writers = sorted({w for v in wrote for w in state[v]["writers"]})
+            trace.writers_noise = set(trace.writers) <= root_cause(table, rows=rows).noise_ops
             return trace
         # right at the start and at the end of step j: it went wrong in the steps after j
         trace.missing = [j + 1, later - 1] if later - 1 >= j + 1 else None
