@@ -280,6 +280,26 @@ def test_an_interrupted_step_is_named_by_every_command_and_never_read(built, tmp
         assert result.exit_code == 2 and "interrupted" in result.stderr.splitlines()[-1], args
 
 
+def test_ac_c_gives_no_clean_verdict_over_an_interrupted_step(built, tmp_path):
+    """ac -c compares every step dumped in both runs; a step killed halfway in one run is
+    not among them, so a clean answer would cover less than it claims: exit 2, the steps
+    and why named in the advice, the JSON and the last line; a finding still exits 1."""
+    root = copy(built, "clean", tmp_path)
+    last = step_dir(root, step=1)
+    os.rename(last, os.path.join(os.path.dirname(last), ".1.partial"))
+    result = invoke(root, "ac", "-c")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "error: no clean verdict: step(s) not compared: 1 (interrupted in npu/debug_0); "
+        "1 (dumped in cpu/debug_0 only)")
+    assert "Not every dumped step could be compared" in result.stdout
+    data = json.loads(invoke(root, "--json", "ac", "-c").stdout)
+    assert data["verdict"] == "incomplete" and data["unseen_steps"] == {
+        "interrupted in npu/debug_0": [1], "dumped in cpu/debug_0 only": [1]}
+    # asked for the whole step 0 alone: complete
+    assert invoke(root, "ac", "-c", "-s", "0").exit_code == 0
+
+
 # -- 7. file names within 255 bytes -----------------------------------------------------------
 @pytest.mark.parametrize("length", [254, 255, 256, 300])
 @pytest.mark.parametrize("char", ["a", "é", "字"])

@@ -13,6 +13,7 @@ import math
 from typing import List, Optional
 
 from .. import numerics
+from ..dump.layout import format_steps
 from .result import Coverage
 
 MIXLIST_MODES = frozenset({"allow_mix_precision", "allow_mix_precision_bf16", "O1"})
@@ -92,6 +93,11 @@ def advise(r, info: dict) -> List[str]:
                       f"Nothing could be compared ({gap.text()})") +
                      ": dump the step again (or restore the files) and run ac -c again; what "
                      "follows covers what was compared.")
+    if r.unseen_steps:
+        lines.append("Not every dumped step could be compared (" + "; ".join(
+            f"{why}: {format_steps(steps)}" for why, steps in r.unseen_steps.items()) +
+            "): what follows covers the steps compared, so no clean verdict is given; dump "
+            "those steps again in both runs to cover them.")
     first = r.first_overflow
     o = r.origin
     g = getattr(r, "golden_nonfinite", None)
@@ -139,19 +145,19 @@ def advise(r, info: dict) -> List[str]:
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} (it replays the step under such changes and writes the "
                      f"configuration that works).")
-    if lines:
+    if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
         return lines + ([unchecked] if unchecked else [])
+    # nothing found (in the steps compared, where some were not: that line leads)
     if r.diverging_count:
-        return [f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
-                f"inputs already differ from values this dump does not show (a feed, or state). "
-                f"Compare the step against a golden replay of the NPU's own state "
-                f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)."]
+        return lines + [
+            f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
+            f"inputs already differ from values this dump does not show (a feed, or state). "
+            f"Compare the step against a golden replay of the NPU's own state "
+            f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)."]
     if r.golden_run is None:
         return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
                 "every op."]
-    if unchecked:
-        return _sound_text(r) + [unchecked]
-    return _sound_text(r)
+    return lines + _sound_text(r) + ([unchecked] if unchecked else [])
 
 
 def _unchecked_updates(u: Optional[dict]) -> str:

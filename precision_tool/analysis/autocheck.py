@@ -58,6 +58,9 @@ class AutoCheck:
     overflow_without_effect: bool = False
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
+    # steps of either run that a compare of every step could not look at: interrupted
+    # (a killed dump's .N.partial) or dumped in one run only; a clean verdict needs them
+    unseen_steps: Dict[str, List[int]] = field(default_factory=dict)
     criteria: Optional[dict] = None
     coverage: Optional[dict] = None                # what the compare of `step` saw
     diverging: List[dict] = field(default_factory=list)    # the ops shown (summarize)
@@ -87,6 +90,8 @@ class AutoCheck:
 
     @property
     def complete(self) -> bool:
+        """Whether the compare of the step reported saw all of it (unseen_steps aside: what
+        another step holds does not undo a finding here; it only withholds a clean verdict)."""
         return self.coverage is None or Coverage(**self.coverage).complete
 
     @property
@@ -102,7 +107,7 @@ class AutoCheck:
     def verdict(self) -> str:
         if self.has_findings:
             return "findings"
-        return "sound" if self.complete else "incomplete"
+        return "sound" if self.complete and not self.unseen_steps else "incomplete"
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -121,11 +126,15 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     if compare:
         golden_run = golden_run or ws.run("cpu")
         steps = check_steps(ws, npu_run, golden_run, step)
+        if step is None:
+            result_unseen = _unseen_steps(npu_run, golden_run, steps)
     else:
         steps = [ws.resolve_step(npu_run, step)] if step is not None else \
             [ws.resolve_step(npu_run, None)] + npu_run.complete_steps[1:]
     result = AutoCheck(npu_run.label, golden_run.label if golden_run else None, steps[0],
                        mode_of(npu_run.info), criteria=criteria.to_dict())
+    if compare and step is None:
+        result.unseen_steps = result_unseen
     result.fusion = _fusion(ws, npu_run)
     history = loss_scale_history(ws, npu_run)
     if history.steps:
@@ -165,6 +174,18 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             result.result_file = write_result(ws, compared[s].table)
     result.advice = advise(result, npu_run.info)
     return result
+
+
+def _unseen_steps(npu_run: Run, golden_run: Run, compared: List[int]) -> Dict[str, List[int]]:
+    """What each run dumped, or began to, that a compare of every step leaves out, by why."""
+    out: Dict[str, List[int]] = {}
+    for run in (npu_run, golden_run):
+        if run.interrupted:
+            out[f"interrupted in {run.label}"] = sorted(run.interrupted)
+        only = sorted(set(run.complete_steps) - set(compared))
+        if only:
+            out[f"dumped in {run.label} only"] = only
+    return out
 
 
 def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[dict]:

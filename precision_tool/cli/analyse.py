@@ -14,6 +14,7 @@ from rich.table import Table
 from .. import analysis
 from ..analysis import Coverage, Criteria
 
+from ..dump.layout import format_steps
 from ..dump.workspace import WorkspaceError, check_compiled_graph
 from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt, panel
 
@@ -64,6 +65,19 @@ def _incomplete(what: str, cov: dict) -> CommandError:
     return CommandError(f"error: {what} is incomplete: {Coverage(**cov).text()}", EXIT_USAGE)
 
 
+def _raise_incomplete(check: dict) -> None:
+    """An auto check that did not see everything exits 2 after its results: its step's
+    compare left tensors out (the origin may be among them), or, with no finding, steps of
+    the runs were not compared (no clean verdict without them)."""
+    cov = check["coverage"]
+    if cov is not None and not Coverage(**cov).complete:
+        raise _incomplete(f"the compare of step {check['step']}", cov)
+    if check["verdict"] == "incomplete" and check.get("unseen_steps"):
+        raise CommandError("error: no clean verdict: step(s) not compared: " + "; ".join(
+            f"{format_steps(steps)} ({why})" for why, steps in check["unseen_steps"].items()),
+            EXIT_USAGE)
+
+
 # -- ac ---------------------------------------------------------------------------------------
 @command("ac", "auto-check", short_help="Auto check: fusion, overflow, and with -c the compare.")
 @click.option("-c", "--compare", is_flag=True, help="Also compare every op with the golden run "
@@ -110,8 +124,7 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
                                criteria=criteria, check=result)
         app.info(f"report: {path}")
     app.emit(result.to_dict(), lambda: _render_ac(app, result, limit))
-    if not result.complete:         # the origin may be among what was not compared
-        raise _incomplete(f"the compare of step {result.step}", result.coverage)
+    _raise_incomplete(result.to_dict())
     return EXIT_FINDINGS if result.has_findings else EXIT_OK
 
 
@@ -381,9 +394,7 @@ def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error
     check = data["check"]
     app.emit({"report": path, "verdict": check["verdict"], "step": check["step"]},
              lambda: app.line(f"report: {path} ({check['verdict']}, step {check['step']})"))
-    cov = check["coverage"]
-    if cov is not None and not Coverage(**cov).complete:
-        raise _incomplete(f"the compare of step {check['step']}", cov)
+    _raise_incomplete(check)
     return EXIT_FINDINGS if check["verdict"] == "findings" else EXIT_OK
 
 
