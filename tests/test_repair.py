@@ -226,12 +226,17 @@ def test_a_clean_run_needs_no_fix_and_writes_nothing(tmp_path):
     net = dense_net()
     ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision"))
     result = run_repair(ws)
-    assert not result.needed and result.fix == [] and result.verified and result.replays == 1
+    # the dumped step's compare finds nothing (as ac -c): no replay, no search, no proof
+    assert not result.needed and result.fix == [] and result.verified and result.replays == 0
+    assert result.healthy and result.proof is None
     assert not (tmp_path / "config").exists()
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "fix", "-j", "1"])
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
-    assert data["fix"] == [] and data["needed"] is False and data["proof"]["drift_step"] is None
+    assert data["fix"] == [] and data["needed"] is False and data["healthy"] is True
+    # asked for a loss tolerance, the replays decide: the step is replayed and proven
+    proven = run_repair(ws, loss_rtol=0.05)
+    assert not proven.healthy and proven.replays == 1 and proven.proof.drift_step is None
 
 
 # -- the search and the proof -----------------------------------------------------------------

@@ -257,3 +257,26 @@ def test_the_key_bias_without_its_absorbing_reader_is_carried_noise(workspaces, 
         assert r.exit_code == 2 and result["verdict"] == "incomplete"
     else:
         assert r.exit_code == 0 and "golden run itself holds nan/inf" in advice
+
+
+HEALTHY = [name for name in SCENARIOS if name.startswith("healthy_")]
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_a_healthy_run_is_healthy_to_every_command(workspaces, name):
+    """The shipped models trained 30 steps, every step dumped: the summary, the fusion-off
+    replay and the repair of the last step all say nothing is wrong (exit 0), and fix says
+    so without replaying anything."""
+    root = workspaces(name)
+    runner = CliRunner()
+
+    def run(*args):
+        return runner.invoke(cli, ["--data-dir", root, "--log-level", "4", *args])
+    assert run("vc", "-s", "29").exit_code == 0
+    assert run("vcs", "-c", "0.98").exit_code == 0
+    assert run("fo", "-s", "29").exit_code == 0
+    fix = runner.invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "fix", "-s", "29",
+                              "--dry-run"])
+    assert fix.exit_code == 0, fix.output
+    data = json.loads(fix.stdout)
+    assert data["needed"] is False and data["healthy"] is True and data["replays"] == 0

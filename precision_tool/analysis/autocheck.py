@@ -54,7 +54,7 @@ class AutoCheck:
     overflows: List[dict] = field(default_factory=list)    # in execution order
     first_overflow: Optional[dict] = None
     # the compare shows the overflows had no effect: every overflowing kernel's outputs were
-    # compared, and nothing in the step diverges with an effect (_overflows_without_effect)
+    # compared, and nothing in the step diverges with an effect (StepCompare.quiet_overflows)
     overflow_without_effect: bool = False
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
@@ -139,18 +139,19 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     history = loss_scale_history(ws, npu_run)
     if history.steps:
         result.loss_scale = dataclasses.asdict(history)
-    compared: Dict[int, _Compared] = {}
+    compared: Dict[int, StepCompare] = {}
     reports = {}
     for s in steps:                         # the first step with findings, else the first
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
         findings = bool(report.tasks)
         if compare:
-            c = compared[s] = _compare(ws, npu_run, golden_run, s, criteria, compared)
+            c = compared[s] = judge_step(ws, npu_run, golden_run, s, criteria, report.tasks,
+                                         compared)
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
-            findings = c.has_findings or findings and not _overflows_without_effect(report.tasks, c)
+            findings = c.any_findings
         result.steps.append(look)
         if findings:
             break
@@ -168,8 +169,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
                                             TensorMap(ws.compiled_graph(npu_run)), peak))
     if compare:
-        _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result,
-                      report.tasks)
+        _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
     result.advice = advise(result, npu_run.info)
@@ -208,8 +208,10 @@ def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:
     return None if fired is None else {p: len(nodes) for p, nodes in fired.items()}
 
 
-class _Compared(NamedTuple):
-    """A step's compare and what the step loop and the report both read of it (made once)."""
+class StepCompare(NamedTuple):
+    """A step's compare and what ac's step loop, its report and fix all read of it (made
+    once): the root cause, the coverage, the update check, where carried state was written,
+    and the step's overflowing tasks."""
     table: pd.DataFrame
     cause: RootCause
     coverage: Coverage
@@ -217,55 +219,67 @@ class _Compared(NamedTuple):
     underflow: Optional[dict]
     updates: UpdateCheck           # what each update changed against the golden's change
     trace: Optional[StateTrace] = None     # where state carried in was written
+    tasks: tuple = ()                      # the step's overflowing tasks
 
     @property
     def has_findings(self) -> bool:
+        """A finding of the compare (overflows aside)."""
         return self.findings > 0 or bool(self.cause.carried) or self.underflow is not None \
             or bool(self.updates.lost)
 
+    @property
+    def quiet_overflows(self) -> bool:
+        """Whether the step's overflows had no effect: the compare saw everything, every
+        overflowing kernel's outputs among it, and nothing of the step diverges with an
+        effect (a saturated exp whose softmax still matches the golden). With anything
+        unseen, an overflow stays a finding."""
+        if not self.tasks or self.has_findings or not self.coverage.complete:
+            return False
+        t = self.cause.rows
+        compared = {t.op_name[i] for i, out in enumerate(t.is_out)
+                    if out and t.verdict[i] != ERROR}
+        return all(task.op_name in compared for task in self.tasks)
+
+    @property
+    def any_findings(self) -> bool:
+        """A finding of the compare, or an overflow with (or of unknown) effect."""
+        return self.has_findings or bool(self.tasks) and not self.quiet_overflows
+
     @classmethod
-    def of(cls, table: pd.DataFrame, criteria, updates, noise_state=()) -> "_Compared":
+    def of(cls, table: pd.DataFrame, criteria, updates, noise_state=()) -> "StepCompare":
         """updates(skip): the step's UpdateCheck, leaving out the ops in skip (noise)."""
         cause = root_cause(table, criteria, noise_state=noise_state)
         return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
                    _underflow(table, cause), updates(cause.benign_ops))
 
 
-def _compare(ws, npu_run, golden_run, step, criteria, earlier: Dict[int, _Compared]) -> _Compared:
-    """A step's compare, root cause and update check. State that came in diverging is
-    followed back through the steps compared so far (`earlier`, made where missing); where
-    every update that wrote it was noise in its own step, the step is judged again with that
-    state as noise: it carries no finding (the key bias of every healthy Transformer)."""
+def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
+               tasks=None, earlier: Optional[Dict[int, StepCompare]] = None) -> StepCompare:
+    """A step's compare, root cause and update check, judged as ac judges it. State that
+    came in diverging is followed back through the steps compared so far (`earlier`, made
+    where missing); where every update that wrote it was noise in its own step, the step is
+    judged again with that state as noise: it carries no finding (the key bias of every
+    healthy Transformer). tasks: the step's overflowing tasks (read here when None)."""
+    criteria = Criteria.of(criteria)
+    if tasks is None:
+        tasks = overflow_report(ws, npu_run, step).tasks
     table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
 
     def updates(skip):
         return check_updates(ws, npu_run, golden_run, step, criteria, skip)
-    c = _Compared.of(table, criteria, updates)
+    c = StepCompare.of(table, criteria, updates)._replace(tasks=tuple(tasks))
     if not (c.cause.carried and c.cause.state_first):
         return c
     trace = trace_state(ws, npu_run, golden_run, step, c.cause.diverging_state, criteria,
-                        {k: e.table for k, e in earlier.items()})
+                        {k: e.table for k, e in (earlier or {}).items()})
     if trace.writers_noise:
-        c = _Compared.of(table, criteria, updates, noise_state=trace.variables)
-    return c._replace(trace=trace)
+        c = StepCompare.of(table, criteria, updates, noise_state=trace.variables)
+    return c._replace(trace=trace, tasks=tuple(tasks))
 
 
-def _overflows_without_effect(tasks, c: _Compared) -> bool:
-    """Whether a step's overflows had no effect: the compare saw everything, every
-    overflowing kernel's outputs among it, and nothing of the step diverges with an effect
-    (a saturated exp whose softmax still matches the golden). Without a compare, or with
-    anything unseen, an overflow stays a finding."""
-    if not tasks or c.has_findings or not c.coverage.complete:
-        return False
-    t = c.cause.rows
-    compared = {t.op_name[i] for i, out in enumerate(t.is_out) if out and t.verdict[i] != ERROR}
-    return all(task.op_name in compared for task in tasks)
-
-
-def _compare_step(ws, c: _Compared, npu_run, golden_run, step, criteria, limit, rank, result,
-                  tasks):
+def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit, rank, result):
     table, cause = c.table, c.cause
-    result.overflow_without_effect = _overflows_without_effect(tasks, c)
+    result.overflow_without_effect = c.quiet_overflows
     result.coverage = c.coverage.to_dict()
     result.diverging = [dataclasses.asdict(s)
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]

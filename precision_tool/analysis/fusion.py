@@ -20,10 +20,8 @@ from ..dump.bundle import load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..runtime.npu.fusion import PASSES, switch_for
-from .compare import vector_compare
+from .autocheck import judge_step
 from .mapping import TensorMap
-from .overflow import overflow_report
-from .rootcause import root_cause
 from .verdicts import DIVERGING
 
 
@@ -68,16 +66,21 @@ class Failures:
 
 
 def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> Failures:
-    """What fails in this run's step: diverging tensors (verdicts) and overflows."""
-    table = vector_compare(ws, run, golden, step, threshold=criteria)
+    """What fails in this run's step: diverging tensors (verdicts) and overflows, judged as
+    ac -c judges a step: a step with no finding there (its divergence noise or without
+    effect, its overflows without effect) fails in nothing."""
+    c = judge_step(ws, run, golden, step, criteria)
+    if not c.any_findings:
+        return Failures()
+    table = c.table
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
-    # by chance: it is no failure of either
-    noise = root_cause(table, criteria).benign_ops
+    # by chance: it is no failure of either; nor is what has no effect
+    noise = c.cause.benign_ops
     bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
     failures = Failures(set(table[bad].GoldenTensor))
-    if step in run.complete_steps:
+    if step in run.complete_steps and not c.quiet_overflows:
         tmap = TensorMap(ws.compiled_graph(run))
-        for task in overflow_report(ws, run, step).tasks:
+        for task in c.tasks:
             if task.is_producer:
                 failures.overflows.append(frozenset(tmap.stands_for(task.op_name)))
     return failures

@@ -137,15 +137,19 @@ class Repair:
     step_time: Tuple[float, float] = (0.0, 0.0)
     files: List[str] = field(default_factory=list)    # what was written
     notes: List[str] = field(default_factory=list)
+    # the dumped step's compare, judged as ac -c judges it, finds nothing: no search, no proof
+    healthy: bool = False
 
     @property
     def needed(self) -> bool:
-        return not self.before.passed
+        return not self.healthy and not self.before.passed
 
     @property
     def verified(self) -> bool:
-        """A fix (or none needed) that the proof over steps confirms."""
-        return self.fix is not None and self.proof is not None and self.proof.holds
+        """A fix (or none needed) that the proof over steps confirms, or a step whose dump the
+        compare finds healthy (the dump itself is the evidence)."""
+        return self.fix is not None and (self.healthy or
+                                         self.proof is not None and self.proof.holds)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -346,24 +350,35 @@ def low_precision_types(sess: Session) -> List[str]:
     return list(seen)
 
 
-def root_cause_types(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
-                     criteria: Criteria) -> Tuple[List[str], Optional[str]]:
-    """The op types a policy placed for the ops the root cause of the dumped step names
-    (origins, then the ops they propagate to, in execution order): the fp32 candidates
-    tried first; and, when the compare could not read every tensor, what it missed."""
-    from .compare import vector_compare
+@dataclass
+class DumpedStep:
+    """What the compare of the dumped step tells the search, judged as ac -c judges it:
+    whether it has a finding at all; the op types a policy placed for the ops the root cause
+    names (origins, then the ops they propagate to, in execution order), tried first among
+    the fp32 candidates; the variables whose update is no finding there (written by an
+    update that is noise or without effect: left out of the goal, as ac leaves them out);
+    and what the compare could not read, if anything."""
+    findings: bool
+    overflowed: bool               # the step overflowed (with or without effect)
+    leads: List[str]
+    quiet: List[str]
+    missed: Optional[str]
+
+
+def dumped_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
+                criteria: Criteria) -> DumpedStep:
+    from .autocheck import judge_step
     from .mapping import TensorMap
-    from .result import coverage
-    from .rootcause import root_cause
-    table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
-    cov = coverage(table)
-    cause = root_cause(table, criteria)
+    from .rootcause import written_variables
+    c = judge_step(ws, npu_run, golden_run, step, criteria)
     tmap = TensorMap(ws.compiled_graph(npu_run))
     types: Dict[str, None] = {}
-    for d in cause.origins + cause.propagators:
+    for d in c.cause.origins + c.cause.propagators:
         for t in placed_types(d.op_type, tmap.attrs(d.op_name)):
             types.setdefault(t, None)
-    return list(types), None if cov.complete else cov.text()
+    quiet = {split_tensor_name(v)[0] for v in written_variables(c.cause.rows, c.cause.benign_ops)}
+    return DumpedStep(c.any_findings, bool(c.tasks), list(types), sorted(quiet),
+                      None if c.coverage.complete else c.coverage.text())
 
 
 def candidate_changes(replay: StepReplay, leads: Sequence[str] = (),
@@ -576,14 +591,30 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
                           f"with action='dump' to repair it")
     bundle = load_bundle(ws.bundle_path(npu_run, step))
     criteria = Criteria.of(criteria)
+    progress("comparing the dumped step with the golden")
+    dumped = dumped_step(ws, npu_run, golden_run, step, criteria)
+    if not dumped.findings and dumped.missed is None and loss_rtol is None:
+        # nothing to repair, as ac -c says: no replay, no search, no proof
+        return Repair(npu_run.label, golden_run.label, step,
+                      "the dumped step's compare finds nothing with an effect (as ac -c)",
+                      [], Outcome(True, dumped.overflowed, float("nan"), []), fix=[], minimal=True, budget=budget,
+                      healthy=True, notes=["the dumped step matches its golden: what "
+                                           "diverges or overflows in it is noise or without "
+                                           "effect (precision-tool ac -c -s %d shows it)" % step])
     progress("replaying the step on the golden executor in float32 and float64")
     replay = StepReplay(bundle, golden_run.info.get("golden_dtype", "float32"), criteria, loss_rtol)
     noise = sorted(replay.noise)
+    quiet = sorted(set(dumped.quiet) - replay.noise)
+    replay.noise.update(quiet)
     goal = (f"the loss within {loss_rtol:g} (relative) and no overflow" if loss_rtol is not None
             else "every fetched output and variable update within the vc criteria, and no overflow")
     progress("replaying the step as it ran")
     before = replay.run(())
     result = Repair(npu_run.label, golden_run.label, step, goal, [], before, budget=budget)
+    if quiet:
+        result.notes.append(f"left out of the goal: the updates of {len(quiet)} variable(s) whose "
+                            f"divergence in the dumped step is noise or without effect, as ac -c "
+                            f"judges it ({', '.join(quiet[:3])}{', ...' if len(quiet) > 3 else ''})")
     if noise:
         result.notes.append(f"left out of the goal: the updates of {len(noise)} variable(s) that "
                             f"the golden cannot pin down: its float32 and float64 replays "
@@ -593,12 +624,11 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
         result.fix, result.after, result.minimal = [], before, True
     else:
         if leads is None:
-            progress("comparing the step for its root cause")
-            leads, missed = root_cause_types(ws, npu_run, golden_run, step, criteria)
-            if missed:
+            leads = dumped.leads
+            if dumped.missed:
                 result.notes.append(f"the compare that orders the fp32 candidates is incomplete "
-                                    f"({missed}): their order may be worse; the fix itself is "
-                                    f"judged on replays of the bundle, which read no dump file")
+                                    f"({dumped.missed}): their order may be worse; the fix itself "
+                                    f"is judged on replays of the bundle, which read no dump file")
         progress("searching the loss scale")
         cands = candidate_changes(replay, leads, lambda: search_loss_scale(replay))
         result.candidates = cands

@@ -511,8 +511,8 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
                      f"{len(verdict.unfused_failures)} failure(s) remain.",
                      f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
         else:
-            lines = ["Fusion is not to blame: nothing diverges or overflows in this step, with "
-                     "fusion or without.",
+            lines = ["Fusion is not to blame: nothing diverges or overflows in this step with "
+                     "an effect (as ac -c judges it), with fusion or without.",
                      f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
         lines.append(f"replays: {verdict.replays} ({', '.join(verdict.runs)})")
         app.console.print(panel(escape("\n".join(lines)), title="Fusion-off replay",
