@@ -183,6 +183,31 @@ def test_dump_callback_dumps_only_the_chosen_steps(tmp_path):
     assert len(result) and result.CosineSimilarity.notna().any()
 
 
+def test_the_step_history_covers_steps_not_dumped(tmp_path):
+    """O2 training whose loss scale 2**24 does not fit fp16: every step overflows and the
+    dynamic manager halves the scale. Dumping step 0 alone, the step history still holds
+    every step, each row as a dump of every step writes it (the same rows from the traced
+    and the untraced path), and ac counts them all."""
+    d = pt.data.digits()
+    data = NumpySlicesDataset((d.x_train[:192], d.y_train[:192])).batch(32, drop_remainder=True)
+
+    def history(dump_step, root):
+        model = Model(pt.models.cnn_network(), pt.nn.SoftmaxCrossEntropyWithLogits(),
+                      pt.train.Momentum(0.05, 0.9), amp_level="O2", target="npu")
+        model.train(1, data, callbacks=[DumpCallback(action="dump", dump_step=dump_step,
+                                                     data_dir=str(root))])
+        ws = Workspace(str(root))
+        return ws, ws.step_history(ws.run("npu"))
+    ws, one = history("0", tmp_path / "one")
+    _, every = history("0-5", tmp_path / "every")
+    assert list(one.step) == list(range(6))
+    assert one.to_dict("list") == every.to_dict("list")
+    assert list(one.loss_scale) == [2.0 ** (24 - k) for k in range(6)]
+    from precision_tool import analysis
+    scales = analysis.loss_scale_history(ws, ws.run("npu"))
+    assert len(scales.overflow_steps) == 6 and len(scales.skipped_steps) == 6
+
+
 def test_dump_callback_without_action_follows_the_environment(tmp_path, monkeypatch):
     root = str(tmp_path)
     monkeypatch.delenv("PRECISION_TOOL_NPU_ACTION", raising=False)

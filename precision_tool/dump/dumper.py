@@ -31,7 +31,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from ..kernels.table import csv_field as _q
 from .stepplan import Row, StepPlan, disk_dtype
 from .cores import WriterCore
 from .runfiles import RunFiles, run_json
+from ..train.loss_scale import loss_scale_variable
 from ..kernels.write import make_writer
 
 _STATS = list(kernels.STAT_FIELDS)
@@ -77,6 +78,9 @@ class _Step:
         self.status = 0                    # OR of the step's status words
         self.loss_scale = None             # (scale, next scale, finite) if the graph scales
         self.bundle = None                 # its replay bundle's files (replay.BundleFiles)
+
+
+_UNKNOWN = object()       # not looked up yet
 
 
 class _Traced:
@@ -153,13 +157,20 @@ class DumpObserver:
         self._reuse = None                          # where its values are in a run's trace
         self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
         self._bundles = None                        # replay.BundleWriter, made at the first dump
+        self._scale_var = _UNKNOWN                  # the loss scale variable's name, or None
+        self._scale_before = None                   # its value when an unwatched step began
         _OPEN.add(self)
 
     # -- the observer protocol (main thread: keep it cheap) ----------------------------------
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes) -> bool:
         acts = self.settings.actions
         number = session.step
-        if not (acts & {"dump", "overflow"}) or not self.settings.wants_step(number):
+        if not (acts & {"dump", "overflow"}):
+            return False
+        if not self.settings.wants_step(number):
+            # a step not dumped still gets its history row (unwatched_run): the loss scale
+            # it starts from is read now, before the run replaces it
+            self._scale_before = self._loss_scale(session)
             return False
         path = self._steps_dir + str(number)
         # a statistics dump asks for statistics only while these stay what its plan was
@@ -204,6 +215,25 @@ class DumpObserver:
             self.close()               # the last step of the dump: on disk before run() returns
             if st.dump and os.environ.get(layout.ENV_STOP_AFTER_DUMP):
                 raise SystemExit(0)    # check -- SCRIPT: the step it needs is written
+
+    def unwatched_run(self, session):
+        """A step outside dump_step: its history row from what the session holds (status
+        word, loss scale before and after; the update counts as applied when the status word
+        is clear, as the loss-scale gate reads it)."""
+        if self._step is not None or not (self.settings.actions & {"dump", "overflow"}):
+            return
+        status = session.float_status()
+        after = self._loss_scale(session)
+        scale = (self._scale_before, after, status == 0) if after is not None else None
+        self.files.observed(session.step, status, scale)
+
+    def _loss_scale(self, session) -> Optional[float]:
+        """The loss scale variable's current value (None: the graph has no loss scaling)."""
+        if self._scale_var is _UNKNOWN:
+            self._scale_var = loss_scale_variable(session.graph)
+        if self._scale_var is None:
+            return None
+        return float(np.asarray(session.variables(copy=False)[self._scale_var]).reshape(-1)[0])
 
     def abort_run(self, session, error):
         self._step = None              # nothing of the failed step is written

@@ -49,7 +49,9 @@ class Session:
         error)` if it fails. Watching costs the run one list append per op. An observer
         that needs only each value's statistics returns STATS_ONLY from begin_run: when every
         watching observer does, the run keeps no values and its trace holds their
-        statistics instead (RunTrace.stats), computed as the values are made."""
+        statistics instead (RunTrace.stats), computed as the values are made. An observer
+        that defines `unwatched_run(session)` is told of each run it chose not to watch, after
+        it (no trace: what the session itself holds, as its status word and variables)."""
         self._observers.append(observer)
 
     @property
@@ -103,6 +105,11 @@ class Session:
                            self._executor.stats if stats else None, self.float_status())
             for o in watching:
                 o.end_run(self, run)
+        for o, want in wants:
+            if not want:
+                unwatched = getattr(o, "unwatched_run", None)
+                if unwatched is not None:
+                    unwatched(self)
         self.step += 1
         # copies: a fetched array must never alias session state or a feed
         results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
