@@ -152,8 +152,10 @@ def loss_scale_too_large(root):
 
 
 def layer_norm_fp16_variance(root):
-    """A Transformer on features scaled by 300 under force_fp16: the fused LayerNorm's
-    variance leaves fp16's range inside its kernel; the attention softmax diverges."""
+    """A Transformer on features scaled by 300 under force_fp16: attention scores reach
+    25168, so the fused softmax's exp overflows inside the kernel (saturation keeps its
+    output finite: only the status word shows it) and the softmax diverges; the fused
+    LayerNorm's variance leaves fp16's range inside its kernel after it."""
     _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="force_fp16"),
            scale=300.0)
 
@@ -308,9 +310,10 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
     Scenario("loss_scale_2_24", "CNN via Model.train at O2: loss scale 2**24 overflows fp16",
              loss_scale_too_large, 1, first_overflow="loss_scale", step=0,
              advice=["That is the loss scale itself"]),
-    Scenario("layernorm_fp16", "Transformer, features x300, force_fp16: the fused LayerNorm "
-             "overflows (status only), the softmax diverges", layer_norm_fp16_variance, 1, step=0,
-             origin="attention/Softmax", first_overflow="attention_norm",
+    Scenario("layernorm_fp16", "Transformer, features x300, force_fp16: the fused softmax's "
+             "exp (scores to 25168) overflows first and diverges; the fused LayerNorm after it "
+             "overflows too", layer_norm_fp16_variance, 1, step=0,
+             origin="attention/Softmax", first_overflow="attention/Softmax",
              advice=["force_fp16 takes no mixlist"], not_advice=["(SessionConfig(modify_mixlist=...)"]),
     Scenario("carried_state_dumped", "Transformer, 3 steps all dumped, asked about step 2: "
              "the earlier update that wrote the diverging state", carried_state_all, 1, step=2,

@@ -37,7 +37,10 @@ def test_auto_check_tells_the_story_of_the_planted_graph(tmp_path):
     ws = _planted(tmp_path)
     result = auto_check(ws, compare=True)
     assert result.fusion["LayerNormFusionPass"] == 1
-    assert result.first_overflow is None
+    # the one-pass variance E[x^2] - E[x]^2 of inputs near 100 cancels below zero in fp16 and
+    # its square root is nan inside the kernel: the status word tells, though saturation
+    # keeps the kernel's output finite
+    assert result.first_overflow["op_name"] == "norm/Add_1"
     assert result.origin["op_name"] == "norm/Add_1"
     assert result.origin["pass_name"] == "LayerNormFusionPass"
     assert result.origin_replay == "local"

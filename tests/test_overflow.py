@@ -156,3 +156,60 @@ def test_auto_check_reports_the_loss_scale_history(tmp_path):
     ls = result.to_dict()["loss_scale"]
     assert ls["steps"] == 4 and ls["overflow_steps"][0] == 0 and ls["first_scale"] == 2.0 ** 20
     assert result.first_overflow is not None and result.step == 0
+
+
+# -- an overflow inside a kernel whose output comes out finite ------------------------------------
+def _softmax_of(logit_scale: float, mode: str, overflow_mode: str):
+    """A softmax (fused by SoftmaxFusionPass) of logits x @ w * scale: its largest logit, and
+    the status word the simulated NPU reports for the step."""
+    g = pt.Graph("sm", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [4, 8])
+        w = pt.variable("w", [8, 8], init="glorot_uniform")
+        logits = pt.ops.matmul(x, w) * pt.constant(logit_scale, name="scale")
+        y = pt.ops.softmax(logits)
+    xv = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    npu = pt.Session(g, target="npu", config=pt.SessionConfig(precision_mode=mode,
+                                                              overflow_mode=overflow_mode))
+    npu.run(y, {x: xv})
+    peak = float(np.abs(pt.Session(g).run(logits, {x: xv})).max())
+    return peak, npu.float_status()
+
+
+@pytest.mark.parametrize("overflow_mode", ["saturation", "inf_nan"])
+@pytest.mark.parametrize("mode", ["allow_mix_precision", "force_fp16"])
+def test_a_fused_fp16_softmax_sets_the_status_word_whatever_its_exp_reaches(mode, overflow_mode):
+    """The fused fp16 softmax skips the max subtraction: exp(x) leaves fp16 once a logit
+    passes ln 65504 = 11.09, and leaves float32 itself past 88.72. Saturation clips what the
+    exp made and the output is a finite (wrong) softmax, so only the status word can tell;
+    it read 0x0 once the fp32 exp had already gone to inf. The bit follows the logits alone."""
+    for scale, overflows in ((1.0, False), (20.0, True), (60.0, True), (200.0, True)):
+        peak, status = _softmax_of(scale, mode, overflow_mode)
+        assert (peak > np.log(65504.0)) == overflows, (scale, peak)
+        assert bool(status & 0x20) == overflows, (scale, peak, hex(status))
+
+
+def _fused_chain(x_value: float, overflow_mode: str):
+    """1 / (1 + exp(-x)) under force_fp32, UB-fused into one elementwise kernel that runs its
+    steps in fp32: exp(-x) leaves float32 for x < -88.72, and the kernel's output is 0 or a
+    subnormal either way."""
+    g = pt.Graph("chain", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [2, 4])
+        y = pt.ops.div(pt.constant(1.0, name="one"),
+                       pt.constant(1.0, name="one_") + pt.ops.exp(x * pt.constant(-1.0, name="neg")))
+    npu = pt.Session(g, target="npu", config=pt.SessionConfig(precision_mode="force_fp32",
+                                                              overflow_mode=overflow_mode))
+    out = npu.run(y, {x: np.full((2, 4), x_value, np.float32)})
+    assert "RealDiv" in npu.fusion_result()["chain"]["ub_fusion"]["TbeEltwiseFusionPass"]["fused_nodes"]
+    return out, npu.float_status()
+
+
+@pytest.mark.parametrize("overflow_mode", ["saturation", "inf_nan"])
+def test_an_fp32_step_inside_a_fused_kernel_overflows_into_the_status_word(overflow_mode):
+    out, status = _fused_chain(-80.0, overflow_mode)          # exp(80) fits float32
+    assert status == 0 and np.all(out < 1e-30)
+    out, status = _fused_chain(-100.0, overflow_mode)         # exp(100) does not
+    assert status & 0x20 and np.all(np.isfinite(out)) and np.all(out < 1e-30)
+    if overflow_mode == "saturation":       # the step saturated at the fp32 maximum
+        assert np.allclose(out, 1.0 / (1.0 + float(np.finfo(np.float32).max)), rtol=1e-6)

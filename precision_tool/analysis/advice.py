@@ -145,6 +145,9 @@ def advise(r, info: dict) -> List[str]:
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} (it replays the step under such changes and writes the "
                      f"configuration that works).")
+    if first is not None and r.golden_run is None:
+        lines.append("Dump the golden run too (cpu-dump) and add -c: the compare says whether "
+                     "the overflow has an effect and where the divergence starts.")
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
         return lines + ([unchecked] if unchecked else [])
     # nothing found (in the steps compared, where some were not: that line leads)

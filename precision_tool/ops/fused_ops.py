@@ -172,12 +172,13 @@ register("Conv2DBatchNorm", kernel=_conv_bn_kernel, min_inputs=6, unit=CUBE,
 # -- UB fusion -------------------------------------------------------------------------------
 def _fused_eltwise_kernel(i, a, c):
     """Runs its elementwise steps in fp32 in the unified buffer: intermediates are not rounded
-    to the compute dtype between steps, only the exposed results are."""
+    to the compute dtype between steps, only the exposed results are; an fp32 overflow of a
+    step still shows in the status word (KernelContext.inner)."""
     env = {f"in:{k}": v for k, v in enumerate(i)}
     for k, step in enumerate(a["steps"]):
         op = get(step["type"])
         out = op.kernel([env[ref] for ref in step["inputs"]], step["attrs"], c)
-        env[f"step:{k}"] = out[0] if isinstance(out, list) else out
+        env[f"step:{k}"] = c.inner(out[0] if isinstance(out, list) else out)
     return [env[a["role_steps"][r]] for r in a["roles"]]
 
 

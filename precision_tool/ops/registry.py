@@ -143,15 +143,19 @@ class KernelContext:
     """
 
     def __init__(self, float_dtype=np.float32, step: int = 0, graph_seed: int = 0,
-                 saturation: bool = False):
+                 saturation: bool = False, device: bool = False):
         self.float_dtype = np.dtype(float_dtype)
         self.step = step
         self.graph_seed = graph_seed
         self.low: Optional[str] = None   # "float16"/"bfloat16" when the op computes below fp32
         self.saturation = saturation
+        # the simulated NPU's context: inner fp32 steps of fused kernels overflow as the
+        # device's do (status word, saturation); the golden's leaves them as numpy makes them
+        self.device = device
         self.float_status = 0       # OR of the status words of the kernels run so far this step
         self.run_status = 0         # ... and of every kernel of the run, whatever clears the above
         self.status = 0             # the current kernel's own status word
+        self.kernel_inputs = ()     # the current kernel's inputs (set by the executor)
 
     def rng(self, seed: int) -> np.random.Generator:
         """A generator fixed by (graph seed, op seed, step): reproducible, new every step."""
@@ -165,11 +169,34 @@ class KernelContext:
         """An inner step of a fused kernel: round to the compute dtype (recording overflow and
         saturating as the hardware does), and continue in the run dtype."""
         if self.low is None:
-            return x
+            return self.inner(x)
         low, overflowed = kernels.round_result(x, self.low, self.saturation)
-        if overflowed and np.isfinite(x).all():
+        # born in this kernel when its inputs were finite, even where the fp32 step itself
+        # already overflowed to inf (an exp of a logit over 88.7 inside a fused fp16 softmax:
+        # saturation then hides it in the output, and only this bit tells)
+        if overflowed and all_finite(self.kernel_inputs):
             self.status |= numerics.STATUS_FLOAT_OVERFLOW
         return low
+
+
+    def inner(self, x: np.ndarray) -> np.ndarray:
+        """An inner step a fused kernel computes in fp32 (its unified buffer): on the device,
+        an fp32 overflow there from finite inputs sets the status word and, in saturation
+        mode, saturates at the fp32 maximum, however finite the kernel's output comes out
+        (exp(100) inside a fused elementwise chain that then divides by it). Off the device
+        (the golden), the value as numpy made it."""
+        if not self.device or getattr(x, "dtype", None) != np.float32:
+            return x
+        out, overflowed = kernels.round_result(x, "float32", self.saturation)
+        if overflowed and all_finite(self.kernel_inputs):
+            self.status |= numerics.STATUS_FLOAT_OVERFLOW
+        return out
+
+
+def all_finite(arrays) -> bool:
+    """Whether no float array among these holds nan or inf (what a kernel's status word asks
+    of its inputs: an overflow is the kernel's own only when they were finite)."""
+    return all(not (x.dtype.kind in "fV" and x.size) or np.isfinite(x).all() for x in arrays)
 
 
 @dataclass

@@ -156,7 +156,7 @@ class NpuExecutor:
         the next run); substitute: see Session.run."""
         self._substitute = substitute or {}
         self._check_memory(plan, values, variables)
-        ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation)
+        ctx = registry.KernelContext(F32, step, self.graph.seed, self.saturation, device=True)
         self._grid = kernels.rounder()       # chosen once a run: it reads the environment
         tasks: List[Task] = []
         self.tasks, self._ctx = tasks, ctx
@@ -267,6 +267,7 @@ class NpuExecutor:
             spec = self.graph.tensor(step.inputs[k]).spec
             inputs[k] = numerics.five_hd_to_nchw(x, (x.shape[0],) + tuple(spec.original_shape[1:]))
         ctx.low = step.low
+        ctx.kernel_inputs = inputs
         node = step.node
         try:
             result = step.op.kernel(inputs, node.attrs, ctx)
@@ -296,7 +297,7 @@ class NpuExecutor:
             return out
         r = r.astype(F32, copy=False)
         out, overflowed = self._grid(r, dtype, self.saturation, row)
-        if overflowed and _all_finite(inputs):      # born here, not carried in
+        if overflowed and registry.all_finite(inputs):      # born here, not carried in
             raw_bad = not np.isfinite(r).all()
             ctx.status |= (numerics.STATUS_CUBE_OVERFLOW if raw_bad and is_cube
                            else numerics.STATUS_FLOAT_OVERFLOW)
@@ -345,7 +346,3 @@ class NpuExecutor:
                 f"({activations / gib:.2f} GiB of tensors, {weights / gib:.2f} GiB of variables), "
                 f"the device has {limit / gib:.2f} GiB")
         self._memory_checked.add((id(plan), batch))
-
-
-def _all_finite(inputs) -> bool:
-    return all(not (x.dtype.kind in "fV" and x.size) or np.isfinite(x).all() for x in inputs)
