@@ -102,3 +102,33 @@ def test_unnormalised_transformer_with_embedding_norm_blames_the_fused_layer_nor
     assert verdict.fusion_to_blame and verdict.culprits == ["LayerNormFusionPass"]
     assert "embedding_norm/Add_1" in verdict.fused_nodes["LayerNormFusionPass"]
     assert verdict.replays <= int(np.ceil(np.log2(len(verdict.fired)))) + 2
+
+
+def test_a_fused_overflow_is_the_unfused_one_when_the_kernel_absorbed_its_op(tmp_path):
+    """Digits x400 into a LayerNorm under force_fp16: the fused kernel's one-pass variance
+    squares x itself (to 160000) and the unfused graph's Square squares x - mean (beyond
+    65504 too): both runs overflow, in ops the fused kernel stands for. The fused kernel's
+    overflow is then no failure 'only with fusion' (like with like); what is only with
+    fusion is the divergence it makes, and bisection still names the pass for that."""
+    from precision_tool.analysis import overflow_report
+    g = pt.Graph("ln400", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        logits = pt.nn.dense(pt.nn.layer_norm(x, name="norm"), 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.1).minimize(loss)
+    d = pt.data.digits()
+    root = str(tmp_path)
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode="force_fp16"), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
+    for sess in (npu, cpu):
+        sess.run([loss, train_op], {x: d.x_train[:32] * 400.0, y: d.y_train[:32]})
+        sess.close()
+    ws = Workspace(root)
+    verdict = bisect_fusion(ws, ws.run("npu"), ws.run("cpu"), 0)
+    unfused = Workspace(root).run("npu", verdict.runs[0])        # every pass off
+    assert [t.op_name for t in overflow_report(ws, unfused, 0).tasks] == ["norm/Square"]
+    assert verdict.fusion_to_blame and verdict.culprits == ["LayerNormFusionPass"]
+    assert verdict.new_failures and not any(f.startswith("overflow in") for f in verdict.new_failures)

@@ -19,6 +19,7 @@ from ..dump import Workspace
 from ..dump.bundle import load_bundle, replay
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
+from ..graph import split_tensor_name
 from ..runtime.npu.fusion import PASSES, switch_for
 from .autocheck import judge_step
 from .mapping import TensorMap
@@ -46,17 +47,20 @@ def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[st
 @dataclass
 class Failures:
     """What goes wrong in a replayed step: the golden tensors whose NPU counterpart diverges,
-    and each overflow a kernel made from finite inputs, as the golden tensors its outputs
-    stand for (a fused kernel's overflow and the unfused op's are the same overflow when
-    they share one)."""
+    and each overflow a kernel made from finite inputs, as the original ops it stands for (a
+    fused kernel's overflow and the unfused graph's are the same overflow when the kernel
+    absorbed the op that overflowed: the one-pass variance's x*x and the unfused Square).
+    `overflows` are the findings; `all_overflows` every one, effect or not, so that a fused
+    run's overflow is new only where the unfused run overflowed in none of its ops."""
     diverging: Set[str] = field(default_factory=set)
     overflows: List[frozenset] = field(default_factory=list)
+    all_overflows: List[frozenset] = field(default_factory=list)
 
     def beyond(self, baseline: "Failures") -> "Failures":
         """What fails here and not in the baseline."""
         return Failures(self.diverging - baseline.diverging,
                         [o for o in self.overflows
-                         if not any(o & b for b in baseline.overflows)])
+                         if not any(o & b for b in baseline.all_overflows)])
 
     def __bool__(self):
         return bool(self.diverging or self.overflows)
@@ -68,22 +72,26 @@ class Failures:
 def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> Failures:
     """What fails in this run's step: diverging tensors (verdicts) and overflows, judged as
     ac -c judges a step: a step with no finding there (its divergence noise or without
-    effect, its overflows without effect) fails in nothing."""
+    effect, its overflows without effect) fails in nothing, though its overflows are kept
+    to compare the fused run's with."""
     c = judge_step(ws, run, golden, step, criteria)
+    tmap = TensorMap(ws.compiled_graph(run))
+    every = [_overflow_ops(tmap, task.op_name) for task in c.tasks if task.is_producer]
     if not c.any_findings:
-        return Failures()
+        return Failures(all_overflows=every)
     table = c.table
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
     # by chance: it is no failure of either; nor is what has no effect
     noise = c.cause.benign_ops
     bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
-    failures = Failures(set(table[bad].GoldenTensor))
-    if step in run.complete_steps and not c.quiet_overflows:
-        tmap = TensorMap(ws.compiled_graph(run))
-        for task in c.tasks:
-            if task.is_producer:
-                failures.overflows.append(frozenset(tmap.stands_for(task.op_name)))
-    return failures
+    return Failures(set(table[bad].GoldenTensor), [] if c.quiet_overflows else every, every)
+
+
+def _overflow_ops(tmap: TensorMap, op_name: str) -> frozenset:
+    """The original ops an overflowing kernel stands for: a fused kernel's every absorbed op,
+    an inserted Cast's producer, any other op itself."""
+    ops = {split_tensor_name(t)[0] for t in tmap.stands_for(op_name)}
+    return frozenset(ops | set(tmap.original_ops(op_name)))
 
 
 @dataclass
