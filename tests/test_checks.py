@@ -172,6 +172,37 @@ def test_golden_values_beyond_fp16_in_an_fp16_op(tmp_path):
     assert found[0].evidence["type"] == "MatMul"
 
 
+@pytest.mark.parametrize("scale, found", [(1.0, False), (16.0, True)])
+def test_an_fp16_fused_softmax_fed_beyond_its_exp_is_an_error(tmp_path, scale, found):
+    """The Transformer fed the digits as shipped (0..1) or raw pixels (0..16) under
+    allow_mix_precision: every golden value of its fp16 ops stays inside fp16 (scores reach
+    about 70), so only what the fused softmax kernel does inside, exp of unshifted scores,
+    leaves the range. The check judges the golden input against ln 65504, and names it."""
+    m = pt.models.transformer()
+    xb, yb = next(iter(pt.data.digits().batches(32, seed=0, epoch=0)))
+    net = Net(m.graph, [m.x], m.y, m.loss, m.train_op, [([xb * scale], yb)])
+    ws = dump_step(tmp_path, net, MIXED)
+    inner = [f for f in findings(ws, "graph.fp16_range") if f.evidence.get("kernel")]
+    if not found:
+        assert inner == []
+        return
+    (f,) = inner
+    assert f.severity == "error" and f.evidence["op"] == "encoder/layer_0/attention/Softmax"
+    assert f.evidence["kernel"] == "SoftmaxV2" and f.evidence["max_abs"] > np.log(65504.0)
+
+
+def test_a_fused_fp16_layer_norm_fed_beyond_its_square_is_an_error(tmp_path):
+    """Inputs up to 400 into a LayerNorm under force_fp16: normalised, its output is small,
+    but the fused kernel's one-pass variance squares x itself (160000 > 65504)."""
+    def body(x):
+        return pt.nn.dense(pt.nn.layer_norm(x, name="norm"), 10, name="head")
+    net = custom_net(body, batch(np.random.default_rng(0).uniform(0, 400, size=(32, 64))))
+    ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="force_fp16"))
+    inner = [f for f in findings(ws, "graph.fp16_range") if f.evidence.get("kernel")]
+    assert [f.evidence["kernel"] for f in inner] == ["LayerNorm"]
+    assert inner[0].evidence["op"] == "norm/Add_1" and inner[0].evidence["max_abs"] > 255.9
+
+
 # -- determinism ------------------------------------------------------------------------------
 def test_a_nondeterministic_kernel_is_named(tmp_path, monkeypatch):
     import dataclasses

@@ -630,3 +630,32 @@ def test_an_ascend_named_dump_is_compared_by_its_output_tensors(tmp_path):
                         "MatMul.fc1_MatMul.12.0.1700000000000001.input.0.npy"])
     code, payload = as_json(tmp_path, "vc")
     assert code == 0 and payload["verdicts"] == {"pass": 1, "npu-only": 1}
+
+
+@pytest.mark.parametrize("npu_layers, golden_layers", [(1, 2), (2, 1)])
+def test_runs_of_different_graphs_get_no_verdict_and_name_what_has_no_counterpart(
+        tmp_path, npu_layers, golden_layers):
+    """A 1-layer NPU run against a 2-layer golden share the names of layer 0: compared on
+    those alone they looked whole, and ac -c gave a verdict on the whole. Every op of either
+    run without a counterpart in the other is now a gap that the compare names, and the
+    commands exit 2; the other way round, the NPU's extra ops have no golden tensor."""
+    d = pt.data.digits()
+    root = str(tmp_path)
+    xb, yb = next(iter(d.batches(32, seed=0, epoch=0)))
+    for target, layers in (("npu", npu_layers), ("cpu", golden_layers)):
+        m = pt.models.transformer(layers=layers)
+        if target == "npu":
+            sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+                pt.SessionConfig(precision_mode="force_fp32"), action="dump", data_dir=root))
+        else:
+            sess = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+        sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
+        sess.close()
+    for args in (("vc",), ("ac", "-c")):
+        result = invoke(root, *args)
+        assert result.exit_code == 2, (args, result.output)
+        last = result.stderr.splitlines()[-1]
+        assert "incomplete" in last and "encoder/layer_1/" in last, last
+        expected = "no counterpart in the compared graph" if golden_layers > npu_layers \
+            else "no golden tensor"
+        assert expected in last, last

@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Tuple, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -123,11 +123,16 @@ class CheckContext:
         return self.replay(self.golden_steps)
 
     @cached_property
-    def placement(self) -> Dict[str, str]:
-        """Original op name -> the dtype the configured NPU policy computes it in (ops a
-        fusion absorbed take their fused kernel's)."""
-        compiled = Session(self.graph, target="npu",
-                           config=SessionConfig.from_dict(self.config)).compiled
+    def compiled(self):
+        """The graph as the configured NPU compiles it (never run)."""
+        return Session(self.graph, target="npu", config=SessionConfig.from_dict(self.config)).compiled
+
+    @cached_property
+    def kernels(self) -> Dict[str, Tuple[str, object]]:
+        """Original op name -> (the dtype the configured NPU policy computes it in, the
+        compiled node of the kernel that runs it): ops a fusion absorbed take their fused
+        kernel's."""
+        compiled = self.compiled
         out = {}
         for node in self.graph.nodes:
             tensor = compiled.tensor_map.get(f"{node.name}:0")
@@ -135,9 +140,27 @@ class CheckContext:
             if kernel is None or kernel not in compiled.graph:
                 continue
             kernel = compiled.graph.node(kernel)
-            out[node.name] = kernel.attrs.get("compute_dtype") or \
-                (kernel.outputs[0].dtype if kernel.outputs else "")
+            out[node.name] = (kernel.attrs.get("compute_dtype") or
+                              (kernel.outputs[0].dtype if kernel.outputs else ""), kernel)
         return out
+
+    def original_input(self, kernel, k: int) -> Optional[str]:
+        """The model's tensor a compiled kernel's input k holds (through the Casts and
+        TransData the compiler inserted before it), or None."""
+        graph = self.compiled.graph
+        tensor = kernel.inputs[k] if k < len(kernel.inputs) else None
+        while tensor is not None and split_tensor_name(tensor)[0] in graph:
+            producer = graph.node(split_tensor_name(tensor)[0])
+            if not producer.attrs.get("inserted_by"):
+                break
+            tensor = producer.inputs[0] if producer.inputs else None
+        return tensor if tensor is not None and split_tensor_name(tensor)[0] in self.graph \
+            else None
+
+    @cached_property
+    def placement(self) -> Dict[str, str]:
+        """Original op name -> the dtype the configured NPU policy computes it in."""
+        return {name: dtype for name, (dtype, _) in self.kernels.items()}
 
     @cached_property
     def ran(self) -> set:
@@ -469,6 +492,13 @@ def _fp16_range(ctx: CheckContext) -> List[Finding]:
         dtype = placed.get(node.name)
         if dtype != "float16" or node.type in ("Const", "Variable", "Placeholder"):
             continue
+        kernel = ctx.kernels[node.name][1]
+        if kernel.type in INNER_LIMITS:
+            if kernel.name == node.name:        # once per kernel, for the op it stands for
+                inner = _inner_overflow(node, kernel, ctx.original_input(kernel, 0), trace)
+                if inner is not None:
+                    out.append(inner)
+            continue
         for k, v in enumerate(outputs):
             v = np.asarray(v)
             if dtypes.category(v.dtype) != "float" or not v.size:
@@ -494,6 +524,35 @@ def _fp16_range(ctx: CheckContext) -> List[Finding]:
                                     f"values are below fp16's smallest normal (6.1e-5)",
                                     evidence, f"keep {node.type} in fp32, or rescale"))
     return out
+
+
+# fused fp16 kernels whose inner step leaves fp16 on an input their output never shows: the
+# kernel type, the largest input magnitude it takes, and what it does with it (ops/fused_ops)
+INNER_LIMITS = {"SoftmaxV2": (math.log(FP16_MAX), "takes exp of its input without subtracting "
+                                                   "the max (exp leaves fp16 past 11.09)"),
+                "LayerNorm": (math.sqrt(FP16_MAX), "squares its input in its one-pass variance "
+                                                   "(x*x leaves fp16 past 255.9)")}
+
+
+def _inner_overflow(node, kernel, tensor: Optional[str], trace) -> Optional[Finding]:
+    """An fp16 fused kernel whose golden input (`tensor`, the model's tensor it reads) goes
+    beyond what its inner step takes: its output stays in range (a softmax is at most 1, a
+    normalised row small), so only the input tells."""
+    if tensor is None:
+        return None
+    bound, what = INNER_LIMITS[kernel.type]
+    x = np.abs(np.asarray(trace.value(tensor), np.float64))
+    x = x[np.isfinite(x)]
+    peak = float(x.max()) if x.size else 0.0
+    if peak <= bound:
+        return None
+    return _finding("graph.fp16_range", ERROR,
+                    f"{node.name} ({node.type}) runs in the fused fp16 kernel {kernel.type}, which "
+                    f"{what}; its input {tensor} reaches {peak:.6g} in the golden run",
+                    {"op": node.name, "type": node.type, "kernel": kernel.type, "input": tensor,
+                     "max_abs": _f(peak), "limit": _f(bound)},
+                    f"normalise or scale what feeds {node.name}, switch the kernel's fusion pass "
+                    f"off, or keep {node.type} in fp32")
 
 
 @check("determinism", "determinism", "two golden replays of the step, value by value")

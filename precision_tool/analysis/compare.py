@@ -116,6 +116,56 @@ def _undumped_ops(graph: Optional[GraphView], tmap: TensorMap, indexed: set,
     return rows
 
 
+GOLDEN_ONLY = "no NPU counterpart"
+
+
+def _golden_only_ops(graph: Optional[GraphView], indexed: set, gold: Table,
+                     gold_graph: Optional[GraphView], start: int) -> list:
+    """An error row for each op the reference step ran that the compared run's graph has no
+    counterpart of: no node of that name and none that absorbed it (a fused kernel's
+    original ops). Two runs of different graphs (a 2-layer NPU run against a 3-layer
+    golden) share the names of what they have in common, and compared only those they
+    would look whole; these rows make such a compare incomplete, naming what is missing.
+    Without a graph (our golden run on the left), the left step's own ops are its graph; an
+    NPU run as the reference counts by its own originals (what its compiler inserted is
+    no op of the model)."""
+    known = _originals(graph) if graph is not None else indexed
+    ran = {}
+    outputs = np.asarray(gold["io"]) == "output"
+    for name, op_type in zip(np.asarray(gold["op_name"])[outputs].tolist(),
+                             np.asarray(gold["op_type"])[outputs].tolist()):
+        if op_type not in NOT_KERNELS:
+            ran.setdefault(name, op_type)
+    if gold_graph is not None:
+        ran = {o: ran.get(o, "") for name in ran for o in _originals(gold_graph, name)}
+    rows = []
+    for name, op_type in ran.items():
+        if name in known:
+            continue
+        rows.append({"Index": start + len(rows), "OpType": op_type, "NPUDump": "",
+                     "GroundTruth": name, "TensorIndex": f"{name}:output:0",
+                     "GoldenTensor": f"{name}:0", **{m: np.nan for m in METRICS},
+                     "CompareFailReason": f"{GOLDEN_ONLY}: the reference ran {name}, the "
+                                          f"compared run's graph has no such op (a different "
+                                          f"graph? map it with -g)",
+                     "Verdict": "error"})
+    return rows
+
+
+def _originals(graph: GraphView, name: Optional[str] = None) -> set:
+    """The model's ops a compiled graph's nodes stand for (of one node, with `name`): a
+    fused kernel's original ops, a node's own name, nothing for what the compiler inserted."""
+    nodes = [graph.get(name)] if name is not None else list(graph)
+    out = set()
+    for node in nodes:
+        if node is None:
+            out.add(name)
+        elif not node.attrs.get("inserted_by"):
+            out.add(node.name)
+            out.update(node.attrs.get("original_op_names", ()))
+    return out
+
+
 def _golden_rows(ws: Workspace, run: Run, step: int):
     """A step's index of the reference run, and two ways to find a row in it: by the
     compiled tensor's own name, and by the original (golden) tensor a row stands for. A
@@ -253,6 +303,9 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \
         if step in npu_run.bundles else None
     rows += _undumped_ops(graph, tmap, set(npu["op_name"]), fetched, len(rows))
+    if graph is not None or npu_run.ours:   # a foreign dump's fusion is not known
+        rows += _golden_only_ops(graph, set(npu["op_name"]), gold,
+                                 ws.compiled_graph(golden_run), len(rows))
     engine = engine_for(workers, scheduler)
     try:
         results = compare_pairs(ws.root, pairs, engine, progress)

@@ -44,6 +44,8 @@ class Coverage:
     compared: int = 0
     npu_only: int = 0
     missing: Dict[str, int] = field(default_factory=dict)
+    # per reason, the first few ops not compared for it (what the user goes looking for)
+    examples: Dict[str, List[str]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -63,12 +65,17 @@ class Coverage:
         if not self.tensors:
             return f"{head}: the step holds no tensor that a golden one stands for" + \
                 (f" ({self.npu_only} NPU-only)" if self.npu_only else "")
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.missing.items(),
-                                                                key=lambda kv: -kv[1]))
+        why = ", ".join(f"{n} {reason}" + (f" ({', '.join(self.examples[reason])}"
+                                           f"{', ...' if n > len(self.examples[reason]) else ''})"
+                                           if self.examples.get(reason) else "")
+                        for reason, n in sorted(self.missing.items(), key=lambda kv: -kv[1]))
         return f"{head}; {self.not_compared} not: {why}"
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+EXAMPLES = 3      # ops named per reason in a coverage's text
 
 
 def _gap(reason: str) -> str:
@@ -83,6 +90,8 @@ def _gap(reason: str) -> str:
         return "unreadable"
     if reason.startswith("no golden tensor"):
         return "no golden tensor in the golden dump"
+    if reason.startswith("no NPU counterpart"):
+        return "reference op(s) with no counterpart in the compared graph"
     if reason.startswith(NOT_IN_INDEX):
         return "op missing from the step's index"
     if reason.startswith("shape mismatch"):
@@ -97,9 +106,17 @@ def coverage(table) -> Coverage:
     npu_only = int((verdicts == NPU_ONLY).sum())
     errors = np.flatnonzero(verdicts == ERROR)        # few rows: their reasons one by one
     reasons = column(table, "CompareFailReason", "")[errors]
-    missing = Counter(_gap(r if isinstance(r, str) else "") for r in reasons)
+    gaps = [_gap(r if isinstance(r, str) else "") for r in reasons]
+    ops = [a or b for a, b in zip(column(table, "NPUDump", "")[errors].tolist(),
+                                  column(table, "GroundTruth", "")[errors].tolist())]
+    examples: Dict[str, List[str]] = {}
+    for gap, op in zip(gaps, ops):
+        shown = examples.setdefault(gap, [])
+        if len(shown) < EXAMPLES and isinstance(op, str) and op and op not in shown:
+            shown.append(op)
     tensors = len(verdicts) - npu_only
-    return Coverage(tensors, tensors - len(errors), npu_only, dict(missing))
+    return Coverage(tensors, tensors - len(errors), npu_only, dict(Counter(gaps)),
+                    {gap: shown for gap, shown in examples.items() if shown})
 
 
 # -- provenance -------------------------------------------------------------------------------

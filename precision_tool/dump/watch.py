@@ -44,7 +44,10 @@ class WatchConfig:
     grad_max: float = 1e4            # ...over this explodes
     update_min: float = 0.0          # a weight whose relative update is at most this stands still
     update_max: float = 0.5          # ...over this jumps
-    loss_patience: int = 50          # steps without a new best loss
+    loss_patience: int = 50          # steps without a new best (smoothed) loss
+    # a loss that has come down to this fraction of where it started has learned: a plateau
+    # there is convergence, not a stall
+    loss_progress: float = 0.5
     scale_patience: int = 10         # steps at the loss scale's minimum
     conditions: Optional[frozenset] = None
 
@@ -246,12 +249,21 @@ def _loss_nan(w, v):
     return []
 
 
-@condition("loss_stalled", "the loss has not improved for loss_patience steps")
+@condition("loss_stalled", "the loss has not improved for loss_patience steps while it is "
+                           "still above loss_progress of where it started")
 def _loss_stalled(w, v):
-    if w.loss_now is None or w.since_best < w.config.loss_patience:
+    """On the loss smoothed over a few steps (a batch's loss is noisy: the best single batch
+    of a healthy run is an outlier that the next fifty rarely beat), once per loss_patience
+    steps of stall, and only while the loss has not come down to loss_progress of its start
+    (a trained model's plateau is convergence)."""
+    patience = w.config.loss_patience
+    if w.loss_now is None or w.since_best < patience or w.since_best % patience:
         return []
-    return [Hit(v.step, "loss_stalled", v.facts.loss, float(w.since_best), w.config.loss_patience,
-                f"the loss has not gone below {w.best_loss:.6g} for {w.since_best} steps")]
+    if w.smooth_loss <= w.config.loss_progress * w.first_loss:
+        return []
+    return [Hit(v.step, "loss_stalled", v.facts.loss, float(w.since_best), patience,
+                f"the loss (smoothed) has not gone below {w.best_loss:.6g} for {w.since_best} "
+                f"steps, still {w.smooth_loss / w.first_loss:.3g} of where it started")]
 
 
 @condition("loss_scale_min", "the loss scale stays at its minimum for scale_patience steps")
@@ -280,6 +292,8 @@ class WatchObserver:
         self._starts = None
         self.best_loss, self.since_best, self.scale_at_min = math.inf, 0, 0
         self.loss_now: Optional[float] = None
+        self.first_loss: Optional[float] = None      # the first loss seen (smoothing's start)
+        self.smooth_loss = math.nan                   # an exponential moving average of it
         self._trainable = [n.name for n in session.graph.nodes
                            if n.type == "Variable" and n.attrs.get("trainable", True)]
 
@@ -332,8 +346,13 @@ class WatchObserver:
             r = view.rows("loss")[0]
             loss = float(r[MAX]) if r[NAN] + r[POS_INF] + r[NEG_INF] == 0 else math.nan
             self.loss_now = loss
-            if loss < self.best_loss * (1 - 1e-4) or self.best_loss == math.inf:
-                self.best_loss, self.since_best = loss, 0
+            if self.first_loss is None or not math.isfinite(self.smooth_loss):
+                self.first_loss = self.smooth_loss = loss
+            else:
+                window = max(1, min(self.config.loss_patience // 5, 10))
+                self.smooth_loss += 2.0 / (window + 1) * (loss - self.smooth_loss)
+            if self.smooth_loss < self.best_loss * (1 - 1e-4) or self.best_loss == math.inf:
+                self.best_loss, self.since_best = self.smooth_loss, 0
             else:
                 self.since_best += 1
         if facts.scale is not None:
