@@ -57,6 +57,11 @@ def keep_in_fp32(op: dict, mode: str) -> str:
     if op.get("update"):
         return (f"declare the variable {op['op_name']} updates (and its optimizer slots) float32: "
                 f"an update computes in its variable's dtype under every mode")
+    dtype = op.get("compute_dtype") or ""
+    if dtype in ("float32", "float64") or mode in ("force_fp32", "O0"):
+        # the mode computes it in fp32 already: a list that keeps it there changes nothing
+        return (f"change its algorithm rather than its precision ({op['op_name']} already "
+                f"computes in {dtype or 'fp32'} under {mode}: no precision setting raises it)")
     kinds = op.get("policy_types") or [op.get("op_type", "")]
     listed = ", ".join(f'"{k}"' for k in kinds)
     names = ", ".join(kinds)
