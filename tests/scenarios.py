@@ -187,6 +187,22 @@ def epsilon_below_fp16(root, activation="tanh"):
         sess.close()
 
 
+def layer_norm_step(root: str, x, y, precision_mode: str) -> None:
+    """One SGD step of a LayerNorm ("norm") and a dense head on the batch (x, y), dumped on
+    the simulated NPU under precision_mode and on the golden, into root."""
+    g = pt.Graph("layer_norm", seed=0)
+    with g.as_default():
+        xp = pt.placeholder("x", [None, x.shape[1]])
+        yp = pt.placeholder("y", [None], "int32")
+        logits = pt.nn.dense(pt.nn.layer_norm(xp, name="norm"), 10, name="head")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, yp))
+        train_op = pt.train.SGD(0.1).minimize(loss)
+    npu, cpu = _sessions(root, g, pt.SessionConfig(precision_mode=precision_mode), 1)
+    for sess in (npu, cpu):
+        sess.run([loss, train_op], {xp: x, yp: y})
+        sess.close()
+
+
 def epsilon_absorbed(root):
     """The same layer norm read through a relu: the padding rows' n is 0 whatever rsqrt
     gave, and relu's slope at 0 is 0, so the saturated rsqrt reaches no output, loss or

@@ -111,21 +111,10 @@ def test_a_fused_overflow_is_the_unfused_one_when_the_kernel_absorbed_its_op(tmp
     overflow is then no failure 'only with fusion' (like with like); what is only with
     fusion is the divergence it makes, and bisection still names the pass for that."""
     from precision_tool.analysis import overflow_report
-    g = pt.Graph("ln400", seed=0)
-    with g.as_default():
-        x = pt.placeholder("x", [None, 64])
-        y = pt.placeholder("y", [None], "int32")
-        logits = pt.nn.dense(pt.nn.layer_norm(x, name="norm"), 10, name="logits")
-        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
-        train_op = pt.train.SGD(0.1).minimize(loss)
+    from scenarios import layer_norm_step
     d = pt.data.digits()
     root = str(tmp_path)
-    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="force_fp16"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run([loss, train_op], {x: d.x_train[:32] * 400.0, y: d.y_train[:32]})
-        sess.close()
+    layer_norm_step(root, d.x_train[:32] * 400.0, d.y_train[:32], "force_fp16")
     ws = Workspace(root)
     verdict = bisect_fusion(ws, ws.run("npu"), ws.run("cpu"), 0)
     unfused = Workspace(root).run("npu", verdict.runs[0])        # every pass off

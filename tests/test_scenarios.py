@@ -287,24 +287,11 @@ def test_no_advice_to_keep_in_fp32_what_the_mode_computes_in_fp32(tmp_path):
     cancels in fp32 itself (E[x^2] ~ 1e8, its ulp 8, the variance 1). The advice names the
     fusion pass; keeping LayerNorm 'in fp32' would change nothing and is not offered."""
     import numpy as np
-    import precision_tool as pt
-    from precision_tool import hooks
-    g = pt.Graph("ln32", seed=0)
-    with g.as_default():
-        x = pt.placeholder("x", [None, 64])
-        y = pt.placeholder("y", [None], "int32")
-        logits = pt.nn.dense(pt.nn.layer_norm(x, name="norm"), 10, name="head")
-        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
-        train_op = pt.train.SGD(0.1).minimize(loss)
+    from scenarios import layer_norm_step
     xv = (1e4 + np.random.default_rng(1).normal(size=(32, 64))).astype(np.float32)
     yv = np.random.default_rng(2).integers(0, 10, 32).astype(np.int32)
     root = str(tmp_path)
-    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(precision_mode="force_fp32"), action="dump", data_dir=root))
-    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
-    for sess in (npu, cpu):
-        sess.run([loss, train_op], {x: xv, y: yv})
-        sess.close()
+    layer_norm_step(root, xv, yv, "force_fp32")
     r = CliRunner().invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "ac", "-c"])
     result = json.loads(r.stdout)
     assert r.exit_code == 1 and result["origin"]["op_name"] == "norm/Add_1"
