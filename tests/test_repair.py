@@ -239,6 +239,57 @@ def test_a_clean_run_needs_no_fix_and_writes_nothing(tmp_path):
     assert not proven.healthy and proven.replays == 1 and proven.proof.drift_step is None
 
 
+def squared_gain_net():
+    """64 -> 32, times 400, squared (to ~1.6e5: fp16 overflows in Square), scaled back by
+    1e-5, -> 10. Square in fp32 alone fixes the step; so does every MatMul in fp32 (the gray
+    ops after it then follow fp32 inputs), at the price of five cube kernels."""
+    g = pt.Graph("squared_gain", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.ops.square(pt.nn.dense(x, 32, name="fc1") * pt.constant(400.0, name="gain"))
+        logits = pt.nn.dense(h * pt.constant(1e-5, name="back"), 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train_op = pt.train.SGD(0.001).minimize(loss)
+    return Net(g, [x], y, loss, train_op, _batches([64], 1.0))
+
+
+def test_the_fix_is_the_cheapest_single_change_whatever_the_leads_say(tmp_path):
+    """The root cause's types are tried first; told MatMul, the search meets 'MatMul in fp32'
+    first, which passes and is 1-minimal in itself. The sweep over every single candidate
+    finds Square alone, which gives up fewer fp16 kernels: that is the fix."""
+    net = squared_gain_net()
+    ws = dump_step(tmp_path, net, pt.SessionConfig(precision_mode="allow_mix_precision",
+                                                   fusion_switch="off"))
+    result = run_repair(ws, leads=["MatMul"], write=False)
+    assert [c.describe() for c in result.fix] == ["Square in fp32"] and result.minimal
+    assert result.verified and any("costs less than MatMul in fp32" in n for n in result.notes)
+    replay = rp.StepReplay(rp.load_bundle(ws.bundle_path(ws.run("npu"), 0)), "float32",
+                           pt.analysis.Criteria())
+    matmul, square = rp.Change("fp32", "MatMul"), rp.Change("fp32", "Square")
+    assert replay.run([matmul]).passed and replay.run([square]).passed
+    assert not replay.run([]).passed
+    assert rp.fix_cost(replay, [square]) < rp.fix_cost(replay, [matmul])
+
+
+def test_the_sweep_replays_only_cheaper_singles_and_ranks_them():
+    items = [rp.Change("fp32", t) for t in ("A", "B", "C", "D")]
+    price = {"A": 9, "B": 3, "C": 1, "D": 2}
+    tried = []
+
+    def test(subsets):
+        tried.extend(subsets)
+        return [s[0].name in ("A", "B", "D") for s in subsets]
+
+    def cost(changes):
+        return sum(price[c.name] for c in changes)
+    assert rp.cheaper_singles([items[0]], items, cost, test) == [items[3], items[1]]
+    assert sorted(s[0].name for s in tried) == ["B", "C", "D"]      # A is the fix itself
+    tried.clear()
+    assert rp.cheaper_singles([items[2]], items, cost, test) == [] and tried == []
+    assert rp.cheaper_singles([], items, cost, test) == []
+
+
 # -- the search and the proof -----------------------------------------------------------------
 def test_the_search_is_logarithmic_and_parallel_replays_agree(tmp_path):
     net = dense_net(scale=1e5)

@@ -17,8 +17,9 @@ same bundle, judged by vc's criteria, and no overflow (the status word) — or, 
 tolerance, the fetched loss within it and no overflow. The search takes the shortest passing
 prefix of the cheapest-first list (bisection over its length), minimises it by delta
 debugging (QuickXplain's halving: O(k log(n/k)) replays for k culprits among n candidates)
-and checks that dropping any one change breaks the fix (1-minimal); those last replays are
-independent and run together on a process pool.
+and checks that dropping any one change breaks the fix (1-minimal); then every single
+candidate cheaper than that fix (fix_cost) is replayed alone, and the cheapest that passes is
+the fix. Those last replays are independent and run together on a process pool.
 
 The proof reruns N steps from the bundle (its batch every step: the bundle holds one) on the
 simulated NPU with the fix and on the golden executor, both from the bundle's variables, and
@@ -466,6 +467,62 @@ def minimize(items: List[Change], test: Callable[[List[List[Change]]], List[bool
     return qx([], False, list(items))
 
 
+def cheaper_singles(fix: List[Change], cands: Sequence[Change], cost: Callable[[List[Change]], tuple],
+                    test: Callable[[List[List[Change]]], List[bool]]) -> List[Change]:
+    """The candidates that pass on their own and cost less than `fix`, cheapest first: the
+    search's order (the root cause's types first) decides which passing set it meets first,
+    so a fix 1-minimal in itself (every MatMul in fp32) can still cost more than one other
+    change that alone suffices (the activation that overflows). Only candidates cheaper than
+    the fix are replayed, together."""
+    if not fix:
+        return []
+    budget = cost(fix)
+    priced = sorted(((cost([c]), i) for i, c in enumerate(cands) if c not in fix),
+                    key=lambda t: t[0])
+    cheaper = [cands[i] for price, i in priced if price < budget]
+    if not cheaper:
+        return []
+    return [c for c, ok in zip(cheaper, test([[c] for c in cheaper])) if ok]
+
+
+def step_cost(replay: "StepReplay", changes: Sequence[Change]) -> float:
+    """The modelled step time (runtime.npu.cost) of the step's graph compiled with `changes`."""
+    sess = replay.session(configure(replay.base, changes))
+    return cost.step_seconds(sess.compiled.graph, _open_dim(replay))
+
+
+# what a kind of change gives up, in the candidates' order: a pass or a loss scale costs no
+# precision, an op type some, the mode that keeps everything in fp32 the most
+KIND_COST = {"fusion": 0, "loss_scale": 0, "fp32": 1, "mode": 2}
+
+
+def fix_cost(replay: "StepReplay", changes: Sequence[Change]) -> Tuple[int, int, float]:
+    """What a set of changes costs, to choose between fixes: its dearest kind of change
+    (KIND_COST), then the fp16/bf16 kernels it gives up (counted, not named: a pass switched
+    off renames what it fused; casts aside), then the modelled step time (last: on a small
+    graph all-fp32 can model faster, its casts gone)."""
+    def low(cfg):
+        return sum(1 for n in replay.session(cfg).compiled.graph.nodes
+                   if n.attrs.get("compute_dtype") in LOW and n.type != "Cast")
+    lost = low(configure(replay.base, ())) - low(configure(replay.base, changes))
+    kind = max((KIND_COST[c.kind] for c in changes), default=0)
+    return kind, max(lost, 0), step_cost(replay, changes)
+
+
+def _moved_to_fp32(replay: "StepReplay", changes: Sequence[Change]) -> List[str]:
+    before = replay.session(configure(replay.base, ()))
+    after = replay.session(configure(replay.base, changes))
+    was = {n.name: n.attrs.get("compute_dtype") for n in before.compiled.graph.nodes}
+    return sorted(n.name for n in after.compiled.graph.nodes
+                  if n.attrs.get("compute_dtype") == "float32" and was.get(n.name) in LOW)
+
+
+def _open_dim(replay: "StepReplay") -> Optional[int]:
+    """The dimension a graph leaves open (the batch), as the bundle's feeds fix it."""
+    feeds = [v for v in replay.bundle.feeds.values() if np.ndim(v)]
+    return feeds[0].shape[0] if feeds else None
+
+
 def one_minimal(fix: List[Change], test: Callable[[List[List[Change]]], List[bool]]) -> bool:
     """Whether dropping any single change breaks the fix: one independent replay per change,
     run together."""
@@ -581,7 +638,7 @@ def _worker_test(task) -> bool:
 
 
 def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
-           loss_rtol: Optional[float] = None, budget: int = 64, proof_steps: int = 20,
+           loss_rtol: Optional[float] = None, budget: int = 128, proof_steps: int = 20,
            proof_rtol: float = 0.02, workers: int = 1, leads: Optional[Sequence[str]] = None,
            write: bool = True, progress: Callable[[str], None] = lambda _: None) -> Repair:
     """Find, verify and (write=True) write the smallest fix for the step (module doc).
@@ -682,7 +739,7 @@ def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int
             return passed
         return test
 
-    fix = None
+    fix, singles = None, []
     try:
         for proving in (False, True):
             test = tester(proving)
@@ -703,6 +760,21 @@ def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int
             # of cheap changes is found before an expensive one that also works
             fix = minimize(shortest_prefix(cands, test), test)
             result.minimal = one_minimal(fix, test)
+            # every single change cheaper than the fix, replayed on its own; the proving
+            # round only tries again those that made the step match
+            try:
+                singles = cheaper_singles(fix, singles if proving else cands,
+                                          lambda c: fix_cost(replay, c), test)
+            except BudgetSpent:
+                singles = []
+                result.notes.append(f"the budget of {budget} replays ran out before every "
+                                    f"single change cheaper than the fix was tried (-b to "
+                                    f"raise it): one of them alone may also suffice")
+            if singles:
+                result.notes.append(f"{singles[0].describe()} alone also passes and costs "
+                                    f"less than {_brief(fix)}, which the search found "
+                                    f"first: the fix is that single change")
+                fix, result.minimal, singles = singles[:1], True, singles[1:]
             result.fix, result.after = fix, replay.run(fix)
             progress(prover.announce())
             result.proof = prover(fix)
@@ -741,17 +813,11 @@ def _cost(result: Repair, replay: StepReplay) -> None:
     modelled step time before and after."""
     before = replay.session(configure(replay.base, ()))
     after = replay.session(configure(replay.base, result.fix))
-    was = {n.name: n.attrs.get("compute_dtype") for n in before.compiled.graph.nodes}
-    result.moved_to_fp32 = sorted(
-        n.name for n in after.compiled.graph.nodes
-        if n.attrs.get("compute_dtype") == "float32" and was.get(n.name) in LOW)
+    result.moved_to_fp32 = _moved_to_fp32(replay, result.fix)
     count = lambda s: sum(1 for n in s.compiled.graph.nodes   # noqa: E731
                           if n.type not in cost.NOT_KERNELS)
     result.kernels = (count(before), count(after))
-    feeds = [v for v in replay.bundle.feeds.values() if np.ndim(v)]
-    batch = feeds[0].shape[0] if feeds else None       # the dimension a graph leaves open
-    result.step_time = (cost.step_seconds(before.compiled.graph, batch),
-                        cost.step_seconds(after.compiled.graph, batch))
+    result.step_time = (step_cost(replay, ()), step_cost(replay, result.fix))
 
 
 def write_fix(ws: Workspace, result: Repair) -> List[str]:

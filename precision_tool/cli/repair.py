@@ -22,7 +22,7 @@ from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 @click.option("--loss-rtol", type=click.FloatRange(0.0, min_open=True), default=None,
               help="Goal: the loss within this relative error (and no overflow), instead of "
                    "every fetched output and variable update within the criteria.")
-@click.option("-b", "--budget", type=click.IntRange(1), default=64, show_default=True,
+@click.option("-b", "--budget", type=click.IntRange(1), default=128, show_default=True,
               help="Replays the search may use.")
 @click.option("-n", "--proof-steps", type=click.IntRange(1), default=20, show_default=True,
               help="Training steps the proof reruns from the bundle.")
