@@ -32,6 +32,9 @@ class Scenario:
     advice: List[str] = field(default_factory=list)      # phrases the advice holds
     not_advice: List[str] = field(default_factory=list)  # phrases it must not hold
     args: List[str] = field(default_factory=list)        # more ac options
+    # other commands on the same workspace: (arguments, exit code, phrases their output
+    # holds, phrases it must not hold)
+    also: List[tuple] = field(default_factory=list)
 
 
 def _sessions(root, graph, npu_config, steps, golden_config=None, dump_step=None):
@@ -299,6 +302,75 @@ def npu_fp32_against_fp64(root):
            golden_config=pt.SessionConfig(golden_dtype="float64"))
 
 
+
+def _scaled_mlp(init_scale: float):
+    """64 -> 128 -> 10 (ReLU), SGD 0.05 under a dynamic loss scale starting at init_scale."""
+    g = pt.Graph("scaled_mlp", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.ops.relu(pt.nn.dense(x, 128, name="fc1"))
+        h = pt.ops.relu(pt.nn.dense(h, 128, name="fc2"))
+        logits = pt.nn.dense(h, 10, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        opt = pt.train.LossScaleOptimizer(pt.train.SGD(0.05),
+                                          pt.train.DynamicLossScaleManager(init_scale))
+        train_op = opt.minimize(loss)
+    return _Bundle(g, x, y, loss, train_op)
+
+
+def dynamic_scale_backward(root):
+    """A dynamic loss scale of 2**24 under allow_mix_precision and saturation: the scaled
+    backward overflows in the loss gradient's Cast first, and on its own again further
+    down (the bias gradients' sums), not only by carrying the first."""
+    _train(root, _scaled_mlp(2.0 ** 24), pt.SessionConfig(precision_mode="allow_mix_precision",
+                                                         overflow_mode="saturation"), steps=3)
+
+
+def skipped_steps_undumped(root):
+    """The same model for 10 steps with only step 9 dumped: steps 0-4 overflowed and were
+    skipped while the scale came down; the step history (every step, dumped or not) says
+    so, and the state that came in diverging is explained by it."""
+    _train(root, _scaled_mlp(2.0 ** 24), pt.SessionConfig(precision_mode="allow_mix_precision"),
+           steps=10, dump_step="9")
+
+
+def softmax_bf16_fp32_exp(root):
+    """The Transformer on pixels x24 under allow_mix_precision_bf16 and saturation: the
+    fused bf16 softmax takes an fp32 exp of scores up to 161 (beyond 88.7): the status word
+    says overflow (0x20), and bf16's 8 bits on scores that large are what diverges."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(
+        precision_mode="allow_mix_precision_bf16", overflow_mode="saturation"), scale=24.0)
+
+
+def absorbed_overflow(root):
+    """Digits x400 into a LayerNorm under force_fp16: the fused kernel's variance and the
+    unfused graph's Square both overflow; the bisection compares like with like."""
+    d = pt.data.digits()
+    layer_norm_step(root, d.x_train[:32] * 400.0, d.y_train[:32], "force_fp16")
+
+
+def different_graphs(root):
+    """A 1-layer Transformer on the NPU against a 2-layer golden: no verdict on the whole."""
+    d = pt.data.digits()
+    xb, yb = next(iter(d.batches(32, seed=0, epoch=0)))
+    for target, layers in (("npu", 1), ("cpu", 2)):
+        m = pt.models.transformer(layers=layers)
+        if target == "npu":
+            sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+                pt.SessionConfig(precision_mode="force_fp32"), action="dump", data_dir=root))
+        else:
+            sess = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
+        sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
+        sess.close()
+
+
+def unnormalised_pixels(root):
+    """The Transformer on pixels 0..1000 (x62.5) under allow_mix_precision: `check` sees
+    from the golden step that the fused softmax's input leaves what its fp16 exp holds."""
+    _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="allow_mix_precision"),
+           scale=62.5)
+
 SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
     Scenario("softmax_overflow", "Transformer, unnormalised, allow_mix_precision, saturation: "
              "fused softmax overflows", softmax_overflow, 1, origin="attention/Softmax",
@@ -355,6 +427,35 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
              "ulp round away", lost_bf16_updates, 1, origin="", first_overflow="", step=0,
              advice=["Updates are lost", "fp32 master weights"],
              not_advice=["precision looks sound", "increase the learning rate"]),
+    Scenario("dynamic_scale_backward", "MLP, dynamic loss scale 2**24, allow_mix_precision, "
+             "saturation: the scaled backward overflows in several places on its own",
+             dynamic_scale_backward, 1, first_overflow="gradients/", step=0,
+             advice=["lower the loss scale to", "happen on their own",
+                     "(verified: a replay of step 0 with it matches the golden)"],
+             not_advice=["carry it", "only carry"]),
+    Scenario("skipped_steps_undumped", "MLP, dynamic loss scale 2**24, 10 steps, only step 9 "
+             "dumped: the history shows steps 0-4 skipped", skipped_steps_undumped, 1, step=9,
+             advice=["5 of the 9 steps before step 9 overflowed and skipped their update (0-4)",
+                     "came in with the state", "dump them"],
+             also=[(("ac",), 0, ["5 of 10 observed steps overflowed"], [])]),
+    Scenario("softmax_bf16_fp32_exp", "Transformer, pixels x24, allow_mix_precision_bf16, "
+             "saturation: the fused softmax's fp32 exp overflows (status 0x20)",
+             softmax_bf16_fp32_exp, 1, origin="attention/Softmax",
+             first_overflow="attention/Softmax", step=0,
+             advice=["normalise what feeds it (not verified), or switch SoftmaxFusionPass off"],
+             also=[(("train", "-a", "overflow"), 1, ["1 overflowing kernel(s), the first "
+                                                          "encoder/layer_0/attention/Softmax"],
+                    ["no overflow"])]),
+    Scenario("absorbed_overflow", "LayerNorm, digits x400, force_fp16: fused and unfused both "
+             "overflow; the bisection compares like with like", absorbed_overflow, 1, step=0,
+             also=[(("fo",), 1, ["LayerNormFusionPass"], ["overflow in norm/"])]),
+    Scenario("different_graphs", "1-layer Transformer on the NPU against a 2-layer golden: "
+             "no verdict on the whole", different_graphs, 2,
+             also=[(("vc",), 2, [], [])]),
+    Scenario("unnormalised_pixels_check", "Transformer, pixels 0..1000, allow_mix_precision: "
+             "check sees the fused softmax's input leave its fp16 exp", unnormalised_pixels, 1,
+             origin="attention/Softmax", first_overflow="attention/Softmax", step=0,
+             also=[(("check",), 1, ["graph.fp16_range", "without subtracting the max"], [])]),
     Scenario("healthy_mlp_30", "MLP, standardised, allow_mix_precision, 30 steps all dumped",
              _healthy("mlp", True), 0, origin="", first_overflow=""),
     Scenario("healthy_cnn_30", "CNN, standardised, allow_mix_precision, 30 steps all dumped",

@@ -55,6 +55,25 @@ def test_ac_tells_what_a_user_who_knows_the_cause_would_accept(workspaces, name)
         assert any(op["output_reasons"]), op["op_name"]
 
 
+ALSO = [(name, k) for name, s in SCENARIOS.items() for k in range(len(s.also))]
+
+
+@pytest.mark.parametrize("name, k", ALSO)
+def test_other_commands_on_the_scenario_say_what_they_should(workspaces, name, k):
+    """The scenario's other commands (fo, check, vc, train -a overflow, ac without -c): the
+    exit code, and phrases their output must and must not hold."""
+    args, code, phrases, absent = SCENARIOS[name].also[k]
+    r = CliRunner().invoke(cli, ["--data-dir", workspaces(name), "--log-level", "4", *args],
+                           env={"COLUMNS": "400"})
+    assert r.exit_code == code, (name, args, r.output)
+    assert "Traceback" not in r.output
+    text = " ".join(r.output.split())
+    for phrase in phrases:
+        assert phrase in text, (name, args, phrase, text[-2000:])
+    for phrase in absent:
+        assert phrase not in text, (name, args, phrase)
+
+
 def test_the_verdict_fields_are_in_the_json_of_vc_vcs_and_ac(workspaces):
     root = workspaces("input_saturation")
     runner = CliRunner()
@@ -298,3 +317,79 @@ def test_no_advice_to_keep_in_fp32_what_the_mode_computes_in_fp32(tmp_path):
     advice = " ".join(result["advice"])
     assert "LayerNormFusionPass off" in advice and "already computes in float32" in advice
     assert "keep LayerNorm in fp32" not in advice and "modify_mixlist" not in advice
+
+
+def _ac(root, *args):
+    r = CliRunner().invoke(cli, ["--data-dir", root, "--json", "--log-level", "4", "ac", "-c",
+                                 *args])
+    return r.exit_code, json.loads(r.stdout)
+
+
+def test_each_suggested_change_says_what_a_replay_of_the_step_showed(workspaces):
+    """ac replays the step under each configuration change its advice offers: the fused
+    softmax's two remedies both make the step match (verified); under force_fp16 neither
+    the softmax pass off nor SoftmaxV2 in fp32 helps (the LayerNorm after it overflows too),
+    so the line leads with what was not replayed and says why the others do not help."""
+    code, result = _ac(workspaces("softmax_overflow"))
+    said = {d["changes"]: d["verdict"] for d in result["remedies"]}
+    assert said == {"fusion pass SoftmaxFusionPass off": "verified",
+                    "SoftmaxV2 in fp32": "verified"}
+    line = next(a for a in result["advice"] if a.startswith("The first overflow"))
+    assert line.count("(verified: a replay of step 0 with it matches the golden)") == 2
+    assert "normalise what feeds it (not verified)" in line
+
+    code, result = _ac(workspaces("layernorm_fp16"))
+    assert {d["verdict"] for d in result["remedies"]} == {"does not help"}
+    line = next(a for a in result["advice"] if a.startswith("The first overflow"))
+    tail = line.split("fused by SoftmaxFusionPass (precision-tool fo confirms it): ")[1]
+    assert tail.startswith("normalise what feeds it (not verified)")
+    assert "switch SoftmaxFusionPass off in fusion_switch.cfg (does not help: a replay of " \
+           "step 0 with it still overflows" in tail
+
+    # asked not to replay, every change says so
+    code, result = _ac(workspaces("softmax_overflow"), "--no-verify")
+    assert result["remedies"] == [] and "(verified" not in " ".join(result["advice"])
+    assert "switch SoftmaxFusionPass off in fusion_switch.cfg (not verified)" in result["advice"][0]
+
+
+def test_a_loss_scale_on_a_graph_without_one_is_not_verified(workspaces):
+    code, result = _ac(workspaces("underflow_fp16"))
+    assert result["remedies"] == []
+    assert "DynamicLossScaleManager(init_loss_scale=16384)) (not verified)" in " ".join(result["advice"])
+
+
+def test_the_verified_remedies_really_fix_the_step(workspaces):
+    """What ac calls verified is what fix's own replay judge passes; what does not help
+    fails it (the same StepReplay, independent of the advice text)."""
+    from precision_tool.analysis import repair as rp
+    from precision_tool.dump import Workspace
+    for name in ("softmax_overflow", "layernorm_fp16"):
+        root = workspaces(name)
+        ws = Workspace(root)
+        code, result = _ac(root)
+        replay = rp.StepReplay(rp.load_bundle(ws.bundle_path(ws.run("npu"), 0)), "float32",
+                               rp.Criteria())
+        changes = {c.describe(): c for c in rp.candidate_changes(replay)}
+        for d in result["remedies"]:
+            passed = replay.run([changes[x] for x in d["changes"].split("; ")]).passed
+            assert passed == (d["verdict"] == "verified"), (name, d)
+
+
+def test_options_lead_with_what_helps_and_never_with_what_does_not():
+    """The ordering itself, on made-up replay results: verified, then not replayed, then
+    what a replay shows does not help; each tagged."""
+    from types import SimpleNamespace
+    from precision_tool.analysis.advice import Options
+    from precision_tool.analysis.remedy import Change
+    r = SimpleNamespace(step=3, remedies=[
+        {"changes": "fusion pass P off", "verdict": "does not help",
+         "evidence": "leaves the loss non-finite"},
+        {"changes": "Exp in fp32", "verdict": "verified", "evidence": "matches the golden"}])
+    opts = Options(r)
+    text = opts.either(opts.tag("switch P off", [Change("fusion", "P")]),
+                       opts.tag("scale it down"),
+                       opts.tag("keep Exp in fp32", [Change("fp32", "Exp")]))
+    assert text == ("keep Exp in fp32 (verified: a replay of step 3 with it matches the golden), "
+                    "or scale it down (not verified), or switch P off (does not help: a replay "
+                    "of step 3 with it leaves the loss non-finite)")
+    assert opts.asked == [(Change("fusion", "P"),), (Change("fp32", "Exp"),)]

@@ -10,22 +10,13 @@ the op in fp32. A loss scale is advised with a value worked out from the gradien
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 from .. import numerics
 from ..dump.layout import format_steps
+from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode, mode_of
+from .remedy import NO_HELP, VERIFIED, Change, describe_all
 from .result import Coverage
-
-MIXLIST_MODES = frozenset({"allow_mix_precision", "allow_mix_precision_bf16", "O1"})
-# the modes whose black-list move an op into fp32, by what the run used instead
-FP32_MODES = {"force_fp16": "allow_mix_precision", "O3": "O2", "O2": "O1",
-              "allow_fp32_to_fp16": "must_keep_origin_dtype"}
-
-
-def mode_of(info: dict) -> str:
-    """The run's precision mode as run.json names it (an amp level when one was used)."""
-    return info.get("amp_level") or info.get("precision_mode") or "unknown"
-
 
 def keep_in_fp32(op: dict, mode: str) -> str:
     """How to keep an op's numbers out of fp16 under this mode, as one imperative clause
@@ -68,12 +59,60 @@ def keep_in_fp32(op: dict, mode: str) -> str:
     if mode in MIXLIST_MODES:
         return (f'keep {names} in fp32: modify_mixlist {{"black-list": {{"to-add": [{listed}]}}}} '
                 f"(SessionConfig(modify_mixlist=...) or config/modify_mixlist.json)")
-    other = FP32_MODES.get(mode, "allow_mix_precision")
+    other = mixlist_mode(mode)
     via = "amp_level" if other.startswith("O") else "precision_mode"
-    extra = (f' with modify_mixlist {{"black-list": {{"to-add": [{listed}]}}}}'
-             if other in MIXLIST_MODES else "")
-    return (f"keep {names} in fp32: {mode} takes no mixlist, so train with {via} {other}{extra}, "
-            f"or force_fp32 to confirm the op is the cause")
+    return (f"keep {names} in fp32: {mode} takes no mixlist, so train with {via} {other} with "
+            f'modify_mixlist {{"black-list": {{"to-add": [{listed}]}}}}, or force_fp32 to '
+            f"confirm the op is the cause")
+
+
+def fp32_changes(op: dict, mode: str) -> Tuple[Change, ...]:
+    """The configuration change keep_in_fp32 advises for the op, to replay it with: its
+    policy's op types in fp32 (through the mode that reads a mixlist, as configure does);
+    for an inserted Cast, the types that read it; none for an update, an op the mode keeps
+    in fp32 already, or a Cast with no reader a policy placed."""
+    if op.get("inserted"):
+        readers = op.get("readers") or []
+        return tuple(Change("fp32", t) for t in readers)
+    dtype = op.get("compute_dtype") or ""
+    if op.get("update") or dtype in ("float32", "float64") or mode in ("force_fp32", "O0"):
+        return ()
+    return tuple(Change("fp32", t) for t in (op.get("policy_types") or [op.get("op_type", "")]) if t)
+
+
+class Options:
+    """The remedies an advice line offers, each tagged with what a replay of the step said of
+    it (AutoCheck.remedies): verified first, then those not replayed, and those a replay shows
+    do not help last, never leading. `asked` collects every configuration change offered:
+    what auto_check replays."""
+
+    def __init__(self, r):
+        self.step = r.step
+        self.said = {d["changes"]: d for d in (getattr(r, "remedies", None) or [])}
+        self.asked: List[Tuple[Change, ...]] = []
+
+    def tag(self, text: str, changes: Sequence[Change] = ()) -> Tuple[int, str]:
+        changes = tuple(changes)
+        if changes and changes not in self.asked:
+            self.asked.append(changes)
+        d = self.said.get(describe_all(changes)) if changes else None
+        if d is None:
+            return 1, text + " (not verified)"
+        if d["verdict"] == VERIFIED:
+            return 0, text + f" (verified: a replay of step {self.step} with it matches the golden)"
+        return 2, text + f" ({NO_HELP}: a replay of step {self.step} with it {d['evidence']})"
+
+    def either(self, *options: Tuple[int, str]) -> str:
+        """The options joined with "or", the best first (stable within a rank)."""
+        ranked = sorted(range(len(options)), key=lambda i: (options[i][0], i))
+        return ", or ".join(options[i][1] for i in ranked)
+
+    def keep(self, op: dict, mode: str) -> Tuple[int, str]:
+        return self.tag(keep_in_fp32(op, mode), fp32_changes(op, mode))
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def suggested_scale(current: float, peak: Optional[float]) -> Optional[float]:
@@ -87,9 +126,11 @@ def suggested_scale(current: float, peak: Optional[float]) -> Optional[float]:
     return current * 2.0 ** math.floor(math.log2(room))
 
 
-def advise(r, info: dict) -> List[str]:
-    """The advice lines for an AutoCheck `r` of a run whose run.json is `info`."""
+def advise(r, info: dict, options: Optional[Options] = None) -> List[str]:
+    """The advice lines for an AutoCheck `r` of a run whose run.json is `info`; `options`
+    collects the configuration changes they offer (Options.asked)."""
     mode = mode_of(info)
+    opts = options if options is not None else Options(r)
     lines: List[str] = []
     gap = Coverage(**r.coverage) if r.coverage is not None else None
     if gap is not None and not gap.complete:
@@ -122,20 +163,25 @@ def advise(r, info: dict) -> List[str]:
                      f"their outputs and everything after them match the golden, so precision "
                      f"looks sound (no finding); if a later step diverges, look there first.")
     elif first is not None:
-        lines.extend(_overflow_advice(r, first, o, mode))
+        lines.extend(_overflow_advice(r, first, o, mode, opts))
     if r.underflow is not None:
         where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
-        lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode))
+        lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode, opts))
+    skipped = _skipped_before(r.loss_scale, r.step)
+    if skipped:
+        lines.append(skipped + " " + _capital(opts.tag(
+            f"start the loss scale at {_scale_at(r.loss_scale, r.step):g}, where the manager "
+            f"settled, and fewer updates are lost")[1]) + ".")
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
     if r.lost_updates:
-        lines.append(_lost_update_advice(r.lost_updates))
+        lines.append(_lost_update_advice(r.lost_updates, opts))
     unchecked = _unchecked_updates(r.update_check)
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
     if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
             and not data_first:
-        lines.append(_origin_advice(r, o, mode))
+        lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
     if g and not data_first:
@@ -206,7 +252,7 @@ def _golden_nonfinite_advice(g: dict) -> str:
             f"learning rate too high).")
 
 
-def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str]:
+def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Options) -> List[str]:
     text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
     inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
     peak = max((max(abs(t["max"]), abs(t["min"])) for t in inputs), default=None)
@@ -215,48 +261,78 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str) -> List[str
     text += "."
     scales = _scales(r.loss_scale)
     if peak is not None and peak > numerics.FP16_MAX and peak in scales:
+        start = opts.tag("start it lower (init_loss_scale 2**15 or less) and no step is lost",
+                         [Change("loss_scale", "loss_scale", 2.0 ** 15)])
         return [text + f" That is the loss scale itself: {peak!r} does not fit in fp16, so each "
                 f"step overflows and is skipped until the dynamic manager has shrunk it below "
-                f"65504. Start it lower (init_loss_scale 2**15 or less) and no step is lost."]
+                f"65504. {_capital(start[1])}."]
     if op.get("carries"):
         return [text + f" Its inputs already diverge: it carries the divergence that starts "
                 f"upstream at {op['carries']}, which is what to fix."]
     if origin is not None and origin["op_name"] == op["op_name"] and origin.get("pass_name"):
         p = origin["pass_name"]
-        return [text + f" It is also where the divergence starts, fused by {p}: confirm with "
-                f"precision-tool fo, then switch {p} off in fusion_switch.cfg, or "
-                f"{keep_in_fp32(origin, mode)}; or normalise what feeds it."]
+        return [text + f" It is also where the divergence starts, fused by {p} (precision-tool "
+                f"fo confirms it): " + opts.either(
+                    opts.tag(f"switch {p} off in fusion_switch.cfg", [Change("fusion", p)]),
+                    opts.keep(origin, mode), opts.tag("normalise what feeds it")) + "."]
+    later = _later_overflows(r)
     if op["op_name"].startswith("gradients/") and scales:
-        return [text + " It is in the backward pass under loss scaling: lower the loss scale "
-                "(or let a dynamic manager shrink it), or " + keep_in_fp32(op, mode) + "."]
-    how = keep_in_fp32(op, mode)
-    fused = f"switch {op['pass_name']} off in fusion_switch.cfg, or " if op.get("pass_name") else ""
-    scale = "" if op.get("inserted") else ", or scale what feeds it down"
-    return [text + " " + (fused + how)[0].upper() + (fused + how)[1:] + scale +
-            "; the later overflows only carry it."]
+        lower = _lower_scale(_scale_at(r.loss_scale, r.step), peak)
+        return [text + " It is in the backward pass under loss scaling: " + opts.either(
+            opts.tag(f"lower the loss scale to {lower:g} (or let a dynamic manager shrink it)",
+                     [Change("loss_scale", "loss_scale", lower)]) if lower else
+            opts.tag("lower the loss scale (or let a dynamic manager shrink it)"),
+            opts.keep(op, mode)) + "." + later]
+    choices = [opts.keep(op, mode)]
+    if op.get("pass_name"):
+        choices.insert(0, opts.tag(f"switch {op['pass_name']} off in fusion_switch.cfg",
+                                   [Change("fusion", op["pass_name"])]))
+    if not op.get("inserted"):
+        choices.append(opts.tag("scale what feeds it down"))
+    return [text + " " + _capital(opts.either(*choices)) + "." + later]
 
 
-def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict] = None,
-                      mode: str = "") -> str:
+def _later_overflows(r) -> str:
+    """What the overflows after the first are: carried (their inputs hold inf/nan, or values
+    saturated at fp16's maximum) or their own (finite inputs within range: a scaled backward
+    that overflows in several places at once). Empty when there are none."""
+    later = r.overflows[1:]
+    if not later:
+        return ""
+    own = [t["op_name"] for t in later if t.get("inputs_finite", True) and all(
+        max(abs(x["max"]), abs(x["min"])) < numerics.FP16_MAX
+        for x in t.get("tensors", []) if x["io"] == "input" and x["max"] == x["max"])]
+    if not own:
+        return f" The {len(later)} later overflow(s) read what it produced: they carry it."
+    return (f" {len(own)} of the {len(later)} later overflow(s) happen on their own (finite "
+            f"inputs within fp16's range, the first {own[0]}): fixing this one alone may not "
+            f"be enough.")
+
+
+def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict], mode: str,
+                      opts: Options) -> str:
     scale = history["first_scale"] if history and history["first_scale"] == history["first_scale"] else 1.0
     text = (f"Gradients underflow: {u['tensors']} tensor(s) lose up to {u['worst'] * 100:.4g}% of "
             f"their non-zero elements to zero in fp16, the first {u['first']}.")
     if not u.get("gradients"):
-        keep = keep_in_fp32(origin, mode) if origin is not None else "keep those ops in fp32"
+        keep = opts.keep(origin, mode) if origin is not None else \
+            opts.tag("keep those ops in fp32")
         # a value cast in (data, a constant) is what to change; an op's inputs can be scaled
-        how = keep[0].upper() + keep[1:] if origin is not None and origin.get("inserted") \
-            else f"Scale what feeds them up, or {keep}"
-        return text.replace("Gradients underflow", "Values underflow") + f" {how}."
+        how = keep[1] if origin is not None and origin.get("inserted") \
+            else opts.either(opts.tag("scale what feeds them up"), keep)
+        return text.replace("Gradients underflow", "Values underflow") + f" {_capital(how)}."
     new = suggested_scale(scale, u.get("peak"))
     if new is not None:
-        return (text + f" Scale the loss: a static loss scale of {new:g} (2**{int(math.log2(new))}; "
-                f"the largest gradient then stays under 65504 with room to spare), or a dynamic "
-                f"manager starting there (DynamicLossScaleManager(init_loss_scale={new:g})).")
+        scaled = opts.tag(f"a static loss scale of {new:g} (2**{int(math.log2(new))}; the "
+                          f"largest gradient then stays under 65504 with room to spare), or a "
+                          f"dynamic manager starting there (DynamicLossScaleManager("
+                          f"init_loss_scale={new:g}))", [Change("loss_scale", "loss_scale", new)])
+        return text + f" Scale the loss: {scaled[1]}."
     return (text + " A larger loss scale has no room (the largest gradients are near 65504 "
-            "already): keep the gradient ops that flush in fp32.")
+            "already): keep the gradient ops that flush in fp32 (not verified).")
 
 
-def _lost_update_advice(u: dict) -> str:
+def _lost_update_advice(u: dict, opts: Options) -> str:
     first = u["lost"][0]
     more = f" ({len(u['lost'])} variables in all)" if len(u["lost"]) > 1 else ""
     how = ("did not move at all (its statistics are the same before and after the update; "
@@ -266,8 +342,10 @@ def _lost_update_advice(u: dict) -> str:
     return (f"Updates are lost: {first['variable']} ({first['dtype']}) {how}{more}: a step "
             f"under half an ulp of "
             f"the weight rounds away in its dtype, so the model stops learning while every "
-            f"value still matches. Keep fp32 master weights: declare the variables float32 and "
-            f"let the compute cast them down (a larger learning rate would only hide it).")
+            f"value still matches. "
+            + _capital(opts.tag("keep fp32 master weights")[1])
+            + ": declare the variables float32 and let the compute cast them down (a larger "
+            "learning rate would only hide it).")
 
 
 def _carried_advice(c: dict) -> str:
@@ -289,7 +367,7 @@ def _carried_advice(c: dict) -> str:
     return text + " Where it was written is not in the dumped steps."
 
 
-def _origin_advice(r, o: dict, mode: str) -> str:
+def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
     fused = f", fused by {o['pass_name']}" if o.get("pass_name") else ""
     why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
     replay = r.origin_replay or ""
@@ -302,11 +380,44 @@ def _origin_advice(r, o: dict, mode: str) -> str:
                 "differences its inputs bring, small as they are. Look at what feeds it "
                 f"(precision-tool ni {o['op_name']} -s 2).")
     if o.get("pass_name"):
-        return (head + f" Switch {o['pass_name']} off in fusion_switch.cfg and compare again, or "
-                f"run the fusion-off replay (precision-tool fo) to confirm it; or "
-                f"{keep_in_fp32(o, mode)}.")
-    return head + " " + keep_in_fp32(o, mode)[0].upper() + keep_in_fp32(o, mode)[1:] + \
-        ", and compare again."
+        return (head + " " + _capital(opts.either(
+            opts.tag(f"switch {o['pass_name']} off in fusion_switch.cfg (precision-tool fo "
+                     f"replays the step with fusion off)", [Change("fusion", o["pass_name"])]),
+            opts.keep(o, mode))) + ", and compare again.")
+    return head + " " + _capital(opts.keep(o, mode)[1]) + ", and compare again."
+
+
+def _skipped_before(history: Optional[dict], step: int) -> str:
+    """The steps before `step` whose update a dynamic loss scale skipped (the golden took
+    them: the state differs from there on), as a sentence; "" when none."""
+    if not history or history["first_scale"] != history["first_scale"]:
+        return ""
+    skipped = [s for s in history["skipped_steps"] if s < step]
+    if not skipped:
+        return ""
+    return (f"{len(skipped)} of the {step} steps before step {step} overflowed and skipped "
+            f"their update ({format_steps(skipped)}) while the dynamic loss scale came down "
+            f"from {history['first_scale']:g} to {_scale_at(history, step):g}: the golden "
+            f"took those updates, so the state differs from it from step {skipped[0]} on.")
+
+
+def _scale_at(history: Optional[dict], step: int) -> Optional[float]:
+    """The loss scale a step ran with, from the history (its first scale and its moves)."""
+    if not history or history["first_scale"] != history["first_scale"]:
+        return None
+    scale = history["first_scale"]
+    for at, _, to in history["moves"]:
+        if at < step:
+            scale = to
+    return scale
+
+
+def _lower_scale(scale: Optional[float], peak: Optional[float]) -> Optional[float]:
+    """A power-of-two loss scale under which `peak` (reached at `scale`) would sit under
+    fp16's maximum with a factor of 2 to spare; None without a finite peak above it."""
+    if not scale or peak is None or not math.isfinite(peak) or peak <= numerics.FP16_MAX / 2:
+        return None
+    return scale * 2.0 ** math.floor(math.log2(numerics.FP16_MAX / (2 * peak)))
 
 
 def _scales(history: Optional[dict]) -> set:

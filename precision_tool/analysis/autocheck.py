@@ -20,13 +20,13 @@ from typing import Dict, List, NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
-from ..dump import Workspace
+from ..dump import Workspace, load_bundle
 from ..dump.watch import first_hits, read_hits
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .advice import advise, mode_of
+from .advice import Options, advise, mode_of
 from .compare import vector_compare
 from .impact import rank_by_impact
 from .loss_scale import loss_scale_history
@@ -34,7 +34,8 @@ from .mapping import TensorMap, placed_types
 from .overflow import overflow_report
 from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
-from .rootcause import RootCause, root_cause
+from .rootcause import RootCause, root_cause, written_variables
+from .step_replay import check_remedies
 from .steps import StateTrace, check_steps, trace_state
 from .updates import UpdateCheck, check_updates
 from .summary import count_findings, summarize
@@ -86,6 +87,9 @@ class AutoCheck:
     repairable: bool = False
     # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
     watchpoints: List[dict] = field(default_factory=list)
+    # what a replay of the step said of each configuration change the advice offers
+    # (step_replay.check_remedies: changes, verdict, evidence); empty when not replayed
+    remedies: List[dict] = field(default_factory=list)
     advice: List[str] = field(default_factory=list)
 
     @property
@@ -117,10 +121,12 @@ class AutoCheck:
 
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
-               write_csv: bool = False, rank: Optional[bool] = None) -> AutoCheck:
+               write_csv: bool = False, rank: Optional[bool] = None,
+               verify: bool = True) -> AutoCheck:
     """With compare=True the vector compare runs too (the chosen step's written to
     temp/vector_compare when write_csv), its summary keeps `limit` ops (all when <= 0).
-    threshold: verdicts.Criteria or a cosine threshold."""
+    threshold: verdicts.Criteria or a cosine threshold. verify: replay the step (from its
+    bundle) under each configuration change the advice offers, and say which help."""
     criteria = Criteria.of(threshold)
     npu_run = npu_run or ws.run("npu")
     if compare:
@@ -172,8 +178,26 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
-    result.advice = advise(result, npu_run.info)
+    offered = Options(result)
+    result.advice = advise(result, npu_run.info, offered)
+    if compare and verify and result.repairable and result.has_findings and offered.asked:
+        result.remedies = _check_remedies(ws, npu_run, golden_run, s, criteria, compared[s],
+                                          offered.asked)
+        result.advice = advise(result, npu_run.info)
     return result
+
+
+def _check_remedies(ws, npu_run, golden_run, step, criteria, c: StepCompare, asked) -> List[dict]:
+    """The advice's changes replayed on the step's bundle (step_replay.check_remedies), the
+    variables the compare found quiet left out as fix leaves them out; none on a bundle that
+    cannot be read (every change then says "not verified")."""
+    quiet = {split_tensor_name(v)[0] for v in written_variables(c.cause.rows, c.cause.benign_ops)}
+    try:
+        bundle = load_bundle(ws.bundle_path(npu_run, step))
+        return check_remedies(bundle, golden_run.info.get("golden_dtype", "float32"), criteria,
+                              asked, sorted(quiet))
+    except PrecisionToolError:
+        return []
 
 
 def _unseen_steps(npu_run: Run, golden_run: Run, compared: List[int]) -> Dict[str, List[int]]:

@@ -25,6 +25,7 @@ from ..errors import PrecisionToolError
 from ..graph import dtypes, split_tensor_name
 from ..ops import registry
 from ..runtime import Session, SessionConfig
+from ..runtime.npu.policy import mode_of
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 CATEGORIES = ("data", "hyperparameter", "api", "graph", "init", "config", "determinism")
@@ -103,7 +104,7 @@ class CheckContext:
 
     @cached_property
     def mode(self) -> str:
-        return self.config.get("amp_level") or self.config.get("precision_mode", "allow_fp32_to_fp16")
+        return mode_of(self.config)
 
     def replay(self, steps: int):
         """(traces, variables before each step and after the last) of `steps` golden steps

@@ -4,9 +4,11 @@ A weight of 0.25 held in bf16 has an ulp of 2^-9: a step of 1e-4 rounds away, an
 the update writes equals the value it read. Compared as values, such a weight matches the
 golden's to three digits step after step while the model stops learning, so the effect of an
 update is its change: new minus old, in the variable's own dtype on each side. An update
-loses its step where the golden's change is non-zero and the NPU's is exactly zero; more
-than `criteria.flushed` of the elements the golden moved is a finding, with the share of the
-golden change's energy that was lost.
+loses its step where the golden's change is non-zero but under an ulp of the NPU's weight
+and the NPU's change is exactly zero; more than `criteria.flushed` of the elements the
+golden moved is a finding, with the share of the golden change's energy that was lost. A
+larger golden step the NPU did not take was lost before the update (a flushed gradient, a
+step skipped on overflow): that is the compare's finding, not a rounding loss.
 
 The tensors are the update op's dumped input (the variable it read) and output (what it
 wrote), on both sides. A statistics-only step has none: its index rows still show an update
@@ -22,7 +24,8 @@ import numpy as np
 
 from ..dump import Workspace
 from ..dump.workspace import Run
-from ..errors import PrecisionToolError
+from ..errors import GraphError, PrecisionToolError
+from ..graph import dtypes
 from ..ops import registry
 from .verdicts import Criteria
 
@@ -140,15 +143,26 @@ def _lost_by_statistics(op, old, new, g_old, g_new) -> Optional[LostUpdate]:
 
 
 def _lost(op, variable, dtype, old, new, g_old, g_new) -> Optional[LostUpdate]:
-    """Where the golden moved and the NPU did not (changes as each side stored them: a
-    variable in bf16 holds bf16 numbers, so new - old is its real change)."""
-    change = np.asarray(new, np.float64).ravel() - np.asarray(old, np.float64).ravel()
+    """Where the golden moved by less than an ulp of the NPU's weight and the NPU did not
+    move (changes as each side stored them: a variable in bf16 holds bf16 numbers, so new -
+    old is its real change). A golden step of an ulp or more that the NPU did not take was
+    lost before the update (a gradient flushed to zero, a step skipped on overflow): the
+    compare of those tensors says so, and it is no rounding loss of the update's own."""
+    old = np.asarray(old).ravel()
+    change = np.asarray(new, np.float64).ravel() - old.astype(np.float64)
     g_change = np.asarray(g_new, np.float64).ravel() - np.asarray(g_old, np.float64).ravel()
     finite = np.isfinite(change) & np.isfinite(g_change)
     moved = finite & (g_change != 0)
     if not moved.any():
         return None               # the golden did not move it either (a skipped step)
-    stalled = moved & (change == 0)
+    try:                          # the ulp of the weight in the dtype the NPU holds it in
+        held = old.astype(dtypes.to_numpy(dtype))
+    except (GraphError, TypeError, ValueError):
+        held = old
+    with np.errstate(invalid="ignore"):
+        ulp = np.abs(np.spacing(held)).astype(np.float64) if dtypes.category(held.dtype) == \
+            "float" else np.zeros(old.shape)
+    stalled = moved & (change == 0) & (np.abs(g_change) < ulp)
     energy = float(np.dot(g_change[stalled], g_change[stalled]) /
                    np.dot(g_change[moved], g_change[moved]))
     return LostUpdate(op, variable, str(dtype), int(moved.sum()), int(stalled.sum()), energy)

@@ -89,19 +89,25 @@ def _raise_incomplete(check: dict) -> None:
               help="With several origins, replay the step once per origin with its output "
                    "replaced by the golden's, to say which one matters (default: unless the "
                    "first origin is the first overflow, which settles it).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="With -c, replay the step (from its replay bundle) under each configuration "
+                   "change the advice offers and mark it verified or 'does not help' (one "
+                   "replay per change); otherwise each says 'not verified'.")
 @LEFT
 @RIGHT
 @STEP
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write the HTML report to FILE (needs -c; see precision-tool report).")
-def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, rank, left, right,
-                   step, html_file=None):
+def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, rank, verify,
+                   left, right, step, html_file=None):
     """Auto check: the fusion summary (passes and what they fused), the overflow analysis (the
     first overflow, then the next LIMIT, with decoded status and tensor statistics), and with
     -c the vector compare, the diverging ops and the root cause: the origin op, its fusion
     pass and its single-op replay, or the earlier step whose state carried the divergence
     in. Without -s every dumped step is looked at and the first with findings reported.
-    Ends with what to try next.
+    Ends with what to try next: each configuration change it offers is replayed on the
+    step and marked "verified" or "does not help" (never offered first), or "not verified"
+    where no replay could try it (a data or model change, a step without a replay bundle).
 
     Exit code 1 when something overflowed or diverges; 2 when something that should have
     been compared could not be (the results are shown first)."""
@@ -117,7 +123,8 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
         raise click.UsageError("--html needs -c: the report is drawn from the compare")
     criteria = _criteria(cosine, norm, flushed, rel_error)
     result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
-                                 threshold=criteria, limit=limit, write_csv=compare, rank=rank)
+                                 threshold=criteria, limit=limit, write_csv=compare, rank=rank,
+                                 verify=verify)
     if html_file:
         from ..report import write_report
         path, _ = write_report(app.ws, html_file, npu_run=npu, golden_run=golden,

@@ -34,6 +34,14 @@ PRECISION_MODES = ("force_fp32", "allow_fp32_to_fp16", "force_fp16", "must_keep_
                    "allow_mix_precision", "allow_mix_precision_bf16")
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 
+# the modes that read a modify_mixlist
+MIXLIST_MODES = frozenset({"allow_mix_precision", "allow_mix_precision_bf16", "O1"})
+# under a mode that reads none, the mode whose black-list can keep an op type in fp32 (what
+# `ac` advises and `fix` replays: one table for both)
+MIXLIST_FOR = {"force_fp16": "allow_mix_precision", "allow_fp32_to_fp16": "allow_mix_precision",
+               "must_keep_origin_dtype": "allow_mix_precision", "O2": "O1", "O3": "O1"}
+DEFAULT_MODE = "allow_fp32_to_fp16"
+
 WHITE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput",
                    "Conv2DBackpropFilter", "MatMulV2", "BatchMatMulV2", "Conv2DBatchNorm"})
 BLACK = frozenset({"Exp", "Log", "Pow", "Sqrt", "Rsqrt", "SqrtGrad", "RsqrtGrad", "ReduceSum",
@@ -102,7 +110,7 @@ def make_policy(precision_mode: str, amp_level: Optional[str], modify_mixlist) -
     low = "bfloat16" if mode == "allow_mix_precision_bf16" else "float16"
     white, black = set(WHITE), set(BLACK)
     if modify_mixlist is not None:
-        if mode not in ("allow_mix_precision", "allow_mix_precision_bf16", "O1"):
+        if mode not in MIXLIST_MODES:
             raise PolicyError(f"modify_mixlist only applies to allow_mix_precision modes, "
                               f"not to {mode}")
         white, black = _edit_lists(load_mixlist(modify_mixlist), white, black)
@@ -143,3 +151,22 @@ def _edit_lists(edits: dict, white: set, black: set):
                 else:
                     lists[key].discard(op)
     return white, black
+
+
+def mode_of(config: dict) -> str:
+    """The mode of a configuration (SessionConfig fields, a run's run.json): its amp level
+    when it has one, else its precision mode."""
+    return config.get("amp_level") or config.get("precision_mode") or DEFAULT_MODE
+
+
+def mixlist_mode(mode: str) -> str:
+    """The mode under which a black-list keeps an op type in fp32: the mode itself when it
+    reads a mixlist, else the nearest that does."""
+    return mode if mode in MIXLIST_MODES else MIXLIST_FOR.get(mode, "allow_mix_precision")
+
+
+def all_fp32_mode(mode: str) -> str:
+    """The mode that computes every op in fp32, in the family of `mode` (an amp level's O0,
+    otherwise force_fp32)."""
+    return "O0" if mode.startswith("O") else "force_fp32"
+
