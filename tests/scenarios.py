@@ -371,6 +371,44 @@ def unnormalised_pixels(root):
     _train(root, pt.models.transformer(), pt.SessionConfig(precision_mode="allow_mix_precision"),
            scale=62.5)
 
+
+def _unstable_mlp_run(root, steps: int, dump_step: str):
+    """64 -> 64 -> 10 (ReLU) on standardised digits, SGD at 1.5 (unstable: the golden's own
+    loss swings to 100 and back), a fixed loss scale of 1024, allow_mix_precision: the
+    NPU's rounding, passed by the criteria at every step, compounds through the state."""
+    g = pt.Graph("unstable_mlp", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = pt.ops.relu(pt.nn.dense(x, 64, name="fc1"))
+        logits = pt.nn.dense(h, 10, use_bias=False, name="logits")
+        loss = pt.ops.reduce_mean(pt.ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        opt = pt.train.LossScaleOptimizer(pt.train.SGD(1.5), pt.train.FixedLossScaleManager(1024.0))
+        train_op = opt.minimize(loss)
+    d = pt.data.digits()
+    xs = ((d.x_train - d.x_train.mean(0)) / (d.x_train.std(0) + 1e-3)).astype("float32")
+    npu, cpu = _sessions(root, g, pt.SessionConfig(precision_mode="allow_mix_precision"), steps,
+                         dump_step=dump_step)
+    import numpy as np
+    for sess in (npu, cpu):
+        rng = np.random.default_rng(0)
+        for _ in range(steps):
+            i = rng.integers(0, len(xs), 32)
+            sess.run([loss, train_op], {x: xs[i], y: d.y_train[i]})
+        sess.close()
+
+
+def state_drift(root):
+    """The unstable MLP, 32 steps all dumped: step 30 is the first to diverge, and replayed
+    from the NPU's own state it matches the golden: the state drifted."""
+    _unstable_mlp_run(root, 32, "0-31")
+
+
+def loss_drift_undumped(root):
+    """The unstable MLP, 40 steps with 0-5 dumped: those match, and the step histories show
+    the losses parting from step 16."""
+    _unstable_mlp_run(root, 40, "0-5")
+
 SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
     Scenario("softmax_overflow", "Transformer, unnormalised, allow_mix_precision, saturation: "
              "fused softmax overflows", softmax_overflow, 1, origin="attention/Softmax",
@@ -456,6 +494,17 @@ SCENARIOS: Dict[str, Scenario] = {s.name: s for s in [
              "check sees the fused softmax's input leave its fp16 exp", unnormalised_pixels, 1,
              origin="attention/Softmax", first_overflow="attention/Softmax", step=0,
              also=[(("check",), 1, ["graph.fp16_range", "without subtracting the max"], [])]),
+    Scenario("state_drift", "MLP at learning rate 1.5, loss scale 1024, allow_mix_precision, "
+             "32 steps: each step computes right from its own state; the runs drift apart",
+             state_drift, 1, origin="", first_overflow="", step=30,
+             advice=["drift apart through the state", "fc1/kernel:0", "golden_dtype='float64'"],
+             not_advice=["precision-tool fix", "Look at what feeds it", "precision looks sound"]),
+    Scenario("loss_drift_undumped", "the same MLP, 40 steps, 0-5 dumped: they match; the "
+             "losses part from step 16 in the step history", loss_drift_undumped, 1,
+             origin="", first_overflow="",
+             advice=["The losses part while every dumped step matches",
+                     'npu-dump --dump-step "15-16"'],
+             not_advice=["precision looks sound"]),
     Scenario("healthy_mlp_30", "MLP, standardised, allow_mix_precision, 30 steps all dumped",
              _healthy("mlp", True), 0, origin="", first_overflow=""),
     Scenario("healthy_cnn_30", "CNN, standardised, allow_mix_precision, 30 steps all dumped",

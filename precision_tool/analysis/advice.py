@@ -174,6 +174,8 @@ def advise(r, info: dict, options: Optional[Options] = None) -> List[str]:
             f"settled, and fewer updates are lost")[1]) + ".")
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
+    if getattr(r, "drift", None):
+        lines.append(_drift_advice(r.drift, r.step, r.criteria))
     if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates, opts))
     unchecked = _unchecked_updates(r.update_check)
@@ -346,6 +348,49 @@ def _lost_update_advice(u: dict, opts: Options) -> str:
             + _capital(opts.tag("keep fp32 master weights")[1])
             + ": declare the variables float32 and let the compute cast them down (a larger "
             "learning rate would only hide it).")
+
+
+def _drift_advice(d: dict, step: int, criteria: Optional[dict]) -> str:
+    """Drift (analysis.drift): the state's, the step sound; or the losses' in steps whose
+    compare finds nothing."""
+    tol = (criteria or {}).get("rel_error", 0.05)
+    gap = d["loss"]
+    state = d["state"]["variables"]
+    furthest = "; ".join(
+        f"{v['variable']} {v['distance']:.3g}" + (
+            f" (from {v['before'][min(v['before'])]:.3g} at step {min(v['before'])})"
+            if v["before"] else "") for v in state) or "no variable read differs"
+    losses = ""
+    if gap["steps"]:
+        losses = (f" The losses (step histories, {gap['steps']} steps): " +
+                  (f"first more than {tol * 100:g}% apart at step {gap['first_off']}, "
+                   if gap["first_off"] is not None else f"within {tol * 100:g}% at every step, ")
+                  + f"{gap['worst'] * 100:.3g}% at worst (step {gap['worst_step']}).")
+    if d["kind"] == "state" and d["own"]:
+        return (f"Most of what diverges in step {step} came in with the state, off the "
+                f"golden's by a little more each step (relative distance when it starts: "
+                f"{furthest}).{losses} Replayed from the NPU's own state (its replay bundle), "
+                f"the step still fails in {len(d['own'])} output(s) or update(s), the first "
+                f"{d['own'][0]}: that much is the step's own; the rest is rounding that "
+                f"compounds over the steps.")
+    if d["kind"] == "state":
+        return (f"The runs drift apart through the state: replayed from the NPU's own state "
+                f"(its replay bundle), step {step} computes as the golden does, every output "
+                f"and update within the criteria, so no op or setting of this step is to "
+                f"blame (what diverges shows first at {d['shows_first']}). The variables "
+                f"furthest from the golden's when it starts (relative distance): {furthest}."
+                f"{losses} Rounding the criteria pass at every step compounds through the "
+                f"training (a high learning rate or an unstable model amplifies it; two fp32 "
+                f"runs that sum in another order part too): dump a golden run with "
+                f"SessionConfig(golden_dtype='float64') and compare the two goldens to see "
+                f"whether the training itself is that sensitive.")
+    first = gap["first_off"]
+    return (f"The losses part while every dumped step matches:{losses} The difference "
+            f"accumulates in the state, furthest from the golden's at step "
+            f"{d['state']['step']}: {furthest}. Dump step {first} and the steps before it "
+            f"(precision-tool npu-dump --dump-step \"{max(first - 1, 0)}-{first}\" -- <your "
+            f"training command>, and cpu-dump likewise) and run ac -c again to see whether a "
+            f"step there computes wrongly or the runs only drift.")
 
 
 def _carried_advice(c: dict) -> str:

@@ -35,7 +35,8 @@ from .overflow import overflow_report
 from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause, written_variables
-from .step_replay import check_remedies
+from .step_replay import check_remedies, quiet_replay
+from .drift import loss_gap, state_drift
 from .steps import StateTrace, check_steps, trace_state
 from .updates import UpdateCheck, check_updates
 from .summary import count_findings, summarize
@@ -87,6 +88,11 @@ class AutoCheck:
     repairable: bool = False
     # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
     watchpoints: List[dict] = field(default_factory=list)
+    # the runs part through the state while the step itself computes as the golden does
+    # (a replay from the NPU's own state matches), or the losses part in steps whose
+    # compare finds nothing: kind "state" or "loss", the losses side by side (LossGap), the
+    # variables furthest from the golden's (StateDrift), the op where it shows first
+    drift: Optional[dict] = None
     # what a replay of the step said of each configuration change the advice offers
     # (step_replay.check_remedies: changes, verdict, evidence); empty when not replayed
     remedies: List[dict] = field(default_factory=list)
@@ -104,6 +110,7 @@ class AutoCheck:
         that came in diverging, or a training watchpoint hit."""
         return bool(self.overflows) and not self.overflow_without_effect or \
             self.diverging_count > 0 or self.lost_updates is not None or \
+            self.drift is not None or \
             self.underflow is not None or bool(self.watchpoints) or \
             self.carried is not None and not self.carried["writers_noise"]
 
@@ -176,6 +183,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                                             TensorMap(ws.compiled_graph(npu_run)), peak))
     if compare:
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
+        _drift(ws, npu_run, golden_run, s, criteria, compared, result)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
     offered = Options(result)
@@ -185,6 +193,41 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                                           offered.asked)
         result.advice = advise(result, npu_run.info)
     return result
+
+
+def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepCompare],
+           result: AutoCheck) -> None:
+    """Drift (analysis.drift): a step after the first whose only finding is ops that diverge
+    (no overflow, underflow, lost update or state carried in beyond the criteria) is
+    replayed from the NPU's own state: what still fails there is the step's own ("own"),
+    the rest came with the state; when nothing does, the origin was only where the state's
+    difference showed, and goes. Or no finding in any dumped step while the step
+    histories' losses part beyond the criteria's rel_error (kind "loss")."""
+    gap = loss_gap(ws, npu_run, golden_run, criteria.rel_error)
+    tables = {k: c.table for k, c in compared.items()}
+    c = compared[step]
+    only_diverging = c.findings > 0 and not c.tasks and c.underflow is None and \
+        not c.updates.lost and result.carried is None
+    if only_diverging and step > 0 and step in npu_run.bundles:
+        quiet = {split_tensor_name(v)[0]
+                 for v in written_variables(c.cause.rows, c.cause.benign_ops)}
+        try:
+            own = quiet_replay(load_bundle(ws.bundle_path(npu_run, step)),
+                               golden_run.info.get("golden_dtype", "float32"), criteria,
+                               sorted(quiet)).run(())
+        except PrecisionToolError:
+            return
+        shows = result.origin["op_name"] if result.origin else None
+        if own.passed:          # the origin was only where the state's difference showed
+            result.origin = result.origin_replay = result.impact = None
+        result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
+                        "state": dataclasses.asdict(state_drift(tables, step)),
+                        "own": [] if own.passed else own.failing[:5]}
+        return
+    if not result.has_findings and gap.first_off is not None:
+        last = max(tables)
+        result.drift = {"kind": "loss", "shows_first": None, "loss": gap.to_dict(),
+                        "state": dataclasses.asdict(state_drift(tables, last)), "own": []}
 
 
 def _check_remedies(ws, npu_run, golden_run, step, criteria, c: StepCompare, asked) -> List[dict]:
@@ -380,7 +423,7 @@ def _input_peak(table: pd.DataFrame, op_name: str) -> Optional[float]:
 def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     """Tensors that diverge only by elements flushed to zero (beyond the golden's zeros: a
     tensor that diverges otherwise too lost its small values to that, as a softmax that
-    overflowed does), noise aside: which, how many, the worst share, the first in execution
+    overflowed does), made there (not by an op whose inputs diverge otherwise), noise aside: which, how many, the worst share, the first in execution
     order, and for gradients their largest golden magnitude (what a loss scale must keep
     under 65504)."""
     t = cause.rows
@@ -392,10 +435,15 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
         # whose norm, cosine and all-zero NPU side are what the flushing did
         whole = (np.asarray(t.dtype, dtype=object) == "float16") & (share > t.criteria.flushed) \
             & (peaks < FP16_MIN_NORMAL)
-    candidates = np.asarray(t.bad, dtype=bool) & np.asarray(t.is_out, dtype=bool) \
-        & (np.asarray(t.flushed_only, dtype=bool) | whole)
+    bad, out = np.asarray(t.bad, dtype=bool), np.asarray(t.is_out, dtype=bool)
+    flushed = np.asarray(t.flushed_only, dtype=bool)
+    candidates = bad & out & (flushed | whole)
+    # an op reading an input that diverges otherwise than by flushing carries what it
+    # zeroes (a ReLU whose input crossed zero with the state's drift): no underflow of its own
+    carried = {t.op_name[i] for i in np.flatnonzero(bad & ~out & ~flushed).tolist()}
     hits = [i for i in np.flatnonzero(candidates).tolist()
-            if t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise]
+            if t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise
+            and t.op_name[i] not in carried]
     if not hits:
         return None
     order = table.Index.to_numpy()

@@ -217,8 +217,7 @@ def check_remedies(bundle, golden_dtype: str, criteria: Criteria,
     overflow), "does not help" with what still fails. `quiet`: variables whose update the
     dumped step's compare found noise or without effect (left out, as fix leaves them out).
     A loss scale on a graph without one is not replayed (left out of the list)."""
-    replay = StepReplay(bundle, golden_dtype, criteria)
-    replay.noise.update(quiet)
+    replay = quiet_replay(bundle, golden_dtype, criteria, quiet)
     out = []
     for changes in remedies:
         if any(c.kind == "loss_scale" for c in changes) and replay.scale_variable is None:
@@ -226,11 +225,18 @@ def check_remedies(bundle, golden_dtype: str, criteria: Criteria,
         o = replay.run(changes)
         out.append({"changes": "; ".join(c.describe() for c in changes),
                     "verdict": VERIFIED if o.passed else NO_HELP,
-                    "evidence": _what_fails(o)})
+                    "evidence": what_fails(o)})
     return out
 
 
-def _what_fails(o: Outcome) -> str:
+def quiet_replay(bundle, golden_dtype: str, criteria: Criteria, quiet: Sequence[str] = ()) -> StepReplay:
+    """A StepReplay whose goal leaves out the variables in `quiet` as well as its own noise."""
+    replay = StepReplay(bundle, golden_dtype, criteria)
+    replay.noise.update(quiet)
+    return replay
+
+
+def what_fails(o: Outcome) -> str:
     """What a replay leaves wrong, as the end of "a replay of step N with it ..."."""
     if o.passed:
         return "matches the golden"

@@ -204,7 +204,7 @@ class DumpObserver:
             st.loss_scale = (trace.scalar(node.inputs[0]), trace.scalar(f"{node.name}:0"),
                              bool(trace.scalar(node.inputs[4])))
         st.status = trace.status
-        self.files.observed(st.number, st.status, st.loss_scale)
+        self.files.observed(st.number, st.status, st.loss_scale, fetched_loss(session.fetched))
         if st.dump or st.status:          # an overflow check writes only steps that overflowed
             self._put_step(st, trace, traced)
         steps = self.settings.steps
@@ -225,7 +225,7 @@ class DumpObserver:
         status = session.float_status()
         after = self._loss_scale(session)
         scale = (self._scale_before, after, status == 0) if after is not None else None
-        self.files.observed(session.step, status, scale)
+        self.files.observed(session.step, status, scale, fetched_loss(session.fetched))
 
     def _loss_scale(self, session) -> Optional[float]:
         """The loss scale variable's current value (None: the graph has no loss scaling)."""
@@ -453,3 +453,14 @@ def _flush_open_dumps():
             observer.close()
         except Exception:       # exiting anyway: a step that failed to write has no index
             pass
+
+
+def fetched_loss(fetched: Dict[str, np.ndarray]) -> Optional[float]:
+    """The step's loss as the history records it: the first float scalar it fetched (a
+    training step fetches its loss first), None without one."""
+    for value in fetched.values():
+        v = np.asarray(value)
+        if v.size == 1 and v.dtype.kind == "f" or v.size == 1 and v.dtype.name == "bfloat16":
+            return float(v.reshape(-1)[0])
+    return None
+

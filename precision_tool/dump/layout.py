@@ -36,7 +36,9 @@ DUMP_MODES = ("input", "output", "all")
 DUMP_DATA = ("tensor", "stats")
 INDEX_FILE = "index.csv"
 HISTORY_FILE = "step_history.csv"        # per run: every observed step's status and loss scale
-HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite"
+HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite,loss"
+# the header before the loss was recorded: read, with no loss
+HISTORY_HEADER_V1 = "step,status,loss_scale,next_loss_scale,finite"
 MAX_FILE_BYTES = 255         # a file name's limit on common file systems (ext4, xfs, tmpfs)
 MAX_NAME_BYTES = 200          # a mangled op name on its own (a directory name, a golden file)
 STAMP_DIGITS = 20             # what a name reserves for its timestamp (an int64's digits)

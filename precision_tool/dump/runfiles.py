@@ -91,11 +91,12 @@ class RunFiles:
             info.update(golden_dtype=cfg.golden_dtype)
         return info
 
-    def observed(self, step: int, status: int, loss_scale: Optional[tuple]) -> None:
+    def observed(self, step: int, status: int, loss_scale: Optional[tuple],
+                 loss: Optional[float] = None) -> None:
         """A step the session ran (dumped or not): its history row, written later."""
         scale = [repr(loss_scale[0]), repr(loss_scale[1]), int(loss_scale[2])] \
             if loss_scale else ["", "", ""]
-        self.history.append([step, status, *scale])
+        self.history.append([step, status, *scale, "" if loss is None else repr(loss)])
 
     def finish(self) -> None:
         """The history rows observed so far, and run.json's list of dumped steps, on disk."""

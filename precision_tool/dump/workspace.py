@@ -285,19 +285,28 @@ class Workspace:
         return fired
 
     def step_history(self, run: Run) -> pd.DataFrame:
-        """step_history.csv: every observed step's status word and loss scale (empty if the
-        run predates it or observed no step). A torn last line is dropped."""
+        """step_history.csv: every observed step's status word, loss scale and loss (empty if
+        the run predates it or observed no step; loss nan where not recorded). A torn last
+        line is dropped."""
         import pandas as pd
         path = os.path.join(run.path, layout.HISTORY_FILE)
         columns = layout.HISTORY_HEADER.split(",")
         if not os.path.isfile(path):
             return pd.DataFrame(columns=columns)
         try:
-            table = pd.read_csv(path, on_bad_lines="skip")
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            # rows are written whole, each ending its line: a last line without its end was
+            # torn by a kill, and a number cut short in it would still parse
+            text = text[:text.rfind("\n") + 1] if not text.endswith("\n") else text
+            table = pd.read_csv(io.StringIO(text), on_bad_lines="skip")
+            if list(table.columns) == layout.HISTORY_HEADER_V1.split(","):
+                table["loss"] = float("nan")          # written before the loss was
             if list(table.columns) != columns:
                 raise ValueError(f"columns {list(table.columns)}")
             table = table.dropna(subset=["step", "status"]).astype({"step": int, "status": int})
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
+                OSError) as e:
             raise WorkspaceError(f"{path} is not a readable step history: {e}") from None
         return table.sort_values("step", kind="stable").reset_index(drop=True)
 

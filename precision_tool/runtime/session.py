@@ -38,6 +38,7 @@ class Session:
         self._variables = self._executor.initial_variables()
         self._plans: Dict[Any, Any] = {}
         self.step = 0           # number of completed run() calls
+        self.fetched: Dict[str, np.ndarray] = {}    # the last run's fetched tensors, by name
         self._observers = []
         for factory in self.config.observers:
             self.add_observer(factory.attach(self))
@@ -100,6 +101,11 @@ class Session:
             for o in watching:
                 o.abort_run(self, e)
             raise
+        # copies: a fetched array must never alias session state or a feed
+        results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
+                   for f in flat]
+        # what this run fetched, in the caller's order (observers read the loss from it)
+        self.fetched = {f.name: r for f, r in zip(flat, results) if r is not None}
         if watching:
             run = RunTrace(plan, trace, feeds, getattr(self._executor, "tasks", None),
                            self._executor.stats if stats else None, self.float_status())
@@ -111,9 +117,6 @@ class Session:
                 if unwatched is not None:
                     unwatched(self)
         self.step += 1
-        # copies: a fetched array must never alias session state or a feed
-        results = [None if isinstance(f, Node) else np.array(self._executor.fetch(values, f.name))
-                   for f in flat]
         return _unflatten(structure, iter(results))
 
     def _resolve(self, item):
