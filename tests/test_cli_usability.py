@@ -92,3 +92,25 @@ def test_the_command_line_starts_without_the_command_modules():
             "m.startswith('precision_tool.cli.') or m in ('pandas', 'precision_tool.analysis')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "['precision_tool.cli.app', 'precision_tool.cli.runner']", out.stdout
+
+
+def test_a_closed_output_pipe_keeps_the_exit_code_the_analysis_decided(tmp_path):
+    """`precision-tool ls | head -1` under pipefail: the reader is gone before the command
+    writes. rich's console used to end the process with 1, the findings code; now what is
+    left goes nowhere, quietly, and the code is the command's: 0 for ls and a clean vcs,
+    1 for an ac -c with findings."""
+    import subprocess
+    import sys
+    clean, bad = tmp_path / "clean", tmp_path / "bad"
+    dump_step(clean, dense_net(), pt.SessionConfig(precision_mode="allow_mix_precision"))
+    dump_step(bad, dense_net(scale=1e5), pt.SessionConfig(precision_mode="allow_mix_precision"))
+    cases = [(clean, ["ls"], 0), (clean, ["--json", "ls"], 0), (clean, ["vcs"], 0),
+             (clean, ["help"], 0), (bad, ["ac", "-c"], 1), (bad, ["--json", "vc"], 1)]
+    for root, args, code in cases:
+        p = subprocess.Popen([sys.executable, "-m", "precision_tool", "--data-dir", str(root),
+                              "--log-level", "3", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        p.stdout.close()                        # the reader goes before anything is written
+        err = p.stderr.read().decode()
+        assert p.wait() == code, (args, err)
+        assert err == "", (args, err)

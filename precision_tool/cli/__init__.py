@@ -13,7 +13,7 @@ import importlib
 from ..version import __version__
 from ..dump import layout
 from .app import (COMMANDS, EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK,  # noqa: F401 (re-exported)
-                  EXIT_USAGE, LOG_LEVELS, App, CommandError)
+                  EXIT_USAGE, LOG_LEVELS, App, CommandError, echo)
 from .runner import ALIASES, RUNNERS, make_runner
 
 # The module that registers each command (and its long name): it is imported when the command
@@ -130,7 +130,7 @@ def cli(ctx, data_dir, as_json, log_level):
         if sys.stdin.isatty() and sys.stdout.isatty() and not app.in_shell:
             from .shell import run_shell
             return run_shell(app)
-        click.echo(ctx.get_help())
+        echo(ctx.get_help())
 
 
 for _name in RUNNERS:
@@ -144,13 +144,13 @@ def help_cmd(ctx, command_name):
     """The commands, or with CMD that command's options: the same as --help."""
     group = ctx.parent.command
     if command_name is None:
-        click.echo(group.get_help(ctx.parent))
+        echo(group.get_help(ctx.parent))
         return EXIT_OK
     cmd = group.get_command(ctx.parent, command_name)
     if cmd is None:
         raise click.UsageError(f"no command {command_name!r}", ctx=ctx.parent)
     with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
-        click.echo(cmd.get_help(sub))
+        echo(cmd.get_help(sub))
     return EXIT_OK
 
 

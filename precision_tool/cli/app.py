@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, Optional
@@ -44,14 +45,40 @@ def to_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+def discard_stdout() -> None:
+    """The reader of stdout went away (`| head`): what is still to print goes nowhere, and
+    the command ends with the code its analysis decided (a closed pipe is no finding)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):      # no real stdout (a test's capture): nothing to redirect
+        pass
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's own ends the process with exit code 1, the "findings" code
+        discard_stdout()
+
+
 def _stdout_console() -> Console:
-    return Console(highlight=False, soft_wrap=False, width=None if to_terminal() else PIPED_WIDTH)
+    return _Console(highlight=False, soft_wrap=False, width=None if to_terminal() else PIPED_WIDTH)
 
 
 def panel(body, title: str = "", **kw) -> Panel:
     """A titled panel: as wide as the terminal, or, piped, as wide as its lines."""
     kw.setdefault("title_align", "left")
     return Panel(body, title=title, expand=to_terminal(), **kw)
+
+
+def echo(text: str) -> None:
+    """click.echo to stdout, quiet when its reader has gone (see discard_stdout)."""
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        discard_stdout()
 
 
 @dataclass
@@ -103,7 +130,7 @@ class App:
     def emit(self, payload, render: Callable[[], None]):
         """The result: as JSON on stdout with --json, else rendered for a reader."""
         if self.as_json:
-            click.echo(json.dumps(jsonable(payload), indent=1, allow_nan=False))
+            echo(json.dumps(jsonable(payload), indent=1, allow_nan=False))
         else:
             render()
 

@@ -10,7 +10,7 @@ import tempfile
 import click
 
 from ..dump import layout
-from .app import CommandError
+from .app import CommandError, echo
 
 EXIT_FINDINGS = 1
 
@@ -119,12 +119,12 @@ def make_runner(name: str):
 
         def render():
             for r in runs:
-                click.echo(f"{r['run']}: steps {r['steps']} dumped"
+                echo(f"{r['run']}: steps {r['steps']} dumped"
                            + (f", {r['overflowing_kernels']} overflowing kernel(s)"
                               if action == "overflow" else "")
                            + (f"; step(s) {r['interrupted']} interrupted" if r["interrupted"] else ""))
             if action == "overflow":
-                click.echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
+                echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
                            f"are in {root}" if overflowing else "no overflow")
         app.emit(summary, render)
         if action == "overflow" and overflowing:
