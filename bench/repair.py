@@ -41,6 +41,38 @@ def transformer_rows(quick=False):
     return rows
 
 
+def healthy_row(layers=8, steps=3):
+    """`fix` on a healthy step (the Transformer with `layers` layers, standardised digits,
+    allow_mix_precision, `steps` steps dumped): (seconds for fix, seconds for one NPU step
+    of the same model, whether fix said "none needed" without a replay)."""
+    import numpy as np
+    root = tempfile.mkdtemp()
+    model = pt.models.transformer(layers=layers)
+    d = pt.data.digits()
+    mean, std = d.x_train.mean(0), d.x_train.std(0) + 1e-6
+    import scenarios
+    npu, cpu = scenarios._sessions(root, model.graph,
+                                   pt.SessionConfig(precision_mode="allow_mix_precision"), steps)
+    batches = list(zip(range(steps), d.batches(32, seed=0, epoch=0)))
+    for sess in (npu, cpu):
+        for _, (xb, yb) in batches:
+            sess.run([model.loss, model.train_op], {model.x: (xb - mean) / std, model.y: yb})
+        sess.close()
+    plain = pt.Session(model.graph, target="npu",
+                       config=pt.SessionConfig(precision_mode="allow_mix_precision"))
+    xb, yb = batches[0][1]
+    feed = {model.x: ((xb - mean) / std).astype(np.float32), model.y: yb}
+    plain.run([model.loss, model.train_op], feed)               # compiled and warm
+    start = time.perf_counter()
+    plain.run([model.loss, model.train_op], feed)
+    step = time.perf_counter() - start
+    ws = Workspace(root)
+    start = time.perf_counter()
+    r = rp.repair(ws, ws.run("npu"), ws.run("cpu"), steps - 1, write=False, workers=2)
+    seconds = time.perf_counter() - start
+    return seconds, step, r.healthy and r.replays == 0
+
+
 def synthetic_rows(sizes=(16, 64, 256, 1024), culprits=(1, 2, 4), seed=0):
     """(n, k, tests the search used: shortest prefix + minimise + 1-minimal check, k log2 n)."""
     rng = random.Random(seed)

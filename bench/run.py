@@ -234,6 +234,11 @@ def main():
             t.add(f"`fix` replays, Transformer, {what}", f"{replays} for {n} candidates",
                   note=f"a fix of {k} change(s), {'verified' if verified else 'NOT verified'}, "
                        f"{seconds:.1f} s on 2 workers")
+        seconds, step, healthy = repair_bench.healthy_row(2 if q else 8)
+        t.add(f"`fix` on a healthy step, {2 if q else 8}-layer Transformer, standardised, "
+              f"allow_mix_precision", f"{seconds:.2f} s", "< 5 s", seconds < 5,
+              note=f"{'none needed, no replay' if healthy else 'REPLAYED or not healthy'}; "
+                   f"{seconds / step:.0f} NPU steps of the model ({step * 1e3:.0f} ms each)")
         for n, k, used, bound in repair_bench.synthetic_rows((16, 64, 256) if q else
                                                              (16, 64, 256, 1024)):
             t.add(f"`fix` search alone, {k} culprit(s) among {n} candidates: tests",

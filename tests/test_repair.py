@@ -179,6 +179,9 @@ def test_gradient_underflow_is_fixed_by_a_loss_scale(tmp_path):
     assert scale >= 2.0 ** 10 and np.log2(scale) == int(np.log2(scale))
     fix = json.load(open(tmp_path / "config" / "fix.json"))
     assert fix["fix"] == [f"loss scale {scale:g}"] and fix["verified"] is True
+    # the report says what the run said: its replays, and the files written (itself too)
+    assert fix["replays"] == result.replays > 0 and fix["files"] == result.files
+    assert result.files[-1].endswith("fix.json")
     # the fresh run: the same model built with the scale the fix names
     fixed = tiny_loss_net(scale)
     golden = train_losses(fixed, None, target="cpu")

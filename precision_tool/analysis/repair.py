@@ -499,9 +499,9 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
             result.proof = prover(result.fix)
         result.config = _public_config(configure(replay.base, result.fix))
         _cost(result, replay)
-        if write and result.fix and result.proof.holds:
-            result.files = write_fix(ws, result)
-    result.replays = replay.replays
+    result.replays = replay.replays           # before the report is written with it
+    if result.fix is not None and write and result.fix and result.proof.holds:
+        result.files = write_fix(ws, result)
     return result
 
 
@@ -615,16 +615,16 @@ def write_fix(ws: Workspace, result: Repair) -> List[str]:
     config/fix.json (the whole fix: mode, loss scale, the report), each written atomically."""
     directory = os.path.join(ws.root, CONFIG_DIR)
     os.makedirs(directory, exist_ok=True)
-    files = []
     cfg = result.config
+    contents = {}
     if any(c.kind == "fp32" for c in result.fix) and cfg.get("modify_mixlist"):
-        files.append(os.path.join(directory, "modify_mixlist.json"))
-        write_text_atomic(files[-1], json.dumps(cfg["modify_mixlist"], indent=2) + "\n")
+        contents["modify_mixlist.json"] = json.dumps(cfg["modify_mixlist"], indent=2) + "\n"
     if any(c.kind == "fusion" for c in result.fix):
-        files.append(os.path.join(directory, "fusion_switch.cfg"))
-        write_text_atomic(files[-1], json.dumps(cfg["fusion_switch"], indent=2) + "\n")
-    files.append(os.path.join(directory, "fix.json"))
-    report = result.to_dict()
+        contents["fusion_switch.cfg"] = json.dumps(cfg["fusion_switch"], indent=2) + "\n"
+    files = [os.path.join(directory, name) for name in [*contents, "fix.json"]]
+    report = dict(result.to_dict(), files=files)      # the report names every file it wrote
     report["written"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    write_text_atomic(files[-1], json.dumps(jsonable(report), indent=1) + "\n")
+    contents["fix.json"] = json.dumps(jsonable(report), indent=1) + "\n"
+    for path, text in zip(files, contents.values()):
+        write_text_atomic(path, text)
     return files
