@@ -3,6 +3,8 @@ command, one hint per unknown word, runner options per target, demo's exit code.
 import json
 import os
 
+import pytest
+
 from click.testing import CliRunner
 
 import precision_tool as pt
@@ -114,3 +116,39 @@ def test_a_closed_output_pipe_keeps_the_exit_code_the_analysis_decided(tmp_path)
         err = p.stderr.read().decode()
         assert p.wait() == code, (args, err)
         assert err == "", (args, err)
+
+
+@pytest.mark.parametrize("args, option", [
+    (["vc", "-c", "nan"], "--cosine"), (["vc", "--norm", "nan"], "--norm"),
+    (["ac", "-c", "-t", "nan"], "--cosine"), (["vcs", "--flushed", "inf"], "--flushed"),
+    (["vc", "--rel-error", "-inf"], "--rel-error"), (["cp", "a", "b", "-al", "nan"], "--atol"),
+    (["cp", "a", "b", "-rl", "inf"], "--rtol"), (["fix", "--loss-rtol", "nan"], "--loss-rtol"),
+    (["fix", "--proof-rtol", "inf"], "--proof-rtol"), (["vc", "-c", "1.5"], "--cosine"),
+    (["vc", "--norm", "-0.1"], "--norm")])
+def test_every_float_option_refuses_nan_inf_and_out_of_range(tmp_path, args, option):
+    """Parsed in one place (cli.app.Finite): a usage error naming the option, exit 2, before
+    any work (the workspace here does not exist)."""
+    from precision_tool.cli import main
+    import io
+    import contextlib
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["--data-dir", str(tmp_path / "none"), *args])
+    assert code == 2, err.getvalue()
+    line = err.getvalue().strip()
+    assert option in line and "Traceback" not in line and len(line.splitlines()) == 1, line
+
+
+def test_every_float_option_of_every_command_is_finite():
+    """No float option escapes the check: each one's type is Finite."""
+    import click
+    from precision_tool.cli import load_all_commands
+    from precision_tool.cli.app import COMMANDS, Finite
+    load_all_commands()
+    floats = [(name, p.name) for name, info in COMMANDS.items() for p in info.command.params
+              if isinstance(p.type, click.types.FloatParamType) or
+              isinstance(p.type, click.FloatRange)]
+    assert floats, "no float option found: the check would pass on nothing"
+    for name, param in floats:
+        p = next(x for x in COMMANDS[name].command.params if x.name == param)
+        assert isinstance(p.type, Finite), (name, param)

@@ -16,7 +16,7 @@ from ..analysis import Coverage, Criteria
 
 from ..dump.layout import format_steps
 from ..dump.workspace import WorkspaceError, check_compiled_graph
-from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, command, fmt, panel
+from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt, panel
 
 STEP = click.option("-s", "--step", type=click.IntRange(0), default=None,
                     help="The dumped step (default: every step dumped in both runs, the first "
@@ -35,18 +35,18 @@ def criteria_options(cosine_flag: str):
 
     def wrap(fn):
         for option in reversed([
-                click.option(cosine_flag, "--cosine", "cosine", type=click.FloatRange(-1.0, 1.0),
+                click.option(cosine_flag, "--cosine", "cosine", type=Finite(-1.0, 1.0),
                              default=d.cosine, show_default=True,
                              help="A tensor whose cosine similarity is under this diverges."),
-                click.option("--norm", type=click.FloatRange(0.0), default=d.norm,
+                click.option("--norm", type=Finite(0.0), default=d.norm,
                              show_default=True,
                              help="...or whose L2 norm is this far from the golden's, "
                                   "relatively (0.1: 10%)."),
-                click.option("--flushed", type=click.FloatRange(0.0), default=d.flushed,
+                click.option("--flushed", type=Finite(0.0), default=d.flushed,
                              show_default=True,
                              help="...or that holds as zero more than this share of the "
                                   "golden's non-zero elements (underflow)."),
-                click.option("--rel-error", type=click.FloatRange(0.0), default=d.rel_error,
+                click.option("--rel-error", type=Finite(0.0), default=d.rel_error,
                              show_default=True,
                              help=f"...or, of at most {d.small_size} elements (a loss), whose "
                                   f"relative error is over this."),

@@ -45,6 +45,19 @@ def to_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+class Finite(click.FloatRange):
+    """Every float option's type: a finite number within the range. click's FloatRange takes
+    nan (no comparison fails) and inf (an open range): both are usage errors here, naming
+    the option, exit 2."""
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 def discard_stdout() -> None:
     """The reader of stdout went away (`| head`): what is still to print goes nowhere, and
     the command ends with the code its analysis decided (a closed pipe is no finding)."""

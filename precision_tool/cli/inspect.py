@@ -18,7 +18,7 @@ from ..dump import housekeeping
 from ..dump.layout import fit_file_name
 from ..dump.workspace import WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
+from .app import EXIT_FINDINGS, EXIT_OK, App, Finite, command, fmt, panel
 
 RUN = click.option("-r", "--run", "run_spec", default=None, metavar="RUN",
                    help="npu/debug_0, cpu/debug_0, debug_0 or a run directory (default: the newest NPU run).")
@@ -262,9 +262,9 @@ def _golden_target(app: App, right_run) -> str:
 @click.argument("right", metavar="RIGHT")
 @click.option("-p", "--print", "items", type=click.IntRange(0), default=10, show_default=True,
               help="Rows in the error-item and top-item tables.")
-@click.option("-al", "--atol", type=click.FloatRange(0.0), default=1e-3, show_default=True,
+@click.option("-al", "--atol", type=Finite(0.0), default=1e-3, show_default=True,
               help="Absolute tolerance.")
-@click.option("-rl", "--rtol", type=click.FloatRange(0.0), default=1e-3, show_default=True,
+@click.option("-rl", "--rtol", type=Finite(0.0), default=1e-3, show_default=True,
               help="Relative tolerance.")
 @click.option("-s", "--summary", is_flag=True, help="The verdict lines only, no item tables.")
 @click.option("-lr", "--left-run", default=None, metavar="RUN", help="Run of LEFT (default: newest NPU).")

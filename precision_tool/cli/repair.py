@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..analysis import repair as repairing
 from ..runtime.npu.policy import mode_of
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
-from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
+from .app import EXIT_FINDINGS, EXIT_OK, App, Finite, command, fmt, panel
 
 
 @command("fix", "repair", short_help="Find, verify and write the smallest precision fix.")
@@ -20,14 +20,14 @@ from .app import EXIT_FINDINGS, EXIT_OK, App, command, fmt, panel
 @LEFT
 @RIGHT
 @criteria_options("-c")
-@click.option("--loss-rtol", type=click.FloatRange(0.0, min_open=True), default=None,
+@click.option("--loss-rtol", type=Finite(0.0, min_open=True), default=None,
               help="Goal: the loss within this relative error (and no overflow), instead of "
                    "every fetched output and variable update within the criteria.")
 @click.option("-b", "--budget", type=click.IntRange(1), default=128, show_default=True,
               help="Replays the search may use.")
 @click.option("-n", "--proof-steps", type=click.IntRange(1), default=20, show_default=True,
               help="Training steps the proof reruns from the bundle.")
-@click.option("--proof-rtol", type=click.FloatRange(0.0, min_open=True), default=0.02,
+@click.option("--proof-rtol", type=Finite(0.0, min_open=True), default=0.02,
               show_default=True, help="How far the fixed loss may be from the golden's at any "
                                       "step of the proof (relative).")
 @click.option("-j", "--workers", type=click.IntRange(1), default=2, show_default=True,
