@@ -555,8 +555,8 @@ def describe(code: int, result: dict) -> str:
     if result.get("carried"):
         parts.append(f"carried in with {', '.join(result['carried']['variables'][:1])}...")
     parts.append(f"step {result.get('step')}")
-    advice = result.get("advice") or [""]
-    parts.append("next: " + advice[-1][:90] + ("..." if len(advice[-1]) > 90 else ""))
+    lead = (result.get("advice") or [""])[0]          # what the advice leads with
+    parts.append("next: " + lead[:110] + ("..." if len(lead) > 110 else ""))
     return "; ".join(parts)
 
 
