@@ -37,12 +37,30 @@ def check_regular(fd: int, path: str) -> os.stat_result:
     return st
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else by
+    setting it back at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str, write, durable: bool = True) -> None:
     """Call write(binary file) on a temporary file beside `path`, then rename it into place:
-    the file appears whole or not at all (durable: fsync'd first, surviving a power cut)."""
+    the file appears whole or not at all (durable: fsync'd first, surviving a power cut). It
+    gets the mode any new file gets (0666 less the umask), not mkstemp's private 0600: a
+    workspace is shared by whoever the umask lets read it."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part",
                                dir=os.path.dirname(os.path.abspath(path)))
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             if durable:
@@ -74,7 +92,7 @@ def write_buffers(path: str, buffers) -> None:
     thread writing a buffer at a time would take the GIL back from the training thread as
     often."""
     views = [memoryview(_exportable(b)) for b in buffers]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)     # less the umask
     try:
         while views:
             if _IOV_MAX > 1:

@@ -549,7 +549,7 @@ def describe(code: int, result: dict) -> str:
     if result.get("first_overflow"):
         parts.append(f"first overflow {result['first_overflow']['op_name']}")
     if result.get("origin"):
-        parts.append(f"origin {result['origin']['op_name']} ({'; '.join(result['origin'].get('reasons', []))})")
+        parts.append(f"origin {result['origin']['op_name']} ({'; '.join(dict.fromkeys(result['origin'].get('reasons', [])))})")
     if result.get("underflow"):
         parts.append(f"underflow in {result['underflow']['tensors']} tensor(s)")
     if result.get("carried"):

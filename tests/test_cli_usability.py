@@ -152,3 +152,85 @@ def test_every_float_option_of_every_command_is_finite():
     for name, param in floats:
         p = next(x for x in COMMANDS[name].command.params if x.name == param)
         assert isinstance(p.type, Finite), (name, param)
+
+
+def test_workspace_files_take_the_umask_not_a_private_mode(tmp_path):
+    """Files of a dump and of a fix (written atomically through mkstemp, which makes them
+    0600) get 0666 less the umask, as any new file does: a workspace shared by a group
+    under umask 002 is readable and writable by the group."""
+    import stat
+    from test_repair import run_repair
+    old = os.umask(0o002)
+    try:
+        ws = dump_step(tmp_path, dense_net(scale=1e5, optimizer=pt.train.Adam(0.01)),
+                       pt.SessionConfig(precision_mode="allow_mix_precision"))
+        result = run_repair(ws)
+        assert result.files
+    finally:
+        os.umask(old)
+    modes = {}
+    for folder, _, names in os.walk(tmp_path):
+        for name in names:
+            path = os.path.join(folder, name)
+            modes[os.path.relpath(path, tmp_path)] = stat.S_IMODE(os.stat(path).st_mode)
+    assert any(p.endswith("fix.json") for p in modes) and any(p.endswith("run.json") for p in modes)
+    wrong = {p: oct(m) for p, m in modes.items() if m != 0o664}
+    assert not wrong, wrong
+
+
+def test_data_dir_after_the_command_and_the_parent_of_precision_data(tmp_path):
+    """`vc --data-dir X` works as `--data-dir X vc`; naming the folder that holds
+    precision_data says to name precision_data itself."""
+    root = tmp_path / "precision_data"
+    dump_step(root, dense_net(), pt.SessionConfig(precision_mode="allow_mix_precision"))
+    runner = CliRunner()
+    before = runner.invoke(cli, ["--data-dir", str(root), "--json", "vc"])
+    after = runner.invoke(cli, ["--json", "vc", "--data-dir", str(root)])
+    assert after.exit_code == before.exit_code == 0, after.output
+    assert json.loads(after.stdout)["verdicts"] == json.loads(before.stdout)["verdicts"]
+    parent = runner.invoke(cli, ["--data-dir", str(tmp_path), "vc"])
+    assert parent.exit_code == 2
+    assert f"it holds {root}: give --data-dir that" in parent.stderr
+
+
+def test_piped_the_next_panel_wraps_between_words(tmp_path):
+    """Piped (not a terminal), a panel is as wide as its longest line: the advice, several
+    hundred characters a sentence, is wrapped at 100 columns between words."""
+    dump_step(tmp_path, dense_net(scale=1e5), pt.SessionConfig(precision_mode="allow_mix_precision"))
+    r = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--log-level", "4", "ac", "-c"])
+    assert r.exit_code == 1, r.output
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Next" in line and line.startswith("╭"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("╰"))
+    body = lines[start + 1:end]
+    assert len(body) > 2 and all(len(line) <= 100 + 4 for line in body), body
+    words = " ".join(" ".join(line.strip("│ ").split()) for line in body)
+    assert "The first overflow is" in words
+
+
+def test_ctrl_c_in_fix_ends_in_one_line_with_130_workers_included(tmp_path):
+    """Ctrl-C reaches the whole foreground process group, fix's pool workers too: they used
+    to print a traceback each before "interrupted". Now the workers leave it to the parent."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    dump_step(tmp_path, dense_net(scale=1e5, optimizer=pt.train.Adam(0.01)),
+              pt.SessionConfig(precision_mode="allow_mix_precision"))
+    p = subprocess.Popen([sys.executable, "-m", "precision_tool", "--data-dir", str(tmp_path),
+                          "fix", "-j", "2", "--dry-run"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"replay " not in seen and time.monotonic() < deadline:   # the pool is searching
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen += line
+    assert b"replay " in seen, seen
+    os.killpg(p.pid, signal.SIGINT)                    # as a terminal sends it
+    out, err = p.communicate(timeout=120)
+    err = (seen + err).decode()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.rstrip().endswith("interrupted"), err[-500:]

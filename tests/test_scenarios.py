@@ -50,6 +50,10 @@ def test_ac_tells_what_a_user_who_knows_the_cause_would_accept(workspaces, name)
         assert result["verdict"] == "sound" and "sound" in text
     else:
         assert "precision looks sound" not in advice
+    # an origin whose outputs diverge for one reason says it once
+    reasons = (result.get("origin") or {}).get("reasons") or []
+    if len(set(reasons)) < len(reasons):
+        assert "; ".join(reasons) not in advice, (name, reasons)
     # the evidence that decided each diverging op is shown with it
     for op in result["diverging"]:
         assert any(op["output_reasons"]), op["op_name"]

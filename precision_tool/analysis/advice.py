@@ -414,7 +414,7 @@ def _carried_advice(c: dict) -> str:
 
 def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
     fused = f", fused by {o['pass_name']}" if o.get("pass_name") else ""
-    why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
+    why = f" ({'; '.join(dict.fromkeys(o['reasons']))})" if o.get("reasons") else ""
     replay = r.origin_replay or ""
     head = f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}){why}."
     if o.get("unseen_inputs"):

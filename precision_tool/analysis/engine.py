@@ -15,6 +15,7 @@ ranges merge in order, so every engine gives the same numbers, bit for bit.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -192,8 +193,15 @@ class Engine:
         pass
 
 
+def ignore_interrupts() -> None:
+    """In a pool's worker: Ctrl-C is the parent's to handle (one line, exit 130, the pool
+    shut down), not each worker's to print a traceback of."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _one_thread():
     os.environ["PRECISION_TOOL_THREADS"] = "1"     # the pool's workers already fill the cores
+    ignore_interrupts()
 
 
 class _WorkerEngine(Engine):

@@ -47,6 +47,7 @@ from ..graph import dtypes, split_tensor_name
 from ..ops import registry
 from ..runtime import Session, SessionConfig
 from ..runtime.npu import cost
+from .engine import ignore_interrupts
 from .mapping import placed_types
 # Change, StepReplay and configure are this module's vocabulary too (fix's callers use them)
 from ..runtime.npu.policy import all_fp32_mode, mode_of
@@ -420,6 +421,7 @@ _WORKER: Dict[str, object] = {}
 
 def _worker_init(replay: StepReplay, prover: "Prover") -> None:
     _WORKER.update(replay=replay, prover=prover)      # inherited by fork: nothing is pickled
+    ignore_interrupts()
 
 
 def _worker_test(task) -> bool:
@@ -573,8 +575,8 @@ def _search(result: Repair, replay: StepReplay, cands: List[Change], budget: int
                             + ("fix that holds over the proof's steps" if fix else "fix")
                             + " was found (-b to raise it)")
     finally:
-        if pool:
-            pool.shutdown()
+        if pool:                  # on Ctrl-C too: replays not started are dropped
+            pool.shutdown(cancel_futures=True)
 
 
 def _passes(replay: StepReplay, prover: "Prover", proving: bool, changes) -> bool:

@@ -16,7 +16,8 @@ from ..analysis import Coverage, Criteria
 
 from ..dump.layout import format_steps
 from ..dump.workspace import WorkspaceError, check_compiled_graph
-from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt, panel
+from .app import (EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt,
+                  panel, prose)
 
 STEP = click.option("-s", "--step", type=click.IntRange(0), default=None,
                     help="The dumped step (default: every step dumped in both runs, the first "
@@ -189,7 +190,7 @@ def _render_ac(app: App, r, limit):
         if r.origin:
             o = r.origin
             fused = f"fused by {o['pass_name']}" if o["pass_name"] else "not fused"
-            why = f" ({'; '.join(o['reasons'])})" if o.get("reasons") else ""
+            why = f" ({'; '.join(dict.fromkeys(o['reasons']))})" if o.get("reasons") else ""
             inputs = "its inputs match the golden" if not o.get("unseen_inputs") else \
                 (f"its inputs that were compared match the golden (not compared: "
                  f"{', '.join(o['unseen_inputs'])}: the divergence may come in through it)")
@@ -221,7 +222,7 @@ def _render_ac(app: App, r, limit):
             lines = [f"{n['ops']} op(s) diverge, and every op that reads what they change "
                      f"matches the golden: no output, loss or update moves (not a finding)"]
             for d in n["first"]:
-                why = f" ({'; '.join(d['reasons'])})" if d["reasons"] else ""
+                why = f" ({'; '.join(dict.fromkeys(d['reasons']))})" if d["reasons"] else ""
                 by = f": absorbed by {', '.join(d['absorbed_by'])}" if d["absorbed_by"] else ""
                 lines.append(f"  {d['op_name']} ({d['op_type']}){why}{by}")
             out.print(panel(escape("\n".join(lines)), title="Diverges without effect",
@@ -247,7 +248,7 @@ def _render_ac(app: App, r, limit):
         out.print(panel(escape("\n".join(lines + ([f"... {more} more: precision-tool wp"]
                                                    if more > 0 else []))),
                         title="Training watchpoints", title_align="left"))
-    out.print(panel(escape("\n".join(r.advice)), title="Next", title_align="left"))
+    out.print(panel(escape(prose(r.advice)), title="Next", title_align="left"))
 
 
 def _criteria_text(c: dict) -> str:

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, Optional
 
@@ -77,6 +78,19 @@ class _Console(Console):
 
 def _stdout_console() -> Console:
     return _Console(highlight=False, soft_wrap=False, width=None if to_terminal() else PIPED_WIDTH)
+
+
+PROSE_WIDTH = 100
+
+
+def prose(lines) -> str:
+    """Sentences for a panel: on a terminal as they are (rich wraps them to its width);
+    piped, wrapped at PROSE_WIDTH columns between words (a panel there is as wide as its
+    longest line, and a path is never broken)."""
+    if to_terminal():
+        return "\n".join(lines)
+    return "\n".join(textwrap.fill(line, PROSE_WIDTH, break_long_words=False,
+                                    break_on_hyphens=False) for line in lines)
 
 
 def panel(body, title: str = "", **kw) -> Panel:
@@ -180,10 +194,21 @@ class CommandInfo:
 COMMANDS: Dict[str, CommandInfo] = {}
 
 
+def _data_dir_here(ctx, param, value):
+    """`vc --data-dir X`, the global option given after the command, as users type it."""
+    if value is not None and isinstance(ctx.obj, App):
+        ctx.obj.data_dir = value
+    return value
+
+
 def command(name: str, alias: str, **kw):
-    """Register a click command under its short name and its long alias."""
+    """Register a click command under its short name and its long alias. Each also takes
+    the global --data-dir after its name (not listed in its own help: the global help
+    lists it)."""
     def wrap(fn):
         cmd = click.command(name=name, **kw)(click.pass_obj(fn))
+        cmd = click.option("--data-dir", "data_dir_here", metavar="DIR", hidden=True,
+                           expose_value=False, is_eager=True, callback=_data_dir_here)(cmd)
         COMMANDS[name] = CommandInfo(name, alias, cmd)
         return cmd
     return wrap

@@ -124,7 +124,10 @@ class Workspace:
     def run(self, target: str, name: Optional[str] = None) -> Run:
         runs = self.runs(target)
         if not runs:
-            raise WorkspaceError(f"the workspace {self.root} has no {target} run")
+            inner = os.path.join(self.root, layout.DEFAULT_ROOT)
+            hint = (f" (it holds {inner}: give --data-dir that)"
+                    if os.path.isdir(os.path.join(inner, target)) else "")
+            raise WorkspaceError(f"the workspace {self.root} has no {target} run{hint}")
         if name is None:    # the newest original run that dumped something, else the newest
             with_steps = [r for r in runs if any(s.complete for s in r.steps)]
             originals = [r for r in with_steps

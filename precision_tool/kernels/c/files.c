@@ -46,7 +46,7 @@ static int write_parts(int fd, struct iovec *v, int n)
 
 static int new_file(const char *path)
 {
-    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);    /* less the umask */
 }
 
 int write_file(const char *path, struct iovec *v, int n)
