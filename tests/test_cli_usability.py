@@ -234,3 +234,19 @@ def test_ctrl_c_in_fix_ends_in_one_line_with_130_workers_included(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.rstrip().endswith("interrupted"), err[-500:]
+
+
+def test_json_help_is_json(tmp_path):
+    """`--json help` was the text help: now the commands as data, and for one command its
+    options (names, help, default), the same as --help says."""
+    runner = CliRunner()
+    r = runner.invoke(cli, ["--json", "help"])
+    assert r.exit_code == 0
+    names = {c["name"]: c for c in json.loads(r.stdout)["commands"]}
+    assert names["vc"]["alias"] == "vector-compare" and "ac" in names and "fix" in names
+    r = runner.invoke(cli, ["--json", "help", "vc"])
+    data = json.loads(r.stdout)
+    options = {o["names"][-1]: o for o in data["options"]}
+    assert data["command"] == "vc" and options["--cosine"]["default"] == 0.98
+    text = runner.invoke(cli, ["help", "vc"]).stdout
+    assert all(o["names"][-1] in text for o in data["options"])

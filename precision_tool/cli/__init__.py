@@ -141,16 +141,33 @@ for _name in RUNNERS:
 @click.argument("command_name", metavar="[CMD]", required=False)
 @click.pass_context
 def help_cmd(ctx, command_name):
-    """The commands, or with CMD that command's options: the same as --help."""
+    """The commands, or with CMD that command's options: the same as --help (with --json,
+    as data: each command's names and summary, or each option's names, help and default)."""
     group = ctx.parent.command
+    as_json = isinstance(ctx.obj, App) and ctx.obj.as_json
     if command_name is None:
-        echo(group.get_help(ctx.parent))
+        if as_json:
+            load_all_commands()
+            ctx.obj.emit({"commands": [
+                {"name": name, "alias": COMMANDS[name].alias if name in COMMANDS else name,
+                 "summary": group.get_command(ctx.parent, name).get_short_help_str(limit=200)}
+                for name in group.list_commands(ctx.parent)]}, lambda: None)
+        else:
+            echo(group.get_help(ctx.parent))
         return EXIT_OK
     cmd = group.get_command(ctx.parent, command_name)
     if cmd is None:
         raise click.UsageError(f"no command {command_name!r}", ctx=ctx.parent)
     with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
-        echo(cmd.get_help(sub))
+        if as_json:
+            ctx.obj.emit({"command": cmd.name, "usage": " ".join(cmd.collect_usage_pieces(sub)),
+                          "help": cmd.help or "", "options": [
+                              {"names": p.opts + p.secondary_opts, "help": p.help or "",
+                               "default": p.default if not callable(p.default) else None}
+                              for p in cmd.params
+                              if isinstance(p, click.Option) and not p.hidden]}, lambda: None)
+        else:
+            echo(cmd.get_help(sub))
     return EXIT_OK
 
 
