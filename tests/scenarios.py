@@ -350,11 +350,11 @@ def absorbed_overflow(root):
     layer_norm_step(root, d.x_train[:32] * 400.0, d.y_train[:32], "force_fp16")
 
 
-def different_graphs(root):
+def different_graphs(root, npu_layers: int = 1, golden_layers: int = 2):
     """A 1-layer Transformer on the NPU against a 2-layer golden: no verdict on the whole."""
     d = pt.data.digits()
     xb, yb = next(iter(d.batches(32, seed=0, epoch=0)))
-    for target, layers in (("npu", 1), ("cpu", 2)):
+    for target, layers in (("npu", npu_layers), ("cpu", golden_layers)):
         m = pt.models.transformer(layers=layers)
         if target == "npu":
             sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(

@@ -639,18 +639,9 @@ def test_runs_of_different_graphs_get_no_verdict_and_name_what_has_no_counterpar
     those alone they looked whole, and ac -c gave a verdict on the whole. Every op of either
     run without a counterpart in the other is now a gap that the compare names, and the
     commands exit 2; the other way round, the NPU's extra ops have no golden tensor."""
-    d = pt.data.digits()
+    from scenarios import different_graphs
     root = str(tmp_path)
-    xb, yb = next(iter(d.batches(32, seed=0, epoch=0)))
-    for target, layers in (("npu", npu_layers), ("cpu", golden_layers)):
-        m = pt.models.transformer(layers=layers)
-        if target == "npu":
-            sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-                pt.SessionConfig(precision_mode="force_fp32"), action="dump", data_dir=root))
-        else:
-            sess = hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)
-        sess.run([m.loss, m.train_op], {m.x: xb, m.y: yb})
-        sess.close()
+    different_graphs(root, npu_layers, golden_layers)
     for args in (("vc",), ("ac", "-c")):
         result = invoke(root, *args)
         assert result.exit_code == 2, (args, result.output)
