@@ -2,6 +2,7 @@
 command, one hint per unknown word, runner options per target, demo's exit code."""
 import json
 import os
+import re
 
 import pytest
 
@@ -292,3 +293,31 @@ def test_every_numeric_option_with_nan_inf_minus_one_and_zero_is_never_an_intern
                 assert code in (0, 1, 2), (args, code, text[-800:])
                 assert "Traceback" not in text and "internal error" not in text, (args, text[-800:])
     assert tried > 150
+
+
+def test_at_60_columns_ls_keeps_every_column_and_whole_names_and_titles_their_role(tmp_path):
+    """At COLUMNS=60 `ls -n` dropped its columns and cut op names with no ellipsis (.../Mul
+    and .../Mul/Cast_fp16 looked the same); the panels' titles lost their [role] tag at the
+    end. Now each op takes two lines when the columns do not fit, and the role leads."""
+    import io
+    from rich.console import Console
+    from precision_tool.cli import main
+    from precision_tool.cli.app import App
+    dump_step(tmp_path, dense_net(scale=1e5), pt.SessionConfig(precision_mode="allow_mix_precision"))
+
+    def narrow(*args):
+        out = io.StringIO()
+        app = App(str(tmp_path), console=Console(width=60, file=out, highlight=False))
+        code = main(["--data-dir", str(tmp_path), "--log-level", "4", *args], app=app)
+        return code, out.getvalue()
+    code, text = narrow("ls", "-n", "MatMul")
+    wide = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ls", "-n", "MatMul"])
+    found = json.loads(wide.stdout)
+    assert code == 0 and len(found) > 2
+    lines = text.splitlines()
+    for op in found:                   # each name whole on a line of its own, then its columns
+        i = lines.index(op["name"])
+        assert f"type {op['type']}" in lines[i + 1] and op["kernel"] in lines[i + 1]
+    code, text = narrow("vcs", "-l", "3")
+    titles = [line for line in text.splitlines() if line.startswith("╭")]
+    assert code == 1 and titles and all(re.match(r"╭─ \[[a-z, /]+\] ", t) for t in titles), titles

@@ -289,7 +289,8 @@ def _render_op(app: App, s: dict):
     reasons = [r for r in s.get("output_reasons", []) if r]
     if reasons:
         lines.append("diverges: " + " | ".join(reasons))
-    app.console.print(panel(escape("\n".join(lines)), title=escape(f"{s['op_name']} ({s['op_type']})  [{role}]"),
+    # the role first: a narrow terminal cuts a title's end, and the role is what it says
+    app.console.print(panel(escape("\n".join(lines)), title=escape(f"[{role}] {s['op_name']} ({s['op_type']})"),
                             title_align="left"))
 
 

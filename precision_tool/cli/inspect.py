@@ -74,12 +74,22 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     found = ops.list_ops(app.ws, run, name, op_type, pass_name, kernel)
 
     def render():
-        t = Table(box=None, pad_edge=False)
-        for col in ("op", "type", "kernel", "pass"):      # an op name is copied: never broken
-            t.add_column(col, overflow="fold", no_wrap=col == "op")
-        for f in found:
-            t.add_row(f.name, f.type, f.kernel, f.pass_name)
-        app.console.print(t)
+        rows = [(f.name, f.type, f.kernel, f.pass_name) for f in found]
+        columns = ("op", "type", "kernel", "pass")
+        # an op name is copied: never broken, never cut. Where the columns do not fit side
+        # by side (a narrow terminal), each op takes two lines instead of losing columns
+        needed = sum(max([len(c)] + [len(r[k]) for r in rows]) + 2 for k, c in enumerate(columns))
+        if needed > app.console.width:
+            for r in rows:
+                app.line(r[0])
+                app.line("  " + "  ".join(f"{c} {v}" for c, v in zip(columns[1:], r[1:]) if v))
+        else:
+            t = Table(box=None, pad_edge=False)
+            for col in columns:
+                t.add_column(col, no_wrap=True)
+            for r in rows:
+                t.add_row(*r)
+            app.console.print(t)
         app.console.print(f"{len(found)} op(s) in {run.target}/{run.name}")
     app.emit([f.to_json() for f in found], render)
     return EXIT_OK
