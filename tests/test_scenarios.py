@@ -397,3 +397,17 @@ def test_options_lead_with_what_helps_and_never_with_what_does_not():
                     "or scale it down (not verified), or switch P off (does not help: a replay "
                     "of step 3 with it leaves the loss non-finite)")
     assert opts.asked == [(Change("fusion", "P"),), (Change("fp32", "Exp"),)]
+
+
+def test_a_lines_only_remedy_that_a_replay_refutes_is_said_as_refuted():
+    """A line with one option cannot put a better one first: a refuted one is said as such."""
+    from types import SimpleNamespace
+    from precision_tool.analysis.advice import Options
+    from precision_tool.analysis.remedy import Change
+    r = SimpleNamespace(step=0, remedies=[{"changes": "Exp in fp32", "verdict": "does not help",
+                                           "evidence": "still overflows"}])
+    opts = Options(r)
+    refuted = opts.only(opts.tag("keep Exp in fp32", [Change("fp32", "Exp")]))
+    assert refuted == ("Not this, a replay shows: keep Exp in fp32 (does not help: a replay of "
+                       "step 0 with it still overflows)")
+    assert opts.only(opts.tag("scale it")) == "Scale it (not verified)"

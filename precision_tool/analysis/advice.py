@@ -110,6 +110,12 @@ class Options:
     def keep(self, op: dict, mode: str) -> Tuple[int, str]:
         return self.tag(keep_in_fp32(op, mode), fp32_changes(op, mode))
 
+    def only(self, option: Tuple[int, str]) -> str:
+        """A line's one option as its sentence: one a replay refutes is said as refuted, not
+        offered as the thing to do."""
+        rank, text = option
+        return f"Not this, a replay shows: {text}" if rank == 2 else _capital(text)
+
 
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
@@ -267,7 +273,7 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                          [Change("loss_scale", "loss_scale", 2.0 ** 15)])
         return [text + f" That is the loss scale itself: {peak!r} does not fit in fp16, so each "
                 f"step overflows and is skipped until the dynamic manager has shrunk it below "
-                f"65504. {_capital(start[1])}."]
+                f"65504. {opts.only(start)}."]
     if op.get("carries"):
         return [text + f" Its inputs already diverge: it carries the divergence that starts "
                 f"upstream at {op['carries']}, which is what to fix."]
@@ -329,6 +335,8 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict], 
                           f"largest gradient then stays under 65504 with room to spare), or a "
                           f"dynamic manager starting there (DynamicLossScaleManager("
                           f"init_loss_scale={new:g}))", [Change("loss_scale", "loss_scale", new)])
+        if scaled[0] == 2:
+            return text + f" {opts.only(scaled)}."
         return text + f" Scale the loss: {scaled[1]}."
     return (text + " A larger loss scale has no room (the largest gradients are near 65504 "
             "already): keep the gradient ops that flush in fp32 (not verified).")
@@ -429,7 +437,8 @@ def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
             opts.tag(f"switch {o['pass_name']} off in fusion_switch.cfg (precision-tool fo "
                      f"replays the step with fusion off)", [Change("fusion", o["pass_name"])]),
             opts.keep(o, mode))) + ", and compare again.")
-    return head + " " + _capital(opts.keep(o, mode)[1]) + ", and compare again."
+    keep = opts.keep(o, mode)
+    return head + " " + opts.only(keep) + ("." if keep[0] == 2 else ", and compare again.")
 
 
 def _skipped_before(history: Optional[dict], step: int) -> str:
