@@ -40,12 +40,6 @@ def node_outputs(imported: ImportedModel, feeds: Mapping[str, np.ndarray],
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    # every value its own buffer: with the arena's reuse and memory pattern on, an output
-    # was read back as another node's numbers in whole-suite runs (squeezenet's softmax a
-    # uniform 1e-3) while the same check alone matched to 1e-7
-    options.enable_mem_reuse = False
-    options.enable_mem_pattern = False
-    options.enable_cpu_mem_arena = False
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     outs = [o.name for o in session.get_outputs()]
