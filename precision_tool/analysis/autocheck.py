@@ -35,7 +35,7 @@ from .overflow import overflow_report
 from .op_replay import ReplayOpError, replay_op
 from .result import Coverage, coverage, write_result
 from .rootcause import RootCause, root_cause, written_variables
-from .step_replay import check_remedies, quiet_replay
+from .step_replay import StepReplay, check_remedies, quiet_replay
 from .drift import loss_gap, state_drift
 from .steps import StateTrace, check_steps, trace_state
 from .updates import UpdateCheck, check_updates
@@ -181,22 +181,35 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         peak = max(abs(inputs[0]["max"]), abs(inputs[0]["min"])) if inputs else None
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
                                             TensorMap(ws.compiled_graph(npu_run)), peak))
+    replays: Dict[int, Optional[StepReplay]] = {}
+
+    def replay() -> Optional[StepReplay]:
+        """The step's replay from its bundle, made once for drift and the advice's checks
+        (its golden float32 and float64 replays are most of its cost); None without one."""
+        if s not in replays:
+            try:
+                replays[s] = quiet_replay(load_bundle(ws.bundle_path(npu_run, s)),
+                                          golden_run.info.get("golden_dtype", "float32"),
+                                          criteria, compared[s].quiet_variables)
+            except PrecisionToolError:
+                replays[s] = None
+        return replays[s]
     if compare:
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
-        _drift(ws, npu_run, golden_run, s, criteria, compared, result)
+        _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay)
         if write_csv:
             result.result_file = write_result(ws, compared[s].table)
     offered = Options(result)
     result.advice = advise(result, npu_run.info, offered)
     if compare and verify and result.repairable and result.has_findings and offered.asked:
-        result.remedies = _check_remedies(ws, npu_run, golden_run, s, criteria, compared[s],
-                                          offered.asked)
+        # a bundle that cannot be read checks nothing: every change then says "not verified"
+        result.remedies = check_remedies(replay(), offered.asked) if replay() else []
         result.advice = advise(result, npu_run.info)
     return result
 
 
 def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepCompare],
-           result: AutoCheck) -> None:
+           result: AutoCheck, replay) -> None:
     """Drift (analysis.drift): a step after the first whose only finding is ops that diverge
     (no overflow, underflow, lost update or state carried in beyond the criteria) is
     replayed from the NPU's own state: what still fails there is the step's own ("own"),
@@ -209,14 +222,9 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
     only_diverging = c.findings > 0 and not c.tasks and c.underflow is None and \
         not c.updates.lost and result.carried is None
     if only_diverging and step > 0 and step in npu_run.bundles:
-        quiet = {split_tensor_name(v)[0]
-                 for v in written_variables(c.cause.rows, c.cause.benign_ops)}
-        try:
-            own = quiet_replay(load_bundle(ws.bundle_path(npu_run, step)),
-                               golden_run.info.get("golden_dtype", "float32"), criteria,
-                               sorted(quiet)).run(())
-        except PrecisionToolError:
+        if replay() is None:
             return
+        own = replay().run(())
         shows = result.origin["op_name"] if result.origin else None
         if own.passed:          # the origin was only where the state's difference showed
             result.origin = result.origin_replay = result.impact = None
@@ -228,19 +236,6 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
         last = max(tables)
         result.drift = {"kind": "loss", "shows_first": None, "loss": gap.to_dict(),
                         "state": dataclasses.asdict(state_drift(tables, last)), "own": []}
-
-
-def _check_remedies(ws, npu_run, golden_run, step, criteria, c: StepCompare, asked) -> List[dict]:
-    """The advice's changes replayed on the step's bundle (step_replay.check_remedies), the
-    variables the compare found quiet left out as fix leaves them out; none on a bundle that
-    cannot be read (every change then says "not verified")."""
-    quiet = {split_tensor_name(v)[0] for v in written_variables(c.cause.rows, c.cause.benign_ops)}
-    try:
-        bundle = load_bundle(ws.bundle_path(npu_run, step))
-        return check_remedies(bundle, golden_run.info.get("golden_dtype", "float32"), criteria,
-                              asked, sorted(quiet))
-    except PrecisionToolError:
-        return []
 
 
 def _unseen_steps(npu_run: Run, golden_run: Run, compared: List[int]) -> Dict[str, List[int]]:
@@ -306,6 +301,13 @@ class StepCompare(NamedTuple):
         compared = {t.op_name[i] for i, out in enumerate(t.is_out)
                     if out and t.verdict[i] != ERROR}
         return all(task.op_name in compared for task in self.tasks)
+
+    @property
+    def quiet_variables(self) -> List[str]:
+        """The variables written by updates whose divergence is noise or without effect:
+        what a replay's goal leaves out, as ac leaves them out."""
+        return sorted({split_tensor_name(v)[0]
+                       for v in written_variables(self.cause.rows, self.cause.benign_ops)})
 
     @property
     def any_findings(self) -> bool:

@@ -161,15 +161,13 @@ def dumped_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                 criteria: Criteria) -> DumpedStep:
     from .autocheck import judge_step
     from .mapping import TensorMap
-    from .rootcause import written_variables
     c = judge_step(ws, npu_run, golden_run, step, criteria)
     tmap = TensorMap(ws.compiled_graph(npu_run))
     types: Dict[str, None] = {}
     for d in c.cause.origins + c.cause.propagators:
         for t in placed_types(d.op_type, tmap.attrs(d.op_name)):
             types.setdefault(t, None)
-    quiet = {split_tensor_name(v)[0] for v in written_variables(c.cause.rows, c.cause.benign_ops)}
-    return DumpedStep(c.any_findings, bool(c.tasks), list(types), sorted(quiet),
+    return DumpedStep(c.any_findings, bool(c.tasks), list(types), c.quiet_variables,
                       None if c.coverage.complete else c.coverage.text())
 
 

@@ -210,14 +210,12 @@ def _loss_error(values: dict, golden: dict) -> float:
     return abs(x - y) / abs(y) if y else (0.0 if x == 0 else math.inf)
 
 
-def check_remedies(bundle, golden_dtype: str, criteria: Criteria,
-                   remedies: Sequence[Tuple[Change, ...]], quiet: Sequence[str] = ()) -> List[dict]:
-    """What a replay of the bundle's step says of each remedy (a set of changes): "verified"
-    when the step then meets fix's goal (every output and update within the criteria, no
-    overflow), "does not help" with what still fails. `quiet`: variables whose update the
-    dumped step's compare found noise or without effect (left out, as fix leaves them out).
-    A loss scale on a graph without one is not replayed (left out of the list)."""
-    replay = quiet_replay(bundle, golden_dtype, criteria, quiet)
+def check_remedies(replay: StepReplay, remedies: Sequence[Tuple[Change, ...]]) -> List[dict]:
+    """What a replay of the step (quiet_replay: the variables the dumped step's compare
+    found noise or without effect left out, as fix leaves them out) says of each remedy (a
+    set of changes): "verified" when the step then meets fix's goal (every output and
+    update within the criteria, no overflow), "does not help" with what still fails. A loss
+    scale on a graph without one is not replayed (left out of the list)."""
     out = []
     for changes in remedies:
         if any(c.kind == "loss_scale" for c in changes) and replay.scale_variable is None:
