@@ -235,6 +235,16 @@ def test_the_shipped_models_trip_no_check(tmp_path, model, config):
     assert len(report.checks) == len(ck.CHECKS)
 
 
+def test_the_golden_replay_tells_its_progress(tmp_path):
+    """check -g N replays N golden steps: progress(k, N) after each, so that the command can
+    draw a bar (a thousand steps take a while)."""
+    ws = dump_step(tmp_path, dense_net(), pt.SessionConfig())
+    told = []
+    ck.run_checks(ws, ws.run("npu"), golden_steps=5, progress=lambda k, n: told.append((k, n)))
+    assert told[:5] == [(k, 5) for k in range(1, 6)]       # then the checks' own replays
+    assert all(1 <= k <= n for k, n in told)
+
+
 # -- the command ------------------------------------------------------------------------------
 def test_check_a_script_stops_it_after_the_step_it_needs(tmp_path):
     script = tmp_path / "train.py"

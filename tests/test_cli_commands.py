@@ -314,7 +314,13 @@ def test_fo_names_the_pass_and_leaves_the_default_run_alone(demo):
     code, verdict = as_json(root, "fo")
     assert code == 1 and verdict["culprits"] == ["SoftmaxFusionPass"] and verdict["replays"] >= 3
     ws = Workspace(str(root))
-    assert len(ws.runs("npu")) == 1 + verdict["replays"] and ws.run("npu").name == "debug_0"
+    # the fusion-off replay stays (vc compares it); the bisection's others are deleted
+    assert [r.name for r in ws.runs("npu")] == ["debug_0", verdict["kept"][0]]
+    assert verdict["kept"] == verdict["runs"][:1] and ws.run("npu").name == "debug_0"
+    assert ws.run("npu", verdict["kept"][0]).info["replay_of"] == "npu/debug_0"
+    code, kept = as_json(root, "fo", "--keep-replays")
+    assert code == 1 and kept["kept"] == kept["runs"] and len(kept["runs"]) == verdict["replays"]
+    assert len(Workspace(str(root)).runs("npu")) == 2 + kept["replays"]
     code, made = as_json(root, "train", "-d", "all", "-a", "fusion_off")
     assert code == 0 and len(made["runs"]) == 2
     assert Workspace(str(root)).run("npu").name == "debug_0"     # analyses still default to it

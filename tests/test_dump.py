@@ -738,7 +738,7 @@ def test_sigkill_mid_step_leaves_a_workspace_that_reads_cleanly(tmp_path):
             np.load(os.path.join(s.path, f), allow_pickle=False)
     assert all(s.complete for s in run.steps) and 1 not in [s.step for s in run.steps]
     assert run.interrupted == [1]                # the partial step is reported, never read
-    with pytest.raises(pt.PrecisionToolError, match="step 1 of npu/debug_0 was interrupted"):
+    with pytest.raises(pt.PrecisionToolError, match="step 1 of npu/debug_0 is partial .the dump was killed"):
         ws.index(run, 1)
 
 

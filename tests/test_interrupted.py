@@ -125,13 +125,13 @@ def test_a_second_dump_does_not_clobber_the_first(tmp_path):
     assert [r.name for r in Workspace(root).runs("npu")] == ["debug_0", "debug_1"]
 
 
-@pytest.mark.parametrize("thread", ["C writer thread", "Python writer thread"])
-def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(tmp_path,
-                                                                               monkeypatch, thread):
-    """ENOSPC on the third tensor file of step 1: the error names the file, step 0 stays
-    whole, step 1 is never read. The C module's thread writes that file into /dev/full (a
-    real ENOSPC from write(2)); the Python path's write call raises it."""
-    root = str(tmp_path / "ws")
+THREADS = ["C writer thread", "Python writer thread"]
+
+
+def _full_on_step_1(tmp_path, monkeypatch, thread):
+    """ENOSPC on the third tensor file of step 1. The C module's thread writes that file into
+    /dev/full (a real ENOSPC from write(2)); the Python path's write call raises it. Returns
+    where the path that failed will be."""
     calls = {"path": None}
     if thread == "C writer thread":
         from precision_tool.kernels import native
@@ -162,10 +162,21 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
                 raise OSError(errno.ENOSPC, "No space left on device", paths[2])
             return real(paths, arrays, headers, halves, links, renames, dirs)
         monkeypatch.setattr("precision_tool.dump.stepplan.write_files", full_disk)
+    return calls
+
+
+@pytest.mark.parametrize("thread", THREADS)
+def test_a_full_disk_raises_when_asked_naming_the_path_and_keeps_what_was_written(
+        tmp_path, monkeypatch, thread):
+    """on_write_error="raise": the error names the file, step 0 stays whole, step 1 is
+    never read."""
+    root = str(tmp_path / "ws")
+    calls = _full_on_step_1(tmp_path, monkeypatch, thread)
     m = pt.models.mlp(hidden=(8,))
     d = pt.data.digits()
     sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
-        pt.SessionConfig(), action="dump", dump_step="0|1|2", data_dir=root))
+        pt.SessionConfig(), action="dump", dump_step="0|1|2", data_dir=root,
+        on_write_error="raise"))
     feed = {m.x: d.x_train[:4], m.y: d.y_train[:4]}
     with pytest.raises(pt.PrecisionToolError) as err:
         for _ in range(3):
@@ -179,6 +190,45 @@ def test_a_full_disk_fails_the_dump_naming_the_path_and_keeps_what_was_written(t
     assert [s.step for s in run.steps if s.complete] == [0]
     assert run.interrupted == [1]
     _check_reads_whole_complete(ws, run)
+
+
+@pytest.mark.parametrize("thread", THREADS)
+def test_a_full_disk_stops_the_dump_and_never_the_training(tmp_path, monkeypatch, thread,
+                                                           capsys):
+    """The default: the step that cannot be written ends the dump with one warning naming
+    the cause and the step; every training step still runs, to the same weights as an
+    undumped run; its partial files are gone, run.json says why, and readers say it too."""
+    root = str(tmp_path / "ws")
+    calls = _full_on_step_1(tmp_path, monkeypatch, thread)
+    m = pt.models.mlp(hidden=(8,))
+    d = pt.data.digits()
+    feed = {m.x: d.x_train[:4], m.y: d.y_train[:4]}
+    sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", dump_step="0|1|2|3", data_dir=root))
+    plain = pt.Session(m.graph, target="npu")
+    for _ in range(5):
+        sess.run([m.loss, m.train_op], feed)
+        plain.run([m.loss, m.train_op], feed)
+    sess.close()
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "dumping stopped" in line]
+    assert len(warnings) == 1, err
+    assert "dumping stopped at step 1 of " in warnings[0]
+    assert "No space left on device" in warnings[0] and calls["path"] in warnings[0]
+    assert "steps on disk: 0;" in warnings[0] and "training goes on" in warnings[0]
+    assert sess.step == 5
+    for name, value in plain.variables().items():
+        np.testing.assert_array_equal(sess.variables()[name], value, err_msg=name)
+    ws = Workspace(root)
+    run = ws.run("npu")
+    assert [s.step for s in run.steps if s.complete] == [0]
+    assert run.partials == [] and run.interrupted == []     # its files were deleted
+    assert run.info["dump_stopped"]["step"] == 1
+    assert "No space left on device" in run.info["dump_stopped"]["error"]
+    assert run.info["dumped_steps"] == [0]
+    _check_reads_whole_complete(ws, run)
+    # every observed step is in the history, the dump's end did not lose them
+    assert list(ws.step_history(run).step) == [0, 1, 2, 3, 4]
 
 
 def _check_reads_whole_complete(ws, run):
@@ -216,15 +266,26 @@ def test_a_bundle_that_cannot_be_written_names_its_file(tmp_path):
     assert err.value.errno == errno.ENOENT and "b.bin" in err.value.filename
 
 
-def test_a_workspace_that_cannot_be_made_is_a_one_line_dump_error(tmp_path):
-    """The workspace root under a file: the session that would dump fails at once with a
-    DumpWriteError naming the path, not an OSError from deep inside the dump layer."""
+def test_a_workspace_that_cannot_be_made_is_a_one_line_dump_error(tmp_path, capsys):
+    """The workspace root under a file: asked to raise, the session that would dump fails at
+    once with a DumpWriteError naming the path, not an OSError from deep inside the dump
+    layer; by default it warns once and trains undumped."""
     (tmp_path / "a-file").write_text("x")
     m = pt.models.mlp(hidden=(8,))
-    cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump",
-                                    data_dir=str(tmp_path / "a-file" / "ws"))
+    where = str(tmp_path / "a-file" / "ws")
+    cfg = hooks.session_dump_config(pt.SessionConfig(), action="dump", data_dir=where,
+                                    on_write_error="raise")
     with pytest.raises(pt.PrecisionToolError) as err:
         pt.Session(m.graph, target="npu", config=cfg)
     message = str(err.value)
     assert message.startswith("cannot write the dump: Not a directory (")
     assert str(tmp_path / "a-file") in message and "\n" not in message
+    sess = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(), action="dump", data_dir=where))
+    d = pt.data.digits()
+    for _ in range(2):
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:4], m.y: d.y_train[:4]})
+    sess.close()
+    err = capsys.readouterr().err
+    assert err.count("dumping stopped") == 1 and "Not a directory" in err, err
+    assert hooks.dump_dirs(sess) == []

@@ -99,7 +99,7 @@ def test_several_steps_give_the_step_plots_and_the_heatmap(tmp_path):
     assert 'id="heatmap"' in dom or "id='heatmap'" in dom
     heat = dom[dom.index('class="heatmap"'):]
     heat = heat[:heat.index("</table>")]
-    assert heat.count("<th>step ") == 3 and heat.count('class="cell"') >= 3
+    assert heat.count("<th>step ") == 3 and heat.count('class="cell ') >= 3
     assert 'data-plot="loss"' in dom and dom.count('class="loss"') >= 3    # one point per step
 
 
@@ -122,4 +122,121 @@ def test_a_broken_workspace_fails_as_ac_does(one_step, tmp_path):
     partial = Workspace(str(half)).step_path(Workspace(str(half)).run("npu"), 0)
     os.makedirs(os.path.join(os.path.dirname(partial), ".1.partial"))   # a killed dump
     invoke(half, "report", "-o", str(tmp_path / "k.html"))
-    assert "were interrupted" in (tmp_path / "k.html").read_text()
+    assert "step(s) 1 are partial (the dump was killed" in (tmp_path / "k.html").read_text()
+
+
+# -- the pictures: computed styles in the browser ------------------------------------------
+COMPUTED = """<script>(function(){
+ var out={points:[],cells:[],lines:[],empty:[],text:document.body.innerText};
+ document.querySelectorAll('circle.pt').forEach(function(c){var s=getComputedStyle(c);
+  out.points.push({op:c.dataset.op,tensor:c.dataset.tensor,fill:s.fill});});
+ document.querySelectorAll('td.cell').forEach(function(c){var s=getComputedStyle(c);
+  out.cells.push({kind:c.className,back:s.backgroundColor,fore:s.color,title:c.title});});
+ document.querySelectorAll('polyline').forEach(function(p){var s=getComputedStyle(p);
+  out.lines.push({cls:p.getAttribute('class'),fill:s.fill,stroke:s.stroke});});
+ document.querySelectorAll('svg').forEach(function(g){
+  if(!g.querySelector('circle,rect,polyline')){out.empty.push(g.dataset.plot||'?');}});
+ document.querySelectorAll('section').forEach(function(sec){
+  if(sec.getBoundingClientRect().height>1500){out.empty.push('tall:'+sec.id);}});
+ var pre=document.createElement('pre');pre.id='computed';pre.textContent=JSON.stringify(out);
+ document.body.appendChild(pre);})();</script>"""
+
+RGB = {"#d62728": "rgb(214, 39, 40)", "#ff7f0e": "rgb(255, 127, 14)", "#1f77b4": "rgb(31, 119, 180)"}
+
+
+def computed(path, tmp_path):
+    """The report opened in Chromium with a probe appended to a copy: what it draws, as the
+    browser computed it (fills, backgrounds, text colours, the page's text)."""
+    import html as html_module
+    import json
+    probe = tmp_path / "probe.html"
+    probe.write_text(open(path, encoding="utf-8").read().replace("</body>", COMPUTED + "</body>"))
+    dom, console = browse(str(probe), "--dump-dom", "--window-size=1000,800")
+    assert console == [], console
+    found = re.search(r'<pre id="computed">(.*?)</pre>', dom, re.S)
+    return json.loads(html_module.unescape(found.group(1)))
+
+
+def _rgb(text):
+    return tuple(int(v) for v in re.findall(r"\d+", text)[:3])
+
+
+def _contrast(a, b):
+    """WCAG 2.x contrast ratio (its definition of relative luminance), for the test's own
+    reading of what the browser drew."""
+    import numpy as np
+    srgb = np.array([a, b], dtype=np.float64) / 255.0
+    linear = np.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
+    lum = linear @ np.array([0.2126, 0.7152, 0.0722])
+    return float((lum.max() + 0.05) / (lum.min() + 0.05))
+
+
+def _verdicts(root):
+    """The CSV of the newest compare: tensor -> its Verdict."""
+    ws = Workspace(str(root))
+    parent = os.path.join(ws.root, "temp", "vector_compare")
+    folder = os.path.join(parent, sorted(os.listdir(parent))[-1])
+    table = read_result(os.path.join(folder, next(f for f in os.listdir(folder) if f.endswith(".csv"))))
+    return dict(zip(table["TensorIndex"], table["Verdict"]))
+
+
+def _check_pictures(root, tmp_path, name):
+    import json
+    path = str(tmp_path / f"{name}.html")
+    assert invoke(root, "report", "-o", path).exit_code in (0, 1)
+    seen = computed(path, tmp_path)
+    ac = json.loads(invoke(root, "--json", "ac", "-c", "-l", "0").stdout)
+    findings = {d["op_name"] for d in ac["diverging"] if d["role"] in ("origin", "propagator")}
+    harmless = {d["op_name"] for d in ac["diverging"]
+                if d["role"] in ("cancellation", "no effect", "no-effect")}
+    verdicts = _verdicts(root)
+    # each point's colour agrees with the CSV's verdict and with what ac makes of its op
+    assert seen["points"]
+    for p in seen["points"]:
+        verdict = verdicts[p["tensor"]]
+        if verdict == "pass":
+            assert p["fill"] == RGB["#1f77b4"], p
+        hot = p["fill"] in (RGB["#d62728"], RGB["#ff7f0e"])
+        assert hot == (p["op"] in findings and verdict in ("fail", "nonfinite")), (p, verdict)
+        if p["op"] in harmless and verdict in ("fail", "nonfinite"):
+            r, g, b = _rgb(p["fill"])
+            assert r == g == b, p                 # grey: diverges without effect
+    # the loss (and the loss scale) are lines, not filled shapes
+    for line in seen["lines"]:
+        assert line["fill"] == "none" and line["stroke"] not in ("none", ""), line
+    # heatmap cells: red only for a finding; every text readable on its background
+    for cell in seen["cells"]:
+        back = _rgb(cell["back"])
+        if "finding" not in cell["kind"]:
+            assert back[0] == back[1] == back[2], cell
+        assert _contrast(back, _rgb(cell["fore"])) >= 4.5, cell
+    # no Python reprs, no empty picture, no section of white space
+    assert not re.search(r"\[\'|\'\]|: True\b|: False\b|: None\b", seen["text"]), seen["text"][:2000]
+    assert seen["empty"] == [], seen["empty"]
+    return seen
+
+
+@needs_browser
+def test_the_pictures_agree_with_the_verdicts(one_step, tmp_path):
+    """One step dumped, the fused softmax the origin: red is the origin and what carries it,
+    nothing else; the steps section is one line, not empty plots; the repair says what it is
+    in words."""
+    assert invoke(one_step, "fix", "-j", "1").exit_code == 0
+    seen = _check_pictures(one_step, tmp_path, "one")
+    assert "One step observed" in seen["text"] and "loss scale move" in seen["text"]
+    assert "fix: fusion pass SoftmaxFusionPass off" in seen["text"]
+    assert "verified: yes" in seen["text"]
+
+
+@needs_browser
+def test_a_divergence_without_effect_is_grey_in_every_picture(tmp_path):
+    """A healthy Transformer over four steps: the key bias's update drifts without effect
+    (cosine below 0; the old heatmap painted it full red): grey points, grey cells."""
+    import scenarios
+    root = tmp_path / "pd"
+    scenarios._healthy("transformer", False, steps=4)(str(root))
+    seen = _check_pictures(root, tmp_path, "healthy")
+    harmless = [c for c in seen["cells"] if "harmless" in c["kind"]]
+    assert harmless and all(float(c["title"].rsplit(" ", 1)[1]) < 0.9 for c in harmless)
+    assert not any("finding" in c["kind"] for c in seen["cells"])
+    assert any(line["cls"] == "loss" for line in seen["lines"])

@@ -274,10 +274,10 @@ def test_an_interrupted_step_is_named_by_every_command_and_never_read(built, tmp
                  ("vcs",)):
         result = invoke(root, *args)
         assert result.exit_code in (0, 1), (args, result.output)
-        assert "npu/debug_0: step(s) 1 were interrupted" in result.stderr, args
+        assert "npu/debug_0: step(s) 1 are partial (the dump was killed" in result.stderr, args
     for args in (("train", "-s", "1", "-d", "npu"), ("pt", "fc1/BiasAdd", "-s", "1")):
         result = invoke(root, *args)
-        assert result.exit_code == 2 and "interrupted" in result.stderr.splitlines()[-1], args
+        assert result.exit_code == 2 and "is partial" in result.stderr.splitlines()[-1], args
 
 
 def test_ac_c_gives_no_clean_verdict_over_an_interrupted_step(built, tmp_path):
@@ -415,7 +415,9 @@ def test_concurrent_replays_each_report_their_own_run(built, tmp_path):
     claimed += [f"npu/{r}" for r in fo["runs"]]
     assert len(claimed) == len(set(claimed)) == 4
     ws = Workspace(str(root))
-    for label in claimed:                     # each is a replay of debug_0, as labelled
+    kept = claimed[:2] + [f"npu/{r}" for r in fo["kept"]]      # fo deletes its bisection's
+    assert fo["kept"] == fo["runs"][:1]
+    for label in kept:                        # each is a replay of debug_0, as labelled
         run = ws.run(*label.split("/"))
         assert run.info.get("replay_of") == "npu/debug_0"
     # fo's first replay is the fusion-off baseline, labelled so; train's keep the original's

@@ -18,7 +18,7 @@ _WHERE = {
     "overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
     "op_replay": ("OpReplay", "ReplayOpError", "replay_op"),
     "result": ("Coverage", "Provenance", "StaleResultError", "coverage", "current_result",
-               "read_provenance", "read_result", "staleness", "write_result"),
+               "read_provenance", "read_result", "staleness", "write_failure", "write_result"),
     "rootcause": ("Divergence", "RootCause", "root_cause"),
     "steps": ("StateTrace", "trace_state"),
     "summary": ("OpSummary", "count_findings", "summarize"),

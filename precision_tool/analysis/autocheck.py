@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..dump import Workspace, load_bundle
 from ..dump.watch import first_hits, read_hits
-from ..dump.workspace import Run
+from ..dump.workspace import Run, WorkspaceError
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
@@ -33,7 +33,7 @@ from .loss_scale import loss_scale_history
 from .mapping import TensorMap, placed_types
 from .overflow import overflow_report
 from .op_replay import ReplayOpError, replay_op
-from .result import Coverage, coverage, write_result
+from .result import Coverage, coverage, write_failure, write_result
 from .rootcause import RootCause, root_cause, written_variables
 from .step_replay import StepReplay, check_remedies, quiet_replay
 from .drift import loss_gap, state_drift
@@ -84,6 +84,7 @@ class AutoCheck:
     golden_nonfinite: Optional[dict] = None
     impact: Optional[dict] = None                  # candidates ranked by what fixing them does
     result_file: Optional[str] = None              # the vector compare's CSV, if written
+    unsaved: Optional[str] = None                  # why that CSV could not be written
     # the step has a replay bundle and a golden run: `fix` can search a repair for it
     repairable: bool = False
     # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
@@ -198,7 +199,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
         _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay)
         if write_csv:
-            result.result_file = write_result(ws, compared[s].table)
+            try:
+                result.result_file = write_result(ws, compared[s].table)
+            except (WorkspaceError, OSError) as e:    # the verdict stands; its CSV is lost
+                result.unsaved = write_failure(e)
     offered = Options(result)
     result.advice = advise(result, npu_run.info, offered)
     if compare and verify and result.repairable and result.has_findings and offered.asked:

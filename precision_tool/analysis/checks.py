@@ -95,12 +95,14 @@ class CheckContext:
     golden steps replayed from it (every value), and where the configured precision policy
     places each op (compiled, never run)."""
 
-    def __init__(self, bundle, config: dict, golden_steps: int, golden_dtype: str = "float32"):
+    def __init__(self, bundle, config: dict, golden_steps: int, golden_dtype: str = "float32",
+                 progress: Optional[Callable[[int, int], None]] = None):
         self.bundle = bundle
         self.graph = bundle.graph
         self.config = config
         self.golden_steps = golden_steps
         self.golden_dtype = golden_dtype
+        self.progress = progress        # (steps replayed, of how many) as the golden replays
 
     @cached_property
     def mode(self) -> str:
@@ -114,9 +116,11 @@ class CheckContext:
         sess.add_observer(tracer)
         self.bundle.start(sess, exact=False)
         states = [sess.variables()]
-        for _ in range(steps):
+        for k in range(steps):
             self.bundle.run_step(sess)
             states.append(sess.variables())
+            if self.progress is not None:
+                self.progress(k + 1, steps)
         return tracer.traces, states
 
     @cached_property
@@ -576,10 +580,12 @@ def _determinism(ctx: CheckContext) -> List[Finding]:
 
 # -- running them -----------------------------------------------------------------------------
 def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps: int = 3,
-               precision_mode: Optional[str] = None, only: Sequence[str] = ()) -> CheckReport:
+               precision_mode: Optional[str] = None, only: Sequence[str] = (),
+               progress: Optional[Callable[[int, int], None]] = None) -> CheckReport:
     """Every check (or those named in `only`) on the run's bundle of `step` (default: its first
     bundled step). A golden run's bundle carries no NPU configuration: precision_mode says which
-    policy the fp16 checks assume (default allow_mix_precision)."""
+    policy the fp16 checks assume (default allow_mix_precision). progress(k, n): told as the
+    golden steps replay."""
     bundled = sorted(run.bundles)
     if not bundled:
         raise CheckError(f"{run.label} has no replay bundle: dump a step with action='dump' "
@@ -596,7 +602,8 @@ def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps
     if unknown:
         raise CheckError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
     ctx = CheckContext(bundle, config, golden_steps,
-                       run.info.get("golden_dtype", "float32") if run.target == "cpu" else "float32")
+                       run.info.get("golden_dtype", "float32") if run.target == "cpu" else "float32",
+                       progress)
     report = CheckReport(run.label, step, golden_steps, ctx.mode)
     for name, c in CHECKS.items():
         if only and name not in only:

@@ -308,7 +308,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                                  ws.compiled_graph(golden_run), len(rows))
     engine = engine_for(workers, scheduler)
     try:
-        results = compare_pairs(ws.root, pairs, engine, progress)
+        results = compare_pairs(ws.where, pairs, engine, progress)
     finally:
         engine.close()
     for row in rows:

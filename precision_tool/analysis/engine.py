@@ -114,7 +114,8 @@ def run_task(task):
     root, pair, spans, ranges) -> KL sums per span. An unreadable file is a result with its
     reason, not an exception."""
     kind, root, pair = task[:3]
-    ws = Workspace(root)          # the reader's checks, wherever the task runs
+    # the reader's checks, wherever the task runs; root: a path, or Workspace.where
+    ws = Workspace(*root) if isinstance(root, tuple) else Workspace(root)
     if kind == "batch":
         with collector_paused():         # a worker's share of compare_step's containers
             return _batch(ws, pair)
@@ -289,7 +290,7 @@ def engine_for(workers: int = 1, scheduler=None) -> Engine:
 def compare_pairs(root: str, pairs: List[Pair], engine: Engine,
                   progress: Optional[Callable[[int, int], None]] = None) -> List[dict]:
     """The compare_tensors row of every pair, in order."""
-    root = os.path.abspath(root)
+    root = tuple(root) if isinstance(root, (tuple, list)) else os.path.abspath(root)
     plans: List[tuple] = []    # per pair: ("pair", task, slot) or ("split", [tasks], ranges)
     tasks: List[tuple] = []
     batch: List[int] = []      # pairs waiting for a batch task

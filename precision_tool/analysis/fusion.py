@@ -11,6 +11,7 @@ fusion makes the run worse, in about ceil(log2 P) + 2 replays.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Set
 
@@ -37,11 +38,12 @@ def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[st
     bundle = load_bundle(ws.bundle_path(npu_run, step))
     config = bundle.config(fusion_switch=switch_for(passes_on))
     config = hooks.session_dump_config(config, action="dump", dump_step=str(step),
-                                       data_dir=ws.root, replay_of=npu_run.label)
+                                       data_dir=ws.results_dir(), replay_of=npu_run.label,
+                                       first_free=ws.first_free("npu"))
     sess, _ = replay(bundle, "npu", config)
     sess.close()
     (run_dir,) = hooks.dump_dirs(sess)
-    return Workspace(ws.root).run("npu", os.path.basename(run_dir))
+    return ws.reopened().run("npu", os.path.basename(run_dir))
 
 
 @dataclass
@@ -103,7 +105,10 @@ class FusionVerdict:
     new_failures: List[str] = field(default_factory=list)   # failing only with fusion
     unfused_failures: List[str] = field(default_factory=list)   # failing with every pass off
     replays: int = 0
-    runs: List[str] = field(default_factory=list)
+    runs: List[str] = field(default_factory=list)        # every replay, in order
+    # the replays left on disk: the fusion-off baseline (what `vc -lt` compares), or all of
+    # them when asked (the bisection's others are deleted once judged: megabytes each)
+    kept: List[str] = field(default_factory=list)
 
 
 def fired_passes(ws: Workspace, npu_run: Run) -> Dict[str, List[str]]:
@@ -116,22 +121,24 @@ def fired_passes(ws: Workspace, npu_run: Run) -> Dict[str, List[str]]:
 
 
 def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
-                  threshold=None) -> FusionVerdict:
-    """Is fusion to blame for the step's divergence or its overflow, and which pass?"""
+                  threshold=None, keep_replays: bool = False) -> FusionVerdict:
+    """Is fusion to blame for the step's divergence or its overflow, and which pass? The
+    replay with every pass off stays a run of the workspace; the others are deleted once
+    judged, unless keep_replays."""
     fired = fired_passes(ws, npu_run)
     # the run's files are read as every command reads them: a broken compiled graph is an
     # input error here too, although the replays run from the bundle's own graph
     ws.compiled_graph(npu_run)
     names = [p for p in PASSES if p in fired]          # the compiler's order
     replays = 0
-    runs = []
+    runs: List[Run] = []
 
     def run_with(on: Set[str]) -> Failures:
         nonlocal replays
         replays += 1
         r = replay_with_passes(ws, npu_run, step, on)
-        runs.append(r.name)
-        return failing(Workspace(ws.root), r, golden, step, threshold)
+        runs.append(r)
+        return failing(ws.reopened(), r, golden, step, threshold)
 
     baseline = run_with(set())
     original = run_with(set(names))          # the same step replayed, fusion as it was
@@ -142,7 +149,11 @@ def bisect_fusion(ws: Workspace, npu_run: Run, golden: Run, step: int,
         culprits = _bisect(names, lambda on: bool(run_with(set(on)).beyond(baseline)))
         verdict.culprits = culprits
         verdict.fused_nodes = {p: fired[p] for p in culprits}
-    verdict.replays, verdict.runs = replays, runs
+    verdict.replays, verdict.runs = replays, [r.name for r in runs]
+    kept = runs if keep_replays else runs[:1]
+    for r in runs[len(kept):]:
+        shutil.rmtree(r.path, ignore_errors=True)
+    verdict.kept = [r.name for r in kept]
     return verdict
 
 

@@ -139,8 +139,8 @@ def subgraph_dot(nodes: List[NodeView], center: str, depth: int) -> str:
 def export_subgraph(ws: Workspace, run: Run, center: str, depth: int) -> str:
     """subgraph_dot of the run's ops written to temp/op_graph/<op>_<depth>.dot (atomically,
     the name within 255 bytes); its path."""
-    path = os.path.join(ws.root, "temp", "op_graph", fit_file_name(mangle(center), f"_{depth}.dot"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    path = os.path.join(ws.results_dir("temp", "op_graph"),
+                        fit_file_name(mangle(center), f"_{depth}.dot"))
     write_text_atomic(path, subgraph_dot(run_ops(ws, run), center, depth))
     return path
 

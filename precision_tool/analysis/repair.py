@@ -40,7 +40,7 @@ import multiprocessing
 import numpy as np
 
 from ..dump import Workspace, load_bundle
-from ..dump.workspace import Run
+from ..dump.workspace import Run, WorkspaceError
 from ..errors import PrecisionToolError
 from ..fileio import jsonable, write_text_atomic
 from ..graph import dtypes, split_tensor_name
@@ -103,6 +103,10 @@ class Repair:
     # modelled step time before and after, seconds (runtime.npu.cost: a model, for the ratio)
     step_time: Tuple[float, float] = (0.0, 0.0)
     files: List[str] = field(default_factory=list)    # what was written
+    # why the fix's files could not be written (a read-only results directory, a full
+    # disk), None when they were or none was to be: the fix is then only in this result
+    unsaved: Optional[str] = None
+    contents: Dict[str, str] = field(default_factory=dict)   # file name -> its text
     notes: List[str] = field(default_factory=list)
     # the dumped step's compare, judged as ac -c judges it, finds nothing: no search, no proof
     healthy: bool = False
@@ -501,7 +505,11 @@ def repair(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=Non
         _cost(result, replay)
     result.replays = replay.replays           # before the report is written with it
     if result.fix is not None and write and result.fix and result.proof.holds:
-        result.files = write_fix(ws, result)
+        try:
+            result.files = write_fix(ws, result)
+        except (WorkspaceError, OSError) as e:      # the work is done: keep it in the result
+            result.unsaved = str(e) if isinstance(e, WorkspaceError) else \
+                f"cannot write {e.filename or 'the fix'}: {e.strerror or e}"
     return result
 
 
@@ -612,15 +620,17 @@ def _cost(result: Repair, replay: StepReplay) -> None:
 
 def write_fix(ws: Workspace, result: Repair) -> List[str]:
     """config/modify_mixlist.json and config/fusion_switch.cfg (those the fix needs) and
-    config/fix.json (the whole fix: mode, loss scale, the report), each written atomically."""
-    directory = os.path.join(ws.root, CONFIG_DIR)
-    os.makedirs(directory, exist_ok=True)
+    config/fix.json (the whole fix: mode, loss scale, the report), each written atomically
+    where results go. result.contents holds the first two's text before anything is
+    written: a fix that cannot be saved is still shown whole."""
     cfg = result.config
     contents = {}
     if any(c.kind == "fp32" for c in result.fix) and cfg.get("modify_mixlist"):
         contents["modify_mixlist.json"] = json.dumps(cfg["modify_mixlist"], indent=2) + "\n"
     if any(c.kind == "fusion" for c in result.fix):
         contents["fusion_switch.cfg"] = json.dumps(cfg["fusion_switch"], indent=2) + "\n"
+    result.contents = dict(contents)
+    directory = ws.results_dir(CONFIG_DIR)
     files = [os.path.join(directory, name) for name in [*contents, "fix.json"]]
     report = dict(result.to_dict(), files=files)      # the report names every file it wrote
     report["written"] = time.strftime("%Y-%m-%d %H:%M:%S")

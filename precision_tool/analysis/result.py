@@ -184,8 +184,7 @@ def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
     sidecar it was written with. A second run in the same second gets its own directory."""
     provenance = Provenance.of(ws, table, graph)
     stamp = time.strftime("%Y%m%d%H%M%S")
-    parent = os.path.join(ws.root, "temp", "vector_compare")
-    os.makedirs(parent, exist_ok=True)
+    parent = ws.results_dir("temp", "vector_compare")
     k = 0
     while True:
         name = stamp if k == 0 else f"{stamp}_{k}"
@@ -199,6 +198,13 @@ def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
         write_text_atomic(sidecar(path), json.dumps(asdict(provenance), indent=1) + "\n")
     write_text_atomic(path, table.to_csv() if isinstance(table, Table) else table.to_csv(index=False))
     return path
+
+
+def write_failure(e: Exception) -> str:
+    """Why a result could not be written, in one line naming the path."""
+    if isinstance(e, OSError) and not isinstance(e, WorkspaceError):
+        return f"cannot write {e.filename or 'the result'}: {e.strerror or e}"
+    return str(e)
 
 
 def read_provenance(csv_path: str) -> Optional[Provenance]:
@@ -219,7 +225,8 @@ def read_provenance(csv_path: str) -> Optional[Provenance]:
 def result_files(ws: Workspace) -> List[str]:
     """The workspace's compare results, newest first (by the time in their names, which
     sorts as it reads; the modification time breaks ties)."""
-    found = glob.glob(os.path.join(ws.root, "temp", "vector_compare", "*", "result_*.csv"))
+    found = [path for place in ws.places
+             for path in glob.glob(os.path.join(place, "temp", "vector_compare", "*", "result_*.csv"))]
 
     def key(path):
         stamp = os.path.basename(os.path.dirname(path))

@@ -106,11 +106,15 @@ class _Group(click.Group):
 @click.version_option(__version__, "-V", "--version", prog_name="precision-tool")
 @click.option("--data-dir", default=None, metavar="DIR",
               help="The workspace (default: $PRECISION_TOOL_DATA or ./precision_data).")
+@click.option("--results-dir", default=None, metavar="DIR",
+              help="Where commands write what they make: compare results, replays, reports, "
+                   "fix configs (default: $PRECISION_TOOL_RESULTS, else the workspace when it "
+                   "can be written, else a directory of ~/.cache named after it).")
 @click.option("--json", "as_json", is_flag=True, help="Print every result as JSON on stdout.")
 @click.option("--log-level", type=click.Choice(list(LOG_LEVELS)), default="1", show_default=True,
               help="Ascend's slog levels: 0 debug, 1 info, 2 warning, 3 error, 4 none.")
 @click.pass_context
-def cli(ctx, data_dir, as_json, log_level):
+def cli(ctx, data_dir, results_dir, as_json, log_level):
     """Find where a mixed-precision training run on an Ascend-style NPU loses precision, and why.
 
     precision_tool runs a graph on a simulated NPU and on a CPU golden executor, dumps both
@@ -123,6 +127,8 @@ def cli(ctx, data_dir, as_json, log_level):
     else:                         # the shell: the same App (its workspace index) for every line
         if data_dir is not None:
             app.data_dir = layout.resolve_root(data_dir)
+    if results_dir is not None:
+        app.results_dir = results_dir
     app.as_json, app.log_level = as_json, int(log_level)
     app.noted = set()                # each command names a run's interrupted steps again
     ctx.obj = app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections import Counter
 
 import click
@@ -241,6 +240,9 @@ def _render_ac(app: App, r, limit):
                             title_align="left"))
         if r.result_file:
             app.info(f"compare result: {r.result_file}")
+        if r.unsaved:
+            app.warn(f"the compare result was not saved: {r.unsaved} (--results-dir DIR "
+                     f"writes it elsewhere)")
     if r.watchpoints:
         lines = [f"step {h['step']}: {h['condition']}: {h['message']} ({h['count']} hit(s))"
                  for h in r.watchpoints[:max(limit, 1) * 3]]
@@ -332,25 +334,16 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         from ..graph import GraphView
         graph = GraphView(check_compiled_graph(load_json(graph_file, WorkspaceError,
                                                          "compiled graph")), checked=True)
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeRemainingColumn)
-    # refreshed from the callback, not by rich's thread: with no other thread running, a
-    # pool of workers (-w) starts by fork in milliseconds instead of by spawn
-    with Progress(TextColumn("comparing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=app.err, transient=True, auto_refresh=False,
-                  disable=app.as_json or app.log_level > 1) as bar:
-        task = bar.add_task("compare", total=None)
-        shown = [0.0]
-
-        def progress(k, n):                 # drawn ten times a second at most
-            refresh = k == n or time.monotonic() - shown[0] > 0.1
-            if refresh:
-                shown[0] = time.monotonic()
-            bar.update(task, completed=k, total=n, refresh=refresh)
+    with app.progress("comparing") as progress:
         table = analysis.compare_step(app.ws, npu, golden, step, threshold=criteria, graph=graph,
                                       progress=progress, workers=workers, scheduler=scheduler)
     cov = analysis.coverage(table)
-    path = analysis.write_result(app.ws, table, os.path.abspath(graph_file) if graph_file else None)
+    unsaved = None
+    try:
+        path = analysis.write_result(app.ws, table,
+                                     os.path.abspath(graph_file) if graph_file else None)
+    except (WorkspaceError, OSError) as e:       # the compare is done: shown, said unsaved
+        path, unsaved = None, analysis.write_failure(e)
     diverging = analysis.count_findings(table, criteria)
     counts = dict(Counter(table["Verdict"].tolist()))
     payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
@@ -362,10 +355,21 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         app.line(f"{npu.label} against {golden.label}, step {step}: {len(table)} tensors ({parts})")
         app.line(f"{cov.text()}; {diverging} op(s) diverge")
-        app.line(f"result: {path}")
-        if diverging:
+        if path:
+            app.line(f"result: {path}")
+        if diverging and path:
             app.line(f"summary: {app.command('vcs')}")
+        elif diverging:                    # no file for vcs to read: the first ones here
+            for op in analysis.summarize(table, criteria, limit=10):
+                app.line(f"  {op.op_name} ({op.op_type}): output cosine "
+                         f"{', '.join(fmt(c) for c in op.output_cosines) or 'n/a'}"
+                         + "".join(f"; {r}" for r in op.output_reasons if r))
+    if unsaved:
+        payload["unsaved"] = unsaved
     app.emit(payload, render)
+    if unsaved:
+        raise CommandError(f"error: the compare's result was not saved: {unsaved} "
+                           f"(--results-dir DIR writes it elsewhere)", EXIT_USAGE)
     if not cov.complete:
         raise _incomplete(f"the compare of step {step}", cov.to_dict())
     return EXIT_FINDINGS if diverging else EXIT_OK
@@ -494,7 +498,10 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
 @LEFT
 @RIGHT
 @criteria_options("-c")
-def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error):
+@click.option("--keep-replays", is_flag=True,
+              help="Keep every replay run of the bisection (by default only the one with every "
+                   "pass off stays, for vc to compare; the others take megabytes each).")
+def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, keep_replays):
     """Replay the dumped step from its bundle with every fusion pass off (into the next
     npu/debug_<k>), compare both runs with the golden run and say whether fusion is to blame
     for a divergence or an overflow; if it is, bisect over the passes that fired to name the
@@ -506,7 +513,7 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
     app.step(golden, step)
     app.info(f"replaying step {step} of {npu.label} with fusion off, then bisecting...")
     verdict = analysis.bisect_fusion(app.ws, npu, golden, step,
-                                     _criteria(cosine, norm, flushed, rel_error))
+                                     _criteria(cosine, norm, flushed, rel_error), keep_replays)
     app.refresh()
 
     def render():
@@ -523,7 +530,12 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
             lines = ["Fusion is not to blame: nothing diverges or overflows in this step with "
                      "an effect (as ac -c judges it), with fusion or without.",
                      f"passes that fired: {', '.join(verdict.fired) or 'none'}"]
-        lines.append(f"replays: {verdict.replays} ({', '.join(verdict.runs)})")
+        dropped = len(verdict.runs) - len(verdict.kept)
+        lines.append(f"replays: {verdict.replays}; kept npu/{verdict.kept[0]} (every pass off: "
+                     f"{app.command('vc -lt npu/' + verdict.kept[0])} compares it)"
+                     + (f" and {', '.join(verdict.kept[1:])}" if len(verdict.kept) > 1 else "")
+                     + (f"; the other {dropped} deleted (--keep-replays keeps them)"
+                        if dropped else ""))
         app.console.print(panel(escape("\n".join(lines)), title="Fusion-off replay",
                                 title_align="left"))
     app.emit(verdict, render)

@@ -8,6 +8,8 @@ import math
 import os
 import sys
 import textwrap
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, Optional
 
@@ -119,17 +121,27 @@ class App:
                                                          soft_wrap=True))
     in_shell: bool = False
     noted: set = field(default_factory=set)     # runs whose interrupted steps were named
+    results_dir: Optional[str] = None   # where results go (None: layout.resolve_results)
     _ws: Optional["Workspace"] = None
 
     @property
     def ws(self) -> Workspace:
         """Opened once; a command that writes runs calls refresh()."""
-        if self._ws is None or self._ws.root != layout.resolve_root(self.data_dir):
+        if self._ws is None or self._ws.root != layout.resolve_root(self.data_dir) \
+                or self._ws.where[1] != layout.resolve_results(self._ws.root,
+                                                               self.results_dir)[0]:
             from ..dump.workspace import Workspace
-            ws = Workspace(self.data_dir)
+            ws = Workspace(self.data_dir, self.results_dir)
             ws.runs()                  # a missing workspace fails here, in one line, every time
             self._ws = ws
+            ws.announce = self._results_elsewhere
         return self._ws
+
+    def _results_elsewhere(self, path: str) -> None:
+        if ("results", path) not in self.noted:
+            self.noted.add(("results", path))
+            self.warn(f"the workspace {self.ws_root()} cannot be written: results go to "
+                      f"{path} (choose with --results-dir or {layout.ENV_RESULTS})")
 
     def ws_root(self) -> str:
         return layout.resolve_root(self.data_dir)
@@ -154,6 +166,27 @@ class App:
         if self.log_level <= 2:
             self.err.print(f"warning: {message}", markup=False)
 
+    @contextmanager
+    def progress(self, what: str):
+        """A progress bar on stderr for long work: yields progress(done, total), which draws
+        ten times a second at most (quiet with --json or a log level above info). Refreshed
+        from the callback, not by rich's thread: with no other thread running, a pool of
+        workers starts by fork in milliseconds instead of by spawn."""
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeRemainingColumn)
+        with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=self.err, transient=True, auto_refresh=False,
+                      disable=self.as_json or self.log_level > 1) as bar:
+            task = bar.add_task(what, total=None)
+            shown = [0.0]
+
+            def progress(k: int, n: int) -> None:
+                refresh = k == n or time.monotonic() - shown[0] > 0.1
+                if refresh:
+                    shown[0] = time.monotonic()
+                bar.update(task, completed=k, total=n, refresh=refresh)
+            yield progress
+
     def emit(self, payload, render: Callable[[], None]):
         """The result: as JSON on stdout with --json, else rendered for a reader."""
         if self.as_json:
@@ -175,8 +208,9 @@ class App:
         """The run, its interrupted steps named on stderr once per command."""
         if run.interrupted and run.path not in self.noted:
             self.noted.add(run.path)
-            self.warn(f"{run.label}: step(s) {', '.join(map(str, run.interrupted))} were "
-                      f"interrupted before they were written whole (a killed dump); not read")
+            self.warn(f"{run.label}: step(s) {', '.join(map(str, run.interrupted))} are "
+                      f"partial ({run.why_partial}); not read ({self.command('clean')} "
+                      f"deletes them)")
         return run
 
     def step(self, run: Run, step: Optional[int] = None) -> int:
@@ -201,14 +235,23 @@ def _data_dir_here(ctx, param, value):
     return value
 
 
+def _results_dir_here(ctx, param, value):
+    """`vc --results-dir X`, likewise."""
+    if value is not None and isinstance(ctx.obj, App):
+        ctx.obj.results_dir = value
+    return value
+
+
 def command(name: str, alias: str, **kw):
     """Register a click command under its short name and its long alias. Each also takes
-    the global --data-dir after its name (not listed in its own help: the global help
-    lists it)."""
+    the global --data-dir and --results-dir after its name (not listed in its own help: the
+    global help lists them)."""
     def wrap(fn):
         cmd = click.command(name=name, **kw)(click.pass_obj(fn))
         cmd = click.option("--data-dir", "data_dir_here", metavar="DIR", hidden=True,
                            expose_value=False, is_eager=True, callback=_data_dir_here)(cmd)
+        cmd = click.option("--results-dir", "results_dir_here", metavar="DIR", hidden=True,
+                           expose_value=False, is_eager=True, callback=_results_dir_here)(cmd)
         COMMANDS[name] = CommandInfo(name, alias, cmd)
         return cmd
     return wrap

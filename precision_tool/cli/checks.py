@@ -73,7 +73,9 @@ def check_cmd(app: App, run_label, step, golden_steps, precision_mode, only, dif
                                       f"python train.py")
         run = app.noting(bundled[-1])
     app.info(f"checking {run.label}...")
-    report = checking.run_checks(app.ws, run, step, golden_steps, precision_mode, only)
+    with app.progress("golden steps") as progress:
+        report = checking.run_checks(app.ws, run, step, golden_steps, precision_mode, only,
+                                     progress)
 
     def render():
         app.line(f"{report.run} step {report.step}, {report.golden_steps} golden step(s) "

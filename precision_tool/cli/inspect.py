@@ -45,7 +45,8 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
                   for r in runs if r.steps or app.ws.compiled_graph(r)}
         listing = [{"run": r.label, "replay_of": r.info.get("replay_of"),
                     "values_from": r.info.get("values_from"), "steps": r.complete_steps,
-                    "bytes": housekeeping.size_of(r.path)} for r in every]
+                    "partial_steps": r.interrupted, "dump_stopped": r.info.get("dump_stopped"),
+                    "path": r.path, "bytes": housekeeping.size_of(r.path)} for r in every]
 
         def render():
             t = Table(box=None, pad_edge=False)
@@ -201,12 +202,14 @@ def _output_path(app: App, kind: str, ref: str, stem: str, suffix: str) -> str:
     """Where pt -c and dc write: the workspace's temp/<kind>/, or beside the file given when
     there is no workspace (a file compared on its own); the name within 255 bytes."""
     try:
-        directory = os.path.join(app.ws.root, "temp", kind)
+        ws = app.ws
     except WorkspaceError:
         if not os.path.isfile(ref):
             raise
         directory = os.path.dirname(os.path.abspath(ref))
-    os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, exist_ok=True)
+    else:
+        directory = ws.results_dir("temp", kind)
     return os.path.join(directory, fit_file_name(stem, suffix))
 
 

@@ -43,8 +43,9 @@ def replay_cmd(app: App, device, action, step):
         if action == "fusion_off":     # fusion only exists on the NPU: the golden just dumps
             act = "dump|fusion_off" if target == "npu" else "dump"
         base = bundle.config() if target == "npu" else SessionConfig()
-        cfg = hooks.session_dump_config(base, action=act, dump_step=str(step), data_dir=app.ws.root,
-                                        replay_of=npu.label)
+        cfg = hooks.session_dump_config(base, action=act, dump_step=str(step),
+                                        data_dir=app.ws.results_dir(), replay_of=npu.label,
+                                        first_free=app.ws.first_free(target))
         app.info(f"replaying step {step} on the {target} ({act})...")
         sess, _ = replay(bundle, target, cfg)
         sess.close()
@@ -170,21 +171,26 @@ def demo_cmd(ctx, app: App, steps, fresh, exit_zero):
     return EXIT_OK if exit_zero and code == EXIT_FINDINGS else code
 
 
-@command("clean", "clean", short_help="Delete replay runs and old compare results.")
+@command("clean", "clean", short_help="Delete replay runs, partial steps, old compare results.")
 @click.option("--replays/--no-replays", default=True, show_default=True,
               help="The runs fo and train wrote (npu/debug_<k> replaying another run).")
 @click.option("--results/--no-results", default=True, show_default=True,
               help="Compare results (temp/vector_compare/<ts>) but the newest --keep.")
+@click.option("--partial/--no-partial", default=True, show_default=True,
+              help="Partial steps a killed or stopped dump left (never read; one written in "
+                   "the last minute is left alone: a dump may be writing it).")
 @click.option("-k", "--keep", type=click.IntRange(0), default=1, show_default=True,
               help="Compare results to keep, the newest.")
 @click.option("-n", "--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
-def clean_cmd(app: App, replays, results, keep, dry_run):
-    """Delete what analysis commands leave behind: the replay runs (every fo adds several)
-    and all compare results but the newest. Original runs, the dumps of your training, are
-    never deleted.
+def clean_cmd(app: App, replays, results, partial, keep, dry_run):
+    """Delete what analysis commands leave behind: the replay runs (every fo adds several),
+    all compare results but the newest, and the partial steps of dumps that were killed or
+    stopped by a write failure (a full disk). The whole steps of original runs, the dumps of
+    your training, are never deleted. Beside a read-only workspace, only its results
+    directory is cleaned.
 
     Exit code 0 (2 on input error)."""
-    doomed = housekeeping.plan_clean(app.ws, replays, results, keep)
+    doomed = housekeeping.plan_clean(app.ws, replays, results, keep, partial)
     total = sum(d.bytes for d in doomed)
     if not dry_run:
         housekeeping.delete(app.ws, doomed)

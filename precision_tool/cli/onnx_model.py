@@ -7,7 +7,7 @@ import os
 import click
 
 from ..runtime.npu.policy import PRECISION_MODES
-from .app import EXIT_OK, App, CommandError, command, fmt
+from .app import EXIT_FINDINGS, EXIT_OK, App, CommandError, command, fmt
 
 
 def _pairs(values, what):
@@ -86,9 +86,8 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
     A model with ops the importer does not cover is refused whole, listing every such op
     type with its count (exit 2).
 
-    Exit code 0 (with --check, ac's: 1 on findings); 2 on input error."""
-    import numpy as np
-
+    Exit code 0 when every model output matches the golden's by the default criteria, 1 when
+    one diverges (with --check, ac's: 1 on findings); 2 on input error."""
     from ..onnx import load
     from ..onnx.job import dump_model
     from .jobs import fresh_workspace
@@ -132,14 +131,8 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
     app.refresh()
     n_ops = sum(1 for n in imported.graph.nodes
                 if n.type not in ("Placeholder", "Variable", "Const"))
-    from ..analysis.metrics import compare_tensors
-    outputs = []
-    for name, (golden, npu) in result.outputs.items():
-        # vc's metrics, with their edge cases: over the finite pairs, what was left out said
-        m = compare_tensors(npu, golden)
-        outputs.append({"name": name, "shape": list(np.shape(golden)),
-                        "cosine": m["CosineSimilarity"], "max_abs_error": m["MaxAbsoluteError"],
-                        "note": m["CompareFailReason"]})
+    outputs = _judged_outputs(result.outputs)
+    diverging = [o["name"] for o in outputs if o["verdict"] not in ("pass", "error")]
     worst = max(result.reference, key=lambda d: d.rel_l2, default=None)
     payload = {
         "model": model, "opset": imported.opset, "ops": n_ops, "folded": len(imported.folded),
@@ -169,19 +162,51 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
         for o in outputs:
             app.line(f"output {o['name']} {o['shape']}: cosine similarity {fmt(o['cosine'])}, "
                      f"max |error| {fmt(o['max_abs_error'])}"
-                     + (f" ({o['note']})" if o["note"] else ""))
+                     + (f" ({o['note']})" if o["note"] else "")
+                     + (f": {o['verdict']} ({o['reason']})" if o["verdict"] != "pass" else ""))
         if reference:
             r = payload["reference"]
             app.line(f"golden vs onnxruntime: {r['nodes']} node values, {r['over_1e-5']} with "
                      f"relative error over 1e-5"
                      + (f"; the largest {fmt(worst.rel_l2, 3)} at {worst.name}" if worst else ""))
         if not check:
-            app.line("next: precision-tool ac -c")
+            app.line(f"{len(diverging)} output(s) diverge ({', '.join(diverging)}): "
+                     f"{app.command('ac -c')} finds where it starts" if diverging else
+                     f"next: {app.command('ac -c')} compares every op")
     app.emit(payload, render)
     if check:
         from .analyse import auto_check_cmd
         return ctx.invoke(auto_check_cmd, compare=True, step=0)
-    return EXIT_OK
+    return EXIT_FINDINGS if diverging else EXIT_OK
+
+
+def _judged_outputs(pairs) -> list:
+    """Each model output compared as vc compares a tensor (the metrics with their edge cases,
+    over the finite pairs) and judged by the default criteria: its cosine, error, verdict and
+    what decided it."""
+    import numpy as np
+
+    from ..analysis.metrics import compare_tensors
+    from ..analysis.verdicts import judge
+    from ..kernels.table import Table
+    rows, outputs = [], []
+    for name, (golden, npu) in pairs.items():
+        m = compare_tensors(npu, golden)
+        finite = np.abs(np.asarray(golden, dtype=np.float64))
+        finite = finite[np.isfinite(finite)]
+        rows.append(dict(m, Elements=float(np.size(golden)), NpuDataType=np.asarray(npu).dtype.name,
+                         GoldenAbsMax=float(finite.max()) if finite.size else float("nan")))
+        outputs.append({"name": name, "shape": list(np.shape(golden)),
+                        "cosine": m["CosineSimilarity"], "max_abs_error": m["MaxAbsoluteError"],
+                        "note": m["CompareFailReason"]})
+    if rows:
+        table = Table({k: np.array([r[k] for r in rows],
+                                   dtype=object if isinstance(rows[0][k], str) else float)
+                       for k in rows[0]})
+        judged = judge(table)
+        for o, verdict, reason in zip(outputs, judged["Verdict"], judged["Reason"]):
+            o.update(verdict=str(verdict), reason=str(reason or ""))
+    return outputs
 
 
 def _label(run_dir):

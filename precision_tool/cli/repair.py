@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..analysis import repair as repairing
 from ..runtime.npu.policy import mode_of
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
-from .app import EXIT_FINDINGS, EXIT_OK, App, Finite, command, fmt, panel
+from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, panel
 
 
 @command("fix", "repair", short_help="Find, verify and write the smallest precision fix.")
@@ -58,7 +58,14 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
                                 title_align="left"))
         for path in result.files:
             app.line(f"wrote {path}")
+        for name, text in result.contents.items() if result.unsaved else ():  # to copy
+            app.line(f"--- {name} ---\n{text.rstrip()}")
     app.emit(result.to_dict(), render)
+    if result.unsaved:
+        app.err.print(f"error: the fix was found but not saved: {result.unsaved}; it is "
+                      f"printed above: {app.command('fix --results-dir DIR')} writes it "
+                      f"elsewhere", markup=False)
+        return EXIT_USAGE
     return EXIT_OK if result.verified else EXIT_FINDINGS
 
 

@@ -225,13 +225,13 @@ def execute(app: App, line: str) -> Optional[int]:
         hint = f"; did you mean {' or '.join(close)}?" if close else "; type help for the commands"
         click.echo(f"unknown command {head!r}{hint} (shell commands: run CMD)", err=True)
         return EXIT_USAGE
-    # a --data-dir given to one command is that command's: the shell stays where it is
-    here = app.data_dir
+    # a --data-dir or --results-dir given to one command is that command's: the shell stays
+    here = (app.data_dir, app.results_dir)
     try:
         return main(words, app=app)
     finally:
-        if app.data_dir != here:
-            app.data_dir = here
+        if (app.data_dir, app.results_dir) != here:
+            app.data_dir, app.results_dir = here
             app.refresh()
 
 

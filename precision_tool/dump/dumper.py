@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import glob
 import operator
 import os
+import shutil
+import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -45,7 +48,7 @@ from .stepplan import Row, StepPlan, disk_dtype
 from .cores import WriterCore
 from .runfiles import RunFiles, run_json
 from ..train.loss_scale import loss_scale_variable
-from ..kernels.write import make_writer
+from ..kernels.write import DumpWriteError, make_writer, write_error
 
 _STATS = list(kernels.STAT_FIELDS)
 NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
@@ -143,7 +146,15 @@ class DumpObserver:
         self.settings = settings
         self.target = session.target
         self.npu = session.target == "npu"
-        self.files = RunFiles(session, settings)
+        self.stopped: Optional[tuple] = None   # (step, error) once a write failure stopped it
+        self._put: List[int] = []              # steps handed to the writer
+        self._step = None
+        self.run_dir = None
+        try:
+            self.files = RunFiles(session, settings)
+        except DumpWriteError as e:            # no run directory: nothing to dump into
+            self._stop(e, session.step)
+            return
         self.run_dir = self.files.run_dir
         _announce(self.run_dir)
         self.graph = self.files.graph
@@ -165,9 +176,9 @@ class DumpObserver:
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes) -> bool:
         acts = self.settings.actions
         number = session.step
-        if not (acts & {"dump", "overflow"}):
+        if not (acts & {"dump", "overflow"}) or self.run_dir is None:
             return False
-        if not self.settings.wants_step(number):
+        if self.stopped or not self.settings.wants_step(number):
             # a step not dumped still gets its history row (unwatched_run): the loss scale
             # it starts from is read now, before the run replaces it
             self._scale_before = self._loss_scale(session)
@@ -196,6 +207,12 @@ class DumpObserver:
         return True
 
     def end_run(self, session, trace):
+        try:
+            self._end_run(session, trace)
+        except (DumpWriteError, OSError) as e:
+            self._stop(e, session.step)
+
+    def _end_run(self, session, trace):
         st, self._step = self._step, None
         traced = self._traced.get(id(trace.plan))
         if traced is None or traced.plan is not trace.plan:
@@ -220,7 +237,8 @@ class DumpObserver:
         """A step outside dump_step: its history row from what the session holds (status
         word, loss scale before and after; the update counts as applied when the status word
         is clear, as the loss-scale gate reads it)."""
-        if self._step is not None or not (self.settings.actions & {"dump", "overflow"}):
+        if self._step is not None or self.run_dir is None or \
+                not (self.settings.actions & {"dump", "overflow"}):
             return
         status = session.float_status()
         after = self._loss_scale(session)
@@ -240,12 +258,58 @@ class DumpObserver:
 
     def close(self):
         """Wait until every dumped step is on disk, with the step history and run.json's
-        list of dumped steps; raise the first write error."""
+        list of dumped steps; a write error stops the dump (_stop). A stopped dump still
+        writes the history of the steps observed after it stopped (a few bytes a step)."""
+        if self.run_dir is None:
+            return
         try:
-            self.writer.flush()
+            if not self.stopped:
+                self.writer.flush()
             self.files.finish()
+        except (DumpWriteError, OSError) as e:
+            if not self.stopped:
+                self._stop(e, None)         # a stopped dump has said why already
         finally:
             self._core.restore()
+
+    def _stop(self, error: Exception, step: Optional[int]) -> None:
+        """A write failed (a full disk, a directory gone read-only). on_write_error="raise":
+        raise it, out of the training step. "stop" (the default): the training goes on and
+        the dump ends here, said once on stderr with its cause and the first step it could
+        not write; that step's partial files are deleted (a full disk gets its space back)
+        and run.json records the stop, so that the run's readers say why steps are missing."""
+        error = error if isinstance(error, DumpWriteError) else write_error(error)
+        if self.settings.on_write_error == "raise":
+            raise error
+        if self.stopped:
+            return
+        files = getattr(self, "files", None)
+        if files is not None:
+            try:
+                self.writer.flush()          # the steps queued after the failure are dropped
+            except (DumpWriteError, OSError):
+                pass
+            self._core.restore()
+            on_disk = set(files.dumped_steps)
+            lost = [n for n in self._put if n not in on_disk]
+            step = lost[0] if lost else step
+            for partial in glob.glob(glob.escape(self._steps_dir) + ".*" + PARTIAL) + \
+                    glob.glob(glob.escape(self._replay_dir) + ".*" + PARTIAL):
+                shutil.rmtree(partial, ignore_errors=True)
+        self.stopped = (step, str(error))
+        where = f"step {step}" if step is not None else "the end of the run"
+        on_disk = layout.format_steps(files.dumped_steps) if files is not None else ""
+        sys.stderr.write(
+            f"precision_tool: warning: dumping stopped at {where}"
+            f"{' of ' + self.run_dir if self.run_dir else ''}: {error}. The training goes on "
+            f"without a dump (steps on disk: {on_disk or 'none'}; on_write_error='raise' "
+            f"stops the training instead)\n")
+        sys.stderr.flush()
+        if files is not None:
+            try:
+                files.stopped(step, str(error))
+            except OSError:               # run.json itself cannot be written: said above
+                pass
 
     # -- the writer thread -------------------------------------------------------------------
     def _statics(self, node):
@@ -413,6 +477,7 @@ class DumpObserver:
             renames.append((bundle.partial, bundle.path))
 
         files = self.files
+        self._put.append(st.number)
 
         def written():
             bisect.insort(files.dumped_steps, st.number)

@@ -20,7 +20,7 @@ from ..runtime import SessionConfig
 
 
 def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_action,
-              replay_of=None, values_from=None):
+              replay_of=None, values_from=None, first_free=0, on_write_error=None):
     actions = layout.parse_action(action if action is not None else os.environ.get(env_action))
     if dump_step is None:
         dump_step = os.environ.get(layout.ENV_DUMP_STEP)
@@ -31,7 +31,9 @@ def _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir, env_
         steps=layout.parse_steps(dump_step),
         mode=dump_mode or os.environ.get(layout.ENV_DUMP_MODE) or "all",
         data=dump_data or os.environ.get(layout.ENV_DUMP_DATA) or "tensor",
-        debug_dir=debug_dir, replay_of=replay_of, values_from=values_from)
+        debug_dir=debug_dir, replay_of=replay_of, values_from=values_from,
+        first_free=first_free,
+        on_write_error=on_write_error or os.environ.get(layout.ENV_ON_WRITE_ERROR) or "stop")
 
 
 def session_dump_config(config: Optional[SessionConfig] = None, action: Optional[str] = None,
@@ -39,16 +41,22 @@ def session_dump_config(config: Optional[SessionConfig] = None, action: Optional
                         dump_data: Optional[str] = None, data_dir: Optional[str] = None,
                         debug_dir: Optional[str] = None,
                         fusion_switch_file: Optional[str] = None,
-                        replay_of: Optional[str] = None) -> SessionConfig:
+                        replay_of: Optional[str] = None, first_free: int = 0,
+                        on_write_error: Optional[str] = None) -> SessionConfig:
     """The NPU session config with the actions turned on: any '|'-joined combination of
     dump, overflow, fusion_off and fusion_switch (the switch file given, or
     <workspace>/config/fusion_switch.cfg). dump_step: "0|5|10" or "0|3-5|10" (default "0",
     or every step for a plain overflow check); dump_mode: input, output or all; dump_data:
     tensor or stats (index rows only). replay_of names the run a replay reruns (analysis
-    commands then default to the original, not the replay)."""
+    commands then default to the original, not the replay); first_free: the least k of the
+    debug_<k> it makes (a replay beside a read-only workspace: Workspace.first_free).
+    on_write_error: "stop" (default) — a dump that cannot write (a full disk) stops dumping
+    with one warning and the training goes on; "raise" — the training step raises the
+    DumpWriteError."""
     config = config or SessionConfig()
     actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
-                                  layout.ENV_NPU_ACTION, replay_of)
+                                  layout.ENV_NPU_ACTION, replay_of, first_free=first_free,
+                                  on_write_error=on_write_error)
     changes = {}
     if "fusion_off" in actions:
         changes.update(fusion_switch="off", fusion_switch_file=None)
@@ -63,18 +71,19 @@ def session_dump_config(config: Optional[SessionConfig] = None, action: Optional
 def attach_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
                 dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
                 data_dir: Optional[str] = None, debug_dir: Optional[str] = None,
-                values_from: Optional[str] = None):
+                values_from: Optional[str] = None, on_write_error: Optional[str] = None):
     """Dump an existing session's runs from its next run on, NPU or golden, into
     <workspace>/<target>/debug_<k>: the dump and overflow actions (an overflow check only means
     something on the NPU). Returns the observer (close() waits until its steps are on disk),
     or None when no action applies. The fusion actions change how the graph compiles, so they
     go into the session's config (session_dump_config), not here. values_from names where the
     values the session's runs are handed come from (Session.run's substitute), when not from
-    its own kernels: run.json says so, and commands never take such a run by default."""
+    its own kernels: run.json says so, and commands never take such a run by default.
+    on_write_error: see session_dump_config."""
     npu = session.target == "npu"
     actions, settings = _settings(action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
                                   layout.ENV_NPU_ACTION if npu else layout.ENV_CPU_ACTION,
-                                  values_from=values_from)
+                                  values_from=values_from, on_write_error=on_write_error)
     fusion = sorted(actions & {"fusion_off", "fusion_switch"})
     if fusion and npu:
         raise layout.DumpConfigError(
@@ -90,18 +99,22 @@ def attach_dump(session, action: Optional[str] = None, dump_step: Optional[str] 
 def dump_dirs(session) -> list:
     """The run directories (<workspace>/<target>/debug_<k>) this session's dumps write: what
     it made itself, whatever other processes write into the same workspace meanwhile."""
-    return [o.run_dir for o in session.observers if isinstance(o, DumpObserver)]
+    return [o.run_dir for o in session.observers
+            if isinstance(o, DumpObserver) and o.run_dir is not None]
 
 
 def sess_dump(session, action: Optional[str] = None, dump_step: Optional[str] = None,
               dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
-              data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
+              data_dir: Optional[str] = None, debug_dir: Optional[str] = None,
+              on_write_error: Optional[str] = None):
     """Dump this (CPU golden) session's runs into <workspace>/cpu/debug_<k>. Returns the
-    session. With no action given or in the environment, it changes nothing."""
+    session. With no action given or in the environment, it changes nothing.
+    on_write_error: see session_dump_config."""
     if session.target != "cpu":
         raise layout.DumpConfigError("sess_dump is for the golden (cpu) session; the NPU session "
                                      "takes hooks.session_dump_config() in its config")
-    attach_dump(session, action, dump_step, dump_mode, dump_data, data_dir, debug_dir)
+    attach_dump(session, action, dump_step, dump_mode, dump_data, data_dir, debug_dir,
+                on_write_error=on_write_error)
     return session
 
 

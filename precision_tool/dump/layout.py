@@ -13,17 +13,21 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Optional, Tuple
 
 from ..errors import PrecisionToolError
 
 DEFAULT_ROOT = "precision_data"
 ENV_ROOT = "PRECISION_TOOL_DATA"
+# where commands write what they make (compare results, replays, reports, fix configs) when
+# not into the workspace: a shared dump, a read-only mount
+ENV_RESULTS = "PRECISION_TOOL_RESULTS"
 ENV_NPU_ACTION = "PRECISION_TOOL_NPU_ACTION"      # set by the script runner
 ENV_CPU_ACTION = "PRECISION_TOOL_CPU_ACTION"
 ENV_DUMP_STEP = "PRECISION_TOOL_DUMP_STEP"
 ENV_DUMP_MODE = "PRECISION_TOOL_DUMP_MODE"
 ENV_DUMP_DATA = "PRECISION_TOOL_DUMP_DATA"
+ENV_ON_WRITE_ERROR = "PRECISION_TOOL_ON_WRITE_ERROR"
 # the script runner's file in which each dump of the script names the run it writes: what the
 # script dumped, whatever other processes write into the same workspace
 ENV_RUNS_FILE = "PRECISION_TOOL_RUNS_FILE"
@@ -34,6 +38,9 @@ ENV_STOP_AFTER_DUMP = "PRECISION_TOOL_STOP_AFTER_DUMP"
 ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
 DUMP_MODES = ("input", "output", "all")
 DUMP_DATA = ("tensor", "stats")
+# what a dump does when it cannot write (a full disk): stop dumping and let the training go
+# on (stop), or raise out of the training step (raise)
+ON_WRITE_ERROR = ("stop", "raise")
 INDEX_FILE = "index.csv"
 HISTORY_FILE = "step_history.csv"        # per run: every observed step's status and loss scale
 HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite,loss"
@@ -50,6 +57,35 @@ class DumpConfigError(PrecisionToolError, ValueError):
 
 def resolve_root(data_dir: Optional[str] = None) -> str:
     return os.path.abspath(data_dir or os.environ.get(ENV_ROOT) or DEFAULT_ROOT)
+
+
+def writable(path: str) -> bool:
+    """Whether files can be made in the directory at path (or, while it does not exist yet,
+    in its nearest existing parent): a read-only mount refuses even root."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def resolve_results(root: str, results: Optional[str] = None) -> Tuple[str, str]:
+    """Where commands write what they make, and why there: (path, "given") for the directory
+    named (--results-dir, else $PRECISION_TOOL_RESULTS); (root, "workspace") when the
+    workspace can be written; else (a directory of the user's cache named after the
+    workspace, "read-only"), the same one every time for the same workspace, so that a
+    later command finds what an earlier one wrote."""
+    given = results or os.environ.get(ENV_RESULTS)
+    if given:
+        return os.path.abspath(given), "given"
+    if writable(root):
+        return root, "workspace"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    real = os.path.realpath(root)
+    tag = hashlib.sha1(real.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    name = mangle(os.path.basename(real) or "root", 64)
+    return os.path.join(cache, "precision_tool", "results", f"{name}-{tag}"), "read-only"
 
 
 _UNSAFE = re.compile(r"[/\\. \x00-\x1f\x7f]")
@@ -165,24 +201,32 @@ class DumpSettings:
     mode: str = "all"                   # input, output or all
     data: str = "tensor"                # tensor or stats
     debug_dir: Optional[str] = None     # a named debug_<k> (default: the next free one)
+    # the least k a new debug_<k> takes: replays written beside a read-only workspace are
+    # numbered after its runs, so that the two listed together never share a name
+    first_free: int = 0
     replay_of: Optional[str] = None     # a replay of this run (npu/debug_0): not a default run
     # the values were computed elsewhere (onnxruntime) and handed to this executor's ops: a
     # second reference, never a default run
     values_from: Optional[str] = None
+    on_write_error: str = "stop"        # ON_WRITE_ERROR
 
     def __post_init__(self):
         if self.mode not in DUMP_MODES:
             raise DumpConfigError(f"dump_mode must be one of {', '.join(DUMP_MODES)}, got {self.mode!r}")
         if self.data not in DUMP_DATA:
             raise DumpConfigError(f"dump_data must be one of {', '.join(DUMP_DATA)}, got {self.data!r}")
+        if self.on_write_error not in ON_WRITE_ERROR:
+            raise DumpConfigError(f"on_write_error must be one of {', '.join(ON_WRITE_ERROR)}, "
+                                  f"got {self.on_write_error!r}")
 
     def wants_step(self, step: int) -> bool:
         return self.steps is None or step in self.steps
 
 
-def next_debug_dir(parent: str, name: Optional[str] = None) -> str:
-    """Create and return <parent>/debug_<k> for the next free k (or the named one). Creating
-    the directory claims it, so two runs starting together get different ones."""
+def next_debug_dir(parent: str, name: Optional[str] = None, first_free: int = 0) -> str:
+    """Create and return <parent>/debug_<k> for the next free k, at least first_free (or the
+    named one). Creating the directory claims it, so two runs starting together get
+    different ones."""
     os.makedirs(parent, exist_ok=True)
     if name is not None:
         if not re.fullmatch(r"debug_\d+", name):
@@ -191,7 +235,7 @@ def next_debug_dir(parent: str, name: Optional[str] = None) -> str:
         os.makedirs(path, exist_ok=True)
         return path
     taken = [int(m.group(1)) for d in os.listdir(parent) if (m := re.fullmatch(r"debug_(\d+)", d))]
-    k = max(taken, default=-1) + 1
+    k = max(max(taken, default=-1) + 1, first_free)
     while True:
         path = os.path.join(parent, f"debug_{k}")
         try:

@@ -33,7 +33,7 @@ class RunFiles:
         self.npu = session.target == "npu"
         try:
             self.run_dir = layout.next_debug_dir(os.path.join(settings.root, session.target),
-                                                 settings.debug_dir)
+                                                 settings.debug_dir, settings.first_free)
         except OSError as e:        # a workspace under a file, a read-only disk...
             raise write_error(e) from None
         self.started = time.strftime("%Y%m%d%H%M%S")
@@ -103,6 +103,17 @@ class RunFiles:
         self.write_history()
         if self._info["dumped_steps"] != self.dumped_steps:
             self._info["dumped_steps"] = list(self.dumped_steps)
+            write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
+                              durable=False)
+
+    def stopped(self, step: Optional[int], error: str) -> None:
+        """run.json records that the dump stopped at `step` (a write failure) and why, with
+        the steps that are on disk, and the history observed so far is written."""
+        self._info["dump_stopped"] = {"step": step, "error": error}
+        self._info["dumped_steps"] = list(self.dumped_steps)
+        try:
+            self.write_history()
+        finally:
             write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
                               durable=False)
 

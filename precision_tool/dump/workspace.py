@@ -18,7 +18,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import ml_dtypes
 import numpy as np
@@ -61,9 +61,20 @@ class Run:
     path: str
     info: dict
     steps: List[StepDump] = field(default_factory=list)
-    # steps a killed run left partial: their dump directory or their replay bundle (never read)
+    # steps left partial (a dump killed, or stopped by a write failure): their dump
+    # directory or their replay bundle (never read); partials: those directories
     interrupted: List[int] = field(default_factory=list)
+    partials: List[str] = field(default_factory=list)
     bundles: List[int] = field(default_factory=list)      # steps with a whole replay bundle
+
+    @property
+    def why_partial(self) -> str:
+        """Why its partial steps are partial, as far as the run knows: the write failure
+        that stopped its dump (run.json's dump_stopped), else a dump killed mid-step."""
+        stopped = self.info.get("dump_stopped")
+        if isinstance(stopped, dict):
+            return f"the dump stopped at step {stopped.get('step')}: {stopped.get('error')}"
+        return "the dump was killed or failed while writing them"
 
     @property
     def ours(self) -> bool:
@@ -83,22 +94,81 @@ class Run:
             if s.step == number and s.complete:
                 return s
         if number in self.interrupted or any(s.step == number for s in self.steps):
-            raise WorkspaceError(f"step {number} of {self.label} was interrupted before it was "
-                                 f"written whole; it is not read (dumped steps: "
+            raise WorkspaceError(f"step {number} of {self.label} is partial ({self.why_partial}); "
+                                 f"it is not read (dumped steps: "
                                  f"{layout.format_steps(self.complete_steps) or 'none'})")
         raise WorkspaceError(f"{self.label} has no dump of step {number}; "
                              f"dumped steps: {layout.format_steps(self.complete_steps) or 'none'}")
 
 
 class Workspace:
-    def __init__(self, root: Optional[str] = None):
+    """root: the dumps, only read; results: where commands write what they make (compare
+    results, replays, reports, fix configs): layout.resolve_results, the workspace itself when
+    it can be written. Runs are listed from both: a replay written beside a read-only
+    workspace is one of its runs."""
+
+    def __init__(self, root: Optional[str] = None, results: Optional[str] = None):
         self.root = layout.resolve_root(root)
+        self._results_given = results
+        self._results: Optional[tuple] = None
+        # told the results directory once, the first time something is written beside a
+        # workspace that cannot be written (the command line says it on stderr)
+        self.announce: Optional[Callable[[str], None]] = None
         self._runs: Optional[Dict[tuple, Run]] = None
         self._indexes: Dict[tuple, Table] = {}
         self._graphs: Dict[str, Optional[dict]] = {}
         self._views: Dict[str, Optional[GraphView]] = {}
         self._real_root = os.path.realpath(self.root)
         self._real_dirs: Dict[str, str] = {}
+        self._real_results: Optional[str] = None
+
+    # -- where results go ---------------------------------------------------------------------
+    @property
+    def results(self) -> str:
+        """The directory commands write into (see the class)."""
+        if self._results is None:
+            self._results = layout.resolve_results(self.root, self._results_given)
+        return self._results[0]
+
+    @property
+    def results_elsewhere(self) -> bool:
+        """Results go beside a workspace that cannot be written, where nobody named."""
+        self.results
+        return self._results[1] == "read-only"
+
+    def results_dir(self, *parts: str) -> str:
+        """<results>/<parts...>, made if missing; one line naming it when it cannot be."""
+        if self.announce is not None and self.results_elsewhere:
+            announce, self.announce = self.announce, None
+            announce(self.results)
+        path = os.path.join(self.results, *parts)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:
+            raise WorkspaceError(f"cannot write results into {path}: {e.strerror or e} "
+                                 f"(give --results-dir DIR or {layout.ENV_RESULTS})") from None
+        return path
+
+    @property
+    def places(self) -> List[str]:
+        """Where what commands made can be: the workspace, and the results directory when
+        that is elsewhere (a result made while the workspace could be written stays found)."""
+        return [self.root] + ([self.results] if self.results != self.root else [])
+
+    @property
+    def where(self) -> tuple:
+        """(root, results): what opens the same workspace elsewhere (Workspace(*where))."""
+        return (self.root, self.results)
+
+    def reopened(self) -> "Workspace":
+        """A new index of the same workspace and results (after a command wrote a run)."""
+        ws = Workspace(self.root, self._results_given)
+        ws.announce = self.announce
+        return ws
+
+    def first_free(self, target: str) -> int:
+        """The least k a new debug_<k> of target may take so that no listed run has its name."""
+        return 1 + max((int(r.name.split("_")[1]) for r in self.runs(target)), default=-1)
 
     # -- what is there ------------------------------------------------------------------------
     def runs(self, target: Optional[str] = None) -> List[Run]:
@@ -107,19 +177,27 @@ class Workspace:
                 raise WorkspaceError(f"no workspace at {self.root} (run a dump first, or give "
                                      f"--data-dir / {layout.ENV_ROOT})")
             self._runs = {}
-            for tgt in ("npu", "cpu"):
-                parent = os.path.join(self.root, tgt)
-                if not os.path.isdir(parent):
-                    continue
-                names = [d for d in os.listdir(parent) if re.fullmatch(r"debug_\d+", d)]
-                for name in sorted(names, key=lambda d: int(d.split("_")[1])):
-                    path = os.path.join(parent, name)
-                    run = Run(tgt, name, path, _read_json(os.path.join(path, "run.json")))
-                    run.steps = self._find_steps(run)
-                    self._find_bundles(run)
-                    run.interrupted = sorted(set(run.interrupted))
-                    self._runs[(tgt, name)] = run
+            for base in self.places:
+                for tgt in ("npu", "cpu"):
+                    self._list_runs(base, tgt)
+            self._runs = dict(sorted(self._runs.items(), key=lambda kv: (
+                kv[0][0] != "npu", int(kv[0][1].split("_")[1]))))
         return [r for r in self._runs.values() if target is None or r.target == target]
+
+    def _list_runs(self, base: str, tgt: str) -> None:
+        parent = os.path.join(base, tgt)
+        if not os.path.isdir(parent):
+            return
+        names = [d for d in os.listdir(parent) if re.fullmatch(r"debug_\d+", d)]
+        for name in sorted(names, key=lambda d: int(d.split("_")[1])):
+            if (tgt, name) in self._runs:      # a results directory that is another workspace
+                continue
+            path = os.path.join(parent, name)
+            run = Run(tgt, name, path, _read_json(os.path.join(path, "run.json")))
+            run.steps = self._find_steps(run)
+            self._find_bundles(run)
+            run.interrupted = sorted(set(run.interrupted))
+            self._runs[(tgt, name)] = run
 
     def run(self, target: str, name: Optional[str] = None) -> Run:
         runs = self.runs(target)
@@ -182,16 +260,18 @@ class Workspace:
         replay_dir = os.path.join(run.path, "replay")
         names = os.listdir(replay_dir) if os.path.isdir(replay_dir) else []
         run.bundles = sorted(int(d) for d in names if d.isdigit())
-        run.interrupted += [int(m.group(1)) for d in names
-                            if (m := re.fullmatch(r"\.(\d+)\.partial", d))]
+        for d in names:
+            if m := re.fullmatch(r"\.(\d+)\.partial", d):
+                run.interrupted.append(int(m.group(1)))
+                run.partials.append(os.path.join(replay_dir, d))
 
     def bundle_path(self, run: Run, step: int) -> str:
         """The replay bundle of a step, refused in one line when it is missing or interrupted."""
         if step in run.bundles:
             return os.path.join(run.path, "replay", str(step))
         if step in run.interrupted:
-            raise WorkspaceError(f"the replay bundle of step {step} of {run.label} was "
-                                 f"interrupted before it was written whole: it cannot be replayed")
+            raise WorkspaceError(f"the replay bundle of step {step} of {run.label} is partial "
+                                 f"({run.why_partial}): it cannot be replayed")
         raise WorkspaceError(f"{run.label} has no replay bundle for step {step}"
                              + (f"; bundles: {run.bundles}" if run.bundles else
                                 " (dump the step with the 'dump' action)"))
@@ -207,8 +287,10 @@ class Workspace:
             rel = os.path.relpath(dirpath, dump)
             level = 0 if rel == "." else rel.count(os.sep) + 1
             if level == depth - 1:
-                run.interrupted += sorted(int(d[1:-len(".partial")]) for d in dirnames
-                                          if re.fullmatch(r"\.\d+\.partial", d))
+                for d in sorted(dirnames):
+                    if re.fullmatch(r"\.\d+\.partial", d):
+                        run.interrupted.append(int(d[1:-len(".partial")]))
+                        run.partials.append(os.path.join(dirpath, d))
             if level == depth:
                 dirnames[:] = []
                 name = os.path.basename(dirpath)
@@ -336,8 +418,8 @@ class Workspace:
     def _read_index(self, run: Run, step: int) -> Table:
         sd = run.step(step)
         if not sd.complete:
-            raise WorkspaceError(f"step {step} of {run.target}/{run.name} was interrupted before "
-                                 f"its index was written; it is not read")
+            raise WorkspaceError(f"step {step} of {run.target}/{run.name} is partial (its index "
+                                 f"was never written: {run.why_partial}); it is not read")
         index_path = os.path.join(sd.path, layout.INDEX_FILE)
         if os.path.isfile(index_path):
             table = _read_index_file(index_path)
@@ -394,7 +476,10 @@ class Workspace:
 
     def _check_inside(self, path: str, real: str) -> None:
         if not real.startswith(self._real_root + os.sep):
-            raise WorkspaceError(f"{path} is outside the workspace {self.root}")
+            if self._real_results is None:
+                self._real_results = os.path.realpath(self.results)
+            if not real.startswith(self._real_results + os.sep):
+                raise WorkspaceError(f"{path} is outside the workspace {self.root}")
 
 
 def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) -> np.ndarray:

@@ -16,15 +16,19 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..analysis import Coverage, auto_check, read_result, root_cause, vector_compare
-from ..analysis.verdicts import Criteria
+from ..analysis.verdicts import DIVERGING, Criteria
 from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..fileio import write_text_atomic
 from ..kernels.table import column, numbers, texts
 
+# a point's colour is its op's role in the root cause: red and orange for the findings only;
+# a divergence the verdict calls harmless (cancellation noise, no effect on any output) is grey
 ROLE_COLOURS = {"origin": "#d62728", "propagator": "#ff7f0e", "carried": "#9467bd",
-                "cancellation": "#999999", "pass": "#1f77b4", "error": "#444444"}
+                "cancellation": "#b0b0b0", "no-effect": "#7f7f7f", "pass": "#1f77b4",
+                "error": "#444444"}
+FINDING_ROLES = ("origin", "propagator", "carried")
 
 
 class ReportError(PrecisionToolError, ValueError):
@@ -49,6 +53,7 @@ def _ops(table, criteria: Criteria) -> List[dict]:
     roles.update({d.op_name: "propagator" for d in cause.propagators})
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
+    roles.update({d.op_name: "no-effect" for d in cause.no_effect})
     rows = cause.rows                  # the verdicts the root cause was judged on
     at = np.flatnonzero(np.array(rows.is_out))
     at = at[np.argsort(column(table, "Index", 0)[at], kind="stable")]   # execution order
@@ -59,7 +64,9 @@ def _ops(table, criteria: Criteria) -> List[dict]:
     points = []
     for i, pos in enumerate(at.tolist()):
         verdict = rows.verdict[pos]
-        role = roles.get(op[pos], "error" if verdict == "error" else "pass")
+        # an op's role colours its diverging outputs only: an output that matches is a pass
+        role = roles.get(op[pos], "pass") if verdict in DIVERGING else \
+            "error" if verdict == "error" else "pass"
         points.append({"x": i, "op": op[pos], "type": rows.op_type[pos], "tensor": rows.tensor[pos],
                        "pass": rows.pass_name[pos] or "", "dtype": rows.dtype[pos],
                        "golden_dtype": golden_dtype[pos], "cosine": float(rows.cosine[pos]),
@@ -86,21 +93,33 @@ def _losses(ws: Workspace, run: Run) -> Dict[int, float]:
 
 
 def _heatmap(ws: Workspace, npu: Run, golden: Run, criteria: Criteria, limit: int):
-    """Per layer (scope) and dumped step, the worst finite output cosine: (steps, scopes,
-    matrix), or None with fewer than two steps dumped on both sides."""
+    """Per layer (scope) and dumped step, the worst finite output cosine and what the verdict
+    makes of the scope there: "finding" (an op of it is an origin, propagator or carried
+    state), "harmless" (its ops diverge without being a finding: cancellation noise, no
+    effect) or "pass": (steps, scopes, cosines, kinds), or None with fewer than two steps
+    dumped on both sides."""
     steps = [s for s in npu.complete_steps if s in golden.complete_steps][:limit]
     if len(steps) < 2:
         return None
     cells: Dict[str, Dict[int, float]] = defaultdict(dict)
+    kinds: Dict[str, Dict[int, str]] = defaultdict(dict)
+    rank = {"pass": 0, "harmless": 1, "finding": 2}
     for s in steps:
         table = vector_compare(ws, npu, golden, s, threshold=criteria)
+        cause = root_cause(table, criteria)
+        findings = {d.op_name for d in cause.origins + cause.propagators + cause.carried}
+        benign = cause.benign_ops
         out = table[table.TensorIndex.astype(str).str.contains(":output:")]
         for name, cos in zip(out.NPUDump.astype(str), out.CosineSimilarity.astype(float)):
+            scope = _scope(name)
+            kind = "finding" if name in findings else "harmless" if name in benign else "pass"
+            if rank[kind] >= rank[kinds[scope].get(s, "pass")]:
+                kinds[scope][s] = kind
             if math.isfinite(cos):
-                scope = _scope(name)
                 cells[scope][s] = min(cells[scope].get(s, 1.0), cos)
-    scopes = sorted(cells)
-    return steps, scopes, [[cells[sc].get(s, math.nan) for s in steps] for sc in scopes]
+    scopes = sorted(set(cells) | set(kinds))
+    return (steps, scopes, [[cells[sc].get(s, math.nan) for s in steps] for sc in scopes],
+            [[kinds[sc].get(s, "pass") for s in steps] for sc in scopes])
 
 
 # -- drawing ----------------------------------------------------------------------------------
@@ -145,12 +164,15 @@ def _scatter(points: List[dict], key: str, label: str, lo: float, hi: float,
         parts.append(f'<circle cx="{x_of(p["x"]):.1f}" cy="{_log_y(max(err, lo), lo, hi):.1f}" r="{r}" '
                      f'fill="{ROLE_COLOURS[p["role"]]}" class="pt {p["role"]}'
                      f'{" first-origin" if first_origin else ""}" data-op="{_e(p["op"])}" '
-                     f'data-scope="{_e(p["scope"])}"><title>{_e(title)}</title></circle>')
+                     f'data-tensor="{_e(p["tensor"])}" data-scope="{_e(p["scope"])}">'
+                     f'<title>{_e(title)}</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _bars(steps: int, marked: Sequence[int], label: str, cls: str) -> str:
+    if not marked:                                       # nothing to draw: said, not drawn
+        return f'<p class="{cls}-none">{_e(label.split(" (")[0])}: none of the {steps} step(s)</p>'
     n, left = max(steps, 1), 130                         # the label's room on the left
     w = (W - left - PAD) / n
     body = "".join(f'<rect x="{left + s * w:.1f}" y="20" width="{max(w - 1, 1):.1f}" height="20" '
@@ -163,6 +185,8 @@ def _line(values: Dict[int, float], label: str, cls: str) -> str:
     pts = sorted((s, v) for s, v in values.items() if v is not None and math.isfinite(v))
     if not pts:
         return f"<p>no {_e(label)} recorded</p>"
+    if len(pts) == 1:                                    # one value is a sentence, not a plot
+        return f"<p>{_e(label)}: {pts[0][1]:.6g} (step {pts[0][0]})</p>"
     lo, hi = min(v for _, v in pts), max(v for _, v in pts)
     span, last = (hi - lo) or 1.0, max(s for s, _ in pts) or 1
     xy = [(PAD + (W - 2 * PAD) * s / last, 20 + (120 - 30) * (1 - (v - lo) / span)) for s, v in pts]
@@ -175,21 +199,54 @@ def _line(values: Dict[int, float], label: str, cls: str) -> str:
 
 
 def _heat(grid) -> str:
-    steps, scopes, matrix = grid
+    steps, scopes, matrix, kinds = grid
     rows = []
-    for scope, row in zip(scopes, matrix):
-        cells = "".join(
-            f'<td class="cell" style="background:{_heat_colour(c)}" title="{_e(scope)}, step {s}: '
-            f'worst cosine {c:.8f}">{c:.4f}</td>' if math.isfinite(c) else "<td>-</td>"
-            for s, c in zip(steps, row))
-        rows.append(f"<tr><th>{_e(scope)}</th>{cells}</tr>")
+    for scope, row, kind_row in zip(scopes, matrix, kinds):
+        cells = []
+        for s, c, kind in zip(steps, row, kind_row):
+            back, fore = _heat_colours(c, kind)
+            text = f"{c:.4f}" if math.isfinite(c) else "-"
+            cells.append(f'<td class="cell {kind}" style="background:{back};color:{fore}" '
+                         f'title="{_e(scope)}, step {s}: {_e(HEAT_KINDS[kind])}; worst cosine '
+                         f'{c:.8f}">{text}</td>')
+        rows.append(f"<tr><th>{_e(scope)}</th>{''.join(cells)}</tr>")
     head = "".join(f"<th>step {s}</th>" for s in steps)
-    return f'<table class="heatmap"><tr><th>layer</th>{head}</tr>{"".join(rows)}</table>'
+    legend = " ".join(f"<span class='cell {k}' style='background:{_heat_colours(0.9, k)[0]};"
+                      f"color:{_heat_colours(0.9, k)[1]}'>{_e(v)}</span>"
+                      for k, v in HEAT_KINDS.items())
+    return (f'<p class="legend">{legend}; the number: the worst output cosine</p>'
+            f'<table class="heatmap"><tr><th>layer</th>{head}</tr>{"".join(rows)}</table>')
 
 
-def _heat_colour(cos: float) -> str:
-    bad = min(max((1.0 - cos) / 0.1, 0.0), 1.0)          # 0.9 and below: full red
-    return f"rgb(255,{int(255 * (1 - bad))},{int(255 * (1 - bad))})"
+HEAT_KINDS = {"finding": "a finding", "harmless": "diverges without effect",
+              "pass": "matches"}
+
+
+def _heat_colours(cos: float, kind: str) -> tuple:
+    """(background, text) of a heatmap cell: red only for a finding, darker the lower its
+    cosine (0.9 and below: darkest); grey for a divergence the verdict calls harmless; white
+    where it matches. The text is whichever of near-black and white contrasts more (WCAG's
+    ratio stays above 4.5 on every background drawn)."""
+    if kind == "finding":
+        bad = min(max((1.0 - cos) / 0.1, 0.0), 1.0) if math.isfinite(cos) else 1.0
+        light, dark = (252, 187, 161), (165, 15, 21)
+        rgb = tuple(round(a + (b - a) * bad) for a, b in zip(light, dark))
+    elif kind == "harmless":
+        rgb = (224, 224, 224)
+    else:
+        rgb = (255, 255, 255)
+    fore = "#ffffff" if _contrast(rgb, (255, 255, 255)) > _contrast(rgb, (34, 34, 34)) else "#222222"
+    return f"rgb({rgb[0]},{rgb[1]},{rgb[2]})", fore
+
+
+def _contrast(a, b) -> float:
+    """WCAG 2's contrast ratio of two sRGB colours (1 to 21)."""
+    def lum(rgb):
+        c = [v / 255 for v in rgb]
+        c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
 
 
 def _table(rows: List[dict], columns: Sequence[str], cls: str = "sortable") -> str:
@@ -203,11 +260,13 @@ STYLE = """body{font-family:sans-serif;margin:24px;color:#222}h2{border-bottom:1
 .plot,.bars{border:1px solid #ddd;margin:4px 0}.grid{stroke:#eee}.axis{font-size:11px;fill:#666}
 .mark{stroke-dasharray:4 3;stroke-width:1.5}.first-origin{stroke:#000;stroke-width:1.5}.mark.origin{stroke:#d62728}
 .mark.first-overflow{stroke:#2ca02c}.marklabel{font-size:11px}.pt:hover{stroke:#000}
-.overflow{fill:#d62728}.skipped{fill:#ff7f0e}polyline{fill:none;stroke-width:1.5}
-polyline.loss,circle.loss{stroke:#1f77b4;fill:#1f77b4}polyline.scale,circle.scale{stroke:#9467bd;fill:#9467bd}
+.overflow{fill:#d62728}.skipped{fill:#ff7f0e}polyline{stroke-width:1.5}
+polyline.loss{stroke:#1f77b4;fill:none}circle.loss{stroke:#1f77b4;fill:#1f77b4}
+polyline.scale{stroke:#9467bd;fill:none}circle.scale{stroke:#9467bd;fill:#9467bd}
 table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #ddd;padding:2px 6px;font-size:13px}
 th{background:#f4f4f4;cursor:pointer}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}
-.verdict{font-size:18px;font-weight:bold}.unseen{color:#b00;font-weight:bold}.cell{text-align:right}"""
+.verdict{font-size:18px;font-weight:bold}.unseen{color:#b00;font-weight:bold}.cell{text-align:right}
+span.cell{padding:1px 6px;border:1px solid #ddd}"""
 
 SCRIPT = r"""document.querySelectorAll('table.sortable th').forEach(function(th,i){
  th.addEventListener('click',function(){var t=th.closest('table'),b=t.tBodies[0];
@@ -240,9 +299,12 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
     if not check.result_file:
         raise ReportError("the auto check behind a report compares with the golden run (-c)")
     table = read_result(check.result_file)
-    fix_path = os.path.join(ws.root, "config", "fix.json")
+    # the newest fix: where results go now, else one written while the workspace was writable
+    fix_path = next((path for path in (os.path.join(place, "config", "fix.json")
+                                       for place in reversed(ws.places))
+                     if os.path.isfile(path)), None)
     fix = None
-    if os.path.isfile(fix_path):
+    if fix_path:
         try:
             with open(fix_path, encoding="utf-8") as f:
                 fix = json.load(f)
@@ -253,21 +315,50 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
             "losses": {"npu": _losses(ws, npu_run), "golden": _losses(ws, golden_run)},
             "heatmap": _heatmap(ws, npu_run, golden_run, criteria, heatmap_steps),
             "fix": fix, "fix_file": fix_path if fix else None,
-            "interrupted": {r.label: list(r.interrupted) for r in (npu_run, golden_run) if r.interrupted}}
+            "interrupted": {r.label: {"steps": list(r.interrupted), "why": r.why_partial}
+                            for r in (npu_run, golden_run) if r.interrupted}}
 
 
-def _unseen(check: dict, interrupted: Dict[str, list]) -> List[str]:
+def _unseen(check: dict, interrupted: Dict[str, dict]) -> List[str]:
     """What the report could not see, said at its top: tensors the compare could not read,
-    steps a killed dump left partial."""
+    steps a dump left partial (killed, or stopped by a write failure)."""
     out = []
     gap = Coverage(**check["coverage"]) if check.get("coverage") else None
     if gap is not None and not gap.complete:
         out.append(f"<p class='unseen' id='incomplete'>Incomplete: {_e(gap.text())}; "
                    f"what follows covers what was compared.</p>")
-    for label, steps in interrupted.items():
-        out.append(f"<p class='unseen'>{_e(label)}: step(s) {_e(', '.join(map(str, steps)))} were "
-                   f"interrupted before they were written whole (a killed dump); not read.</p>")
+    for label, partial in interrupted.items():
+        out.append(f"<p class='unseen'>{_e(label)}: step(s) "
+                   f"{_e(', '.join(map(str, partial['steps'])))} are partial "
+                   f"({_e(partial['why'])}); not read.</p>")
     return out
+
+
+def _words(value) -> str:
+    """A value of a result as a reader says it: lists joined, yes/no, no Python reprs."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return "; ".join(_words(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_words(v)}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def _repair_text(f: dict) -> str:
+    """config/fix.json as lines: the fix, whether its proof holds, what it cost to find and
+    what to train with."""
+    proof = f.get("proof") or {}
+    verified = _words(bool(f.get("verified")))
+    if proof.get("steps"):
+        verified += f" (the loss over {proof['steps']} steps against the golden's"
+        verified += ", within the tolerance)" if f.get("verified") else ")"
+    config = {k: v for k, v in (f.get("config") or {}).items() if v not in (None, {}, [], "")}
+    return "\n".join([f"fix: {_words(f.get('fix'))}", f"verified: {verified}",
+                      f"replays: {_words(f.get('replays'))}",
+                      f"train with: {_words(config)}"])
 
 
 def render(data: dict, out_dir: str) -> str:
@@ -295,7 +386,9 @@ def render(data: dict, out_dir: str) -> str:
         o = c["origin"]
         s.append(f"<h2 id='root-cause'>Root cause</h2><pre id='origin' data-op='{_e(o['op_name'])}'>"
                  + _e(f"{o['op_name']} ({o['op_type']}, {o['pass_name'] or 'not fused'})\n"
-                      f"{'; '.join(o.get('reasons') or [])}\nsingle-op replay: {c.get('origin_replay')}")
+                      f"{'; '.join(o.get('reasons') or [])}"
+                      + (f"\nsingle-op replay: {c['origin_replay']}" if c.get("origin_replay")
+                         else ""))
                  + "</pre>")
     s.append(f"<h2 id='per-op'>Per op, step {c['step']}</h2><p>Scope: <select id='scope'><option "
              f"value=''>all</option>" + "".join(f"<option>{_e(x)}</option>" for x in scopes)
@@ -316,6 +409,13 @@ def render(data: dict, out_dir: str) -> str:
     ls = c.get("loss_scale")
     steps = (ls or {}).get("steps", 0)
     s.append("<h2 id='steps'>Across steps</h2>")
+    losses = data["losses"]["npu"]
+    if steps <= 1 and len(losses) <= 1:          # nothing to draw: one line, no empty plots
+        s.append("<p id='one-step'>One step observed: nothing across steps to draw"
+                 + (f" (its loss: {next(iter(losses.values())):.6g})" if losses else "")
+                 + ". Dump more steps (dump_step=\"0-9\") to see the loss and the loss scale "
+                   "move.</p>")
+        ls = None
     if ls:
         s.append(_bars(steps, ls["overflow_steps"], f"overflowed ({len(ls['overflow_steps'])})",
                        "overflow"))
@@ -324,7 +424,8 @@ def render(data: dict, out_dir: str) -> str:
         scale.update({st: b for st, _, b in ls["moves"]})
         if ls["first_scale"] == ls["first_scale"]:
             s.append(_line(scale, "loss scale", "scale"))
-    s.append(_line(data["losses"]["npu"], "loss of the dumped NPU steps", "loss"))
+    if ls is not None or steps > 1 or len(losses) > 1:
+        s.append(_line(losses, "loss of the dumped NPU steps", "loss"))
     if data["heatmap"]:
         s.append("<h2 id='heatmap'>Worst cosine per layer and step</h2>" + _heat(data["heatmap"]))
     fusion = c.get("fusion") or {}
@@ -336,9 +437,7 @@ def render(data: dict, out_dir: str) -> str:
             c["watchpoints"], ["step", "condition", "message", "count", "session"]))
     if data["fix"]:
         f = data["fix"]
-        s.append("<h2 id='repair'>Precision repair</h2><pre>"
-                 + _e(f"fix: {f.get('fix')}\nverified: {f.get('verified')}\nreplays: "
-                      f"{f.get('replays')}\nconfig: {json.dumps(f.get('config'))}")
+        s.append("<h2 id='repair'>Precision repair</h2><pre>" + _e(_repair_text(f))
                  + f"</pre><p><a href='{link(data['fix_file'])}'>fix.json</a></p>")
     body = re.sub(r"<h2 id='([\w-]+)'>", r"</section><section id='\1'><h2>", "".join(s))
     body = body.replace("</section>", "", 1) + "</section>"      # one section per heading
@@ -346,9 +445,10 @@ def render(data: dict, out_dir: str) -> str:
 
 
 def write_report(ws: Workspace, path: Optional[str] = None, **kw) -> tuple:
-    """Build and write the report (default <workspace>/report.html): (path, its data)."""
+    """Build and write the report (default report.html where results go: the workspace,
+    when it can be written): (path, its data)."""
     data = build_report(ws, **kw)
-    path = os.path.abspath(path or os.path.join(ws.root, "report.html"))
+    path = os.path.abspath(path or os.path.join(ws.results_dir(), "report.html"))
     write_text_atomic(path, render(data, os.path.dirname(path)))
     os.chmod(path, 0o644)            # an artifact to attach and share
     return path, data

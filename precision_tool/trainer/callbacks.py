@@ -193,9 +193,11 @@ class DumpCallback(Callback):
 
     def __init__(self, action: Optional[str] = None, dump_step: Optional[str] = None,
                  dump_mode: Optional[str] = None, dump_data: Optional[str] = None,
-                 data_dir: Optional[str] = None, debug_dir: Optional[str] = None):
+                 data_dir: Optional[str] = None, debug_dir: Optional[str] = None,
+                 on_write_error: Optional[str] = None):
         self.options = dict(action=action, dump_step=dump_step, dump_mode=dump_mode,
-                            dump_data=dump_data, data_dir=data_dir, debug_dir=debug_dir)
+                            dump_data=dump_data, data_dir=data_dir, debug_dir=debug_dir,
+                            on_write_error=on_write_error)
         self.observer = None
         self.run_dir: Optional[str] = None
 
