@@ -219,10 +219,15 @@ def test_a_full_tmpfs_stops_the_dump_and_the_training_finishes(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     ws = disk / "precision_data"
+    other = tmp_path / "other"
+    other.mkdir()
+    runner = _tool("--data-dir", str(other / "pd"), "npu-dump", "--dump-step", "0-39", "--",
+                   sys.executable, str(script), "''", "40")
     commands = [f"{sys.executable} {script} {ws} 40", _tool("--data-dir", str(ws), "--json", "ls"),
-                f"df -k {disk}", _tool("--data-dir", str(ws), "clean")]
-    train, ls, df, clean = _in_namespace(tmp_path, f"mount -t tmpfs -o size=1200k tmpfs {disk}",
-                                         commands)
+                f"df -k {disk}", _tool("--data-dir", str(ws), "clean"), runner]
+    train, ls, df, clean, ran = _in_namespace(
+        tmp_path, f"mount -t tmpfs -o size=1200k tmpfs {disk} && "
+                  f"mount -t tmpfs -o size=1200k tmpfs {other}", commands)
     assert train[0] == 0, train[2]
     assert "trained 40 steps; same weights as undumped: True" in train[1]
     warnings = [line for line in train[2].splitlines() if "dumping stopped" in line]
@@ -234,3 +239,8 @@ def test_a_full_tmpfs_stops_the_dump_and_the_training_finishes(tmp_path):
     assert "No space left on device" in run["dump_stopped"]["error"]
     assert ls[0] == 0 and "dumping stopped" not in ls[2]
     assert clean[0] == 0
+    # under the script runner: the script finishes, the job says its dump stopped, exit 2
+    assert ran[0] == 2, ran[2]
+    assert "trained 40 steps; same weights as undumped: True" in ran[1]
+    assert "the dump stopped at step" in ran[1] and "No space left on device" in ran[1]
+    assert ran[2].strip().splitlines()[-1].startswith("error: the dump of npu/debug_0 stopped")

@@ -10,7 +10,7 @@ import tempfile
 import click
 
 from ..dump import layout
-from .app import CommandError, echo
+from .app import EXIT_USAGE, CommandError, echo
 
 EXIT_FINDINGS = 1
 
@@ -114,7 +114,8 @@ def make_runner(name: str):
             kernels = sum(len(overflow_report(ws, run, s).tasks) for s in run.complete_steps)
             overflowing += kernels
             runs.append({"run": run.label, "path": path, "steps": run.complete_steps,
-                         "interrupted": run.interrupted, "overflowing_kernels": kernels})
+                         "interrupted": run.interrupted, "overflowing_kernels": kernels,
+                         "dump_stopped": run.info.get("dump_stopped")})
         summary = {"action": action, "runs": runs, "overflowing_kernels": overflowing}
 
         def render():
@@ -122,11 +123,18 @@ def make_runner(name: str):
                 echo(f"{r['run']}: steps {r['steps']} dumped"
                            + (f", {r['overflowing_kernels']} overflowing kernel(s)"
                               if action == "overflow" else "")
-                           + (f"; step(s) {r['interrupted']} interrupted" if r["interrupted"] else ""))
+                           + (f"; step(s) {r['interrupted']} interrupted" if r["interrupted"] else "")
+                           + (f"; the dump stopped at step {r['dump_stopped']['step']}: "
+                              f"{r['dump_stopped']['error']}" if r["dump_stopped"] else ""))
             if action == "overflow":
                 echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
                            f"are in {root}" if overflowing else "no overflow")
         app.emit(summary, render)
+        stopped = [r["run"] for r in runs if r["dump_stopped"]]
+        if stopped:          # the script ran to its end; its dump did not: not a whole job
+            raise CommandError(f"error: the dump of {', '.join(stopped)} stopped before the "
+                               f"script's last step (see above); what is on disk reads",
+                               EXIT_USAGE)
         if action == "overflow" and overflowing:
             ctx.exit(EXIT_FINDINGS)
     return runner

@@ -126,10 +126,15 @@ class RunFiles:
         self.history_at = time.monotonic()
         if not rows:
             return
-        with open(os.path.join(self.run_dir, layout.HISTORY_FILE),
-                  "a" if self._history_written else "w", encoding="utf-8", newline="") as f:
-            out = csv.writer(f, lineterminator="\n")
-            if not self._history_written:
-                out.writerow(layout.HISTORY_HEADER.split(","))
-            out.writerows(rows)
+        path = os.path.join(self.run_dir, layout.HISTORY_FILE)
+        try:
+            with open(path, "a" if self._history_written else "w", encoding="utf-8",
+                      newline="") as f:
+                out = csv.writer(f, lineterminator="\n")
+                if not self._history_written:
+                    out.writerow(layout.HISTORY_HEADER.split(","))
+                out.writerows(rows)
+        except OSError as e:        # a write's own error names no file: say which
+            self._history_written = 0      # the file may end torn: written whole next time
+            raise OSError(e.errno, e.strerror, e.filename or path) from None
         self._history_written += len(rows)
