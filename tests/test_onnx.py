@@ -2,6 +2,7 @@
 dumps an imported model on both executors, ONNX Runtime as a second reference, and two real
 architectures someone else wrote (torchvision's ResNet-18 and a transformers BERT encoder,
 exported with random weights when torch is installed)."""
+import contextlib
 import json
 import os
 
@@ -289,26 +290,50 @@ def test_the_model_zoo_cnns_the_onnx_package_ships_import(name):
     assert any(n.type == "Conv2D" for n in imported.graph.nodes)
 
 
+def _given_ort_inputs(imported, feeds, ort, name):
+    """The relative error of the golden's kernel of ONNX value `name` when it is handed ORT's
+    values of its inputs (Session.run's substitute), or None when an input has no ONNX value
+    to take: whether a difference came in with the inputs' rounding or is the kernel's."""
+    from precision_tool.runtime import Session
+    onnx_of = {tensor: value for value, tensor in imported.tensors.items()}
+    node = imported.graph.node(imported.tensors[name].rpartition(":")[0])
+    given = {}
+    for inp in node.inputs:
+        value = onnx_of.get(inp)
+        if value is None or value not in ort:
+            return None
+        producer, _, k = inp.rpartition(":")
+        given.setdefault(producer, {})[int(k)] = ort[value]
+    sess = Session(imported.graph)
+    imported.load_weights(sess)
+    (out,) = sess.run([imported.tensors[name]], imported.feed_dict(feeds), substitute=given)
+    return compare_nodes({name: out}, {name: ort[name]})[0].rel_l2
+
+
+@pytest.mark.parametrize("threads", [None, 1], ids=["blas as it is", "blas on one thread"])
 @pytest.mark.parametrize("name", ["squeezenet", "inception_v1", "resnet50"])
-def test_the_model_zoo_cnns_match_onnxruntime_on_every_node(name):
+def test_the_model_zoo_cnns_match_onnxruntime_on_every_node(name, threads):
+    """Every value within 1e-5 of ORT's, or its kernel within 1e-5 given ORT's inputs. The
+    light models' weights are constants, so squeezenet's 1000 logits are one value, 6.75e9:
+    whether a float32 GEMM sums each column in the same order depends on its BLAS's thread
+    count (one thread: two values one ulp, 512, apart), and a softmax of them is then 0 or
+    1/502 instead of 1/1000. That is the inputs' rounding amplified, not the kernel: handed
+    ORT's logits, the golden softmax matches. The one-thread case is run on purpose (a dump
+    earlier in the process leaves BLAS a core short; this check failed whole-suite runs)."""
     _ort()
     if not os.path.exists(_shipped(name)):
         pytest.skip("this onnx build ships no light models")
+    from threadpoolctl import threadpool_limits
     imported = load(_shipped(name))
     feeds = {k: np.random.default_rng(6).normal(size=t.shape).astype(np.float32)
              for k, t in imported.inputs.items()}
-    ort, diffs = against_onnxruntime(imported, feeds)
-    assert len(diffs) >= 100
-    worst = max(diffs, key=lambda d: d.rel_l2)
-    ours = golden_values(imported, feeds, [worst.name])[worst.name]
-    sides = (f"ORT max {np.max(ort[worst.name])!r} min {np.min(ort[worst.name])!r}; "
-             f"golden max {np.max(ours)!r} min {np.min(ours)!r}")
-    if not worst.rel_l2 <= 1e-5:     # where it starts, and whether a second run agrees
-        first = next(d for d in diffs if d.rel_l2 > 1e-5)
-        again = golden_values(imported, feeds, [first.name])[first.name]
-        redo = compare_nodes({first.name: again}, {first.name: ort[first.name]})[0].rel_l2
-        sides += f"; first diverging value {first.name} ({first.rel_l2:.3g}), recomputed {redo:.3g}"
-    assert worst.rel_l2 <= 1e-5 and all(d.same_nonfinite for d in diffs), (worst, sides)
+    with threadpool_limits(threads, user_api="blas") if threads else contextlib.nullcontext():
+        ort, diffs = against_onnxruntime(imported, feeds)
+        assert len(diffs) >= 100 and all(d.same_nonfinite for d in diffs)
+        off = {d.name: d.rel_l2 for d in diffs if not d.rel_l2 <= 1e-5}
+        kernels = {n: _given_ort_inputs(imported, feeds, ort, n) for n in off}
+    assert all(k is not None and k <= 1e-5 for k in kernels.values()), (off, kernels)
+    assert len(off) <= 2, off          # only the softmax's two values may amplify rounding
 
 
 def test_the_reference_values_are_copied_out_of_onnxruntime():
