@@ -30,3 +30,7 @@ class FetchError(PrecisionToolError, KeyError):
 
 class ExecutionError(PrecisionToolError, RuntimeError):
     """A kernel failed at run time; the message names the op."""
+
+
+class WorkspaceError(PrecisionToolError, ValueError):
+    """A workspace, run, step or file that is missing or unreadable."""

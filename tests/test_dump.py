@@ -317,9 +317,9 @@ def test_the_index_is_read_once(tmp_path, monkeypatch):
     _train(m, str(tmp_path), steps=1, cpu_action=None)
     ws = Workspace(str(tmp_path))
     calls = []
-    from precision_tool.dump import workspace
-    real = workspace.read_csv
-    monkeypatch.setattr(workspace, "read_csv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    from precision_tool.dump.formats import ours
+    real = ours.read_csv
+    monkeypatch.setattr(ours, "read_csv", lambda *a, **k: calls.append(1) or real(*a, **k))
     run = ws.run("npu")
     a = ws.index(run, 0)
     b = ws.index(run, 0)
@@ -406,8 +406,9 @@ def test_tensor_files_read_back_exactly_mapped_or_not(tmp_path, monkeypatch, map
     """Small files are read whole, large ones memory-mapped (the threshold lowered here):
     the same values, shapes and orders, empty ones included; a mapped one is read-only."""
     from precision_tool.dump import workspace
+    from precision_tool.dump.formats import npy
     if mapped:
-        monkeypatch.setattr(workspace, "MMAP_BYTES", 0)
+        monkeypatch.setattr(npy, "MMAP_BYTES", 0)
     arrays = {"f.npy": np.arange(12, dtype=np.float32).reshape(3, 4),
               "h.npy": np.linspace(-2, 2, 7).astype(np.float16),
               "fortran.npy": np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3)),

@@ -251,7 +251,7 @@ def test_a_compare_maps_files_above_map_bytes_where_a_plain_load_reads_them(tmp_
     """The engine only reads its tensors: a file over MAP_BYTES is mapped read-only (no copy
     out of the page cache), one under it read whole; Workspace.load_file keeps reading files
     up to MMAP_BYTES, as writable arrays. The values are the same either way."""
-    from precision_tool.dump.workspace import MMAP_BYTES
+    from precision_tool.dump.formats import MMAP_BYTES
     ws = Workspace(str(tmp_path))
     big = np.random.default_rng(3).normal(size=engine.MAP_BYTES // 4 + 16).astype(np.float32)
     small = big[:1000].copy()

@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import kernels, numerics
 from ..collector import collector_paused
-from ..dump.workspace import Workspace, WorkspaceError, npy_header
+from ..dump.formats import npy_header
+from ..dump.workspace import Workspace, WorkspaceError
 from .verdicts import UNREADABLE
 from ..kernels.compare import Totals, add_kl_sums, span_kl, span_totals
 from .metrics import compare_many, compare_tensors, empty_result, finish

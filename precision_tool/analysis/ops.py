@@ -12,7 +12,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..dump.layout import fit_file_name, mangle
-from ..dump.workspace import BFLOAT16, Run, Workspace, WorkspaceError, read_tensor_file
+from ..dump.formats import BFLOAT16, read_tensor_file
+from ..dump.workspace import Run, Workspace, WorkspaceError
 from ..fileio import write_text_atomic
 from ..graph import NodeView
 from ..ops import registry

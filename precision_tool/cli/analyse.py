@@ -14,7 +14,8 @@ from .. import analysis
 from ..analysis import Coverage, Criteria
 
 from ..dump.layout import format_steps
-from ..dump.workspace import WorkspaceError, check_compiled_graph
+from ..dump.formats.ours import check_compiled_graph
+from ..dump.workspace import WorkspaceError
 from .app import (EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt,
                   panel, prose)
 

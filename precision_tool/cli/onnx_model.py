@@ -34,7 +34,8 @@ def _shape(text, name):
 
 
 def _read_inputs(files):
-    from ..dump.workspace import WorkspaceError, read_tensor_file
+    from ..dump.formats import read_tensor_file
+    from ..dump.workspace import WorkspaceError
     arrays = {}
     for name, path in files.items():
         try:

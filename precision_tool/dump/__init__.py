@@ -7,7 +7,7 @@ import importlib
 _WHERE = {"DumpHook": "dumper", "DumpObserver": "dumper", "DumpConfigError": "layout",
           "DumpSettings": "layout", "parse_action": "layout", "parse_steps": "layout",
           "Bundle": "bundle", "ReplayError": "bundle", "load_bundle": "bundle", "replay": "bundle",
-          "Run": "workspace", "StepDump": "workspace", "Workspace": "workspace",
+          "Run": "run", "StepDump": "run", "Workspace": "workspace",
           "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write"}
 
 __all__ = sorted(_WHERE)

@@ -1,0 +1,23 @@
+"""The on-disk formats a workspace's steps are read in, one module each: ours (an index.csv
+beside the tensors), Ascend's (no index: the files' names say what they hold) and the .npy
+tensor file they share. The workspace lists runs and steps and asks the first format that
+claims a step directory for its index: a Table of INDEX_COLUMNS (and any more a format has),
+the statistics where it knows them."""
+from __future__ import annotations
+
+from ...kernels.table import Table
+from . import ascend, ours
+from .npy import MMAP_BYTES, BFLOAT16, npy_header, read_tensor_file, stored_dtype  # noqa: F401
+from .ours import INDEX_COLUMNS, INTEGER_COLUMNS, NUMBER_COLUMNS, STAT_COLUMNS  # noqa: F401
+
+# in the order they are asked: each module has claims(step_dir) and read_index(step_dir,
+# target); the last claims any directory
+FORMATS = (ours, ascend)
+
+
+def read_step_index(step_dir: str, target: str) -> Table:
+    """The index of a whole step directory, read by the first format that claims it."""
+    for fmt in FORMATS:
+        if fmt.claims(step_dir):
+            return fmt.read_index(step_dir, target)
+    raise AssertionError("the last format claims every directory")

@@ -1,0 +1,63 @@
+"""A run of the workspace as its listing found it: its target, name, directory, run.json and
+which steps and replay bundles are whole or partial."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from ..errors import WorkspaceError
+from . import layout
+
+
+@dataclass
+class StepDump:
+    step: int
+    path: str
+    complete: bool          # its index.csv is written (an interrupted step has none)
+
+
+@dataclass
+class Run:
+    target: str
+    name: str
+    path: str
+    info: dict
+    steps: List[StepDump] = field(default_factory=list)
+    # steps left partial (a dump killed, or stopped by a write failure): their dump
+    # directory or their replay bundle (never read); partials: those directories
+    interrupted: List[int] = field(default_factory=list)
+    partials: List[str] = field(default_factory=list)
+    bundles: List[int] = field(default_factory=list)      # steps with a whole replay bundle
+
+    @property
+    def why_partial(self) -> str:
+        """Why its partial steps are partial, as far as the run knows: the write failure
+        that stopped its dump (run.json's dump_stopped), else a dump killed mid-step."""
+        stopped = self.info.get("dump_stopped")
+        if isinstance(stopped, dict):
+            return f"the dump stopped at step {stopped.get('step')}: {stopped.get('error')}"
+        return "the dump was killed or failed while writing them"
+
+    @property
+    def ours(self) -> bool:
+        return self.info.get("writer") == "precision_tool"
+
+    @property
+    def label(self) -> str:
+        """How commands name the run: npu/debug_0."""
+        return f"{self.target}/{self.name}"
+
+    @property
+    def complete_steps(self) -> List[int]:
+        return [s.step for s in self.steps if s.complete]
+
+    def step(self, number: int) -> StepDump:
+        for s in self.steps:
+            if s.step == number and s.complete:
+                return s
+        if number in self.interrupted or any(s.step == number for s in self.steps):
+            raise WorkspaceError(f"step {number} of {self.label} is partial ({self.why_partial}); "
+                                 f"it is not read (dumped steps: "
+                                 f"{layout.format_steps(self.complete_steps) or 'none'})")
+        raise WorkspaceError(f"{self.label} has no dump of step {number}; "
+                             f"dumped steps: {layout.format_steps(self.complete_steps) or 'none'}")
