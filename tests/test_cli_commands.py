@@ -365,3 +365,25 @@ def test_help_lists_every_command_with_its_alias():
         assert words in out, words
     assert "Exit codes: 0 nothing found; 1 precision findings" in out
     assert "Exit code 1 when" in CliRunner().invoke(cli, ["vcs", "--help"]).stdout
+
+
+def test_the_json_of_ac_fix_and_fo_is_their_result_objects(demo):
+    """--json is the analysis's result object as its to_dict (or asdict) makes it, with no
+    key added or dropped by the command line: a key of AutoCheck, Repair or FusionVerdict is
+    a key of its command's JSON, the coverage the Coverage's own dict."""
+    import dataclasses
+    from precision_tool.analysis import Coverage
+    from precision_tool.analysis.autocheck import AutoCheck
+    from precision_tool.analysis.fusion import FusionVerdict
+    from precision_tool.analysis.repair import Repair
+    root, _ = demo
+    code, ac = as_json(root, "ac", "-c")
+    assert code == 1
+    assert set(ac) == {f.name for f in dataclasses.fields(AutoCheck)} | {"verdict"}
+    assert set(ac["coverage"]) == {f.name for f in dataclasses.fields(Coverage)}
+    assert Coverage(**ac["coverage"]).complete
+    code, fix = as_json(root, "fix", "-j", "1", "--dry-run")
+    assert code == 0
+    assert set(fix) == {f.name for f in dataclasses.fields(Repair)} | {"needed", "verified"}
+    code, fo = as_json(root, "fo")
+    assert code == 1 and set(fo) == {f.name for f in dataclasses.fields(FusionVerdict)}

@@ -114,3 +114,37 @@ def test_importing_the_package_leaves_the_heavy_parts_unloaded():
             "'precision_tool.trainer' in sys.modules); pt.Model; print('precision_tool.trainer' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False", "True"], out.stderr
+
+
+def test_the_precision_rules_have_one_owner():
+    """The modes and what they mean live in runtime.npu.policy; SessionConfig checks a mode
+    against it; the command line asks the config (and the analysis its results), never the
+    policy, and no module but the policy defines mode_of or a table of modes."""
+    from precision_tool.runtime import SessionConfig
+    from precision_tool.runtime.config import ConfigError
+    for bad in ({"precision_mode": "fp8"}, {"amp_level": "O5"}):
+        try:
+            SessionConfig(**bad)
+        except ConfigError as e:
+            assert "must be one of" in str(e)
+        else:
+            raise AssertionError(f"SessionConfig took {bad}")
+    assert SessionConfig(amp_level="O2").effective_mode == "O2"
+    assert SessionConfig(precision_mode="force_fp16").effective_mode == "force_fp16"
+    cli_importers, definers = [], []
+    for dirpath, _, files in os.walk(ROOT):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+            below = os.path.relpath(dirpath, ROOT)
+            package = "precision_tool" + ("" if below == "." else "." + below.replace(os.sep, "."))
+            if rel.startswith("cli/") and any(m == "precision_tool.runtime.npu.policy"
+                                              for _, m in _imports(path, package)):
+                cli_importers.append(rel)
+            text = open(path, encoding="utf-8").read()
+            if rel != "runtime/npu/policy.py" and ("def mode_of" in text or
+                                                   "PRECISION_MODES = (" in text):
+                definers.append(rel)
+    assert cli_importers == [] and definers == []

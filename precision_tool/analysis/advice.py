@@ -16,7 +16,6 @@ from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode, mode_of
 from .remedy import NO_HELP, VERIFIED, Change, describe_all
-from .result import Coverage
 
 def keep_in_fp32(op: dict, mode: str) -> str:
     """How to keep an op's numbers out of fp16 under this mode, as one imperative clause
@@ -138,7 +137,7 @@ def advise(r, info: dict, options: Optional[Options] = None) -> List[str]:
     mode = mode_of(info)
     opts = options if options is not None else Options(r)
     lines: List[str] = []
-    gap = Coverage(**r.coverage) if r.coverage is not None else None
+    gap = r.coverage
     if gap is not None and not gap.complete:
         lines.append((f"{gap.not_compared} of {gap.tensors} tensors could not be compared "
                       f"({', '.join(gap.missing)})" if gap.tensors else

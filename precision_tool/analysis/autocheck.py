@@ -64,7 +64,7 @@ class AutoCheck:
     # (a killed dump's .N.partial) or dumped in one run only; a clean verdict needs them
     unseen_steps: Dict[str, List[int]] = field(default_factory=dict)
     criteria: Optional[dict] = None
-    coverage: Optional[dict] = None                # what the compare of `step` saw
+    coverage: Optional[Coverage] = None            # what the compare of `step` saw
     diverging: List[dict] = field(default_factory=list)    # the ops shown (summarize)
     diverging_count: int = 0                       # every op that diverges, noise aside
     origin: Optional[dict] = None
@@ -103,7 +103,7 @@ class AutoCheck:
     def complete(self) -> bool:
         """Whether the compare of the step reported saw all of it (unseen_steps aside: what
         another step holds does not undo a finding here; it only withholds a clean verdict)."""
-        return self.coverage is None or Coverage(**self.coverage).complete
+        return self.coverage is None or self.coverage.complete
 
     @property
     def has_findings(self) -> bool:
@@ -353,7 +353,7 @@ def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria
 def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit, rank, result):
     table, cause = c.table, c.cause
     result.overflow_without_effect = c.quiet_overflows
-    result.coverage = c.coverage.to_dict()
+    result.coverage = c.coverage
     result.diverging = [dataclasses.asdict(s)
                         for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
     result.diverging_count = c.findings

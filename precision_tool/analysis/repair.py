@@ -112,6 +112,11 @@ class Repair:
     healthy: bool = False
 
     @property
+    def mode(self) -> str:
+        """The precision mode (or amp level) the fix trains with."""
+        return mode_of(self.config)
+
+    @property
     def needed(self) -> bool:
         return not self.healthy and not self.before.passed
 

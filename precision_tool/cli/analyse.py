@@ -61,21 +61,20 @@ def _criteria(cosine, norm, flushed, rel_error) -> Criteria:
     return Criteria(cosine=cosine, norm=norm, flushed=flushed, rel_error=rel_error)
 
 
-def _incomplete(what: str, cov: dict) -> CommandError:
+def _incomplete(what: str, cov: Coverage) -> CommandError:
     """The one line that makes an incomplete compare exit 2, after its results are shown."""
-    return CommandError(f"error: {what} is incomplete: {Coverage(**cov).text()}", EXIT_USAGE)
+    return CommandError(f"error: {what} is incomplete: {cov.text()}", EXIT_USAGE)
 
 
-def _raise_incomplete(check: dict) -> None:
-    """An auto check that did not see everything exits 2 after its results: its step's
-    compare left tensors out (the origin may be among them), or, with no finding, steps of
-    the runs were not compared (no clean verdict without them)."""
-    cov = check["coverage"]
-    if cov is not None and not Coverage(**cov).complete:
-        raise _incomplete(f"the compare of step {check['step']}", cov)
-    if check["verdict"] == "incomplete" and check.get("unseen_steps"):
+def _raise_incomplete(check) -> None:
+    """An auto check (analysis.AutoCheck) that did not see everything exits 2 after its
+    results: its step's compare left tensors out (the origin may be among them), or, with no
+    finding, steps of the runs were not compared (no clean verdict without them)."""
+    if check.coverage is not None and not check.coverage.complete:
+        raise _incomplete(f"the compare of step {check.step}", check.coverage)
+    if check.verdict == "incomplete" and check.unseen_steps:
         raise CommandError("error: no clean verdict: step(s) not compared: " + "; ".join(
-            f"{format_steps(steps)} ({why})" for why, steps in check["unseen_steps"].items()),
+            f"{format_steps(steps)} ({why})" for why, steps in check.unseen_steps.items()),
             EXIT_USAGE)
 
 
@@ -132,7 +131,7 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
                                criteria=criteria, check=result)
         app.info(f"report: {path}")
     app.emit(result.to_dict(), lambda: _render_ac(app, result, limit))
-    _raise_incomplete(result.to_dict())
+    _raise_incomplete(result)
     return EXIT_FINDINGS if result.has_findings else EXIT_OK
 
 
@@ -179,7 +178,7 @@ def _render_ac(app: App, r, limit):
                         f"-> {fmt(ls['last_scale'])}; moves: {moves}",
                         title="Loss scale", title_align="left"))
     if r.golden_run is not None:
-        cov = Coverage(**r.coverage)
+        cov = r.coverage
         for s in r.diverging:
             _render_op(app, s)
         if not r.diverging:
@@ -349,7 +348,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     counts = dict(Counter(table["Verdict"].tolist()))
     payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
                "step": step, "rows": len(table), "verdicts": counts,
-               "diverging_ops": diverging, "coverage": cov.to_dict(),
+               "diverging_ops": diverging, "coverage": cov,
                "criteria": criteria.to_dict()}
 
     def render():
@@ -372,7 +371,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
         raise CommandError(f"error: the compare's result was not saved: {unsaved} "
                            f"(--results-dir DIR writes it elsewhere)", EXIT_USAGE)
     if not cov.complete:
-        raise _incomplete(f"the compare of step {step}", cov.to_dict())
+        raise _incomplete(f"the compare of step {step}", cov)
     return EXIT_FINDINGS if diverging else EXIT_OK
 
 
@@ -405,11 +404,11 @@ def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error
     path, data = write_report(app.ws, output, npu_run=npu, golden_run=golden, step=step,
                               criteria=_criteria(cosine, norm, flushed, rel_error),
                               heatmap_steps=heatmap_steps)
-    check = data["check"]
-    app.emit({"report": path, "verdict": check["verdict"], "step": check["step"]},
-             lambda: app.line(f"report: {path} ({check['verdict']}, step {check['step']})"))
+    check = data["auto_check"]
+    app.emit({"report": path, "verdict": check.verdict, "step": check.step},
+             lambda: app.line(f"report: {path} ({check.verdict}, step {check.step})"))
     _raise_incomplete(check)
-    return EXIT_FINDINGS if check["verdict"] == "findings" else EXIT_OK
+    return EXIT_FINDINGS if check.verdict == "findings" else EXIT_OK
 
 
 # -- vcs --------------------------------------------------------------------------------------
@@ -465,7 +464,7 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
                         "stale": stale,
                         "statistics_only": cause.rows.by_statistics,
                         "diverging_ops": analysis.count_findings(table, criteria, cause),
-                        "coverage": cov.to_dict(),
+                        "coverage": cov,
                         "origin": origin.op_name if origin else None,
                         "ops": [vars(s) for s in ops]})
 
@@ -478,12 +477,12 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
             app.line(f"{rep['diverging_ops']} op(s) diverge"
                      + (" (statistics only: judged by the norms)" if rep["statistics_only"] else "")
                      + (f", origin {rep['origin']}" if rep["origin"] else ""))
-            if not Coverage(**rep["coverage"]).complete:
-                app.warn(Coverage(**rep["coverage"]).text())
+            if not rep["coverage"].complete:
+                app.warn(rep["coverage"].text())
             for s in rep["ops"]:
                 _render_op(app, s)
     app.emit(reports if len(reports) > 1 else reports[0], render)
-    incomplete = next((r for r in reports if not Coverage(**r["coverage"]).complete), None)
+    incomplete = next((r for r in reports if not r["coverage"].complete), None)
     if incomplete is not None:
         raise _incomplete(f"the compare of {incomplete['file']}", incomplete["coverage"])
     stale = next((r for r in reports if r["stale"]), None)

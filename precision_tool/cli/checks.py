@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..analysis import checks as checking
 from ..dump import layout, watch
-from ..runtime.npu.policy import AMP_LEVELS, PRECISION_MODES
+from ..runtime.config import AMP_LEVELS, PRECISION_MODES
 from .app import EXIT_FINDINGS, EXIT_OK, App, command
 from .runner import run_script
 

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ..runtime.npu.policy import PRECISION_MODES
+from ..runtime.config import PRECISION_MODES
 from .app import EXIT_FINDINGS, EXIT_OK, App, CommandError, command, fmt
 
 
@@ -94,15 +94,15 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
     from .jobs import fresh_workspace
     from ..fileio import load_json
     from ..runtime.npu.fusion import FusionSwitchError, enabled_passes
-    from ..runtime.npu.policy import load_mixlist, make_policy
+    from ..runtime import SessionConfig
     if fusion_off and fusion_switch:
         raise CommandError("give --fusion-switch or --fusion-off, not both")
     # read now: they may live in the workspace that --fresh moves aside
     switch = "off" if fusion_off else (
         load_json(fusion_switch, FusionSwitchError, "fusion switch file") if fusion_switch else None)
     enabled_passes(switch)                       # a bad switch fails before any work
-    mixlist = load_mixlist(mixlist) if mixlist else None
-    make_policy(precision_mode, None, mixlist)   # and so does a mixlist naming no op type
+    # and so does a mixlist naming no op type, or one the mode does not read
+    mixlist = SessionConfig(precision_mode=precision_mode, modify_mixlist=mixlist).check_policy()
     files = _pairs(inputs, "input")
     arrays = _read_inputs(files)
     fixed = {name: _shape(text, name) for name, text in _pairs(shapes, "shape").items()}

@@ -9,7 +9,6 @@ import click
 from rich.markup import escape
 
 from ..analysis import repair as repairing
-from ..runtime.npu.policy import mode_of
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
 from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, panel
 
@@ -78,7 +77,7 @@ def _lines(r: repairing.Repair) -> list:
     else:
         lines.append("Fix: " + "; ".join(c.describe() for c in r.fix)
                      + ("" if r.minimal else " (not proven minimal)"))
-        mode = mode_of(r.config)
+        mode = r.mode
         verb = "compile with" if r.proof is not None and r.proof.stateless else "train with"
         lines.append(f"{verb}: precision mode {mode}"
                      + (f", modify_mixlist {r.config['modify_mixlist']}"

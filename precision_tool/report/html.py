@@ -310,7 +310,8 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
                 fix = json.load(f)
         except (OSError, ValueError):
             fix = None
-    return {"check": check.to_dict(), "ops": _ops(table, criteria), "result_file": check.result_file,
+    return {"check": check.to_dict(), "auto_check": check, "ops": _ops(table, criteria),
+            "result_file": check.result_file,
             "run_json": os.path.join(npu_run.path, "run.json"),
             "losses": {"npu": _losses(ws, npu_run), "golden": _losses(ws, golden_run)},
             "heatmap": _heatmap(ws, npu_run, golden_run, criteria, heatmap_steps),
@@ -319,11 +320,10 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
                             for r in (npu_run, golden_run) if r.interrupted}}
 
 
-def _unseen(check: dict, interrupted: Dict[str, dict]) -> List[str]:
+def _unseen(gap: Optional[Coverage], interrupted: Dict[str, dict]) -> List[str]:
     """What the report could not see, said at its top: tensors the compare could not read,
     steps a dump left partial (killed, or stopped by a write failure)."""
     out = []
-    gap = Coverage(**check["coverage"]) if check.get("coverage") else None
     if gap is not None and not gap.complete:
         out.append(f"<p class='unseen' id='incomplete'>Incomplete: {_e(gap.text())}; "
                    f"what follows covers what was compared.</p>")
@@ -380,7 +380,7 @@ def render(data: dict, out_dir: str) -> str:
          f"{_e(c['precision_mode'])}. Result: <a href='{link(data['result_file'])}'>"
          f"{_e(os.path.basename(data['result_file'] or ''))}</a>; run: <a href='"
          f"{link(data['run_json'])}'>run.json</a></p>",
-         *_unseen(c, data.get("interrupted") or {}),
+         *_unseen(data["auto_check"].coverage, data.get("interrupted") or {}),
          "<h2 id='next'>Next</h2><pre>" + _e("\n".join(c["advice"])) + "</pre>"]
     if c.get("origin"):
         o = c["origin"]

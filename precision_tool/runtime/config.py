@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from ..errors import PrecisionToolError
+# the modes a config accepts; what each means is the policy's (npu.policy owns the rules)
+from .npu.policy import AMP_LEVELS, PRECISION_MODES, mode_of
 
 GOLDEN_DTYPES = ("float32", "float64")
 OVERFLOW_MODES = ("saturation", "inf_nan")
@@ -47,6 +49,12 @@ class SessionConfig:
     observers: tuple = ()
 
     def __post_init__(self):
+        if self.precision_mode not in PRECISION_MODES:
+            raise ConfigError(f"precision_mode must be one of {', '.join(PRECISION_MODES)}, "
+                              f"got {self.precision_mode!r}")
+        if self.amp_level is not None and self.amp_level not in AMP_LEVELS:
+            raise ConfigError(f"amp_level must be one of {', '.join(AMP_LEVELS)} (or None), "
+                              f"got {self.amp_level!r}")
         if self.golden_dtype not in GOLDEN_DTYPES:
             raise ConfigError(f"golden_dtype must be one of {GOLDEN_DTYPES}, got {self.golden_dtype!r}")
         if self.overflow_mode not in OVERFLOW_MODES:
@@ -95,6 +103,21 @@ class SessionConfig:
         if unknown:
             raise ConfigError(f"unknown session config field(s) {unknown}")
         return cls(**values)
+
+    @property
+    def effective_mode(self) -> str:
+        """The mode the NPU's policy applies: the amp level when there is one, else the
+        precision mode."""
+        return mode_of({"amp_level": self.amp_level, "precision_mode": self.precision_mode})
+
+    def check_policy(self) -> dict:
+        """The mixlist as the policy reads it (a file read now), checked against the mode
+        (an NPU compile would refuse it the same way): a command that is about to work for a
+        while fails first. Returns the loaded mixlist, or None."""
+        from .npu.policy import load_mixlist, make_policy
+        mixlist = load_mixlist(self.modify_mixlist) if self.modify_mixlist is not None else None
+        make_policy(self.precision_mode, self.amp_level, mixlist)
+        return mixlist
 
     @property
     def fusion_switch_spec(self):
