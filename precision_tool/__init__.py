@@ -24,7 +24,7 @@ _LAZY = {"graph": ("graph", None), "nn": ("nn", None), "ops": ("ops", None),
          "analysis": ("analysis", None), "amp": ("train", "amp"),
          "Graph": ("graph", "Graph"), "Tensor": ("graph", "Tensor"),
          "get_default_graph": ("graph", "get_default_graph"),
-         "load_graph": ("io", "load_graph"), "save_graph": ("io", "save_graph"),
+         "load_graph": ("graph_files", "load_graph"), "save_graph": ("graph_files", "save_graph"),
          "constant": ("ops", "constant"), "placeholder": ("ops", "placeholder"),
          "variable": ("ops", "variable"), "Session": ("runtime", "Session"),
          "SessionConfig": ("runtime", "SessionConfig"), "Model": ("trainer", "Model")}

@@ -14,7 +14,7 @@ from harness import dump_both
 from precision_tool import analysis
 from precision_tool.analysis import engine
 from precision_tool.analysis.metrics import compare_tensors, finish
-from precision_tool.kernels.compare import Totals, add_kl_sums, block_pairs, kl_sums, range_totals
+from precision_tool.kernels.totals import Totals, add_kl_sums, block_pairs, kl_sums, range_totals
 from precision_tool.dump import Workspace
 
 
@@ -158,9 +158,9 @@ def test_totals_of_the_c_pass_have_every_field_of_totals():
 
 
 def test_the_metrics_square_root_is_numpys_on_every_edge():
-    """kernels.compare.sqrt stands for np.sqrt on the totals' floats: the same value, bit for
+    """kernels.totals.sqrt stands for np.sqrt on the totals' floats: the same value, bit for
     bit, nan below zero and for nan, inf for inf, -0.0 for -0.0."""
-    from precision_tool.kernels.compare import sqrt
+    from precision_tool.kernels.totals import sqrt
     values = [0.0, -0.0, 5e-324, 1e-310, 0.25, 2.0, 1e308, float("inf"), float("nan"), -1e-300,
               -1.0, float("-inf")] + list(np.random.default_rng(0).uniform(0, 1e6, 100))
     with np.errstate(invalid="ignore"):

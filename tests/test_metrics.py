@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from precision_tool.analysis import METRICS, compare_tensors
-from precision_tool.kernels import compare as kcompare
+from precision_tool.kernels import totals as kcompare
 
 import refs
 
@@ -154,7 +154,7 @@ def test_blockwise_metrics_match_whole_array_float64_formulas():
     """Tensors spanning several blocks, with a large common offset (std by Chan's combination
     must not cancel), non-finite elements and near-zero goldens: every metric equals the
     textbook float64 formula applied to the whole finite arrays at once."""
-    from precision_tool.kernels.compare import CHUNK, EPS
+    from precision_tool.kernels.totals import CHUNK, EPS
     rng = np.random.default_rng(5)
     n = 3 * CHUNK + 123
     y = (1e4 + rng.normal(size=n)).astype(np.float32)

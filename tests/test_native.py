@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from precision_tool import kernels, numerics
-from precision_tool.kernels import compare as kcompare
+from precision_tool.kernels import totals as kcompare
 from precision_tool.kernels import native
 from precision_tool.analysis import metrics
 from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs

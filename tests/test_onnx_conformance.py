@@ -16,7 +16,7 @@ from onnx import numpy_helper  # noqa: E402
 
 import precision_tool as pt  # noqa: E402
 from precision_tool.onnx import OnnxImportError, load  # noqa: E402
-from precision_tool.onnx.rules import RULES  # noqa: E402
+from precision_tool.onnx.converters import RULES  # noqa: E402
 
 # rules that compute nothing at run time (their value is known at import): ONNX's own
 # cases feed them run-time inputs, which our static shapes cannot express

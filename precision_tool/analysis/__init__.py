@@ -8,7 +8,7 @@ import importlib
 _WHERE = {
     "autocheck": ("AutoCheck", "auto_check"),
     "compare": ("compare_step", "vector_compare"),
-    "fusion": ("FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"),
+    "fusion_bisect": ("FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"),
     "impact": ("ImpactRanking", "rank_by_impact"),
     "loss_scale": ("LossScaleHistory", "loss_scale_history"),
     "mapping": ("TensorMap",),

@@ -22,7 +22,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..kernels.compare import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
+from ..kernels.totals import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
                                range_totals, sqrt)
 
 
@@ -126,7 +126,7 @@ SMALL = CHUNK          # pairs up to this many elements are compared in one batc
 
 def compare_many(pairs) -> list:
     """compare_tensors for many (npu, golden) pairs: the small, same-shape, non-empty ones
-    through kernels.compare.batch_totals (one C call for them all where the module takes
+    through kernels.totals.batch_totals (one C call for them all where the module takes
     their kinds: on thousands of small tensors the cost of a call is what counts), every
     other pair through compare_tensors. The same numbers either way."""
     out: list = [None] * len(pairs)

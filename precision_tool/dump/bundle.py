@@ -223,7 +223,7 @@ def bundle_fetches(path: str) -> Optional[List[str]]:
 
 
 def load_bundle(path: str) -> Bundle:
-    from ..io import load_graph
+    from ..graph_files import load_graph
     meta = load_json(os.path.join(path, "replay.json"), ReplayError, "replay bundle")
     if not isinstance(meta, dict) or meta.get("version") != BUNDLE_VERSION:
         raise ReplayError(f"replay bundle {path} has an unsupported version")

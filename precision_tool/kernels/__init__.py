@@ -4,9 +4,9 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
 
 - stats: tensor statistics (tensor_stats, stats_row, stats_table / batch_stats, table_text /
   stats_text, SourceRows)
-- grid: fp16/bf16 rounding of results with saturation and the overflow it shows
+- rounding: fp16/bf16 rounding of results with saturation and the overflow it shows
   (round_result, rounder)
-- compare: the totals of a pair that every comparison metric is made of, KL's sums
+- totals: the totals of a pair that every comparison metric is made of, KL's sums
   (Totals, span_totals, span_kl)
 - writer_running: whether the C module's dump writer thread is alive (a process that forks
   must not copy its locks); threads: how many threads a comparison may use here
@@ -14,6 +14,6 @@ loops compute the same numbers (the tests run both ways). Callers do not ask whi
   still calls it directly: the next to move here.
 """
 from .native import threads, writer_running  # noqa: F401
-from .grid import round_result, rounder  # noqa: F401
+from .rounding import round_result, rounder  # noqa: F401
 from .stats import (STAT_FIELDS, STATS_BLOCK, SourceRows, batch_stats, stats_kind,  # noqa: F401
                     stats_row, stats_table, stats_text, table_text, tensor_stats)

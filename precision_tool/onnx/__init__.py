@@ -7,5 +7,5 @@ from .importer import (ImportedModel, OnnxImportError, UnsupportedModelError, lo
 
 def supported_ops():
     """The ONNX op types the importer translates."""
-    from .rules import RULES
+    from .converters import RULES
     return sorted(RULES)

@@ -356,7 +356,7 @@ def load(source, batch: Optional[int] = None, shapes: Optional[Mapping[str, Sequ
     constants, as ATC's fixed inputs). fold=False keeps every node an op (tests use it to run
     each rule on its own)."""
     from onnx import numpy_helper
-    from .rules import RULES
+    from .converters import RULES
     model, opset = read_model(source)
     shapes = dict(shapes or {})
     constants = {k: np.asarray(v) for k, v in (constants or {}).items()}
