@@ -148,3 +148,17 @@ def test_the_precision_rules_have_one_owner():
                                                    "PRECISION_MODES = (" in text):
                 definers.append(rel)
     assert cli_importers == [] and definers == []
+
+
+def test_replaying_work_makes_its_sessions_through_the_bundle():
+    """Every analysis that replays a dumped step (checks, impact, repair, the step replay,
+    fusion bisection) gets its sessions from Bundle.session and runs them with its
+    start/run_step: no module of analysis builds a Session of its own."""
+    own = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "analysis")):
+        for name in files:
+            if name.endswith(".py"):
+                text = open(os.path.join(dirpath, name), encoding="utf-8").read()
+                if "Session(" in text.replace("SessionConfig(", ""):
+                    own.append(name)
+    assert own == []

@@ -24,7 +24,7 @@ from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..graph import dtypes, split_tensor_name
 from ..ops import registry
-from ..runtime import Session, SessionConfig
+from ..runtime import SessionConfig
 from ..runtime.npu.policy import mode_of
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -112,7 +112,7 @@ class CheckContext:
         """(traces, variables before each step and after the last) of `steps` golden steps
         from the bundle, its batch each step."""
         tracer = _Tracer()
-        sess = Session(self.graph, target="cpu", config=SessionConfig(golden_dtype=self.golden_dtype))
+        sess = self.bundle.session("cpu", SessionConfig(golden_dtype=self.golden_dtype))
         sess.add_observer(tracer)
         self.bundle.start(sess, exact=False)
         states = [sess.variables()]
@@ -130,7 +130,7 @@ class CheckContext:
     @cached_property
     def compiled(self):
         """The graph as the configured NPU compiles it (never run)."""
-        return Session(self.graph, target="npu", config=SessionConfig.from_dict(self.config)).compiled
+        return self.bundle.session("npu", SessionConfig.from_dict(self.config)).compiled
 
     @cached_property
     def kernels(self) -> Dict[str, Tuple[str, object]]:

@@ -107,8 +107,8 @@ def rank_by_impact(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
             ranking_skipped[op] = "no golden tensor stands for its outputs"
     golden_cfg = SessionConfig(golden_dtype=golden_run.info.get("golden_dtype", "float32"))
     extra = sorted({g for outs in wanted.values() for g in outs.values()})
-    golden = _run(Session(bundle.graph, target="cpu", config=golden_cfg), bundle, extra)
-    npu = Session(bundle.graph, target="npu", config=bundle.config())
+    golden = _run(bundle.session("cpu", golden_cfg), bundle, extra)
+    npu = bundle.session("npu")
     baseline = _error(_run(npu, bundle), golden)
     ranking = ImpactRanking(baseline, skipped=ranking_skipped)
     for op, outs in wanted.items():

@@ -334,9 +334,8 @@ def loss_curve(replay: StepReplay, target: str, changes: Sequence[Change], steps
     """(losses, steps that overflowed, the dtype the loss was computed in) of `steps`
     training steps from the bundle, its batch every step."""
     meta = replay.bundle.meta
-    sess = Session(replay.bundle.graph, target=target,
-                   config=replay.golden_config if target == "cpu"
-                   else SessionConfig.from_dict(configure(replay.base, changes)))
+    sess = replay.bundle.session(target, replay.golden_config if target == "cpu"
+                                 else SessionConfig.from_dict(configure(replay.base, changes)))
     replay.bundle.start(sess, replay._variables(changes))
     losses, overflows, loss_dtype = [], [], "float64"
     try:

@@ -96,21 +96,19 @@ class StepReplay:
                           for n in bundle.graph.nodes if n.type == "Variable" and n.outputs}
         self._sessions: Dict[str, Session] = {}
         self.replays = 0
-        self.golden = self._step(Session(bundle.graph, target="cpu", config=self.golden_config), {})
+        self.golden = self._step(bundle.session("cpu", self.golden_config), {})
         # what the reference itself cannot pin down: the outputs and updates on which its
         # float32 and float64 replays disagree hold rounding noise (an exact-zero gradient
         # that Adam turns into steps), and the goal leaves them out
         other = "float64" if golden_dtype == "float32" else "float32"
-        probe = self._step(Session(bundle.graph, target="cpu",
-                                   config=SessionConfig(golden_dtype=other)), {})
+        probe = self._step(bundle.session("cpu", SessionConfig(golden_dtype=other)), {})
         self.noise = set()
         self.noise = {name for name, _ in self._diverging(probe, ())}
 
     def session(self, cfg: dict) -> Session:
         key = _key(cfg)
         if key not in self._sessions:
-            self._sessions[key] = Session(self.bundle.graph, target="npu",
-                                          config=SessionConfig.from_dict(cfg))
+            self._sessions[key] = self.bundle.session("npu", SessionConfig.from_dict(cfg))
         return self._sessions[key]
 
     def _variables(self, changes: Sequence[Change]) -> Dict[str, np.ndarray]:

@@ -175,6 +175,15 @@ class Bundle:
         from ..runtime import SessionConfig
         return SessionConfig.from_dict(self.meta["config"], **overrides)
 
+    def session(self, target: str, config: Optional[SessionConfig] = None) -> Session:
+        """A session of the step's graph on `target`, not yet started (start() puts it where
+        the step starts): the one way replaying work makes its sessions. config: default the
+        bundle's own on the target it was dumped from, a plain SessionConfig elsewhere."""
+        from ..runtime import Session, SessionConfig
+        if config is None:
+            config = self.config() if target == self.meta["target"] else SessionConfig()
+        return Session(self.graph, target=target, config=config)
+
     def start(self, sess: Session, variables: Optional[Dict[str, np.ndarray]] = None,
               exact: Optional[bool] = None) -> None:
         """Put a session where the step starts: the bundle's variables (or these) loaded,
@@ -240,12 +249,10 @@ def load_bundle(path: str) -> Bundle:
 def replay(bundle: Bundle, target: Optional[str] = None, config: Optional[SessionConfig] = None):
     """Rerun the bundle's step on `target` (default: the one it was dumped from). Returns the
     session (its `step` is the dumped step's) and the fetched results."""
-    from ..runtime import Session, SessionConfig
     target = target or bundle.meta["target"]
-    if config is None:
-        config = bundle.config() if target == bundle.meta["target"] else SessionConfig()
-    sess = Session(bundle.graph, target=target, config=config)
-    same = target == bundle.meta["target"] and config.golden_dtype == bundle.meta["config"].get("golden_dtype")
+    sess = bundle.session(target, config)
+    same = target == bundle.meta["target"] and \
+        sess.config.golden_dtype == bundle.meta["config"].get("golden_dtype")
     bundle.start(sess, exact=same)
     fetched = bundle.run_step(sess)
     return sess, [fetched[t] for t in bundle.meta["fetch_tensors"]] + [None] * len(bundle.meta["fetch_nodes"])
