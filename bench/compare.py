@@ -37,7 +37,7 @@ def large(root, n):
     np.dot over the same mapped arrays."""
     from precision_tool import kernels
     from precision_tool.kernels import native
-    from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
+    from precision_tool.analysis.comparing.engine import Engine, Pair, Side, compare_pairs
     rng = np.random.default_rng(0)
     x = rng.normal(size=n).astype(np.float32)
     y = (x + rng.normal(scale=1e-3, size=n)).astype(np.float32)

@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import precision_tool as pt  # noqa: E402
-from precision_tool.analysis import repair as rp  # noqa: E402
+from precision_tool.analysis.replays import repair as rp  # noqa: E402
 from precision_tool.dump import Workspace  # noqa: E402
 
 

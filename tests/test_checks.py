@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.analysis import checks as ck
+from precision_tool.analysis.replays import checks as ck
 from precision_tool.cli import cli
 from precision_tool.dump import Workspace
 from test_repair import Net, dense_net, dump_step

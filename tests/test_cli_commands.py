@@ -374,8 +374,8 @@ def test_the_json_of_ac_fix_and_fo_is_their_result_objects(demo):
     import dataclasses
     from precision_tool.analysis import Coverage
     from precision_tool.analysis.autocheck import AutoCheck
-    from precision_tool.analysis.fusion_bisect import FusionVerdict
-    from precision_tool.analysis.repair import Repair
+    from precision_tool.analysis.replays.fusion_bisect import FusionVerdict
+    from precision_tool.analysis.replays.repair import Repair
     root, _ = demo
     code, ac = as_json(root, "ac", "-c")
     assert code == 1

@@ -161,7 +161,7 @@ def test_ops_are_taken_in_execution_order_whatever_the_row_order():
 
 def test_an_empty_table_has_no_summary_and_no_cause():
     from precision_tool.analysis import root_cause, summarize
-    from precision_tool.analysis.compare import COLUMNS
+    from precision_tool.analysis.comparing.compare import COLUMNS
     table = pd.DataFrame([], columns=COLUMNS)
     assert summarize(table) == [] and root_cause(table).origins == []
 
@@ -282,8 +282,8 @@ def test_compare_from_statistics_only(tmp_path):
     the norms of a tensor dump of the same step, the planted fused LayerNorm (whose variance
     goes wrong) is still the origin, and a stats row on its own passes or fails by the norm."""
     from precision_tool.analysis import root_cause
-    from precision_tool.analysis.compare import compare_stats
-    from precision_tool.analysis.verdicts import verdict
+    from precision_tool.analysis.comparing.compare import compare_stats
+    from precision_tool.analysis.comparing.verdicts import verdict
     g, x, out, xv = _planted_layer_norm()
     root = str(tmp_path)
     for data in ("stats", "tensor"):

@@ -1,4 +1,4 @@
-"""Drift (analysis.drift) and what it reads: the loss in the step history, the losses side by
+"""Drift (analysis.diagnosis.drift) and what it reads: the loss in the step history, the losses side by
 side, each variable's distance from the golden's. References are hand computations on
 made-up histories and tables; the end-to-end cases are the scenarios state_drift and
 loss_drift_undumped."""
@@ -8,7 +8,7 @@ import pytest
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.analysis.drift import loss_gap, state_distances, state_drift
+from precision_tool.analysis.diagnosis.drift import loss_gap, state_distances, state_drift
 from precision_tool.dump import Workspace
 
 

@@ -12,8 +12,8 @@ import pytest
 import precision_tool as pt
 from harness import dump_both
 from precision_tool import analysis
-from precision_tool.analysis import engine
-from precision_tool.analysis.metrics import compare_tensors, finish
+from precision_tool.analysis.comparing import engine
+from precision_tool.analysis.comparing.metrics import compare_tensors, finish
 from precision_tool.kernels.totals import Totals, add_kl_sums, block_pairs, kl_sums, range_totals
 from precision_tool.dump import Workspace
 

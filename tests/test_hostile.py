@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import precision_tool as pt
 from harness import dump_both
 from precision_tool import analysis
-from precision_tool.analysis.metrics import compare_tensors
+from precision_tool.analysis.comparing.metrics import compare_tensors
 from precision_tool.cli import main
 from precision_tool.dump import Workspace
 
@@ -246,7 +246,7 @@ def test_metrics_are_defined_for_every_pair(x, y, dtype, scalar):
         a = np.array(x[0] if scalar and x else x, dtype=dtype)
         b = np.array(y[0] if scalar and y else y, dtype=np.float32)
     row = compare_tensors(a, b)
-    from precision_tool.analysis.verdicts import verdict
+    from precision_tool.analysis.comparing.verdicts import verdict
     assert verdict(row) in ("pass", "fail", "nonfinite", "error")
     cos = row["CosineSimilarity"]
     assert cos != cos or -1.0 <= cos <= 1.0

@@ -1,4 +1,4 @@
-"""The layers import downwards only (DESIGN's order, README's Layout): a module may import its
+"""The layers import downwards only (README's Layout): a module may import its
 own layer and those below, never one above — module-level imports and those inside
 functions alike. Entry points (__main__ modules) run on top of everything."""
 import ast
@@ -52,7 +52,7 @@ def test_no_layer_imports_one_above_it():
                 continue
             below = os.path.relpath(dirpath, ROOT)
             package = "precision_tool" + ("" if below == "." else "." + below.replace(os.sep, "."))
-            for line, module in _imports(path, package):
+            for line, module in [*_imports(path, package), *_lazy_imports(path, package)]:
                 other = _unit(module)
                 if other == "__init__" or module == "precision_tool":
                     continue
@@ -62,6 +62,43 @@ def test_no_layer_imports_one_above_it():
                     wrong.append(f"{rel}:{line} ({me}) imports {module} ({other})")
     assert not unknown, f"modules missing from the layer order: {unknown}"
     assert not wrong, "\n".join(wrong)
+
+
+def _lazy_imports(path: str, package: str):
+    """(line, module) of every module a lazy registry names (PEP 562 packages: dicts of
+    module names that importlib.import_module(f".{name}", __name__) loads when a name is first
+    asked for), resolved as that call resolves them, where such a module exists: what the
+    registries load is held to the layers as plain imports are."""
+    text = open(path, encoding="utf-8").read()
+    if "importlib.import_module" not in text:
+        return
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Dict):
+            continue
+        for const in ast.walk(node.value):
+            if not (isinstance(const, ast.Constant) and isinstance(const.value, str)
+                    and const.value.replace(".", "").replace("_", "").isalnum()):
+                continue
+            name = "." + const.value
+            level = len(name) - len(name.lstrip("."))
+            parts = package.split(".")
+            module = ".".join(parts[:len(parts) - level + 1] + [name.lstrip(".")])
+            where = os.path.join(os.path.dirname(ROOT), *module.split("."))
+            if os.path.isfile(where + ".py") or os.path.isdir(where):
+                yield const.lineno, module
+
+
+def test_the_check_sees_what_a_lazy_registry_loads(tmp_path):
+    """A registry naming a module above its layer is found like an import of it."""
+    path = tmp_path / "__init__.py"
+    path.write_text("import importlib\n_WHERE = {'Thing': '.analysis.autocheck', "
+                    "'Other': 'layout'}\n\n\ndef __getattr__(name):\n"
+                    "    return importlib.import_module(f'.{_WHERE[name]}', __name__)\n")
+    found = [m for _, m in _lazy_imports(str(path), "precision_tool.dump")]
+    assert found == ["precision_tool.analysis.autocheck", "precision_tool.dump.layout"]
+    real = [m for _, m in _lazy_imports(os.path.join(ROOT, "analysis", "__init__.py"),
+                                        "precision_tool.analysis")]
+    assert "precision_tool.analysis.replays.fusion_bisect" in real and len(real) >= 15
 
 
 def _imports_the_c_module(path: str) -> bool:

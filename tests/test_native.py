@@ -14,8 +14,8 @@ import pytest
 from precision_tool import kernels, numerics
 from precision_tool.kernels import totals as kcompare
 from precision_tool.kernels import native
-from precision_tool.analysis import metrics
-from precision_tool.analysis.engine import Engine, Pair, Side, compare_pairs
+from precision_tool.analysis.comparing import metrics
+from precision_tool.analysis.comparing.engine import Engine, Pair, Side, compare_pairs
 
 import refs
 
@@ -296,7 +296,7 @@ def test_both_paths_give_the_same_row(monkeypatch):
 
 
 def test_split_ranges_with_the_index_hint_need_no_kl_pass(tmp_path, monkeypatch):
-    from precision_tool.analysis import engine as engine_module
+    from precision_tool.analysis.comparing import engine as engine_module
     monkeypatch.setattr(engine_module, "SPLIT_ELEMENTS", 1000)
     monkeypatch.setattr(engine_module, "RANGE_ELEMENTS", 3000)
     monkeypatch.setattr(engine_module, "BATCH_BYTES", 100)

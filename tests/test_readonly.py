@@ -86,7 +86,9 @@ def test_every_analysis_command_works_on_a_read_only_workspace(demo, tmp_path):
                 _tool("ni", "encoder/layer_0/attention/Softmax", "-s", "1"),
                 _tool("pt", "-c", "encoder/layer_0/attention/Softmax"), _tool("--json", "fo"),
                 _tool("--json", "fix"), _tool("ls"), _tool("clean"),
-                _tool("train", "-d", "npu")]
+                _tool("train", "-d", "npu"),
+                _tool("cp", "encoder/layer_0/attention/Softmax", "encoder/layer_0/attention/Softmax"),
+                _tool("check"), _tool("wp")]
     results = _in_namespace(tmp_path, _read_only(ws), commands)
     for cmd, (rc, out, err) in zip(commands, results):
         assert rc in (0, 1), (cmd, rc, err[-800:])

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.analysis import repair as rp
+from precision_tool.analysis.replays import repair as rp
 from precision_tool.cli import cli
 from precision_tool.dump import Workspace
 

@@ -148,7 +148,7 @@ def test_an_origin_whose_golden_output_its_dtype_cannot_hold_is_not_ranked():
     """Handing on the golden's 1e-12 in fp16 hands on the NPU's own 0: such a replay neither
     clears nor acquits the op, so it is said and not ranked."""
     import numpy as np
-    from precision_tool.analysis.impact import _unfit
+    from precision_tool.analysis.replays.impact import _unfit
     from precision_tool.graph import NodeView
     node = NodeView("mm", "MatMul", [], {}, [{"dtype": "float16"}])
     assert "does not fit float16" in _unfit(node, {0: np.array([1e-12, 1.0])})
@@ -365,7 +365,7 @@ def test_a_loss_scale_on_a_graph_without_one_is_not_verified(workspaces):
 def test_the_verified_remedies_really_fix_the_step(workspaces):
     """What ac calls verified is what fix's own replay judge passes; what does not help
     fails it (the same StepReplay, independent of the advice text)."""
-    from precision_tool.analysis import repair as rp
+    from precision_tool.analysis.replays import repair as rp
     from precision_tool.dump import Workspace
     for name in ("softmax_overflow", "layernorm_fp16"):
         root = workspaces(name)
@@ -384,7 +384,7 @@ def test_options_lead_with_what_helps_and_never_with_what_does_not():
     what a replay shows does not help; each tagged."""
     from types import SimpleNamespace
     from precision_tool.analysis.advice import Options
-    from precision_tool.analysis.remedy import Change
+    from precision_tool.analysis.replays.remedy import Change
     r = SimpleNamespace(step=3, remedies=[
         {"changes": "fusion pass P off", "verdict": "does not help",
          "evidence": "leaves the loss non-finite"},
@@ -403,7 +403,7 @@ def test_a_lines_only_remedy_that_a_replay_refutes_is_said_as_refuted():
     """A line with one option cannot put a better one first: a refuted one is said as such."""
     from types import SimpleNamespace
     from precision_tool.analysis.advice import Options
-    from precision_tool.analysis.remedy import Change
+    from precision_tool.analysis.replays.remedy import Change
     r = SimpleNamespace(step=0, remedies=[{"changes": "Exp in fp32", "verdict": "does not help",
                                            "evidence": "still overflows"}])
     opts = Options(r)

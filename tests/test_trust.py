@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import precision_tool as pt
 from precision_tool import hooks
-from precision_tool.analysis.metrics import compare_tensors
+from precision_tool.analysis.comparing.metrics import compare_tensors
 from precision_tool.cli import cli
 from precision_tool.dump import Workspace, layout
 

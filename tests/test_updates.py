@@ -1,4 +1,4 @@
-"""Lost updates (analysis.updates): an update judged by what it changed, new minus old in the
+"""Lost updates (analysis.diagnosis.updates): an update judged by what it changed, new minus old in the
 variable's dtype, against the golden's change. The reference is plain arithmetic on a bf16
 weight of 1.0 (ulp 2^-7 above, 2^-8 below): a step of 0.0015 down is under half an ulp
 (0.00195), a step of 0.003 is not, so exactly the elements given the small step stay put;
@@ -9,7 +9,7 @@ import pytest
 import precision_tool as pt
 from precision_tool import hooks
 from precision_tool.analysis import auto_check
-from precision_tool.analysis.updates import check_updates
+from precision_tool.analysis.diagnosis.updates import check_updates
 from precision_tool.dump import Workspace
 
 N = 64

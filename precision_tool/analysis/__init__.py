@@ -1,28 +1,33 @@
-"""The analysis layer: metrics, the NPU-to-golden mapping, vector compare and its verdicts,
-overflow analysis, summaries, root cause within and across steps, replays (single op, fusion
-off with pass bisection, what-if), and the auto check that ties them together. Its names load
-with the module that defines them (PEP 562): a summary of a result needs neither the replays
-nor the runtime."""
+"""The analysis layer, in four rooms: `comparing` (metrics, the NPU-to-golden mapping, the
+vector compare and its engine, verdicts, results on disk, summaries), `diagnosis` (root cause
+within and across steps, drift, lost updates, overflow, the loss-scale history), `replays`
+(everything that reruns a dumped step from its bundle: single-op replay, fusion bisection,
+the impact ranking, the step replay behind remedies, repair, the pre-training checks) and,
+here, the auto check that ties them together with its advice, and `ops` (what the commands
+show of a run's ops). Its names load with the module that defines them (PEP 562): a summary
+of a result needs neither the replays nor the runtime."""
 import importlib
 
 _WHERE = {
     "autocheck": ("AutoCheck", "auto_check"),
-    "compare": ("compare_step", "vector_compare"),
-    "fusion_bisect": ("FusionVerdict", "bisect_fusion", "fired_passes", "replay_with_passes"),
-    "impact": ("ImpactRanking", "rank_by_impact"),
-    "loss_scale": ("LossScaleHistory", "loss_scale_history"),
-    "mapping": ("TensorMap",),
-    "metrics": ("METRICS", "compare_tensors"),
     "ops": ("Found", "OpRow", "export_subgraph", "find_op", "find_tensor", "list_ops",
             "subgraph_dot"),
-    "overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
-    "op_replay": ("OpReplay", "ReplayOpError", "replay_op"),
-    "result": ("Coverage", "Provenance", "StaleResultError", "coverage", "current_result",
-               "read_provenance", "read_result", "staleness", "write_failure", "write_result"),
-    "rootcause": ("Divergence", "RootCause", "root_cause"),
-    "steps": ("StateTrace", "trace_state"),
-    "summary": ("OpSummary", "count_findings", "summarize"),
-    "verdicts": ("Criteria", "diverging", "judge", "verdict"),
+    "comparing.compare": ("compare_step", "vector_compare"),
+    "comparing.mapping": ("TensorMap",),
+    "comparing.metrics": ("METRICS", "compare_tensors"),
+    "comparing.result": ("Coverage", "Provenance", "StaleResultError", "coverage",
+                         "current_result", "read_provenance", "read_result", "staleness",
+                         "write_failure", "write_result"),
+    "comparing.summary": ("OpSummary", "count_findings", "summarize"),
+    "comparing.verdicts": ("Criteria", "diverging", "judge", "verdict"),
+    "diagnosis.loss_scale": ("LossScaleHistory", "loss_scale_history"),
+    "diagnosis.overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
+    "diagnosis.rootcause": ("Divergence", "RootCause", "root_cause"),
+    "diagnosis.steps": ("StateTrace", "trace_state"),
+    "replays.fusion_bisect": ("FusionVerdict", "bisect_fusion", "fired_passes",
+                              "replay_with_passes"),
+    "replays.impact": ("ImpactRanking", "rank_by_impact"),
+    "replays.op_replay": ("OpReplay", "ReplayOpError", "replay_op"),
 }
 _MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
 

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode, mode_of
-from .remedy import NO_HELP, VERIFIED, Change, describe_all
+from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 
 def keep_in_fp32(op: dict, mode: str) -> str:
     """How to keep an op's numbers out of fp16 under this mode, as one imperative clause
@@ -358,7 +358,7 @@ def _lost_update_advice(u: dict, opts: Options) -> str:
 
 
 def _drift_advice(d: dict, step: int, criteria: Optional[dict]) -> str:
-    """Drift (analysis.drift): the state's, the step sound; or the losses' in steps whose
+    """Drift (analysis.diagnosis.drift): the state's, the step sound; or the losses' in steps whose
     compare finds nothing."""
     tol = (criteria or {}).get("rel_error", 0.05)
     gap = d["loss"]

@@ -4,9 +4,9 @@ request, the vector compare with its summary and root cause, and says what to tr
 Without a step it looks at every dumped step in order and reports the first with findings:
 the overflow records of each, and with a compare each step dumped in both runs, until one
 diverges (a clean verdict needs them all). The chosen step's analysis follows divergence
-that came in with the state back to the step that wrote it (analysis.steps), reports
+that came in with the state back to the step that wrote it (analysis.diagnosis.steps), reports
 underflow, replays the origin op on its own inputs, and (rank) weighs each candidate
-origin by what replacing its output with the golden's does to the step (analysis.impact).
+origin by what replacing its output with the golden's does to the step (analysis.replays.impact).
 
 The result is plain data, serialisable to JSON (`to_dict`); `verdict` is "findings", "sound"
 or "incomplete" (something that should have been compared was not: never "sound").
@@ -27,20 +27,20 @@ from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
 from .advice import Options, advise, mode_of
-from .compare import vector_compare
-from .impact import rank_by_impact
-from .loss_scale import loss_scale_history
-from .mapping import TensorMap, placed_types
-from .overflow import overflow_report
-from .op_replay import ReplayOpError, replay_op
-from .result import Coverage, coverage, write_failure, write_result
-from .rootcause import RootCause, root_cause, written_variables
-from .step_replay import StepReplay, check_remedies, quiet_replay
-from .drift import loss_gap, state_drift
-from .steps import StateTrace, check_steps, trace_state
-from .updates import UpdateCheck, check_updates
-from .summary import count_findings, summarize
-from .verdicts import ERROR, Criteria
+from .comparing.compare import vector_compare
+from .replays.impact import rank_by_impact
+from .diagnosis.loss_scale import loss_scale_history
+from .comparing.mapping import TensorMap, placed_types
+from .diagnosis.overflow import overflow_report
+from .replays.op_replay import ReplayOpError, replay_op
+from .comparing.result import Coverage, coverage, write_failure, write_result
+from .diagnosis.rootcause import RootCause, root_cause, written_variables
+from .replays.step_replay import StepReplay, check_remedies, quiet_replay
+from .diagnosis.drift import loss_gap, state_drift
+from .diagnosis.steps import StateTrace, check_steps, trace_state
+from .diagnosis.updates import UpdateCheck, check_updates
+from .comparing.summary import count_findings, summarize
+from .comparing.verdicts import ERROR, Criteria
 
 GRADIENT_PREFIX = "gradients/"
 FP16_MIN_NORMAL = 2.0 ** -14      # below it fp16 holds subnormals, then zero
@@ -214,7 +214,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
 
 def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepCompare],
            result: AutoCheck, replay) -> None:
-    """Drift (analysis.drift): a step after the first whose only finding is ops that diverge
+    """Drift (analysis.diagnosis.drift): a step after the first whose only finding is ops that diverge
     (no overflow, underflow, lost update or state carried in beyond the criteria) is
     replayed from the NPU's own state: what still fails there is the step's own ("own"),
     the rest came with the state; when nothing does, the origin was only where the state's

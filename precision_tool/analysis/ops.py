@@ -17,7 +17,7 @@ from ..dump.workspace import Run, Workspace, WorkspaceError
 from ..fileio import write_text_atomic
 from ..graph import NodeView
 from ..ops import registry
-from .engine import logical_tensor
+from .comparing.engine import logical_tensor
 
 
 @dataclass(frozen=True)

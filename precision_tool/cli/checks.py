@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..analysis import checks as checking
+from ..analysis.replays import checks as checking
 from ..dump import layout, watch
 from ..runtime.config import AMP_LEVELS, PRECISION_MODES
 from .app import EXIT_FINDINGS, EXIT_OK, App, command

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from .. import kernels
 from ..analysis import TensorMap, ops
-from ..analysis.pair import compare_pair
+from ..analysis.comparing.pair import compare_pair
 from ..dump import layout
 from ..dump import housekeeping
 from ..dump.layout import fit_file_name

@@ -187,8 +187,8 @@ def _judged_outputs(pairs) -> list:
     what decided it."""
     import numpy as np
 
-    from ..analysis.metrics import compare_tensors
-    from ..analysis.verdicts import judge
+    from ..analysis.comparing.metrics import compare_tensors
+    from ..analysis.comparing.verdicts import judge
     from ..kernels.table import Table
     rows, outputs = [], []
     for name, (golden, npu) in pairs.items():

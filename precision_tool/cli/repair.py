@@ -1,6 +1,6 @@
 """`fix` (`repair`): the smallest configuration change that makes a dumped step match its
 golden, verified over steps and written as config/modify_mixlist.json and
-config/fusion_switch.cfg (analysis.repair does the work)."""
+config/fusion_switch.cfg (analysis.replays.repair does the work)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import math
 import click
 from rich.markup import escape
 
-from ..analysis import repair as repairing
+from ..analysis.replays import repair as repairing
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
 from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, panel
 

@@ -1,4 +1,4 @@
-"""The precision_data/ workspace layout and its names (DESIGN §5, Ascend's conventions).
+"""The precision_data/ workspace layout and its names (Ascend's conventions).
 
     npu/debug_<k>/run.json, graph/<graph>.json, fusion_result.json,
         dump/<YYYYmmddHHMMSS>/<device_id>/<graph>/<graph_id>/<step>/

@@ -86,7 +86,7 @@ class RunFiles:
                         overflow_mode=cfg.overflow_mode, mode=cfg.mode,
                         fusion_passes=sorted(session.compiled.fusion),
                         numerics="simulated: cube ops accumulate in fp32, vector ops compute "
-                                 "in fp32 and round per op; see DESIGN.md section 4")
+                                 "in fp32 and round per op")
         else:
             info.update(golden_dtype=cfg.golden_dtype)
         return info

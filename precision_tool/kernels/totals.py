@@ -1,5 +1,5 @@
 """Compare totals: one pass over a pair of flat tensors gathers every sum, extreme and count
-the metrics of analysis.metrics are made of (Totals), and the sums of the KL divergence of
+the metrics of analysis.comparing.metrics are made of (Totals), and the sums of the KL divergence of
 their min-max normalised pdfs (kl_sums). The numpy code here defines them, block by block;
 the C module computes the same totals in parts of PART elements on several threads where it
 runs (span_totals and span_kl decide), summed in an order that does not depend on the thread

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..analysis import Coverage, auto_check, read_result, root_cause, vector_compare
-from ..analysis.verdicts import DIVERGING, Criteria
+from ..analysis.comparing.verdicts import DIVERGING, Criteria
 from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError

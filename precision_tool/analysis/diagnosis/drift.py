@@ -21,8 +21,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from ..dump import Workspace
-from ..dump.workspace import Run
+from ...dump import Workspace
+from ...dump.workspace import Run
 
 
 @dataclass

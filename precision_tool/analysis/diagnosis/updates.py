@@ -25,12 +25,12 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..dump import Workspace
-from ..dump.workspace import Run
-from ..errors import GraphError, PrecisionToolError
-from ..graph import dtypes
-from ..ops import registry
-from .verdicts import Criteria
+from ...dump import Workspace
+from ...dump.workspace import Run
+from ...errors import GraphError, PrecisionToolError
+from ...graph import dtypes
+from ...ops import registry
+from ..comparing.verdicts import Criteria
 
 
 @dataclass

@@ -20,12 +20,12 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from .. import kernels, numerics
-from ..collector import collector_paused
-from ..dump.formats import npy_header
-from ..dump.workspace import Workspace, WorkspaceError
+from ... import kernels, numerics
+from ...collector import collector_paused
+from ...dump.formats import npy_header
+from ...dump.workspace import Workspace, WorkspaceError
 from .verdicts import UNREADABLE
-from ..kernels.totals import Totals, add_kl_sums, span_kl, span_totals
+from ...kernels.totals import Totals, add_kl_sums, span_kl, span_totals
 from .metrics import compare_many, compare_tensors, empty_result, finish
 
 SPLIT_ELEMENTS = 1 << 24        # tensors above this are compared in ranges of RANGE_ELEMENTS

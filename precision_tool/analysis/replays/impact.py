@@ -18,13 +18,13 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..dump import Workspace, load_bundle
-from ..dump.workspace import Run
-from ..errors import PrecisionToolError
-from .. import numerics
-from ..graph import dtypes, split_tensor_name
-from ..runtime import Session, SessionConfig
-from .mapping import TensorMap
+from ...dump import Workspace, load_bundle
+from ...dump.workspace import Run
+from ...errors import PrecisionToolError
+from ... import numerics
+from ...graph import dtypes, split_tensor_name
+from ...runtime import Session, SessionConfig
+from ..comparing.mapping import TensorMap
 
 
 @dataclass

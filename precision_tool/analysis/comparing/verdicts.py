@@ -32,8 +32,8 @@ from typing import Optional
 
 import numpy as np
 
-from .. import numerics
-from ..kernels.table import Table, numbers as _numbers, texts as _text
+from ... import numerics
+from ...kernels.table import Table, numbers as _numbers, texts as _text
 
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"

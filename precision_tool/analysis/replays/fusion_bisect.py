@@ -1,4 +1,4 @@
-"""Fusion-off replay and pass bisection (DESIGN §6).
+"""Fusion-off replay and pass bisection.
 
 Rerun a dumped step from its replay bundle on the simulated NPU with fusion switched off
 (all of it, or per a switch), into the next npu/debug_<k>; compare each run with the golden.
@@ -15,16 +15,16 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Set
 
-from ..dump import hooks
-from ..dump import Workspace
-from ..dump.bundle import load_bundle, replay
-from ..dump.workspace import Run
-from ..errors import PrecisionToolError
-from ..graph import split_tensor_name
-from ..runtime.npu.fusion import PASSES, switch_for
-from .autocheck import judge_step
-from .mapping import TensorMap
-from .verdicts import DIVERGING
+from ...dump import hooks
+from ...dump import Workspace
+from ...dump.bundle import load_bundle, replay
+from ...dump.workspace import Run
+from ...errors import PrecisionToolError
+from ...graph import split_tensor_name
+from ...runtime.npu.fusion import PASSES, switch_for
+from ..autocheck import judge_step
+from ..comparing.mapping import TensorMap
+from ..comparing.verdicts import DIVERGING
 
 
 class FusionReplayError(PrecisionToolError, ValueError):

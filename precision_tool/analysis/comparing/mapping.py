@@ -1,4 +1,4 @@
-"""Which golden tensor an NPU tensor stands for (DESIGN §6, mapping).
+"""Which golden tensor an NPU tensor stands for.
 
 An NPU op maps to the golden op of the same name. A fused op's outputs map through the
 original tensor each stands for (`output_sources`). Casts and TransData the compiler
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from ..graph import GraphView, NodeView, split_tensor_name
+from ...graph import GraphView, NodeView, split_tensor_name
 
 
 class TensorMap:

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .rootcause import OpRows, RootCause, root_cause
+from ..diagnosis.rootcause import OpRows, RootCause, root_cause
 from .verdicts import NONFINITE
 
 NO_EFFECT = "no effect"

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 
-from .. import numerics
-from ..dump import Workspace
-from ..dump.workspace import Run
-from ..fileio import load_json
-from ..errors import PrecisionToolError
+from ... import numerics
+from ...dump import Workspace
+from ...dump.workspace import Run
+from ...fileio import load_json
+from ...errors import PrecisionToolError
 
 
 class OverflowRecordError(PrecisionToolError, ValueError):

@@ -39,20 +39,20 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import multiprocessing
 import numpy as np
 
-from ..dump import Workspace, load_bundle
-from ..dump.workspace import Run, WorkspaceError
-from ..errors import PrecisionToolError
-from ..fileio import jsonable, write_text_atomic
-from ..graph import dtypes, split_tensor_name
-from ..ops import registry
-from ..runtime import Session, SessionConfig
-from ..runtime.npu import cost
-from .engine import ignore_interrupts
-from .mapping import placed_types
+from ...dump import Workspace, load_bundle
+from ...dump.workspace import Run, WorkspaceError
+from ...errors import PrecisionToolError
+from ...fileio import jsonable, write_text_atomic
+from ...graph import dtypes, split_tensor_name
+from ...ops import registry
+from ...runtime import Session, SessionConfig
+from ...runtime.npu import cost
+from ..comparing.engine import ignore_interrupts
+from ..comparing.mapping import placed_types
 # Change, StepReplay and configure are this module's vocabulary too (fix's callers use them)
-from ..runtime.npu.policy import all_fp32_mode, mode_of
+from ...runtime.npu.policy import all_fp32_mode, mode_of
 from .step_replay import LOW, Change, Outcome, StepReplay, configure, first_scalar  # noqa: F401
-from .verdicts import Criteria
+from ..comparing.verdicts import Criteria
 
 CONFIG_DIR = "config"
 
@@ -168,8 +168,8 @@ class DumpedStep:
 
 def dumped_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                 criteria: Criteria) -> DumpedStep:
-    from .autocheck import judge_step
-    from .mapping import TensorMap
+    from ..autocheck import judge_step
+    from ..comparing.mapping import TensorMap
     c = judge_step(ws, npu_run, golden_run, step, criteria)
     tmap = TensorMap(ws.compiled_graph(npu_run))
     types: Dict[str, None] = {}

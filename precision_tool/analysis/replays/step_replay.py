@@ -18,15 +18,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from ..graph import dtypes
-from ..ops import registry
-from ..runtime import Session, SessionConfig
-from ..runtime.npu.fusion import PASSES, enabled_passes, switch_for
-from ..runtime.npu.policy import mixlist_mode, mode_of
-from ..train.loss_scale import loss_scale_variable
-from .metrics import compare_tensors
+from ...graph import dtypes
+from ...ops import registry
+from ...runtime import Session, SessionConfig
+from ...runtime.npu.fusion import PASSES, enabled_passes, switch_for
+from ...runtime.npu.policy import mixlist_mode, mode_of
+from ...train.loss_scale import loss_scale_variable
+from ..comparing.metrics import compare_tensors
 from .remedy import NO_HELP, VERIFIED, Change
-from .verdicts import DIVERGING, Criteria, judge
+from ..comparing.verdicts import DIVERGING, Criteria, judge
 
 LOW = ("float16", "bfloat16")
 

@@ -18,14 +18,14 @@ from typing import Tuple, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import numerics
-from ..dump import Workspace, load_bundle
-from ..dump.workspace import Run
-from ..errors import PrecisionToolError
-from ..graph import dtypes, split_tensor_name
-from ..ops import registry
-from ..runtime import SessionConfig
-from ..runtime.npu.policy import mode_of
+from ... import numerics
+from ...dump import Workspace, load_bundle
+from ...dump.workspace import Run
+from ...errors import PrecisionToolError
+from ...graph import dtypes, split_tensor_name
+from ...ops import registry
+from ...runtime import SessionConfig
+from ...runtime.npu.policy import mode_of
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 CATEGORIES = ("data", "hyperparameter", "api", "graph", "init", "config", "determinism")
@@ -384,7 +384,7 @@ def _learning_rate(ctx: CheckContext) -> List[Finding]:
 @check("hyperparameter.loss_scale", "hyperparameter",
        "the loss scale against the precision mode and the golden gradients' range")
 def _loss_scale(ctx: CheckContext) -> List[Finding]:
-    from ..train.loss_scale import loss_scale_variable
+    from ...train.loss_scale import loss_scale_variable
     scale_var = loss_scale_variable(ctx.graph)
     if scale_var is None:
         # a step that updates nothing (an inference graph, an imported model) has no

@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Set
 
 import pandas as pd
 
-from ..dump import Workspace
-from ..dump.workspace import Run, WorkspaceError
-from ..ops import registry
-from .compare import vector_compare
+from ...dump import Workspace
+from ...dump.workspace import Run, WorkspaceError
+from ...ops import registry
+from ..comparing.compare import vector_compare
 from .rootcause import OpRows, root_cause
 
 

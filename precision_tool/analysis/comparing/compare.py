@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from .. import numerics
-from ..dump import Workspace
-from ..dump.bundle import bundle_fetches
-from ..dump.workspace import Run
-from ..graph import NOT_KERNELS, GraphView, split_tensor_name
-from ..kernels.table import Table
-from ..collector import collector_paused
+from ... import numerics
+from ...dump import Workspace
+from ...dump.bundle import bundle_fetches
+from ...dump.workspace import Run
+from ...graph import NOT_KERNELS, GraphView, split_tensor_name
+from ...kernels.table import Table
+from ...collector import collector_paused
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .metrics import METRICS

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
-from .. import numerics
-from ..dump import Workspace
-from ..dump.workspace import Run
+from ... import numerics
+from ...dump import Workspace
+from ...dump.workspace import Run
 
 
 @dataclass

@@ -10,15 +10,15 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .. import numerics
-from ..dump import Workspace
-from ..dump.workspace import Run
-from ..errors import GraphFormatError, PrecisionToolError
-from ..graph import GraphView, NodeView, split_tensor_name
-from ..ops import registry
-from .engine import logical_tensor
-from .mapping import TensorMap
-from .metrics import compare_tensors
+from ... import numerics
+from ...dump import Workspace
+from ...dump.workspace import Run
+from ...errors import GraphFormatError, PrecisionToolError
+from ...graph import GraphView, NodeView, split_tensor_name
+from ...ops import registry
+from ..comparing.engine import logical_tensor
+from ..comparing.mapping import TensorMap
+from ..comparing.metrics import compare_tensors
 
 COMPILE_ATTRS = ("compute_dtype", "roles", "pass_name", "original_op_names", "output_sources",
                  "inserted_by", "original_tensor")
@@ -130,7 +130,7 @@ def _replay_fused(npu_run: Run, step: int, node: NodeView, args, tmap: TensorMap
                   ctx) -> Dict[str, np.ndarray]:
     """Evaluate the original ops a fused node replaced, from the step's original graph."""
     path = os.path.join(npu_run.path, "replay", str(step), "graph.json")
-    from ..fileio import load_json
+    from ...fileio import load_json
     data = load_json(path, ReplayOpError, "the step's replay graph (a fused op replays its "
                                           "original ops from it)")
     try:

@@ -25,10 +25,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..dump import Workspace
-from ..dump.workspace import Run, WorkspaceError
-from ..fileio import load_json, read_bytes, write_text_atomic
-from ..kernels.table import Table, TableError, column, read_csv
+from ...dump import Workspace
+from ...dump.workspace import Run, WorkspaceError
+from ...fileio import load_json, read_bytes, write_text_atomic
+from ...kernels.table import Table, TableError, column, read_csv
 from .verdicts import ERROR, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
 
 RESULT_VERSION = 1

@@ -1,6 +1,6 @@
 """Root cause: in execution order, the origin of a divergence is the first op whose inputs
 match the golden and whose outputs do not; ops downstream whose inputs already diverged are
-propagators (DESIGN §6). Two more kinds are neither:
+propagators. Two more kinds are neither:
 
 Cancellation. An op whose exact result is zero up to rounding noise diverges without
 anything being wrong: attention's key-bias gradient is zero in exact arithmetic, so both runs
@@ -30,7 +30,7 @@ origin, as does a flushed tensor nothing reads (a fetched output, an update's re
 
 Carried. An op whose only diverging inputs are variables read at the start of the step (the
 weights, optimizer moments, the loss scale) did not start the divergence in this step: it
-entered with the state an earlier step left (see analysis.steps for following it back).
+entered with the state an earlier step left (see analysis.diagnosis.steps for following it back).
 State that an earlier step's noise update wrote (root_cause's noise_state, from the trace)
 is noise itself: what reads only it carries noise, and is no finding. A
 variable's own row (a golden run dumps its Variable ops) that diverges is carried state too.
@@ -54,10 +54,10 @@ from typing import Iterable, List, Optional, Set
 
 import numpy as np
 
-from ..collector import collector_paused
-from .sums import CONTRACTIONS, SUMS
-from ..kernels.table import column, factorize, numbers, texts
-from .verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
+from ...collector import collector_paused
+from ..comparing.sums import CONTRACTIONS, SUMS
+from ...kernels.table import column, factorize, numbers, texts
+from ..comparing.verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 
 # The per-dtype tolerances tell an op's own error from fp16 rounding: an fp16 tensor against
 # an fp32 golden is expected to differ by that much. (A verdict's thresholds: Criteria.)
@@ -255,7 +255,7 @@ class RootCause:
 def _updated_positions(op_type: str) -> tuple:
     """The input positions an op type overwrites (a variable update's), empty for others.
     The op registry is loaded the first time a root cause asks, not for every summary."""
-    from ..ops import registry
+    from ...ops import registry
     return tuple(registry.updated_inputs(op_type) or ())
 
 

@@ -1,4 +1,4 @@
-"""Tensor comparison metrics: msaccucmp's set plus the error ratios and counts of DESIGN §6.
+"""Tensor comparison metrics: msaccucmp's set plus our error ratios and counts.
 
 x is the NPU tensor, y the golden one; everything is computed in float64, over the elements
 where both are finite (the non-finite ones are counted on each side and named in the
@@ -22,7 +22,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..kernels.totals import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
+from ...kernels.totals import (CHUNK, Totals, add_counts, batch_totals, block_pairs, range_kl,
                                range_totals, sqrt)
 
 

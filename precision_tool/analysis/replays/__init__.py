@@ -1,0 +1,1 @@
+"""The work that replays a dumped step from its bundle (Bundle.session): single-op replay, fusion bisection, the impact ranking, the step replay behind remedies, repair and the pre-training checks."""
