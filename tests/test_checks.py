@@ -291,3 +291,28 @@ def test_check_diff_lists_what_differs(tmp_path):
     assert dtypes and ("float32", "float16") in dtypes
     same = CliRunner().invoke(cli, ["--data-dir", root, "check", "--diff", "npu/debug_0", "npu/debug_0"])
     assert same.exit_code == 0 and "no configuration difference" in same.output
+
+
+def test_a_pynative_runs_bundle_is_checked_and_replayed(tmp_path):
+    """A pynative run's bundle records the passes that ran as a switch with every pass off;
+    its configuration reads back (SessionConfig refused it: check and fix failed on any
+    pynative dump), so check and a replay work on it."""
+    m = pt.models.mlp(hidden=(16,))
+    d = pt.data.digits()
+    root = str(tmp_path / "pd")
+    cfg = hooks.session_dump_config(pt.SessionConfig(mode="pynative",
+                                                     precision_mode="allow_mix_precision"),
+                                    action="dump", data_dir=root)
+    for sess in (pt.Session(m.graph, target="npu", config=cfg),
+                 hooks.sess_dump(pt.Session(m.graph), action="dump", data_dir=root)):
+        sess.run([m.loss, m.train_op], {m.x: d.x_train[:32], m.y: d.y_train[:32]})
+        sess.close()
+    ws = Workspace(root)
+    run = ws.run("npu")
+    assert run.config.mode == "pynative" and run.config.effective_mode == "allow_mix_precision"
+    report = ck.run_checks(ws, run)
+    assert report.checks and report.precision_mode == "allow_mix_precision"
+    out = CliRunner().invoke(cli, ["--data-dir", root, "train", "-d", "npu"])
+    assert out.exit_code == 0 and "replayed into npu/debug_1" in out.output, out.output
+    with pytest.raises(pt.PrecisionToolError, match="only mean something in graph mode"):
+        pt.SessionConfig(mode="pynative", fusion_switch={"Switch": {"GraphFusion": {"ALL": "on"}}})

@@ -104,3 +104,25 @@ def test_our_run_files_are_read_or_refused_in_one_line(tmp_path):
                                                "0,0,,,,2.5\n1,0,,,,2.4\n2,0,,,,2.")
     assert ours.read_step_history(R)["step"].tolist() == [0, 1]    # the torn line is dropped
     assert ours.read_run_json(str(tmp_path / "missing.json")) == {}
+
+
+def test_a_runs_configuration_is_typed_and_a_broken_one_named(tmp_path):
+    """Run.config: run.json's NPU fields as a SessionConfig (what analysis reads the mode
+    from), the defaults for a foreign run, and one line naming the run for a mode the policy
+    does not know."""
+    import json
+    from precision_tool.dump import Workspace
+    for target, info in (("npu", {"writer": "precision_tool", "precision_mode": "force_fp16",
+                                  "amp_level": None, "overflow_mode": "inf_nan"}),
+                         ("cpu", {})):
+        run_dir = tmp_path / target / "debug_0"
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps(info))
+    ws = Workspace(str(tmp_path))
+    npu = ws.run("npu")
+    assert npu.config.effective_mode == "force_fp16" and npu.config.overflow_mode == "inf_nan"
+    assert ws.run("cpu").config.golden_dtype == "float32"
+    (tmp_path / "npu" / "debug_0" / "run.json").write_text(json.dumps({"precision_mode": "fp8"}))
+    with pytest.raises(WorkspaceError, match=r"npu/debug_0: run.json holds a configuration "
+                                             r"that cannot be used: precision_mode must be"):
+        Workspace(str(tmp_path)).run("npu").config

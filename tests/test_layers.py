@@ -168,7 +168,7 @@ def test_the_precision_rules_have_one_owner():
             raise AssertionError(f"SessionConfig took {bad}")
     assert SessionConfig(amp_level="O2").effective_mode == "O2"
     assert SessionConfig(precision_mode="force_fp16").effective_mode == "force_fp16"
-    cli_importers, definers = [], []
+    cli_importers, definers, from_dicts = [], [], []
     for dirpath, _, files in os.walk(ROOT):
         for name in files:
             if not name.endswith(".py"):
@@ -184,7 +184,9 @@ def test_the_precision_rules_have_one_owner():
             if rel != "runtime/npu/policy.py" and ("def mode_of" in text or
                                                    "PRECISION_MODES = (" in text):
                 definers.append(rel)
-    assert cli_importers == [] and definers == []
+            if rel.startswith("analysis/") and "mode_of(" in text:
+                from_dicts.append(rel)   # analysis reads Run.config / SessionConfig, typed
+    assert cli_importers == [] and definers == [] and from_dicts == []
 
 
 def test_replaying_work_makes_its_sessions_through_the_bundle():

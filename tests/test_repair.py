@@ -428,3 +428,36 @@ def test_a_half_dump_is_said_and_the_fix_still_judged_on_replays(tmp_path):
     result = run_repair(Workspace(str(tmp_path)), write=False)
     assert result.verified
     assert any("incomplete" in n and "file missing" in n for n in result.notes), result.notes
+
+
+@pytest.mark.parametrize("mode", ["force_fp32", "allow_fp32_to_fp16", "force_fp16",
+                                  "must_keep_origin_dtype", "allow_mix_precision",
+                                  "allow_mix_precision_bf16", "O0", "O1", "O2", "O3"])
+def test_ac_advises_what_fix_replays_under_every_mode(mode):
+    """For an fp16 Softmax that should stay in fp32, the advice's sentence (ac) and the
+    change fix replays name the same mode and the same black-list, under every mode and amp
+    level: the mode that reads a mixlist is the policy's one answer (mixlist_mode). Under a
+    mode that already computes in fp32 there is nothing to replay, and the advice says so."""
+    import re
+    from precision_tool.analysis.advice import fp32_changes, keep_in_fp32
+    from precision_tool.analysis.replays.step_replay import configure
+    from precision_tool.runtime import SessionConfig
+    from precision_tool.runtime.config import AMP_LEVELS, PRECISION_MODES
+    assert set(PRECISION_MODES) | set(AMP_LEVELS) == {
+        "force_fp32", "allow_fp32_to_fp16", "force_fp16", "must_keep_origin_dtype",
+        "allow_mix_precision", "allow_mix_precision_bf16", "O0", "O1", "O2", "O3"}
+    op = {"op_name": "attention/Softmax", "op_type": "SoftmaxV2", "policy_types": ["SoftmaxV2"],
+          "compute_dtype": "float16"}
+    base = SessionConfig(**({"amp_level": mode} if mode.startswith("O")
+                            else {"precision_mode": mode})).to_dict()
+    said, changes = keep_in_fp32(op, mode), fp32_changes(op, mode)
+    if mode in ("force_fp32", "O0"):
+        assert changes == () and "no precision setting raises it" in said
+        return
+    fixed = SessionConfig.from_dict(configure(base, changes))
+    m = re.search(r"train with (?:precision_mode|amp_level) (\S+) with", said)
+    advised = m.group(1) if m else mode          # a mode that reads a mixlist keeps itself
+    assert advised == fixed.effective_mode, (said, fixed.effective_mode)
+    assert '"black-list": {"to-add": ["SoftmaxV2"]}' in said
+    assert fixed.modify_mixlist == {"black-list": {"to-add": ["SoftmaxV2"]}}
+    fixed.check_policy()                          # a configuration the NPU compiles

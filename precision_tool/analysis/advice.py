@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from .. import numerics
 from ..dump.layout import format_steps
-from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode, mode_of
+from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode
 from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 
 def keep_in_fp32(op: dict, mode: str) -> str:
@@ -131,10 +131,11 @@ def suggested_scale(current: float, peak: Optional[float]) -> Optional[float]:
     return current * 2.0 ** math.floor(math.log2(room))
 
 
-def advise(r, info: dict, options: Optional[Options] = None) -> List[str]:
-    """The advice lines for an AutoCheck `r` of a run whose run.json is `info`; `options`
-    collects the configuration changes they offer (Options.asked)."""
-    mode = mode_of(info)
+def advise(r, options: Optional[Options] = None) -> List[str]:
+    """The advice lines for an AutoCheck `r` (its precision_mode: the run's typed
+    configuration's, Run.config); `options` collects the configuration changes they offer
+    (Options.asked)."""
+    mode = r.precision_mode
     opts = options if options is not None else Options(r)
     lines: List[str] = []
     gap = r.coverage

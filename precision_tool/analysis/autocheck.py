@@ -26,7 +26,7 @@ from ..dump.workspace import Run, WorkspaceError
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .advice import Options, advise, mode_of
+from .advice import Options, advise
 from .comparing.compare import vector_compare
 from .replays.impact import rank_by_impact
 from .diagnosis.loss_scale import loss_scale_history
@@ -146,7 +146,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         steps = [ws.resolve_step(npu_run, step)] if step is not None else \
             [ws.resolve_step(npu_run, None)] + npu_run.complete_steps[1:]
     result = AutoCheck(npu_run.label, golden_run.label if golden_run else None, steps[0],
-                       mode_of(npu_run.info), criteria=criteria.to_dict())
+                       npu_run.config.effective_mode, criteria=criteria.to_dict())
     if compare and step is None:
         result.unseen_steps = result_unseen
     result.fusion = _fusion(ws, npu_run)
@@ -204,11 +204,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             except (WorkspaceError, OSError) as e:    # the verdict stands; its CSV is lost
                 result.unsaved = write_failure(e)
     offered = Options(result)
-    result.advice = advise(result, npu_run.info, offered)
+    result.advice = advise(result, offered)
     if compare and verify and result.repairable and result.has_findings and offered.asked:
         # a bundle that cannot be read checks nothing: every change then says "not verified"
         result.remedies = check_remedies(replay(), offered.asked) if replay() else []
-        result.advice = advise(result, npu_run.info)
+        result.advice = advise(result)
     return result
 
 

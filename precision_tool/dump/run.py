@@ -30,6 +30,22 @@ class Run:
     bundles: List[int] = field(default_factory=list)      # steps with a whole replay bundle
 
     @property
+    def config(self):
+        """The run's configuration as run.json records it, typed (runtime.SessionConfig): the
+        NPU's precision mode, amp level, overflow mode and graph mode, the golden's dtype;
+        the defaults where a foreign run records none. A hand-edited value the policy does
+        not know is an error naming the run."""
+        from ..runtime.config import ConfigError, SessionConfig
+        keys = ("precision_mode", "amp_level", "overflow_mode", "mode") \
+            if self.target == "npu" else ("golden_dtype",)
+        given = {k: self.info[k] for k in keys if self.info.get(k) is not None}
+        try:
+            return SessionConfig(**given)
+        except (ConfigError, TypeError) as e:
+            raise WorkspaceError(f"{self.label}: run.json holds a configuration that cannot be "
+                                 f"used: {e}") from None
+
+    @property
     def why_partial(self) -> str:
         """Why its partial steps are partial, as far as the run knows: the write failure
         that stopped its dump (run.json's dump_stopped), else a dump killed mid-step."""

@@ -64,7 +64,7 @@ class SessionConfig:
         if self.fusion_switch_file is not None and self.fusion_switch is not None:
             raise ConfigError("give fusion_switch_file or fusion_switch, not both")
         if self.mode == "pynative" and (self.fusion_switch_file is not None
-                                        or self.fusion_switch not in (None, "off")):
+                                        or not _switches_nothing_on(self.fusion_switch)):
             raise ConfigError("fusion switches only mean something in graph mode (pynative runs "
                               "op by op, never fused): drop the switch or use mode='graph'")
         if not isinstance(self.device_memory, int) or self.device_memory <= 0:
@@ -122,3 +122,17 @@ class SessionConfig:
     @property
     def fusion_switch_spec(self):
         return self.fusion_switch_file if self.fusion_switch_file is not None else self.fusion_switch
+
+
+def _switches_nothing_on(switch) -> bool:
+    """A fusion switch that turns no pass on: none, "off", or a dict with every pass off (what
+    a pynative run's replay bundle records: the passes that ran, none)."""
+    if switch is None or switch == "off":
+        return True
+    if not isinstance(switch, dict):
+        return False
+    from .npu.fusion import enabled_passes
+    try:
+        return not enabled_passes(switch)
+    except PrecisionToolError:
+        return False

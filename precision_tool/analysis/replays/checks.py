@@ -25,7 +25,6 @@ from ...errors import PrecisionToolError
 from ...graph import dtypes, split_tensor_name
 from ...ops import registry
 from ...runtime import SessionConfig
-from ...runtime.npu.policy import mode_of
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 CATEGORIES = ("data", "hyperparameter", "api", "graph", "init", "config", "determinism")
@@ -106,7 +105,7 @@ class CheckContext:
 
     @cached_property
     def mode(self) -> str:
-        return mode_of(self.config)
+        return SessionConfig.from_dict(self.config).effective_mode
 
     def replay(self, steps: int):
         """(traces, variables before each step and after the last) of `steps` golden steps

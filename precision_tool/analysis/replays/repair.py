@@ -50,7 +50,7 @@ from ...runtime.npu import cost
 from ..comparing.engine import ignore_interrupts
 from ..comparing.mapping import placed_types
 # Change, StepReplay and configure are this module's vocabulary too (fix's callers use them)
-from ...runtime.npu.policy import all_fp32_mode, mode_of
+from ...runtime.npu.policy import all_fp32_mode
 from .step_replay import LOW, Change, Outcome, StepReplay, configure, first_scalar  # noqa: F401
 from ..comparing.verdicts import Criteria
 
@@ -114,7 +114,7 @@ class Repair:
     @property
     def mode(self) -> str:
         """The precision mode (or amp level) the fix trains with."""
-        return mode_of(self.config)
+        return SessionConfig.from_dict(self.config).effective_mode
 
     @property
     def needed(self) -> bool:
@@ -193,7 +193,7 @@ def candidate_changes(replay: StepReplay, leads: Sequence[str] = (),
     types = low_precision_types(base_sess)
     ordered = [t for t in leads if t in types] + [t for t in types if t not in leads]
     out += [Change("fp32", t) for t in ordered]
-    mode = mode_of(replay.base)
+    mode = SessionConfig.from_dict(replay.base).effective_mode
     everything = all_fp32_mode(mode)
     if types and mode != everything:
         out.append(Change("mode", everything))

@@ -22,7 +22,7 @@ from ...graph import dtypes
 from ...ops import registry
 from ...runtime import Session, SessionConfig
 from ...runtime.npu.fusion import PASSES, enabled_passes, switch_for
-from ...runtime.npu.policy import mixlist_mode, mode_of
+from ...runtime.npu.policy import mixlist_mode
 from ...train.loss_scale import loss_scale_variable
 from ..comparing.metrics import compare_tensors
 from .remedy import NO_HELP, VERIFIED, Change
@@ -50,7 +50,7 @@ def configure(base: dict, changes: Sequence[Change]) -> dict:
         _set_mode(cfg, kinds["mode"].name)
         cfg["modify_mixlist"] = None
     elif fp32:
-        _set_mode(cfg, mixlist_mode(mode_of(cfg)))
+        _set_mode(cfg, mixlist_mode(SessionConfig.from_dict(cfg).effective_mode))
         mixlist = json.loads(json.dumps(cfg.get("modify_mixlist") or {}))
         black = mixlist.setdefault("black-list", {})
         black["to-add"] = sorted(set(black.get("to-add", [])) | set(fp32))
