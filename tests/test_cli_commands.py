@@ -367,7 +367,7 @@ def test_help_lists_every_command_with_its_alias():
     assert "Exit code 1 when" in CliRunner().invoke(cli, ["vcs", "--help"]).stdout
 
 
-def test_the_json_of_ac_fix_and_fo_is_their_result_objects(demo):
+def test_the_json_of_ac_fix_fo_and_vc_is_their_result_objects(demo):
     """--json is the analysis's result object as its to_dict (or asdict) makes it, with no
     key added or dropped by the command line: a key of AutoCheck, Repair or FusionVerdict is
     a key of its command's JSON, the coverage the Coverage's own dict."""
@@ -387,3 +387,8 @@ def test_the_json_of_ac_fix_and_fo_is_their_result_objects(demo):
     assert set(fix) == {f.name for f in dataclasses.fields(Repair)} | {"needed", "verified"}
     code, fo = as_json(root, "fo")
     assert code == 1 and set(fo) == {f.name for f in dataclasses.fields(FusionVerdict)}
+    from precision_tool.analysis import CompareReport
+    code, vc = as_json(root, "vc")
+    assert code == 1 and set(vc) == {f.name for f in dataclasses.fields(CompareReport)}
+    assert vc["unsaved"] is None and vc["result_file"] and vc["diverging_ops"] >= 1
+    assert sum(vc["verdicts"].values()) == vc["rows"]

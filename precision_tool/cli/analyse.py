@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 
 import click
 from rich.markup import escape
@@ -337,23 +336,17 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     with app.progress("comparing") as progress:
         table = analysis.compare_step(app.ws, npu, golden, step, threshold=criteria, graph=graph,
                                       progress=progress, workers=workers, scheduler=scheduler)
-    cov = analysis.coverage(table)
-    unsaved = None
+    report = analysis.CompareReport.of(table, npu.label, golden.label, step, criteria)
     try:
-        path = analysis.write_result(app.ws, table,
-                                     os.path.abspath(graph_file) if graph_file else None)
+        report.result_file = analysis.write_result(
+            app.ws, table, os.path.abspath(graph_file) if graph_file else None)
     except (WorkspaceError, OSError) as e:       # the compare is done: shown, said unsaved
-        path, unsaved = None, analysis.write_failure(e)
-    diverging = analysis.count_findings(table, criteria)
-    counts = dict(Counter(table["Verdict"].tolist()))
-    payload = {"result_file": path, "npu_run": npu.label, "golden_run": golden.label,
-               "step": step, "rows": len(table), "verdicts": counts,
-               "diverging_ops": diverging, "coverage": cov,
-               "criteria": criteria.to_dict()}
+        report.unsaved = analysis.write_failure(e)
+    cov, diverging, path = report.coverage, report.diverging_ops, report.result_file
 
     def render():
-        parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-        app.line(f"{npu.label} against {golden.label}, step {step}: {len(table)} tensors ({parts})")
+        parts = ", ".join(f"{v} {k}" for k, v in sorted(report.verdicts.items()))
+        app.line(f"{npu.label} against {golden.label}, step {step}: {report.rows} tensors ({parts})")
         app.line(f"{cov.text()}; {diverging} op(s) diverge")
         if path:
             app.line(f"result: {path}")
@@ -364,11 +357,9 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                 app.line(f"  {op.op_name} ({op.op_type}): output cosine "
                          f"{', '.join(fmt(c) for c in op.output_cosines) or 'n/a'}"
                          + "".join(f"; {r}" for r in op.output_reasons if r))
-    if unsaved:
-        payload["unsaved"] = unsaved
-    app.emit(payload, render)
-    if unsaved:
-        raise CommandError(f"error: the compare's result was not saved: {unsaved} "
+    app.emit(report.to_dict(), render)
+    if report.unsaved:
+        raise CommandError(f"error: the compare's result was not saved: {report.unsaved} "
                            f"(--results-dir DIR writes it elsewhere)", EXIT_USAGE)
     if not cov.complete:
         raise _incomplete(f"the compare of step {step}", cov)

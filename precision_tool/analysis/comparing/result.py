@@ -200,6 +200,34 @@ def write_result(ws: Workspace, table, graph: Optional[str] = None) -> str:
     return path
 
 
+@dataclass
+class CompareReport:
+    """What `vc` found, as its --json gives it: the step's compare table counted (rows, their
+    verdicts, the ops that diverge under the criteria), what it covered, and where the
+    result was written (result_file; None with why in `unsaved` when it could not be)."""
+    npu_run: str
+    golden_run: str
+    step: int
+    rows: int
+    verdicts: Dict[str, int]
+    diverging_ops: int
+    coverage: Coverage
+    criteria: dict
+    result_file: Optional[str] = None
+    unsaved: Optional[str] = None
+
+    @classmethod
+    def of(cls, table, npu_run: str, golden_run: str, step: int, criteria) -> "CompareReport":
+        from collections import Counter
+        from .summary import count_findings
+        counts = dict(Counter(str(v) for v in table["Verdict"]))
+        return cls(npu_run, golden_run, step, len(table), counts,
+                   count_findings(table, criteria), coverage(table), criteria.to_dict())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def write_failure(e: Exception) -> str:
     """Why a result could not be written, in one line naming the path."""
     if isinstance(e, OSError) and not isinstance(e, WorkspaceError):
