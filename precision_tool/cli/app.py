@@ -123,17 +123,19 @@ class App:
     noted: set = field(default_factory=set)     # runs whose interrupted steps were named
     results_dir: Optional[str] = None   # where results go (None: layout.resolve_results)
     _ws: Optional["Workspace"] = None
+    _opened: tuple = ()                 # (root, results_dir) _ws was opened with
 
     @property
     def ws(self) -> Workspace:
         """Opened once; a command that writes runs calls refresh()."""
-        if self._ws is None or self._ws.root != layout.resolve_root(self.data_dir) \
-                or self._ws.where[1] != layout.resolve_results(self._ws.root,
-                                                               self.results_dir)[0]:
+        # what it was opened with: the workspace's results directory is resolved when first
+        # written to, never by a look at the index
+        wanted = (layout.resolve_root(self.data_dir), self.results_dir)
+        if self._ws is None or self._opened != wanted:
             from ..dump.workspace import Workspace
             ws = Workspace(self.data_dir, self.results_dir)
             ws.runs()                  # a missing workspace fails here, in one line, every time
-            self._ws = ws
+            self._ws, self._opened = ws, wanted
             ws.announce = self._results_elsewhere
         return self._ws
 

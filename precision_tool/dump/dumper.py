@@ -149,7 +149,7 @@ class DumpObserver:
         self.stopped: Optional[tuple] = None   # (step, error) once a write failure stopped it
         self._put: List[int] = []              # steps handed to the writer
         self._step = None
-        self.run_dir = None
+        self.run_dir = self.files = None
         try:
             self.files = RunFiles(session, settings)
         except DumpWriteError as e:            # no run directory: nothing to dump into
@@ -283,7 +283,7 @@ class DumpObserver:
             raise error
         if self.stopped:
             return
-        files = getattr(self, "files", None)
+        files = self.files
         if files is not None:
             try:
                 self.writer.flush()          # the steps queued after the failure are dropped
