@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from precision_tool.dump import formats
+from precision_tool.dump import layout
 from precision_tool.dump.formats import ascend, npy, ours
 from precision_tool.errors import WorkspaceError
 
@@ -68,7 +69,7 @@ def test_a_step_with_an_index_is_ours_and_one_without_is_read_by_its_names(tmp_p
     np.save(step / "Relu.relu.4.1700000000000002.input.0.npy", np.ones((2, 4), np.float16))
     (step / "notes.txt").write_text("not a tensor")
     assert not ours.claims(str(step)) and ascend.claims(str(step))
-    table = formats.read_step_index(str(step), "npu")
+    table = formats.read_step_index(str(step), layout.DEVICE)
     assert table["op_name"].tolist() == ["fc1_MatMul", "relu"]
     assert table["tensor"].tolist() == ["fc1_MatMul:0", ""]       # an input says no tensor
     assert table["stream_id"][1] != table["stream_id"][1]          # no stream id: nan
@@ -77,23 +78,31 @@ def test_a_step_with_an_index_is_ours_and_one_without_is_read_by_its_names(tmp_p
     golden = tmp_path / "golden"
     golden.mkdir()
     np.save(golden / "fc1_MatMul.0.1700000000000001.npy", np.ones(3, np.float32))
-    assert formats.read_step_index(str(golden), "cpu")["tensor"].tolist() == ["fc1_MatMul:0"]
+    assert formats.read_step_index(str(golden), layout.REFERENCE)["tensor"].tolist() == ["fc1_MatMul:0"]
     # an index.csv makes the directory ours, read by its rows, cut ones refused by number
     header = ",".join(formats.INDEX_COLUMNS)
     (step / "index.csv").write_text(f"{header}\nRelu,relu,output,0,relu:0,float16,2 4,r.npy\n"
                                     f"Relu,relu,outp")
     assert ours.claims(str(step))
     with pytest.raises(WorkspaceError, match="row 3 is incomplete"):
-        formats.read_step_index(str(step), "npu")
+        formats.read_step_index(str(step), layout.DEVICE)
     (step / "index.csv").write_text(f"{header}\nRelu,relu,output,0,relu:0,float16,2 4,r.npy\n")
-    assert formats.read_step_index(str(step), "npu")["file"].tolist() == ["r.npy"]
+    assert formats.read_step_index(str(step), layout.DEVICE)["file"].tolist() == ["r.npy"]
 
 
 def test_our_run_files_are_read_or_refused_in_one_line(tmp_path):
     class R:                 # what the readers ask of a run
-        path, ours, target, label, info = str(tmp_path), True, "npu", "npu/debug_0", {}
+        path, ours, target, label = str(tmp_path), True, "npu", "npu/debug_0"
+        kind = layout.DEVICE
+        info = {"graph_sha1": "0" * 40, "fusion_passes": []}    # what our NPU dump records
     with pytest.raises(WorkspaceError, match="has no compiled graph"):
         ours.read_compiled_graph(R)
+    with pytest.raises(WorkspaceError, match="has no fusion result"):
+        ours.read_fusion_result(R)
+
+    class Compiled(R):       # a device run of a front-end that compiles no graph
+        info = {}
+    assert ours.read_compiled_graph(Compiled) is None and ours.read_fusion_result(Compiled) is None
     (tmp_path / "fusion_result.json").write_text('{"g": {"graph_fusion": {"P": '
                                                  '{"effect_times": 1, "fused_nodes": ["a"]}}}}')
     assert ours.read_fusion_result(R) == {"P": ["a"]}

@@ -266,6 +266,39 @@ def test_the_reference_run_holds_onnxruntimes_node_values(tmp_path):
     np.testing.assert_array_equal(ws.load(ref, 0, row.file), want)
 
 
+def test_the_reference_run_holds_onnxruntimes_values_and_nothing_made_up(tmp_path):
+    """Written through the run writer: every output row is ORT's value of its ONNX value bit
+    for bit (or the feed, weight or constant itself); a node's helper op (the MatMul of a
+    Gemm), which ORT has no value for, is not in the run, nor is its reader's input row."""
+    _ort()
+    imported = load(om.mlp(), batch=4)
+    x = np.random.default_rng(5).normal(size=(4, 8)).astype(np.float32)
+    result = dump_model(imported, str(tmp_path), {"x": x}, reference="onnxruntime")
+    from precision_tool.onnx.reference import node_outputs
+    ort = node_outputs(imported, {"x": x})
+    onnx_of = {tensor: name for name, tensor in imported.tensors.items()}
+    ws = Workspace(str(tmp_path))
+    ref = ws.run("cpu", os.path.basename(result.reference_run))
+    index = ws.index(ref, 0)
+    helpers = {n.name for n in imported.graph.nodes
+               if n.type not in ("Placeholder", "Variable", "Const", "NoOp")
+               and any(f"{n.name}:{k}" not in onnx_of for k in range(len(n.outputs)))}
+    assert helpers == {"fc1/Gemm/MatMul"}
+    assert not helpers & set(index.op_name) and not index.tensor.str.startswith("fc1/Gemm/MatMul").any()
+    outputs = index[index.io == "output"]
+    assert set(outputs.tensor) == {f"{n.name}:{k}" for n in imported.graph.nodes
+                                   if n.name not in helpers and n.type != "NoOp"
+                                   for k in range(len(n.outputs))}
+    for r in outputs.itertuples():
+        got = ws.load(ref, 0, r.file)
+        if r.op_type == "Placeholder":
+            np.testing.assert_array_equal(got, x)
+        elif r.op_type == "Variable":
+            np.testing.assert_array_equal(got, imported.weights[r.op_name])
+        elif r.op_type != "Const":
+            np.testing.assert_array_equal(got, ort[onnx_of[r.tensor]])
+
+
 # -- real models someone else wrote -------------------------------------------------------------
 def _shipped(name):
     """A CNN of ONNX's model zoo that the onnx package ships (onnx/backend/test/data/light):

@@ -41,11 +41,15 @@ def _signature(root: str) -> tuple:
     """What the completion words are made of: the workspace and its runs (a new run, or
     another workspace, makes them anew)."""
     runs = []
-    for target in ("npu", "cpu"):
+    try:
+        targets = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    except OSError:
+        targets = []
+    for target in targets:          # npu, cpu and any other target's runs
         try:
-            runs.append(tuple(sorted(os.listdir(os.path.join(root, target)))))
+            runs.append((target, tuple(sorted(os.listdir(os.path.join(root, target))))))
         except OSError:
-            runs.append(())
+            pass
     return (root, *runs)
 
 

@@ -1,5 +1,6 @@
-"""The dump layer: the precision_data/ workspace layout, the dump observers and their
-writer (kernels.write), the workspace reader and replay bundles (bundle.py). Its names load
+"""The dump layer: the precision_data/ workspace layout, the run writer every front-end
+writes through (runwriter.py), the dump observers, the workspace reader and replay bundles
+(bundle.py). Its names load
 with the module that defines them (PEP 562): a replay brings the runtime, which reading a
 workspace does not need."""
 import importlib
@@ -8,7 +9,9 @@ _WHERE = {"DumpHook": "dumper", "DumpObserver": "dumper", "DumpConfigError": "la
           "DumpSettings": "layout", "parse_action": "layout", "parse_steps": "layout",
           "Bundle": "bundle", "ReplayError": "bundle", "load_bundle": "bundle", "replay": "bundle",
           "Run": "run", "StepDump": "run", "Workspace": "workspace",
-          "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write"}
+          "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write",
+          "RunWriter": "runwriter", "OpSpec": "runwriter", "TensorSpec": "runwriter",
+          "Record": "runwriter", "Target": "layout"}
 
 __all__ = sorted(_WHERE)
 

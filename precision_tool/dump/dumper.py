@@ -1,4 +1,5 @@
-"""The dump observers: attached to a Session, they write each dumped step into the workspace.
+"""The dump observers: attached to a Session, they write each dumped step into the workspace
+through the session's RunWriter (runwriter.py: the run's directory, files and index rows).
 
 An NPU run writes, per dumped step, one .npy per kernel input/output (Ascend's names), an
 Opdebug record per overflowing task, index.csv (one row per tensor, with statistics) and a
@@ -38,30 +39,18 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from .. import kernels, numerics
+from .. import numerics
 from ..graph import NOT_KERNELS
 from ..errors import ExecutionError
 from ..runtime.plan import STATS_ONLY
 from . import layout
-from ..kernels.table import csv_field as _q
-from .stepplan import Row, StepPlan, disk_dtype
+from .stepplan import StepPlan
 from .cores import WriterCore
-from .runfiles import RunFiles, run_json
+from .runwriter import PARTIAL, Record, RunWriter, op_spec, run_json
 from ..train.loss_scale import loss_scale_variable
 from ..kernels.write import DumpWriteError, make_writer, write_error
 
-_STATS = list(kernels.STAT_FIELDS)
-NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
-               "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS
-CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
-               "file"] + _STATS
-PARTIAL = ".partial"
 _TIMESTAMP = operator.attrgetter("timestamp")
-_STAMP = "\0"       # the timestamp's place in a file name template (mangled names hold no NUL)
-
-
-def _dims(shape) -> str:
-    return " ".join(map(str, shape))
 
 
 @dataclass(frozen=True)
@@ -103,30 +92,6 @@ class _Traced:
         return self.plan.producers[node], int(k)
 
 
-class Record(NamedTuple):
-    """One op of a dumped step: its node, its input and output values (record[1] and
-    record[2]: Row.side indexes them), its task on the NPU (None on the golden executor)
-    and its timestamp."""
-    node: object
-    inputs: object
-    outputs: list
-    task: object
-    timestamp: int
-
-
-class _Static(NamedTuple):
-    """A node's names and CSV fields, worked out once: its type and name as file names use
-    them, quoted for the CSV, its pass, and per input and output (quoted tensor name, dtype,
-    format, original shape, real channels of an NC1HWC0 tensor)."""
-    type: str
-    name: str
-    q_type: str
-    q_name: str
-    q_pass: str
-    ins: list
-    outs: list
-
-
 class _Reuse(NamedTuple):
     """Where the last StepPlan's values are in a run's trace (see DumpObserver._new_plan)."""
     sources: list           # per tensor: (plan index, output), or (len(plan.nodes), feed)
@@ -139,7 +104,7 @@ class _Reuse(NamedTuple):
 
 
 class DumpObserver:
-    """The session's dump: its run's files (RunFiles), each dumped step planned (StepPlan)
+    """The session's dump: its run (runwriter.RunWriter), each dumped step planned (StepPlan)
     and handed to the writer."""
 
     def __init__(self, session, settings: layout.DumpSettings):
@@ -151,19 +116,19 @@ class DumpObserver:
         self._step = None
         self.run_dir = self.files = None
         try:
-            self.files = RunFiles(session, settings)
+            self.files = session_run_writer(session, settings)
         except DumpWriteError as e:            # no run directory: nothing to dump into
             self._stop(e, session.step)
             return
         self.run_dir = self.files.run_dir
         _announce(self.run_dir)
-        self.graph = self.files.graph
+        self.graph = session.compiled.graph if self.npu else session.graph
         self._steps_dir = self.files.steps_dir()
         self._replay_dir = os.path.join(self.run_dir, "replay", "")
         self.writer = make_writer(max_pending=2)
         self._core = WriterCore()          # BLAS cut to leave the writer a core while dumping
         self._step = None
-        self._static: Dict[str, tuple] = {}        # per node: names and specs, computed once
+        self._ops: Dict[str, object] = {}          # per node: its OpSpec, computed once
         self._plan = None                           # the last step's StepPlan
         self._reuse = None                          # where its values are in a run's trace
         self._traced: Dict[int, _Traced] = {}       # by id of the execution plan
@@ -312,73 +277,15 @@ class DumpObserver:
                 pass
 
     # -- the writer thread -------------------------------------------------------------------
-    def _statics(self, node):
-        """Per node, computed once: its names as they appear in files and in the CSV, and
-        the CSV fields of its inputs and outputs."""
-        s = self._static.get(node.name)
-        if s is None:
-            def fields(tensor, spec):
-                orig = _dims(spec.original_shape) if spec.original_shape else ""
-                channels = spec.original_shape[1] if spec.format == "NC1HWC0" else 0
-                return (_q(tensor), spec.dtype, spec.format, orig, channels)
-            ins = [fields(t, self.graph.tensor(t).spec) for t in node.inputs]
-            outs = [fields(f"{node.name}:{k}", spec) for k, spec in enumerate(node.outputs)]
-            # the real names: file names are mangled to fit by layout's name functions
-            s = self._static[node.name] = _Static(node.type, node.name, _q(node.type),
-                                                  _q(node.name),
-                                                  _q(node.attrs.get("pass_name", "")), ins, outs)
-        return s
-
-    def _rows(self, records, mode, tensor_mode) -> List[Row]:
-        """The step's index lines, in order (see stepplan.Row). An NPU kernel's inputs name
-        the file of the tensor they read: written once, by its first line."""
-        rows = []
-        if not self.npu:
-            # an op's outputs, then (but in "output" mode) its inputs, which name the file of
-            # the op that made them: no file more, and the analysis sees what each op read
-            # (the origin and cancellation checks need that of a golden run compared with
-            # another golden run)
-            inputs_too = mode != "output"
-            for r, (node, inputs, outputs, _, _) in enumerate(records):
-                st = self._statics(node)
-                n_name, q_type, q_name, ins, outs = st.name, st.q_type, st.q_name, st.ins, st.outs
-                for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(outputs, outs)):
-                    # the golden holds every float in its golden dtype: that is what it dumps
-                    dtype = value.dtype.name
-                    rows.append(Row(r, 2, k, f"{node.name}:{k}", f"{q_type},{q_name},",
-                                    f",output,{k},{q_tensor},{dtype},{_dims(value.shape)}",
-                                    tuple(layout.cpu_file_name(n_name, k, _STAMP).split(_STAMP)),
-                                    value.dtype))
-                if inputs_too and inputs:
-                    for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(inputs, ins)):
-                        producer, _, index = node.inputs[k].rpartition(":")
-                        rows.append(Row(r, 1, k, node.inputs[k], f"{q_type},{q_name},",
-                                        f",input,{k},{q_tensor},{value.dtype.name},"
-                                        f"{_dims(value.shape)}",
-                                        tuple(layout.cpu_file_name(producer, index, _STAMP)
-                                              .split(_STAMP)), value.dtype))
-            return rows
-        sides = [side for side in ("input", "output") if mode in (side, "all")]
-        for r, (node, inputs, outputs, task, _) in enumerate(records):
-            t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(node)
-            before = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
-            for side in sides:
-                values, specs = (inputs, ins) if side == "input" else (outputs, outs)
-                for k, (v, (q_tensor, dtype, fmt, orig, channels)) in enumerate(zip(values, specs)):
-                    file = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
-                                                _STAMP, side, k).split(_STAMP)
-                    rows.append(Row(r, 1 if side == "input" else 2, k,
-                                    node.inputs[k] if side == "input" else f"{node.name}:{k}",
-                                    before, f",{side},{k},{q_tensor},{dtype},{fmt},"
-                                            f"{_dims(v.shape)},{orig},{q_pass}",
-                                    tuple(file), disk_dtype(v, dtype), channels))
-        return rows
+    def _op(self, node):
+        """A node's OpSpec, worked out once per node."""
+        spec = self._ops.get(node.name)
+        if spec is None:
+            spec = self._ops[node.name] = op_spec(self.graph, node)
+        return spec
 
     def _build_plan(self, key, records, mode, tensor_mode) -> StepPlan:
-        rows = self._rows(records, mode, tensor_mode)
-        header = ",".join(NPU_COLUMNS if self.npu else CPU_COLUMNS)
-        return StepPlan(key, header, rows, [records[r.record][r.side][r.k] for r in rows],
-                        tensor_mode)
+        return self.files.plan(key, records, mode, tensor_mode)
 
     def _records(self, st: _Step, trace, traced: _Traced, stamp: int):
         """The step's records (Record: node, inputs, outputs, task, timestamp), with where each
@@ -395,16 +302,17 @@ class DumpObserver:
                 launched += task is not None       # the tasks come in the order of their nodes
                 if task is None or node.type in NOT_KERNELS or (not st.dump and task.status == 0):
                     continue
-                records.append(Record(node, inputs, outputs, task, task.timestamp))
+                records.append(Record(self._op(node), inputs, outputs, task, task.timestamp))
                 where.append((j, None))
                 tasks.append(launched)
             return records, where, tasks, fed
         for position, t in enumerate(fed):
-            records.append(Record(self.graph.tensor(t).node, None, [trace.feeds[t]], None, stamp))
+            records.append(Record(self._op(self.graph.tensor(t).node), None, [trace.feeds[t]],
+                                  None, stamp))
             where.append((len(trace.outputs), position))
         for j, (node, inputs, outputs, _) in enumerate(trace.records()):
             if node.type != "NoOp":
-                records.append(Record(node, inputs, outputs, None, stamp))
+                records.append(Record(self._op(node), inputs, outputs, None, stamp))
                 where.append((j, None))
         return records, where, tasks, fed
 
@@ -420,7 +328,7 @@ class DumpObserver:
             if side == 2:
                 sources.append((j, k if position is None else position))
             else:
-                sources.append(traced.source(records[r].node.inputs[k], fed))
+                sources.append(traced.source(records[r].op.inputs[k], fed))
         nodes, slots = traced.plan.nodes, traced.plan.slots
         rows = np.array([slots[fed[k]] if j == len(nodes) else slots[nodes[j].name] + k
                          for j, k in sources], dtype=np.intp)
@@ -463,7 +371,7 @@ class DumpObserver:
                                  len(trace.tasks))[reuse.tasks]
         else:
             stamps = [stamp] * reuse.records
-        partial = f"{self._steps_dir}.{st.number}{PARTIAL}"
+        partial = self.files.partial_dir(st.number)
         filled = plan.fill(partial, stamps, values) if trace.outputs is not None else \
             plan.fill_stats(partial, stamps, values)
         more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id,
@@ -484,6 +392,28 @@ class DumpObserver:
             if time.monotonic() - files.history_at >= 1.0:
                 files.write_history()
         self.writer.put_step(plan, filled, more, links, renames, dirs, written)
+
+
+def session_run_writer(session, settings: layout.DumpSettings) -> RunWriter:
+    """The run a session's dump writes: its target (NPU or GOLDEN), and what run.json
+    records of it (the graph, the dump's settings, the configuration; an NPU run's compiled
+    graph and fusion record)."""
+    cfg, source = session.config, session.graph
+    info = {"graph": source.name, "seed": source.seed, "actions": sorted(settings.actions),
+            "dump_step": "all" if settings.steps is None else sorted(settings.steps),
+            "dump_mode": settings.mode, "dump_data": settings.data,
+            "replay_of": settings.replay_of, "values_from": settings.values_from}
+    where = dict(debug_dir=settings.debug_dir, first_free=settings.first_free)
+    if session.target != "npu":
+        info["golden_dtype"] = cfg.golden_dtype
+        return RunWriter(settings.root, layout.GOLDEN, info, **where)
+    info.update(precision_mode=cfg.precision_mode, amp_level=cfg.amp_level,
+                overflow_mode=cfg.overflow_mode, mode=cfg.mode,
+                fusion_passes=sorted(session.compiled.fusion),
+                numerics="simulated: cube ops accumulate in fp32, vector ops compute in fp32 "
+                         "and round per op")
+    return RunWriter(settings.root, layout.NPU, info, graph=session.compiled.graph,
+                     fusion_result=session.fusion_result(), **where)
 
 
 def _announce(run_dir: str) -> None:

@@ -55,6 +55,48 @@ class DumpConfigError(PrecisionToolError, ValueError):
     """A dump setting that cannot be used (unknown action, bad dump_step...)."""
 
 
+# what a run is to the analysis: the device under test (its steps in Ascend's device layout,
+# dump/<time>/<device>/<graph>/<graph_id>/<step>, with its compiled graph) or a reference
+# to compare it with (dump/<step>)
+DEVICE, REFERENCE = "device", "reference"
+KINDS = (DEVICE, REFERENCE)
+TARGET_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# workspace directories that hold what commands make, never runs
+NOT_TARGETS = frozenset({"config", "temp", "watch"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run goes (<workspace>/<name>/debug_<k>) and what it is (kind: DEVICE or
+    REFERENCE). The simulated NPU writes NPU and the golden executor GOLDEN; another front-end
+    or an imported dump names its own (a gpu reference, say), and commands take its runs by
+    label (gpu/debug_0)."""
+    name: str
+    kind: str
+
+    def __post_init__(self):
+        if not TARGET_NAME.fullmatch(self.name) or self.name in NOT_TARGETS:
+            raise DumpConfigError(f"a target is named by 1-32 lower-case letters, digits, '_' "
+                                  f"or '-' (not {', '.join(sorted(NOT_TARGETS))}), got "
+                                  f"{self.name!r}")
+        if self.kind not in KINDS:
+            raise DumpConfigError(f"a target's kind is one of {', '.join(KINDS)}, got "
+                                  f"{self.kind!r}")
+
+
+NPU = Target("npu", DEVICE)
+GOLDEN = Target("cpu", REFERENCE)
+
+
+def target_of(name: str, info: dict) -> Target:
+    """A listed run's target: the kind its run.json records, else the one its directory
+    implies (runs written before kinds were recorded, foreign dumps: npu is the device)."""
+    kind = info.get("kind") if isinstance(info, dict) else None
+    if kind not in KINDS:
+        kind = DEVICE if name == NPU.name else REFERENCE
+    return Target(name, kind)
+
+
 def resolve_root(data_dir: Optional[str] = None) -> str:
     return os.path.abspath(data_dir or os.environ.get(ENV_ROOT) or DEFAULT_ROOT)
 

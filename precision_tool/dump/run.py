@@ -30,14 +30,19 @@ class Run:
     bundles: List[int] = field(default_factory=list)      # steps with a whole replay bundle
 
     @property
+    def kind(self) -> str:
+        """layout.DEVICE (the run under test) or layout.REFERENCE (layout.target_of)."""
+        return layout.target_of(self.target, self.info).kind
+
+    @property
     def config(self):
-        """The run's configuration as run.json records it, typed (runtime.SessionConfig): the
-        NPU's precision mode, amp level, overflow mode and graph mode, the golden's dtype;
+        """The run's configuration as run.json records it, typed (runtime.SessionConfig): a
+        device run's precision mode, amp level, overflow mode and graph mode, the golden's dtype;
         the defaults where a foreign run records none. A hand-edited value the policy does
         not know is an error naming the run."""
         from ..runtime.config import ConfigError, SessionConfig
         keys = ("precision_mode", "amp_level", "overflow_mode", "mode") \
-            if self.target == "npu" else ("golden_dtype",)
+            if self.kind == layout.DEVICE else ("golden_dtype",)
         given = {k: self.info[k] for k in keys if self.info.get(k) is not None}
         try:
             return SessionConfig(**given)

@@ -106,12 +106,21 @@ class Workspace:
                 raise WorkspaceError(f"no workspace at {self.root} (run a dump first, or give "
                                      f"--data-dir / {layout.ENV_ROOT})")
             self._runs = {}
+            names = []
             for base in self.places:
-                for tgt in ("npu", "cpu"):
+                for tgt in _target_names(base):
                     self._list_runs(base, tgt)
+                    names += [tgt] if tgt not in names else []
+            # the device's runs first, then by target as listed (npu, cpu, the rest by name)
             self._runs = dict(sorted(self._runs.items(), key=lambda kv: (
-                kv[0][0] != "npu", int(kv[0][1].split("_")[1]))))
+                kv[1].kind != layout.DEVICE, names.index(kv[0][0]),
+                int(kv[0][1].split("_")[1]))))
         return [r for r in self._runs.values() if target is None or r.target == target]
+
+    @property
+    def targets(self) -> List[str]:
+        """The targets that hold runs, in the order runs are listed."""
+        return list(dict.fromkeys(r.target for r in self.runs()))
 
     def _list_runs(self, base: str, tgt: str) -> None:
         parent = os.path.join(base, tgt)
@@ -156,9 +165,9 @@ class Workspace:
                 return r
         if "/" in spec.strip("/"):
             t, _, name = spec.strip("/").partition("/")
-            if t in ("npu", "cpu") and name:
+            if t in self.targets and name:
                 return self.run(t, name)
-        for t in (target, "cpu" if target == "npu" else "npu"):
+        for t in [target] + [t for t in self.targets if t != target]:
             for r in self.runs(t):
                 if r.name == spec:
                     return r
@@ -210,8 +219,8 @@ class Workspace:
         if not os.path.isdir(dump):
             return []
         steps = []
-        # npu: dump/<time>/<device>/<graph>/<graph_id>/<step>; cpu: dump/<step>
-        depth = 5 if run.target == "npu" else 1
+        # a device: dump/<time>/<device>/<graph>/<graph_id>/<step>; a reference: dump/<step>
+        depth = 5 if run.kind == layout.DEVICE else 1
         for dirpath, dirnames, _ in os.walk(dump):
             rel = os.path.relpath(dirpath, dump)
             level = 0 if rel == "." else rel.count(os.sep) + 1
@@ -282,7 +291,7 @@ class Workspace:
         if not sd.complete:
             raise WorkspaceError(f"step {step} of {run.target}/{run.name} is partial (its index "
                                  f"was never written: {run.why_partial}); it is not read")
-        table = read_step_index(sd.path, run.target)
+        table = read_step_index(sd.path, run.kind)
         columns = {name: table[name] for name in table.columns}
         for name in INTEGER_COLUMNS:    # whole (_check_rows), or a foreign dump's holes
             if name in columns and np.isfinite(columns[name]).all():
@@ -309,3 +318,24 @@ class Workspace:
         """A tensor file that must resolve inside the workspace (an index names it); one larger
         than mmap_over bytes (default MMAP_BYTES) is mapped read-only."""
         return read_tensor_file(path, self._opener, mmap_over)
+
+
+def _target_names(base: str) -> List[str]:
+    """The directories of base that hold runs: npu and cpu (ours and Ascend's, with or
+    without run.json), then any other target (layout.Target) with a run of ours."""
+    names = [t.name for t in (layout.NPU, layout.GOLDEN)]
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return names
+    for d in entries:
+        if d in names or d in layout.NOT_TARGETS or not layout.TARGET_NAME.fullmatch(d):
+            continue
+        parent = os.path.join(base, d)
+        try:
+            runs = [r for r in os.listdir(parent) if re.fullmatch(r"debug_\d+", r)]
+        except OSError:         # a file, or unreadable: not a target
+            continue
+        if any(os.path.isfile(os.path.join(parent, r, "run.json")) for r in runs):
+            names.append(d)
+    return names

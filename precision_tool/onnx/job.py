@@ -1,15 +1,17 @@
 """An imported model run as msit's compare runs one: the golden executor (the CPU side) and the
 simulated NPU after an ATC-like compile (fusion, 5HD, the precision mode: force_fp16 by
 default, as ATC's), both dumped as step 0 into a workspace on which every analysis command
-works; optionally ONNX Runtime's value of every node dumped as a second reference run."""
+works; optionally ONNX Runtime's value of every node written as a second reference run."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..dump import hooks
+from ..dump import hooks, layout
+from ..dump.runwriter import Record, RunWriter, op_spec
 from ..runtime import Session, SessionConfig
 from .importer import ImportedModel
 
@@ -30,20 +32,43 @@ class ModelRun:
     reference: List = field(default_factory=list)
 
 
-def _substitute(imported: ImportedModel, values: Mapping[str, np.ndarray]) -> dict:
-    """Session.run's substitute handing ORT's values to the ops that compute the same ONNX
-    values (inputs, weights and constants are the model's own already)."""
+def write_reference_run(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarray],
+                        values: Mapping[str, np.ndarray], source: str) -> str:
+    """Write another executor's values of the model's ONNX values (ONNX Runtime's) as a
+    reference run (step 0, golden layout, run.json's values_from naming the source): the
+    feeds, the model's weights and constants, and every op whose outputs are all values the
+    source computed. A node's helper ops (`<node>/<part>`) have no value there and are not
+    written, nor their readers' input rows: the run holds what the source computed and
+    nothing made up. Returns the run's directory."""
+    from ..ops.array_ops import decode_value
     graph = imported.graph
-    out: Dict[str, Dict[int, np.ndarray]] = {}
-    for onnx_name, value in values.items():
-        tensor = imported.tensors.get(onnx_name)
-        if tensor is None:
+    tensor_onnx = {tensor: name for name, tensor in imported.tensors.items()}
+    given = {t.name: np.asarray(feeds[name]) for name, t in imported.inputs.items()}
+    writer = RunWriter(root, layout.GOLDEN, {
+        "graph": graph.name, "seed": graph.seed, "actions": ["dump"], "dump_step": [0],
+        "dump_mode": "all", "dump_data": "tensor", "replay_of": None, "values_from": source})
+    stamp = int(time.time() * 1e6)
+    have: Dict[str, np.ndarray] = {}
+    records = []
+    for node in graph.topological_order():
+        if node.type == "Placeholder":
+            outputs = [given.get(f"{node.name}:0")]
+        elif node.type == "Variable":
+            outputs = [imported.weights.get(node.name)]
+        elif node.type == "Const":
+            outputs = [decode_value(node.attrs["value"])]
+        else:
+            outputs = [values.get(tensor_onnx.get(f"{node.name}:{k}"))
+                       for k in range(len(node.outputs))]
+        if node.type == "NoOp" or not outputs or any(v is None for v in outputs):
             continue
-        op, _, k = tensor.rpartition(":")
-        if graph.node(op).type in ("Placeholder", "Variable", "Const"):
-            continue
-        out.setdefault(op, {})[int(k)] = value
-    return out
+        outputs = [np.asarray(v) for v in outputs]
+        have.update((f"{node.name}:{k}", v) for k, v in enumerate(outputs))
+        records.append(Record(op_spec(graph, node), [have.get(t) for t in node.inputs],
+                              outputs, None, stamp))
+    writer.write_step(0, records)
+    writer.finish()
+    return writer.run_dir
 
 
 def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarray],
@@ -52,7 +77,8 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
                progress=None) -> ModelRun:
     """Run the model once on the golden executor and on the simulated NPU, both dumped
     (step 0; the NPU with its overflow check) into the workspace at root. reference
-    'onnxruntime' also dumps ORT's node values as a cpu run marked values_from. feeds:
+    'onnxruntime' also writes ORT's node values as a cpu run marked values_from
+    (write_reference_run). feeds:
     ONNX input name -> array. fusion_switch: None (every pass), "off", a fusion_switch.cfg
     dict or path; modify_mixlist: a dict or JSON path, as ATC's --modify_mixlist (what `fix`
     writes). progress(text) hears what is running."""
@@ -68,13 +94,7 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
         from .reference import against_onnxruntime
         say("running the model on ONNX Runtime (every node's output)...")
         ort_values, diffs = against_onnxruntime(imported, feeds)
-        ref = Session(imported.graph)
-        imported.load_weights(ref)
-        hooks.attach_dump(ref, action="dump", dump_step="0", data_dir=root,
-                          values_from=reference)
-        ref.run(fetches, fed, substitute=_substitute(imported, ort_values))
-        ref.close()
-        (reference_run,) = hooks.dump_dirs(ref)
+        reference_run = write_reference_run(imported, root, feeds, ort_values, reference)
     say("running the model on the golden executor...")
     golden = hooks.sess_dump(Session(imported.graph), action="dump", dump_step="0",
                              data_dir=root)

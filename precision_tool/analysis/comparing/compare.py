@@ -21,6 +21,7 @@ import numpy as np
 from ... import numerics
 from ...dump import Workspace
 from ...dump.bundle import bundle_fetches
+from ...dump.layout import DEVICE
 from ...dump.workspace import Run
 from ...graph import NOT_KERNELS, GraphView, split_tensor_name
 from ...kernels.table import Table
@@ -173,7 +174,7 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     graph, and where several stand for one original (a tensor and the Cast the compiler
     inserted after it), the tensor itself holds it."""
     table = ws.index_table(run, step)
-    graph = ws.compiled_graph(run) if run.target == "npu" else None
+    graph = ws.compiled_graph(run) if run.kind == DEVICE else None
     tmap = TensorMap(graph) if graph else None
     exact, original_of, by_original = {}, {}, {}
     # a tensor's own row is its producer's output row; the input rows of the ops that read

@@ -20,6 +20,7 @@ import numpy as np
 
 from ... import numerics
 from ...dump import Workspace, load_bundle
+from ...dump.layout import DEVICE, REFERENCE
 from ...dump.workspace import Run
 from ...errors import PrecisionToolError
 from ...graph import dtypes, split_tensor_name
@@ -601,7 +602,7 @@ def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps
     if unknown:
         raise CheckError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
     ctx = CheckContext(bundle, config, golden_steps,
-                       run.info.get("golden_dtype", "float32") if run.target == "cpu" else "float32",
+                       run.info.get("golden_dtype", "float32") if run.kind == REFERENCE else "float32",
                        progress)
     report = CheckReport(run.label, step, golden_steps, ctx.mode)
     for name, c in CHECKS.items():
@@ -611,7 +612,7 @@ def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps
         report.findings.extend(c.run(ctx))
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     report.findings.sort(key=lambda f: order[f.severity])
-    if run.target == "cpu" and precision_mode is None:
+    if run.kind == REFERENCE and precision_mode is None:
         report.notes.append("a golden run's bundle has no NPU configuration: the fp16 checks "
                             "assume allow_mix_precision (--precision-mode to choose)")
     return report
@@ -638,7 +639,7 @@ def diff_runs(ws: Workspace, a: Run, b: Run) -> List[dict]:
         history = ws.step_history(run)
         scaled = history.dropna(subset=["loss_scale"]) if "loss_scale" in history else history.iloc[:0]
         out["loss scale (first step)"] = float(scaled.loss_scale.iloc[0]) if len(scaled) else None
-        graph = ws.compiled_graph(run) if run.target == "npu" else None
+        graph = ws.compiled_graph(run) if run.kind == DEVICE else None
         out["_dtypes"] = {n.name: n.attrs["compute_dtype"] for n in (graph or ())
                           if n.attrs.get("compute_dtype")}
         return out

@@ -11,13 +11,14 @@ from .npy import MMAP_BYTES, BFLOAT16, npy_header, read_tensor_file, stored_dtyp
 from .ours import INDEX_COLUMNS, INTEGER_COLUMNS, NUMBER_COLUMNS, STAT_COLUMNS  # noqa: F401
 
 # in the order they are asked: each module has claims(step_dir) and read_index(step_dir,
-# target); the last claims any directory
+# kind); the last claims any directory
 FORMATS = (ours, ascend)
 
 
-def read_step_index(step_dir: str, target: str) -> Table:
-    """The index of a whole step directory, read by the first format that claims it."""
+def read_step_index(step_dir: str, kind: str) -> Table:
+    """The index of a whole step directory of a run of this kind (layout.DEVICE or
+    layout.REFERENCE), read by the first format that claims it."""
     for fmt in FORMATS:
         if fmt.claims(step_dir):
-            return fmt.read_index(step_dir, target)
+            return fmt.read_index(step_dir, kind)
     raise AssertionError("the last format claims every directory")

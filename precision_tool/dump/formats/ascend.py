@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from ...kernels.table import Table
+from .. import layout
 from .npy import npy_header
 from .ours import INDEX_COLUMNS, NUMBER_COLUMNS
 
@@ -23,10 +24,10 @@ def claims(step_dir: str) -> bool:
     return True
 
 
-def read_index(step_dir: str, target: str) -> Table:
+def read_index(step_dir: str, kind: str) -> Table:
     """Index a step directory written by Ascend's tools from its file names and npy headers."""
     rows = []
-    pattern = ASCEND_NPU_NAME if target == "npu" else CPU_NAME
+    pattern = ASCEND_NPU_NAME if kind == layout.DEVICE else CPU_NAME
     for name in sorted(os.listdir(step_dir)):
         m = pattern.match(name)
         if not m:

@@ -28,7 +28,7 @@ def claims(step_dir: str) -> bool:
     return os.path.isfile(os.path.join(step_dir, layout.INDEX_FILE))
 
 
-def read_index(step_dir: str, target: str) -> Table:
+def read_index(step_dir: str, kind: str) -> Table:
     return read_index_file(os.path.join(step_dir, layout.INDEX_FILE))
 
 
@@ -78,13 +78,13 @@ def _check_rows(table: Table, path: str) -> None:
 # -- a run's own files -------------------------------------------------------------------
 def read_compiled_graph(run) -> Optional[dict]:
     """The run's compiled graph (NPU runs), read and checked: None where the run has none (a
-    golden run, a foreign dump); one that cannot be read as a graph is an error, never an
-    empty graph (the mapping would then silently miss every fused op), and so is a missing
-    one where our NPU dump always writes it."""
+    golden run, a foreign dump, a front-end that compiles no graph); one that cannot be read
+    as a graph is an error, never an empty graph (the mapping would then silently miss every
+    fused op), and so is a missing one where run.json says one was written (graph_sha1)."""
     gdir = os.path.join(run.path, "graph")
     files = sorted(f for f in os.listdir(gdir) if f.endswith(".json")) if os.path.isdir(gdir) else []
     if not files:
-        if run.ours and run.target == "npu":
+        if run.ours and run.kind == layout.DEVICE and run.info.get("graph_sha1"):
             raise WorkspaceError(f"{run.label} has no compiled graph ({gdir}/*.json is missing)")
         return None
     path = os.path.join(gdir, files[0])
@@ -103,11 +103,11 @@ def read_compiled_graph(run) -> Optional[dict]:
 def read_fusion_result(run) -> Optional[dict]:
     """fusion_result.json of an NPU run as pass -> fused nodes, for the passes that fused
     something; None where the run has no such record (a golden run, a foreign dump). A
-    broken one, or one missing where our NPU dump always writes it, is an error: "no pass
-    fired" would be a guess."""
+    broken one, or one missing where our NPU dump writes it (a run that records its fusion
+    passes), is an error: "no pass fired" would be a guess."""
     path = os.path.join(run.path, "fusion_result.json")
     if not os.path.isfile(path):
-        if run.ours and run.target == "npu":
+        if run.ours and run.kind == layout.DEVICE and "fusion_passes" in run.info:
             raise WorkspaceError(f"{run.label} has no fusion result ({path} is missing)")
         return None
     data = load_json(path, WorkspaceError, "fusion result")

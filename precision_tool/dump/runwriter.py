@@ -1,0 +1,310 @@
+"""Writing a run into a workspace, whoever computed its values: the seam every front-end
+writes through.
+
+A RunWriter claims <workspace>/<target>/debug_<k> and writes run.json (what ran, under which
+configuration; its list of dumped steps kept up to date), a device run's compiled graph and
+fusion result, the step history (step_history.csv: status word, loss scale and loss of every
+observed step, dumped or not) and the steps: index.csv rows beside the tensor files (or
+statistics only), each step whole or not at all (a hidden partial directory renamed into
+place last). It knows nothing of a Session. The dump observer (dumper.py) makes one from a
+session and hands its steps' plans to a writer thread; the ONNX job hands ONNX Runtime's
+values to write_step; a new front-end describes its ops as OpSpecs and does the same.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .. import kernels
+from ..fileio import write_text_atomic
+from ..kernels.table import csv_field
+from ..kernels.write import write_error
+from ..version import __version__
+from . import layout
+from .stepplan import Row, StepPlan, disk_dtype
+
+_STATS = list(kernels.STAT_FIELDS)
+# a device run's index (Ascend's names and tasks) and a reference run's
+NPU_COLUMNS = ["op_type", "op_name", "task_id", "stream_id", "timestamp", "io", "index",
+               "tensor", "dtype", "format", "shape", "original_shape", "pass_name", "file"] + _STATS
+CPU_COLUMNS = ["op_type", "op_name", "timestamp", "io", "index", "tensor", "dtype", "shape",
+               "file"] + _STATS
+PARTIAL = ".partial"
+STAMP = "\0"        # the timestamp's place in a file name template (mangled names hold no NUL)
+
+
+def run_json(data) -> str:
+    """The JSON text of a run-level file (and of an Opdebug record)."""
+    return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
+
+
+class TensorSpec(NamedTuple):
+    """A tensor as a device run's index describes it."""
+    dtype: str
+    format: str = "ND"
+    original_shape: tuple = ()      # the shape before a format change (NC1HWC0)
+
+
+class OpSpec(NamedTuple):
+    """An op as a step's index names it: its type, its name, the tensors it reads
+    (producer:k, with their specs) and its outputs' specs; pass_name: the fusion pass that
+    made it."""
+    type: str
+    name: str
+    inputs: tuple
+    input_specs: tuple
+    outputs: tuple
+    pass_name: str = ""
+
+
+def op_spec(graph, node) -> OpSpec:
+    """A graph node's OpSpec (its input specs from the tensors it reads)."""
+    def spec(s):
+        return TensorSpec(s.dtype, s.format, tuple(s.original_shape or ()))
+    return OpSpec(node.type, node.name, tuple(node.inputs),
+                  tuple(spec(graph.tensor(t).spec) for t in node.inputs),
+                  tuple(spec(s) for s in node.outputs), node.attrs.get("pass_name", ""))
+
+
+class Record(NamedTuple):
+    """One op of a step: its OpSpec, its input and output values (record[1] and record[2]:
+    Row.side indexes them; inputs None, or an input None, where they are not written), its
+    task on a device (task_id and stream_id; None on a reference) and its timestamp."""
+    op: OpSpec
+    inputs: object
+    outputs: list
+    task: object
+    timestamp: int
+
+
+class _Static(NamedTuple):
+    """An op's names and CSV fields, worked out once: its type and name as file names use
+    them, quoted for the CSV, its pass, and per input and output (quoted tensor name, dtype,
+    format, original shape, real channels of an NC1HWC0 tensor)."""
+    type: str
+    name: str
+    q_type: str
+    q_name: str
+    q_pass: str
+    ins: list
+    outs: list
+
+
+def _dims(shape) -> str:
+    return " ".join(map(str, shape))
+
+
+class RunWriter:
+    """A run being written (see the module). info: what run.json records beyond what every
+    run has (writer, version, target, kind, start, dumped steps, versions): the graph's
+    name, the configuration, the dump's settings. graph: a device run's compiled graph
+    (graph.Graph, written as graph/<name>.json); fusion_result: its fusion record."""
+
+    def __init__(self, root: str, target: layout.Target, info: Mapping, graph=None,
+                 fusion_result: Optional[dict] = None, debug_dir: Optional[str] = None,
+                 first_free: int = 0):
+        self.target = target
+        self.device = target.kind == layout.DEVICE
+        try:
+            self.run_dir = layout.next_debug_dir(os.path.join(root, target.name), debug_dir,
+                                                 first_free)
+        except OSError as e:        # a workspace under a file, a read-only disk...
+            raise write_error(e) from None
+        self.started = time.strftime("%Y%m%d%H%M%S")
+        self.graph_name = graph.name if graph is not None else str(info.get("graph") or "graph")
+        self.dumped_steps: List[int] = []
+        self.history: List[list] = []      # step_history.csv rows of every observed step
+        self._history_written = 0          # how many of them are in the file
+        self.history_at = 0.0              # when they were last appended (time.monotonic)
+        self._static: Dict[str, _Static] = {}
+        self._info = {"writer": "precision_tool", "version": __version__,
+                      "target": target.name, "kind": target.kind, "started": self.started,
+                      "device_id": 0, **info, "dumped_steps": [],
+                      "versions": {"python": platform.python_version(),
+                                   "numpy": np.__version__}}
+        compiled = None
+        if graph is not None:
+            from ..graph import graph_to_json
+            compiled = graph_to_json(graph) + "\n"
+            # a reader that finds these bytes unchanged knows the graph well formed (it came
+            # from a Graph) and skips the walk that checks a hand-edited or foreign one
+            self._info["graph_sha1"] = hashlib.sha1(compiled.encode("utf-8")).hexdigest()
+        try:
+            write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info))
+            if compiled is not None:
+                graphs = os.path.join(self.run_dir, "graph")
+                os.makedirs(graphs, exist_ok=True)
+                write_text_atomic(os.path.join(graphs, f"{layout.mangle(graph.name)}.json"),
+                                  compiled)
+            if fusion_result is not None:
+                write_text_atomic(os.path.join(self.run_dir, "fusion_result.json"),
+                                  run_json(fusion_result))
+        except OSError as e:
+            raise write_error(e) from None
+
+    @property
+    def info(self) -> dict:
+        """What run.json holds (a copy)."""
+        return dict(self._info)
+
+    def steps_dir(self) -> str:
+        """Where the step directories go, each named by its number (with the trailing
+        separator): Ascend's dump/<time>/0/<graph>/0/ for a device run, dump/ for a
+        reference."""
+        if self.device:
+            return os.path.join(self.run_dir, "dump", self.started, "0",
+                                layout.mangle(self.graph_name), "0", "")
+        return os.path.join(self.run_dir, "dump", "")
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _statics(self, op: OpSpec) -> _Static:
+        s = self._static.get(op.name)
+        if s is None:
+            def fields(tensor, spec):
+                orig = _dims(spec.original_shape) if spec.original_shape else ""
+                channels = spec.original_shape[1] if spec.format == "NC1HWC0" else 0
+                return (csv_field(tensor), spec.dtype, spec.format, orig, channels)
+            ins = [fields(t, spec) for t, spec in zip(op.inputs, op.input_specs)]
+            outs = [fields(f"{op.name}:{k}", spec) for k, spec in enumerate(op.outputs)]
+            # the real names: file names are mangled to fit by layout's name functions
+            s = self._static[op.name] = _Static(op.type, op.name, csv_field(op.type),
+                                                csv_field(op.name), csv_field(op.pass_name),
+                                                ins, outs)
+        return s
+
+    def rows(self, records: Sequence[Record], mode: str) -> List[Row]:
+        """The step's index lines, in order (see stepplan.Row). A tensor's later lines name
+        the file of its first: a value several ops read is written once."""
+        return self._device_rows(records, mode) if self.device else \
+            self._reference_rows(records, mode)
+
+    def _reference_rows(self, records, mode) -> List[Row]:
+        # an op's outputs, then (but in "output" mode) its inputs, which name the file of the
+        # op that made them: no file more, and the analysis sees what each op read (the
+        # origin and cancellation checks need that of a golden run compared with another)
+        rows = []
+        inputs_too = mode != "output"
+        for r, (op, inputs, outputs, _, _) in enumerate(records):
+            st = self._statics(op)
+            for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(outputs, st.outs)):
+                # a reference holds every float in its own dtype: that is what it dumps
+                rows.append(Row(r, 2, k, f"{op.name}:{k}", f"{st.q_type},{st.q_name},",
+                                f",output,{k},{q_tensor},{value.dtype.name},{_dims(value.shape)}",
+                                tuple(layout.cpu_file_name(st.name, k, STAMP).split(STAMP)),
+                                value.dtype))
+            if inputs_too and inputs:
+                for k, (value, (q_tensor, _, _, _, _)) in enumerate(zip(inputs, st.ins)):
+                    if value is None:
+                        continue
+                    producer, _, index = op.inputs[k].rpartition(":")
+                    rows.append(Row(r, 1, k, op.inputs[k], f"{st.q_type},{st.q_name},",
+                                    f",input,{k},{q_tensor},{value.dtype.name},"
+                                    f"{_dims(value.shape)}",
+                                    tuple(layout.cpu_file_name(producer, index, STAMP)
+                                          .split(STAMP)), value.dtype))
+        return rows
+
+    def _device_rows(self, records, mode) -> List[Row]:
+        rows = []
+        sides = [side for side in ("input", "output") if mode in (side, "all")]
+        for r, (op, inputs, outputs, task, _) in enumerate(records):
+            t_name, n_name, q_type, q_name, q_pass, ins, outs = self._statics(op)
+            before = f"{q_type},{q_name},{task.task_id},{task.stream_id},"
+            for side in sides:
+                values, specs = (inputs, ins) if side == "input" else (outputs, outs)
+                for k, (v, (q_tensor, dtype, fmt, orig, channels)) in enumerate(zip(values or (), specs)):
+                    if v is None:
+                        continue
+                    file = layout.npu_file_name(t_name, n_name, task.task_id, task.stream_id,
+                                                STAMP, side, k).split(STAMP)
+                    rows.append(Row(r, 1 if side == "input" else 2, k,
+                                    op.inputs[k] if side == "input" else f"{op.name}:{k}",
+                                    before, f",{side},{k},{q_tensor},{dtype},{fmt},"
+                                            f"{_dims(v.shape)},{orig},{q_pass}",
+                                    tuple(file), disk_dtype(v, dtype), channels))
+        return rows
+
+    def plan(self, key, records: Sequence[Record], mode: str, files: bool) -> StepPlan:
+        """A StepPlan for steps like this one (key: what the caller reuses it by)."""
+        rows = self.rows(records, mode)
+        header = ",".join(NPU_COLUMNS if self.device else CPU_COLUMNS)
+        return StepPlan(key, header, rows, [records[r.record][r.side][r.k] for r in rows], files)
+
+    def partial_dir(self, number: int) -> str:
+        """The hidden directory a step is written into before it is renamed into place."""
+        return f"{self.steps_dir()}.{number}{PARTIAL}"
+
+    def write_step(self, number: int, records: Sequence[Record], mode: str = "all",
+                   files: bool = True) -> str:
+        """Write a step here and now, whole or not at all: its index and (files) its tensor
+        files; returns its directory. The dump observer writes its steps on a thread from
+        plans it reuses (dumper.py); this is the way for values handed over once."""
+        plan = self.plan(None, records, mode, files)
+        stamps = [r.timestamp for r in records]
+        partial, path = self.partial_dir(number), self.steps_dir() + str(number)
+        filled = plan.fill(partial, stamps, plan.gather(records))
+        try:
+            plan.write(filled, renames=[(partial, path)], dirs=[partial])
+        except OSError as e:
+            shutil.rmtree(partial, ignore_errors=True)      # never a step that looks begun
+            raise write_error(e) from None
+        self.dumped_steps.append(number)
+        self.dumped_steps.sort()
+        return path
+
+    # -- run-level files -----------------------------------------------------------------------
+    def observed(self, step: int, status: int, loss_scale: Optional[tuple],
+                 loss: Optional[float] = None) -> None:
+        """A step the run went through (dumped or not): its history row, written later."""
+        scale = [repr(loss_scale[0]), repr(loss_scale[1]), int(loss_scale[2])] \
+            if loss_scale else ["", "", ""]
+        self.history.append([step, status, *scale, "" if loss is None else repr(loss)])
+
+    def finish(self) -> None:
+        """The history rows observed so far, and run.json's list of dumped steps, on disk."""
+        self.write_history()
+        if self._info["dumped_steps"] != self.dumped_steps:
+            self._info["dumped_steps"] = list(self.dumped_steps)
+            write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
+                              durable=False)
+
+    def stopped(self, step: Optional[int], error: str) -> None:
+        """run.json records that the dump stopped at `step` (a write failure) and why, with
+        the steps that are on disk, and the history observed so far is written."""
+        self._info["dump_stopped"] = {"step": step, "error": error}
+        self._info["dumped_steps"] = list(self.dumped_steps)
+        try:
+            self.write_history()
+        finally:
+            write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
+                              durable=False)
+
+    def write_history(self) -> None:
+        """Append the rows observed since the last call (a named run's old history is
+        replaced by the first). Called at most once a second while steps are written, and
+        at close: a killed run loses a second of history at most (a torn last line is
+        skipped by the reader); rewriting it all each step would grow with the run."""
+        rows = self.history[self._history_written:]     # a snapshot: the main thread appends
+        self.history_at = time.monotonic()
+        if not rows:
+            return
+        path = os.path.join(self.run_dir, layout.HISTORY_FILE)
+        try:
+            with open(path, "a" if self._history_written else "w", encoding="utf-8",
+                      newline="") as f:
+                out = csv.writer(f, lineterminator="\n")
+                if not self._history_written:
+                    out.writerow(layout.HISTORY_HEADER.split(","))
+                out.writerows(rows)
+        except OSError as e:        # a write's own error names no file: say which
+            self._history_written = 0      # the file may end torn: written whole next time
+            raise OSError(e.errno, e.strerror, e.filename or path) from None
+        self._history_written += len(rows)
