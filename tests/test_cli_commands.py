@@ -392,3 +392,77 @@ def test_the_json_of_ac_fix_fo_and_vc_is_their_result_objects(demo):
     assert code == 1 and set(vc) == {f.name for f in dataclasses.fields(CompareReport)}
     assert vc["unsaved"] is None and vc["result_file"] and vc["diverging_ops"] >= 1
     assert sum(vc["verdicts"].values()) == vc["rows"]
+
+
+def _fields(cls, *extra):
+    import dataclasses
+    return {f.name for f in dataclasses.fields(cls)} | set(extra)
+
+
+def test_every_other_command_s_json_is_its_result_object(demo, tmp_path):
+    """The rest of the commands: vcs, ls (runs and ops), ni, pt, cp, dc, check (and --diff),
+    wp, train, clean, report and help. Each --json is one result class's to_dict, with the
+    keys of its fields (and the properties its to_dict adds), nested results as their own."""
+    from precision_tool.analysis import (Coverage, NodeInfo, OpRow, OpSummary, RunEntry,
+                                         RunListing, TensorSummary, VectorSummary)
+    from precision_tool.analysis.ops import Conversion
+    from precision_tool.analysis.replays.checks import CheckReport, ConfigDiff
+    from precision_tool.analysis.replays.rerun import Rerun
+    from precision_tool.cli import CommandHelp, CommandList
+    from precision_tool.dump.housekeeping import Cleaning, Doomed
+    from precision_tool.dump.watch import WatchHits
+    from precision_tool.report import WrittenReport
+    root, _ = demo
+    code, vcs = as_json(root, "vcs", "-l", "2")
+    assert code == 1 and set(vcs) == _fields(VectorSummary)
+    assert set(vcs["coverage"]) == _fields(Coverage) and len(vcs["ops"]) == 2
+    assert all(set(op) == _fields(OpSummary) for op in vcs["ops"])
+    code, ls = as_json(root, "ls")
+    assert code == 0 and set(ls) == _fields(RunListing)
+    assert all(set(r) == _fields(RunEntry) for r in ls["runs"])
+    assert {r["kind"] for r in ls["runs"]} == {"device", "reference"}
+    code, ops = as_json(root, "ls", "-t", "Softmax")
+    assert code == 0 and ops and all(set(o) == _fields(OpRow) for o in ops)
+    code, ni = as_json(root, "ni", SOFTMAX)
+    assert code == 0 and set(ni) == _fields(NodeInfo) and ni["dump"] and ni["golden"]
+    code, pt_ = as_json(root, "pt", SOFTMAX)
+    assert code == 0 and set(pt_) == _fields(TensorSummary)
+    code, cp = as_json(root, "cp", f"{SOFTMAX}:output:0", f"{SOFTMAX}:output:0", "-rr",
+                       "npu/debug_0")
+    assert code == 0 and cp["allclose"] and cp["cosine"] == 1.0
+    left = tmp_path / "x.npy"
+    np.save(left, np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4))
+    code, dc = as_json(root, "dc", str(left), "-f", "NHWC")
+    assert code == 0 and set(dc) == {"tensor", "from", "to", "shape", "file"} == \
+        {"from", "to"} | _fields(Conversion) - {"source", "target"}
+    code, check = as_json(root, "check", "--only", "data.nonfinite")
+    assert code in (0, 1) and set(check) == _fields(CheckReport, "errors")
+    code, diff = as_json(root, "check", "--diff", "npu/debug_0", "npu/debug_0")
+    assert code == 0 and set(diff) == _fields(ConfigDiff) and diff["differences"] == []
+    code, wp = as_json(root, "wp")
+    assert code == 0 and set(wp) == _fields(WatchHits) and wp == {"hits": 0, "shown": []}
+    code, train = as_json(root, "train", "-d", "cpu")
+    assert code == 0 and set(train) == _fields(Rerun) and len(train["runs"]) == 1
+    replayed = Workspace(str(root)).resolve_run(train["runs"][0], "cpu")
+    assert replayed.target == "cpu" and replayed.info["replay_of"] == "npu/debug_0"
+    code, clean = as_json(root, "clean", "-n")
+    assert code == 0 and set(clean) == _fields(Cleaning)
+    assert all(set(d) == _fields(Doomed) for d in clean["deleted"])
+    assert replayed.path in [d["path"] for d in clean["deleted"]]
+    code, report = as_json(root, "report", "-o", str(tmp_path / "r.html"), "--heatmap-steps", "0")
+    assert code == 1 and set(report) == _fields(WrittenReport) and report["verdict"] == "findings"
+    code, helps = as_json(root, "help")
+    assert code == 0 and set(helps) == _fields(CommandList)
+    code, one = as_json(root, "help", "vcs")
+    assert code == 0 and set(one) == _fields(CommandHelp)
+
+
+def test_a_command_line_dict_is_no_result():
+    """--json prints a result object's to_dict: a dict made up by the command line is refused
+    (the check that keeps every command's JSON its result class's)."""
+    from precision_tool.cli.app import App
+    app = App(".", as_json=True)
+    with pytest.raises(TypeError, match="to_dict"):
+        app.emit({"made": "up"}, lambda: None)
+    with pytest.raises(TypeError, match="to_dict"):
+        app.emit([{"made": "up"}], lambda: None)

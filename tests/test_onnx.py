@@ -166,6 +166,10 @@ def test_onnx_dumps_both_runs_and_ac_names_the_models_node(tmp_path, overflowing
     summary = json.loads(out.stdout)
     assert summary["precision_mode"] == "force_fp16" and summary["float_status"] != 0
     assert summary["inputs"] == {"x": [4, 8]} and summary["generated_inputs"] == []
+    import dataclasses
+    from precision_tool.analysis import ModelReport, OutputVerdict
+    assert set(summary) == {f.name for f in dataclasses.fields(ModelReport)}
+    assert [set(o) for o in summary["outputs"]] == [{f.name for f in dataclasses.fields(OutputVerdict)}]
     runs = Workspace(str(ws))
     assert {r.label for r in runs.runs()} == {summary["npu_run"], summary["golden_run"]}
     out = _invoke(ws, "--json", "ac", "-c")

@@ -39,7 +39,7 @@ def test_list_ops_filters_by_name_type_pass_and_kernel(dumped):
     assert [r.name for r in ops.list_ops(ws, npu, op_type="Softmax")] == ["head/Softmax"]
     assert all(r.kernel.startswith("vector") for r in ops.list_ops(ws, npu, kernel="vector"))
     assert ops.list_ops(ws, npu, name="nothing such") == []
-    assert fused[0].to_json() == {"name": fused[0].name, "type": fused[0].type,
+    assert fused[0].to_dict() == {"name": fused[0].name, "type": fused[0].type,
                                   "kernel": "cube_float16", "pass_name": fused[0].pass_name}
     # a golden run has no compiled graph: its ops come from its index, without kernels' dtypes
     assert "head/Softmax" in {r.name for r in ops.list_ops(ws, cpu)}

@@ -498,6 +498,10 @@ def test_json_of_the_script_runner_is_a_summary_of_the_runs(tmp_path):
     summary = json.loads(done.stdout)            # the script's own output went to stderr
     assert "trained" in done.stderr and [r["run"] for r in summary["runs"]] == ["npu/debug_0"]
     assert summary["runs"][0]["steps"] == [0]
+    import dataclasses
+    from precision_tool.analysis.diagnosis.overflow import DumpedRun, ScriptDumps
+    assert set(summary) == {f.name for f in dataclasses.fields(ScriptDumps)} | {"overflowing_kernels"}
+    assert set(summary["runs"][0]) == {f.name for f in dataclasses.fields(DumpedRun)}
 
 
 # -- properties ---------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
 from .diagnosis.steps import StateTrace, check_steps, trace_state
 from .diagnosis.updates import UpdateCheck, check_updates
-from .comparing.summary import count_findings, summarize
+from .comparing.summary import OpSummary, count_findings, summarize
 from .comparing.verdicts import ERROR, Criteria
 
 GRADIENT_PREFIX = "gradients/"
@@ -65,7 +65,7 @@ class AutoCheck:
     unseen_steps: Dict[str, List[int]] = field(default_factory=dict)
     criteria: Optional[dict] = None
     coverage: Optional[Coverage] = None            # what the compare of `step` saw
-    diverging: List[dict] = field(default_factory=list)    # the ops shown (summarize)
+    diverging: List[OpSummary] = field(default_factory=list)   # the ops shown (summarize)
     diverging_count: int = 0                       # every op that diverges, noise aside
     origin: Optional[dict] = None
     origin_replay: Optional[str] = None            # local / inherited / exact
@@ -354,8 +354,7 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
     table, cause = c.table, c.cause
     result.overflow_without_effect = c.quiet_overflows
     result.coverage = c.coverage
-    result.diverging = [dataclasses.asdict(s)
-                        for s in summarize(table, criteria, limit, cause=cause, noise_last=True)]
+    result.diverging = summarize(table, criteria, limit, cause=cause, noise_last=True)
     result.diverging_count = c.findings
     result.cancellations = sorted(cause.noise_ops)
     result.no_effect = _no_effect(cause)

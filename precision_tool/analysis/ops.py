@@ -1,16 +1,19 @@
 """A run's ops and tensors as the commands that list and show them see them (ls, ni, pt, cp,
-dc): every op with its kernel, an op found by name (or the fused op that absorbed it), the
-subgraph around an op written as DOT, and a tensor found by file or tensor name. The command
-line renders what these return."""
+dc): the runs of a workspace, every op with its kernel, an op found by name (or the fused op
+that absorbed it) with its dumps, the subgraph around an op written as DOT, a tensor found by
+file or tensor name, summarised or converted. The command line renders what these return;
+its --json is their to_dict."""
 from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ..dump import housekeeping
 from ..dump.layout import fit_file_name, mangle
 from ..dump.formats import BFLOAT16, read_tensor_file
 from ..dump.workspace import Run, Workspace, WorkspaceError
@@ -18,6 +21,7 @@ from ..fileio import write_text_atomic
 from ..graph import NodeView
 from ..ops import registry
 from .comparing.engine import logical_tensor
+from .comparing.mapping import TensorMap
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class OpRow:
     kernel: str
     pass_name: str
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return asdict(self)
 
 
@@ -212,3 +216,179 @@ def find_tensor(ws: Workspace, ref: str, run_spec: Optional[str] = None,
     dtype = str(row["dtype"])
     return Found(value, f"{run.label} {row['op_name']}:{row['io']}:{row['index']}", row, dtype,
                  f"stored as {value.dtype}" if dtype != str(value.dtype) else "", run)
+
+
+# -- ls: the runs ------------------------------------------------------------------------------
+@dataclass
+class RunEntry:
+    """A run as `ls` lists it: its label and kind (layout.DEVICE or REFERENCE), which run it
+    replays or whose values it holds, its whole and partial steps, why its dump stopped,
+    where it is and its size on disk."""
+    run: str
+    kind: str
+    replay_of: Optional[str]
+    values_from: Optional[str]
+    steps: List[int]
+    partial_steps: List[int]
+    dump_stopped: Optional[dict]
+    path: str
+    bytes: int
+
+
+@dataclass
+class RunListing:
+    """`ls` without a filter: every run, and the op counts by type of the runs counted."""
+    runs: List[RunEntry]
+    counts: Dict[str, Dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_listing(ws: Workspace, runs: List[Run], counted: List[Run]) -> RunListing:
+    """The listing of `runs`, with the op counts (constants, variables and NoOps left out)
+    of those of `counted` that dumped a step or compiled a graph."""
+    counts = {r.label: dict(Counter(n.type for n in run_ops(ws, r)
+                                    if n.type not in ("Const", "Variable", "NoOp")))
+              for r in counted if r.steps or ws.compiled_graph(r)}
+    entries = [RunEntry(r.label, r.kind, r.info.get("replay_of"), r.info.get("values_from"),
+                        r.complete_steps, r.interrupted, r.info.get("dump_stopped"), r.path,
+                        housekeeping.size_of(r.path)) for r in runs]
+    return RunListing(entries, counts)
+
+
+# -- ni: an op -----------------------------------------------------------------------------------
+@dataclass
+class NodeInfo:
+    """What `ni` shows of an op: its name (and the name asked, with a note where they
+    differ), type, inputs, outputs' specs, the pass that fused it and the ops it stands
+    for; the step's index rows of its tensors (dump) and the golden run's files of the
+    tensors it stands for (golden, or golden_note saying why there are none); its
+    attributes (asked with -a) and the DOT file of its subgraph (asked with -s)."""
+    name: str
+    asked: str
+    note: str
+    type: str
+    inputs: List[str]
+    outputs: List[dict]
+    pass_name: str
+    original_ops: List[str]
+    step: Optional[int] = None
+    dump: List[dict] = field(default_factory=list)
+    golden: List[dict] = field(default_factory=list)
+    golden_note: str = ""
+    attrs: Optional[dict] = None
+    dot_file: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_DUMP_COLUMNS = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count",
+                 "pos_inf_count", "neg_inf_count"]
+
+
+def node_info(ws: Workspace, run: Run, name: str, step: Optional[int] = None,
+              golden: Optional[Run] = None, attrs: bool = False,
+              depth: Optional[int] = None) -> NodeInfo:
+    """The op `name` names in the run (find_op), with its dump rows at `step` (None: none
+    asked, none read) and the golden run's files at the same step, its attributes when
+    asked and its subgraph within `depth` hops written as DOT."""
+    node, note = find_op(ws, run, name)
+    a = node.attrs
+    info = NodeInfo(node.name, name, note, node.type, list(node.inputs), list(node.outputs),
+                    a.get("pass_name", ""), list(a.get("original_op_names", [])), step,
+                    attrs=dict(a) if attrs else None)
+    if step is not None:
+        table = ws.index(run, step)
+        mine = table[table.op_name == node.name]
+        info.dump = mine[[c for c in _DUMP_COLUMNS if c in mine]].to_dict("records")
+        if golden is not None and step in golden.complete_steps:
+            gt = ws.index(golden, step)
+            tmap = TensorMap(ws.compiled_graph(run))
+            wanted = {tmap.golden_tensor(f"{node.name}:{k}")
+                      for k in range(len(info.outputs) or 1)}
+            gt = gt[gt.tensor.isin(wanted) & (gt.io == "output")]
+            info.golden = gt[["tensor", "dtype", "shape", "file"]].to_dict("records")
+        elif golden is not None:
+            info.golden_note = f"{golden.label} has no dump of step {step}"
+    if depth is not None:
+        info.dot_file = export_subgraph(ws, run, node.name, depth)
+    return info
+
+
+# -- pt and dc: a tensor -------------------------------------------------------------------------
+@dataclass
+class TensorSummary:
+    """What `pt` shows of a tensor: its label, logical shape (NCHW for a 5HD tensor), dtype,
+    device format and stored shape, how its file saved it where that differs, its
+    statistics (kernels.tensor_stats: max, min, mean and l2norm over the finite elements,
+    and the non-finite counts), its first values and where its text copy went (-c)."""
+    tensor: str
+    shape: List[int]
+    dtype: str
+    format: str
+    stored_shape: List[int]
+    saved_as: str
+    max: float
+    min: float
+    mean: float
+    l2norm: float
+    nan_count: int
+    pos_inf_count: int
+    neg_inf_count: int
+    head: List[float]
+    copy: Optional[str] = None
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan_count + self.pos_inf_count + self.neg_inf_count
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tensor_summary(found: Found, head: int) -> TensorSummary:
+    """The tensor's summary with its first `head` values (as float64)."""
+    from .. import kernels
+    value = found.logical()
+    flat = np.asarray(value).reshape(-1)
+    fmt = found.row["format"] if found.row is not None and "format" in found.row else ""
+    return TensorSummary(found.label, list(value.shape), found.dtype, fmt,
+                         list(found.value.shape), found.saved_as,
+                         head=flat[:head].astype(np.float64).tolist() if flat.size else [],
+                         **kernels.tensor_stats(value))
+
+
+LAYOUTS = ("NCHW", "NHWC")
+
+
+@dataclass
+class Conversion:
+    """What `dc` did: the tensor, the format it was stored in (its JSON's "from"), the one
+    written ("to"), the shape written and the file."""
+    tensor: str
+    source: str
+    target: str
+    shape: List[int]
+    file: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return {"tensor": self.tensor, "from": self.source, "to": self.target,
+                "shape": self.shape, "file": self.file}
+
+
+def convert_layout(found: Found, layout: str) -> Tuple[np.ndarray, Conversion]:
+    """A 5HD (or 4-D) tensor as NCHW or NHWC; refused in one line for any other."""
+    if layout not in LAYOUTS:
+        raise WorkspaceError(f"a tensor converts to {' or '.join(LAYOUTS)}, not {layout!r}")
+    row = found.row
+    source = row["format"] if row is not None and "format" in row else ""
+    value = found.logical()
+    if source != "NC1HWC0" and value.ndim != 4:
+        raise WorkspaceError(f"{found.label} is {source or 'not 5HD'} with shape "
+                             f"{list(value.shape)}: nothing to convert to {layout}")
+    if layout == "NHWC":
+        value = np.transpose(value, (0, 2, 3, 1))
+    return np.ascontiguousarray(value), Conversion(found.label, source or "NCHW", layout,
+                                                   list(value.shape))

@@ -9,6 +9,8 @@ import sys
 import click
 
 import importlib
+from dataclasses import asdict, dataclass
+from typing import List
 
 from ..version import __version__
 from ..dump import layout
@@ -143,6 +145,34 @@ for _name in RUNNERS:
     cli.add_command(make_runner(_name))
 
 
+def _plain(default):
+    """An option's default as JSON shows it: None for a callable or click's "no default"
+    marker (a sentinel object in click 8.2)."""
+    return default if isinstance(default, (str, int, float, bool, list, tuple, type(None))) \
+        else None
+
+
+@dataclass
+class CommandList:
+    """`help` with --json: each command's name, the reference tool's alias and summary."""
+    commands: List[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CommandHelp:
+    """`help CMD` with --json: its usage, help and options (names, help, default)."""
+    command: str
+    usage: str
+    help: str
+    options: List[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @cli.command("help", short_help="The commands, or one command's options (help CMD).")
 @click.argument("command_name", metavar="[CMD]", required=False)
 @click.pass_context
@@ -154,10 +184,10 @@ def help_cmd(ctx, command_name):
     if command_name is None:
         if as_json:
             load_all_commands()
-            ctx.obj.emit({"commands": [
+            ctx.obj.emit(CommandList([
                 {"name": name, "alias": COMMANDS[name].alias if name in COMMANDS else name,
                  "summary": group.get_command(ctx.parent, name).get_short_help_str(limit=200)}
-                for name in group.list_commands(ctx.parent)]}, lambda: None)
+                for name in group.list_commands(ctx.parent)]), lambda: None)
         else:
             echo(group.get_help(ctx.parent))
         return EXIT_OK
@@ -166,12 +196,12 @@ def help_cmd(ctx, command_name):
         raise click.UsageError(f"no command {command_name!r}", ctx=ctx.parent)
     with click.Context(cmd, info_name=command_name, parent=ctx.parent) as sub:
         if as_json:
-            ctx.obj.emit({"command": cmd.name, "usage": " ".join(cmd.collect_usage_pieces(sub)),
-                          "help": cmd.help or "", "options": [
+            ctx.obj.emit(CommandHelp(cmd.name, " ".join(cmd.collect_usage_pieces(sub)),
+                                     cmd.help or "", [
                               {"names": p.opts + p.secondary_opts, "help": p.help or "",
-                               "default": p.default if not callable(p.default) else None}
+                               "default": _plain(p.default)}
                               for p in cmd.params
-                              if isinstance(p, click.Option) and not p.hidden]}, lambda: None)
+                              if isinstance(p, click.Option) and not p.hidden]), lambda: None)
         else:
             echo(cmd.get_help(sub))
     return EXIT_OK

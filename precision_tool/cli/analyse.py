@@ -129,7 +129,7 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
         path, _ = write_report(app.ws, html_file, npu_run=npu, golden_run=golden,
                                criteria=criteria, check=result)
         app.info(f"report: {path}")
-    app.emit(result.to_dict(), lambda: _render_ac(app, result, limit))
+    app.emit(result, lambda: _render_ac(app, result, limit))
     _raise_incomplete(result)
     return EXIT_FINDINGS if result.has_findings else EXIT_OK
 
@@ -270,28 +270,29 @@ def _cosine_note(cosine: float, note: str) -> str:
     return f" ({note})" if cosine != cosine else ""
 
 
-def _render_op(app: App, s: dict):
-    role = s["role"] or s["category"]
-    if s["category"] == "nonfinite" and s["role"]:
+def _render_op(app: App, s):
+    """One op of a summary (comparing.summary.OpSummary) as a panel."""
+    role = s.role or s.category
+    if s.category == "nonfinite" and s.role:
         role += ", nan/inf"
-    lines = [f"golden ops: {', '.join(s['golden_ops']) or '-'}"]
-    if s["pass_name"]:
-        lines.append(f"pass: {s['pass_name']}")
-    if s["statistics_only"]:    # no tensors dumped: how far apart the norms are instead
+    lines = [f"golden ops: {', '.join(s.golden_ops) or '-'}"]
+    if s.pass_name:
+        lines.append(f"pass: {s.pass_name}")
+    if s.statistics_only:    # no tensors dumped: how far apart the norms are instead
         lines.append("statistics only: relative differences of the norms")
-        lines.append("inputs:  " + (" ".join(fmt(c) for c in s["input_norm_diffs"]) or "-"))
-        lines.append("outputs: " + " ".join(fmt(c) for c in s["output_norm_diffs"]))
+        lines.append("inputs:  " + (" ".join(fmt(c) for c in s.input_norm_diffs) or "-"))
+        lines.append("outputs: " + " ".join(fmt(c) for c in s.output_norm_diffs))
     else:
         for side in ("input", "output"):
-            cosines = s[f"{side}_cosines"]
-            notes = s.get(f"{side}_notes") or [""] * len(cosines)
+            cosines = getattr(s, f"{side}_cosines")
+            notes = getattr(s, f"{side}_notes") or [""] * len(cosines)
             lines.append(f"{side} cosines:{' ' if side == 'input' else ''} " + (" ".join(
                 fmt(c) + _cosine_note(c, note) for c, note in zip(cosines, notes)) or "-"))
-    reasons = [r for r in s.get("output_reasons", []) if r]
+    reasons = [r for r in s.output_reasons if r]
     if reasons:
         lines.append("diverges: " + " | ".join(reasons))
     # the role first: a narrow terminal cuts a title's end, and the role is what it says
-    app.console.print(panel(escape("\n".join(lines)), title=escape(f"[{role}] {s['op_name']} ({s['op_type']})"),
+    app.console.print(panel(escape("\n".join(lines)), title=escape(f"[{role}] {s.op_name} ({s.op_type})"),
                             title_align="left"))
 
 
@@ -357,7 +358,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
                 app.line(f"  {op.op_name} ({op.op_type}): output cosine "
                          f"{', '.join(fmt(c) for c in op.output_cosines) or 'n/a'}"
                          + "".join(f"; {r}" for r in op.output_reasons if r))
-    app.emit(report.to_dict(), render)
+    app.emit(report, render)
     if report.unsaved:
         raise CommandError(f"error: the compare's result was not saved: {report.unsaved} "
                            f"(--results-dir DIR writes it elsewhere)", EXIT_USAGE)
@@ -395,9 +396,10 @@ def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error
     path, data = write_report(app.ws, output, npu_run=npu, golden_run=golden, step=step,
                               criteria=_criteria(cosine, norm, flushed, rel_error),
                               heatmap_steps=heatmap_steps)
+    from ..report import WrittenReport
+    written = WrittenReport.of(path, data)
     check = data["auto_check"]
-    app.emit({"report": path, "verdict": check.verdict, "step": check.step},
-             lambda: app.line(f"report: {path} ({check.verdict}, step {check.step})"))
+    app.emit(written, lambda: app.line(f"report: {path} ({check.verdict}, step {check.step})"))
     _raise_incomplete(check)
     return EXIT_FINDINGS if check.verdict == "findings" else EXIT_OK
 
@@ -437,49 +439,35 @@ def vector_summary_cmd(app: App, files, cosine, norm, flushed, rel_error, limit,
             paths = [found[0]]
     reports = []
     for path in paths:
-        table = analysis.read_result(path)
         provenance = analysis.read_provenance(path)
         for label in (provenance.npu_run, provenance.golden_run) if provenance else ():
             try:                 # the runs it compares: their interrupted steps are named
                 app.run(label, label.partition("/")[0])
             except WorkspaceError:
                 pass             # gone: staleness says so below
-        cause = analysis.root_cause(table, criteria)
-        ops = analysis.summarize(table, criteria, limit=limit, by_cosine=by_cosine, cause=cause,
-                                 noise_last=True)
-        origin = cause.first_origin
-        cov = analysis.coverage(table)
-        stale = None if provenance is None else analysis.staleness(app.ws, provenance)
-        reports.append({"file": path, "criteria": criteria.to_dict(),
-                        "compares": provenance.describes() if provenance else None,
-                        "stale": stale,
-                        "statistics_only": cause.rows.by_statistics,
-                        "diverging_ops": analysis.count_findings(table, criteria, cause),
-                        "coverage": cov,
-                        "origin": origin.op_name if origin else None,
-                        "ops": [vars(s) for s in ops]})
+        reports.append(analysis.summarize_result(app.ws, path, criteria, limit, by_cosine))
 
     def render():
         for rep in reports:
-            app.line(rep["file"])           # a line of its own: long, and copied whole
-            app.line(rep["compares"] or "(no record of which runs and step it compares)")
-            if rep["stale"]:
-                app.warn(f"this result is out of date: {rep['stale']}")
-            app.line(f"{rep['diverging_ops']} op(s) diverge"
-                     + (" (statistics only: judged by the norms)" if rep["statistics_only"] else "")
-                     + (f", origin {rep['origin']}" if rep["origin"] else ""))
-            if not rep["coverage"].complete:
-                app.warn(rep["coverage"].text())
-            for s in rep["ops"]:
+            app.line(rep.file)           # a line of its own: long, and copied whole
+            app.line(rep.compares or "(no record of which runs and step it compares)")
+            if rep.stale:
+                app.warn(f"this result is out of date: {rep.stale}")
+            app.line(f"{rep.diverging_ops} op(s) diverge"
+                     + (" (statistics only: judged by the norms)" if rep.statistics_only else "")
+                     + (f", origin {rep.origin}" if rep.origin else ""))
+            if not rep.coverage.complete:
+                app.warn(rep.coverage.text())
+            for s in rep.ops:
                 _render_op(app, s)
     app.emit(reports if len(reports) > 1 else reports[0], render)
-    incomplete = next((r for r in reports if not r["coverage"].complete), None)
+    incomplete = next((r for r in reports if not r.coverage.complete), None)
     if incomplete is not None:
-        raise _incomplete(f"the compare of {incomplete['file']}", incomplete["coverage"])
-    stale = next((r for r in reports if r["stale"]), None)
+        raise _incomplete(f"the compare of {incomplete.file}", incomplete.coverage)
+    stale = next((r for r in reports if r.stale), None)
     if stale is not None:
-        raise CommandError(f"error: {stale['file']} is out of date: {stale['stale']}", EXIT_USAGE)
-    return EXIT_FINDINGS if any(r["diverging_ops"] for r in reports) else EXIT_OK
+        raise CommandError(f"error: {stale.file} is out of date: {stale.stale}", EXIT_USAGE)
+    return EXIT_FINDINGS if any(r.diverging_ops for r in reports) else EXIT_OK
 
 
 # -- fo ---------------------------------------------------------------------------------------

@@ -189,9 +189,17 @@ class App:
                 bar.update(task, completed=k, total=n, refresh=refresh)
             yield progress
 
-    def emit(self, payload, render: Callable[[], None]):
-        """The result: as JSON on stdout with --json, else rendered for a reader."""
+    def emit(self, result, render: Callable[[], None]):
+        """The result: as JSON on stdout with --json, else rendered for a reader. A result is
+        what the library returned: an object with to_dict, or a list of such (one per
+        file, per op): a command's --json is its result's to_dict, never a dict the command
+        line made up."""
         if self.as_json:
+            items = result if isinstance(result, list) else [result]
+            for item in items:
+                if not callable(getattr(item, "to_dict", None)):
+                    raise TypeError(f"a command's result has to_dict; got {type(item).__name__}")
+            payload = [r.to_dict() for r in result] if isinstance(result, list) else result.to_dict()
             echo(json.dumps(jsonable(payload), indent=1, allow_nan=False))
         else:
             render()

@@ -92,13 +92,14 @@ def check_cmd(app: App, run_label, step, golden_steps, precision_mode, only, dif
             table.add_row(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.check,
                           escape(f.message), escape(f.fix))
         app.console.print(table)
-    app.emit(report.to_dict(), render)
+    app.emit(report, render)
     return EXIT_FINDINGS if report.errors else EXIT_OK
 
 
 def _diff(app: App, left: str, right: str) -> int:
     a, b = app.run(left, "npu"), app.run(right, "npu")
-    diffs = checking.diff_runs(app.ws, a, b)
+    found = checking.config_diff(app.ws, a, b)
+    diffs = found.differences
 
     def render():
         if not diffs:
@@ -110,7 +111,7 @@ def _diff(app: App, left: str, right: str) -> int:
         for d in diffs:
             table.add_row(escape(d["what"]), escape(str(d["left"])), escape(str(d["right"])))
         app.console.print(table)
-    app.emit({"left": a.label, "right": b.label, "differences": diffs}, render)
+    app.emit(found, render)
     return EXIT_FINDINGS if diffs else EXIT_OK
 
 
@@ -125,16 +126,15 @@ def watchpoints_cmd(app: App, every, limit):
 
     Exit code 1 when there is a hit; 0 when none was recorded."""
     root = app.ws_root()
-    hits = watch.read_hits(root)
-    shown = hits if every else watch.first_hits(hits)
-    shown = shown[:limit] if limit else shown
+    found = watch.watch_hits(root, every, limit)
+    hits, shown = found.hits, found.shown
 
     def render():
         if not hits:
             app.line(f"no watchpoint hit in {root} (watch a run with hooks.watch(config) or "
                      f"trainer.WatchpointCallback())")
             return
-        table = Table(title=f"{len(hits)} hit(s) in {os.path.join(root, watch.WATCH_DIR, watch.HITS_FILE)}")
+        table = Table(title=f"{hits} hit(s) in {os.path.join(root, watch.WATCH_DIR, watch.HITS_FILE)}")
         for col in ("step", "condition", "what", "session") + (() if every else ("hits",)):
             table.add_column(col, overflow="fold")
         for h in shown:
@@ -143,5 +143,5 @@ def watchpoints_cmd(app: App, every, limit):
                 row.append(f"{h['count']} (to step {h['last_step']})")
             table.add_row(*row)
         app.console.print(table)
-    app.emit({"hits": len(hits), "shown": shown}, render)
+    app.emit(found, render)
     return EXIT_FINDINGS if hits else EXIT_OK

@@ -3,18 +3,15 @@ step's index (read once); tensors are named by dump file or by op name."""
 from __future__ import annotations
 
 import os
-from collections import Counter
 
 import click
 import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from .. import kernels
-from ..analysis import TensorMap, ops
+from ..analysis import ops
 from ..analysis.comparing.pair import compare_pair
 from ..dump import layout
-from ..dump import housekeeping
 from ..dump.layout import fit_file_name
 from ..dump.workspace import WorkspaceError
 from ..fileio import write_atomic, write_text_atomic
@@ -40,36 +37,29 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
     if not any((name, op_type, pass_name, kernel)):
         every = app.runs()
         runs = [app.run(run_spec, "npu")] if run_spec else [r for r in every if not r.info.get("replay_of")]
-        counts = {r.label: dict(Counter(n.type for n in ops.run_ops(app.ws, r)
-                                        if n.type not in ("Const", "Variable", "NoOp")))
-                  for r in runs if r.steps or app.ws.compiled_graph(r)}
-        listing = [{"run": r.label, "replay_of": r.info.get("replay_of"),
-                    "values_from": r.info.get("values_from"), "steps": r.complete_steps,
-                    "partial_steps": r.interrupted, "dump_stopped": r.info.get("dump_stopped"),
-                    "path": r.path, "bytes": housekeeping.size_of(r.path)} for r in every]
+        listing = ops.run_listing(app.ws, every, runs)
 
         def render():
             t = Table(box=None, pad_edge=False)
             for col in ("run", "steps", "size", "replay of / values from"):
                 t.add_column(col, justify="right" if col == "size" else "left")
-            for r in listing:
-                t.add_row(r["run"], layout.format_steps(r["steps"]) or "-",
-                          f"{r['bytes'] / 2 ** 20:.1f} MiB",
-                          r["replay_of"] or (f"values from {r['values_from']}"
-                                             if r["values_from"] else ""))
+            for r in listing.runs:
+                t.add_row(r.run, layout.format_steps(r.steps) or "-",
+                          f"{r.bytes / 2 ** 20:.1f} MiB",
+                          r.replay_of or (f"values from {r.values_from}" if r.values_from else ""))
             app.console.print(t)
-            replays = sum(1 for r in listing if r["replay_of"])
+            replays = sum(1 for r in listing.runs if r.replay_of)
             if replays and not run_spec:
                 app.line(f"{replays} replay run(s) (precision-tool clean deletes them; "
                          f"ls -r RUN counts one's ops)")
-            for run, c in counts.items():
+            for run, c in listing.counts.items():
                 t = Table(box=None, pad_edge=False)
                 t.add_column("op type")
                 t.add_column("count", justify="right")
                 for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])):
                     t.add_row(k, str(v))
                 app.console.print(panel(t, title=f"{run}: {sum(c.values())} ops", title_align="left"))
-        app.emit({"runs": listing, "counts": counts}, render)
+        app.emit(listing, render)
         return EXIT_OK
     run = app.run(run_spec, "npu")
     found = ops.list_ops(app.ws, run, name, op_type, pass_name, kernel)
@@ -92,7 +82,7 @@ def list_cmd(app: App, name, op_type, pass_name, kernel, run_spec):
                 t.add_row(*r)
             app.console.print(t)
         app.console.print(f"{len(found)} op(s) in {run.target}/{run.name}")
-    app.emit([f.to_json() for f in found], render)
+    app.emit(found, render)
     return EXIT_OK
 
 
@@ -110,65 +100,41 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
     that fused it and the ops it stands for, its dump files with statistics and the matching
     golden files. An inexact name lists the candidates."""
     run = app.run(run_spec, "npu")
-    node, note = ops.find_op(app.ws, run, name)
-    attrs = node.attrs
-    info = {"name": node.name, "asked": name, "note": note, "type": node.type,
-            "inputs": node.inputs, "outputs": node.outputs,
-            "pass_name": attrs.get("pass_name", ""),
-            "original_ops": attrs.get("original_op_names", []), "dump": [], "golden": [],
-            "golden_note": ""}
-    if show_all:
-        info["attrs"] = attrs
-    if run.complete_steps or step is not None:
-        s = app.step(run, step)
-        table = app.ws.index(run, s)
-        mine = table[table.op_name == node.name]
-        cols = ["io", "index", "dtype", "shape", "file", "max", "min", "mean", "nan_count",
-                "pos_inf_count", "neg_inf_count"]
-        info["dump"] = mine[[c for c in cols if c in mine]].to_dict("records")
-        if app.ws.runs("cpu"):
-            golden = app.run(None, "cpu")
-            if s in golden.complete_steps:
-                gt = app.ws.index(golden, s)
-                tmap = TensorMap(app.ws.compiled_graph(run))
-                wanted = {tmap.golden_tensor(f"{node.name}:{k}") for k in range(len(info["outputs"]) or 1)}
-                gt = gt[gt.tensor.isin(wanted) & (gt.io == "output")]
-                info["golden"] = gt[["tensor", "dtype", "shape", "file"]].to_dict("records")
-            else:
-                info["golden_note"] = f"{golden.label} has no dump of step {s}"
-    if depth is not None:
-        info["dot_file"] = ops.export_subgraph(app.ws, run, node.name, depth)
+    s = app.step(run, step) if run.complete_steps or step is not None else None
+    golden = app.run(None, "cpu") if s is not None and app.ws.runs("cpu") else None
+    info = ops.node_info(app.ws, run, name, s, golden, show_all, depth)
+    note = info.note
 
     def render():
-        lines = [f"type: {info['type']}" + (f"   pass: {info['pass_name']}" if info["pass_name"] else "")]
-        if info["original_ops"]:
-            lines.append("stands for: " + ", ".join(info["original_ops"]))
+        lines = [f"type: {info.type}" + (f"   pass: {info.pass_name}" if info.pass_name else "")]
+        if info.original_ops:
+            lines.append("stands for: " + ", ".join(info.original_ops))
         lines.append("inputs:")
-        lines += [f"  {i}" for i in info["inputs"]] or ["  -"]
+        lines += [f"  {i}" for i in info.inputs] or ["  -"]
         lines.append("outputs:")
-        for k, o in enumerate(info["outputs"]):
+        for k, o in enumerate(info.outputs):
             lines.append(f"  {k}: {o.get('dtype')} {o.get('format', '')} {o.get('shape')}")
         if note:
             lines.insert(0, note)
-        app.console.print(panel(escape("\n".join(lines)), title=escape(info["name"]), title_align="left"))
-        if info["dump"]:
+        app.console.print(panel(escape("\n".join(lines)), title=escape(info.name), title_align="left"))
+        if info.dump:
             t = Table(box=None, pad_edge=False, title="dump", title_justify="left")
             # max, min and mean are over the finite elements: what is not finite is said beside
             for col in ("tensor", "dtype", "max", "min", "mean", "nan/inf", "file"):
                 t.add_column(col, overflow="fold")
-            for d in info["dump"]:
+            for d in info.dump:
                 t.add_row(f"{d['io']}{d['index']}", str(d["dtype"]), fmt(d.get("max"), 6),
                           fmt(d.get("min"), 6), fmt(d.get("mean"), 6), _nonfinite(d),
                           d.get("file") or "(stats only)")
             app.console.print(t)
-        for g in info["golden"]:
+        for g in info.golden:
             app.line(f"golden {g['tensor']}: {g['dtype']} [{g['shape']}] {g['file']}")
-        if info["golden_note"]:
-            app.line(f"golden: {info['golden_note']}")
-        if show_all:
-            app.console.print(f"attrs: {attrs}", markup=False)
-        if "dot_file" in info:
-            app.line(f"subgraph: {info['dot_file']}")
+        if info.golden_note:
+            app.line(f"golden: {info.golden_note}")
+        if info.attrs is not None:
+            app.console.print(f"attrs: {info.attrs}", markup=False)
+        if info.dot_file:
+            app.line(f"subgraph: {info.dot_file}")
     app.emit(info, render)
     return EXIT_OK
 
@@ -225,37 +191,29 @@ def print_tensor_cmd(app: App, ref, name_flag, copy, head, run_spec, step):
     file name or path, any .npy file, or a tensor as op:output:0 / op:input:1 / op (its first
     output). An NC1HWC0 tensor is shown as NCHW: its statistics leave the padding out."""
     found = _tensor(app, ref, run_spec, step)
-    value = found.logical()
-    stats = kernels.tensor_stats(value)
-    flat = np.asarray(value).reshape(-1)
-    fmt_in = found.row["format"] if found.row is not None and "format" in found.row else ""
-    info = {"tensor": found.label, "shape": list(value.shape), "dtype": found.dtype,
-            "format": fmt_in, "stored_shape": list(found.value.shape),
-            "saved_as": found.saved_as, **stats,
-            "head": flat[:head].astype(np.float64).tolist() if flat.size else []}
+    info = ops.tensor_summary(found, head)
     if copy:
         name = os.path.basename(found.row["file"] if found.row is not None else ref)
         path = _output_path(app, "print_tensor", ref, name, ".txt")
-        text = "\n".join(repr(float(v)) for v in flat.astype(np.float64)) + "\n"
-        write_text_atomic(path, text)
-        info["copy"] = path
+        flat = np.asarray(found.logical()).reshape(-1)
+        write_text_atomic(path, "\n".join(repr(float(v)) for v in flat.astype(np.float64)) + "\n")
+        info.copy = path
 
     def render():
-        shape = f"shape {info['shape']}  dtype {info['dtype']}"
-        if fmt_in == "NC1HWC0":
-            shape += f"  (stored NC1HWC0 {info['stored_shape']}: shown as NCHW, padding left out)"
-        elif fmt_in:
-            shape += f"  format {fmt_in}"
-        lines = [shape] + ([info["saved_as"]] if info["saved_as"] else []) + [
-                 f"max {fmt(stats['max'])}  min {fmt(stats['min'])}  mean {fmt(stats['mean'])}  "
-                 f"l2norm {fmt(stats['l2norm'])}"
-                 + ("  (over the finite elements)" if stats["nan_count"] + stats["pos_inf_count"]
-                    + stats["neg_inf_count"] else ""),
-                 f"nan {stats['nan_count']}  +inf {stats['pos_inf_count']}  -inf {stats['neg_inf_count']}",
-                 "head: " + (" ".join(fmt(v, 6) for v in info["head"]) or "(empty)")]
+        shape = f"shape {info.shape}  dtype {info.dtype}"
+        if info.format == "NC1HWC0":
+            shape += f"  (stored NC1HWC0 {info.stored_shape}: shown as NCHW, padding left out)"
+        elif info.format:
+            shape += f"  format {info.format}"
+        lines = [shape] + ([info.saved_as] if info.saved_as else []) + [
+                 f"max {fmt(info.max)}  min {fmt(info.min)}  mean {fmt(info.mean)}  "
+                 f"l2norm {fmt(info.l2norm)}"
+                 + ("  (over the finite elements)" if info.nonfinite else ""),
+                 f"nan {info.nan_count}  +inf {info.pos_inf_count}  -inf {info.neg_inf_count}",
+                 "head: " + (" ".join(fmt(v, 6) for v in info.head) or "(empty)")]
         app.console.print(panel(escape("\n".join(lines)), title=escape(found.label), title_align="left"))
-        if copy:
-            app.line(f"text copy: {info['copy']}")
+        if info.copy:
+            app.line(f"text copy: {info.copy}")
     app.emit(info, render)
     return EXIT_OK
 
@@ -328,37 +286,28 @@ def compare_pair_cmd(app: App, left, right, items, atol, rtol, summary, left_run
             lines.append(f"nan/inf: {result.nonfinite_mismatch} on one side only (errors), "
                          f"{result.nonfinite_equal} the same on both sides (equal)")
         app.console.print(panel(escape("\n".join(lines)), title="compare", title_align="left"))
-    app.emit(result.to_dict(), render)
+    app.emit(result, render)
     return EXIT_OK if result.allclose else EXIT_FINDINGS
 
 
 # -- dc ---------------------------------------------------------------------------------------
-FORMATS = ("NCHW", "NHWC")
 
 
 @command("dc", "convert", short_help="Convert an NPU dump (5HD) to NCHW or NHWC.")
 @click.argument("ref", metavar="FILE|NAME")
 @click.option("-n", "--name", "name_flag", is_flag=True, help="(accepted for the reference tool's spelling)")
-@click.option("-f", "--format", "target", type=click.Choice(FORMATS, case_sensitive=False), default="NCHW", show_default=True)
+@click.option("-f", "--format", "target", type=click.Choice(ops.LAYOUTS, case_sensitive=False), default="NCHW", show_default=True)
 @RUN
 @STEP
 def convert_cmd(app: App, ref, name_flag, target, run_spec, step):
     """Convert a dumped NPU tensor from its device format (NC1HWC0) to NCHW or NHWC, written
     to temp/convert/<file>.<format>.npy."""
     found = _tensor(app, ref, run_spec, step)
-    label, row = found.label, found.row
-    fmt_in = row["format"] if row is not None and "format" in row else ""
-    value = found.logical()
-    if fmt_in != "NC1HWC0" and value.ndim != 4:
-        raise WorkspaceError(f"{label} is {fmt_in or 'not 5HD'} with shape {list(value.shape)}: "
-                             f"nothing to convert to {target}")
-    if target == "NHWC":
-        value = np.transpose(value, (0, 2, 3, 1))
-    name = os.path.basename(row["file"] if row is not None else ref)
-    path = _output_path(app, "convert", ref, name[:-4] if name.endswith(".npy") else name,
-                        f".{target}.npy")
-    array = np.ascontiguousarray(value)
-    write_atomic(path, lambda f: np.save(f, array, allow_pickle=False))
-    info = {"tensor": label, "from": fmt_in or "NCHW", "to": target, "shape": list(value.shape), "file": path}
-    app.emit(info, lambda: app.line(f"{label}: {info['from']} -> {target} {info['shape']}\n{path}"))
+    array, done = ops.convert_layout(found, target.upper())
+    name = os.path.basename(found.row["file"] if found.row is not None else ref)
+    done.file = _output_path(app, "convert", ref, name[:-4] if name.endswith(".npy") else name,
+                             f".{done.target}.npy")
+    write_atomic(done.file, lambda f: np.save(f, array, allow_pickle=False))
+    app.emit(done, lambda: app.line(f"{done.tensor}: {done.source} -> {done.target} "
+                                    f"{done.shape}\n{done.file}"))
     return EXIT_OK

@@ -12,9 +12,7 @@ import click
 
 from ..dump import hooks
 from ..dump import housekeeping
-from ..dump.bundle import load_bundle, replay
 from ..runtime.config import SessionConfig
-from ..dump.workspace import WorkspaceError
 from .app import EXIT_FINDINGS, EXIT_OK, App, command
 
 
@@ -30,44 +28,14 @@ from .app import EXIT_FINDINGS, EXIT_OK, App, command
 def replay_cmd(app: App, device, action, step):
     """Rerun a dumped step from its replay bundle (graph, variables and feeds as they were),
     without the training script, into new npu/ and cpu/ debug_<k> runs."""
+    from ..analysis.replays.rerun import rerun_step
     npu = app.run(None, "npu")
-    if step is None:
-        if not npu.bundles:
-            raise WorkspaceError(f"{npu.label} has no replay bundle (dump a step with the dump "
-                                 f"action first)")
-        step = npu.bundles[0]
-    bundle = load_bundle(app.ws.bundle_path(npu, step))
-    made = {}                          # target -> the run the replay wrote
-    for target in (["npu", "cpu"] if device == "all" else [device]):
-        act = action
-        if action == "fusion_off":     # fusion only exists on the NPU: the golden just dumps
-            act = "dump|fusion_off" if target == "npu" else "dump"
-        base = bundle.config() if target == "npu" else SessionConfig()
-        cfg = hooks.session_dump_config(base, action=act, dump_step=str(step),
-                                        data_dir=app.ws.results_dir(), replay_of=npu.label,
-                                        first_free=app.ws.first_free(target))
-        app.info(f"replaying step {step} on the {target} ({act})...")
-        sess, _ = replay(bundle, target, cfg)
-        sess.close()
-        (run_dir,) = hooks.dump_dirs(sess)      # this replay's run, not the newest on disk
-        app.refresh()
-        made[target] = app.ws.run(target, os.path.basename(run_dir))
-    names = [f"{r.target}/{r.name}" for r in made.values()]
-    result = {"step": step, "runs": names}
-    if action == "overflow" and "npu" in made:
-        result["overflow"] = _overflow_found(app, made["npu"], step)
-    app.emit(result, lambda: app.line(f"step {step} replayed into {', '.join(names)}"
-                                      + _overflow_text(result.get("overflow"))))
-    return EXIT_FINDINGS if result.get("overflow", {}).get("kernels") else EXIT_OK
-
-
-def _overflow_found(app: App, run, step: int) -> dict:
-    """What the overflow check of the replayed step found: the overflowing kernels, the first."""
-    from ..analysis import overflow_report
-    if step not in [s.step for s in run.steps]:       # a check writes only steps that overflowed
-        return {"kernels": 0, "first": None}
-    report = overflow_report(app.ws, run, step)
-    return {"kernels": len(report.tasks), "first": report.first.op_name if report.first else None}
+    result = rerun_step(app.ws, npu, step, ["npu", "cpu"] if device == "all" else [device],
+                        action, app.info)
+    app.refresh()
+    app.emit(result, lambda: app.line(f"step {result.step} replayed into {', '.join(result.runs)}"
+                                      + _overflow_text(result.overflow)))
+    return EXIT_FINDINGS if (result.overflow or {}).get("kernels") else EXIT_OK
 
 
 def _overflow_text(found) -> str:
@@ -190,10 +158,9 @@ def clean_cmd(app: App, replays, results, partial, keep, dry_run):
     directory is cleaned.
 
     Exit code 0 (2 on input error)."""
-    doomed = housekeeping.plan_clean(app.ws, replays, results, keep, partial)
-    total = sum(d.bytes for d in doomed)
+    done = housekeeping.clean(app.ws, replays, results, keep, partial, dry_run)
+    doomed, total = done.deleted, done.bytes
     if not dry_run:
-        housekeeping.delete(app.ws, doomed)
         app.refresh()
 
     def render():
@@ -201,7 +168,7 @@ def clean_cmd(app: App, replays, results, partial, keep, dry_run):
         for d in doomed:
             app.line(f"{verb} {d.path} ({_mib(d.bytes)}; {d.why})")
         app.line(f"{verb} {len(doomed)} item(s), {_mib(total)}" if doomed else "nothing to delete")
-    app.emit({"dry_run": dry_run, "deleted": [vars(d) for d in doomed], "bytes": total}, render)
+    app.emit(done, render)
     return EXIT_OK
 
 

@@ -130,85 +130,38 @@ def onnx_cmd(ctx, app: App, model, inputs, shapes, batch, precision_mode, overfl
                             overflow_mode=overflow_mode, fusion_switch=switch,
                             modify_mixlist=mixlist, reference=reference, progress=app.info)
     app.refresh()
-    n_ops = sum(1 for n in imported.graph.nodes
-                if n.type not in ("Placeholder", "Variable", "Const"))
-    outputs = _judged_outputs(result.outputs)
-    diverging = [o["name"] for o in outputs if o["verdict"] not in ("pass", "error")]
-    worst = max(result.reference, key=lambda d: d.rel_l2, default=None)
-    payload = {
-        "model": model, "opset": imported.opset, "ops": n_ops, "folded": len(imported.folded),
-        "weights": len(imported.weights), "inputs": {k: list(t.shape) for k, t in imported.inputs.items()},
-        "generated_inputs": sorted(set(imported.inputs) - set(arrays)),
-        "precision_mode": precision_mode, "npu_run": _label(result.npu_run),
-        "golden_run": _label(result.golden_run),
-        "reference_run": _label(result.reference_run) if result.reference_run else None,
-        "float_status": result.float_status, "outputs": outputs,
-        "reference": None if not reference else {
-            "nodes": len(result.reference),
-            "over_1e-5": sum(1 for d in result.reference if d.rel_l2 > 1e-5),
-            "worst": None if worst is None else {"node": worst.name, "rel_l2": worst.rel_l2,
-                                                 "max_abs": worst.max_abs}},
-    }
+    from ..analysis.model_report import model_report
+    report = model_report(model, imported, result, list(arrays), precision_mode)
 
     def render():
-        app.line(f"{model}: opset {imported.opset}, {n_ops} ops ({len(imported.folded)} nodes "
-                 f"folded to constants), {len(imported.weights)} weights; inputs "
-                 + ", ".join(f"{k} {list(t.shape)}" for k, t in imported.inputs.items()))
-        app.line(f"dumped step 0: {payload['golden_run']} (golden), {payload['npu_run']} "
+        app.line(f"{model}: opset {report.opset}, {report.ops} ops ({report.folded} nodes "
+                 f"folded to constants), {report.weights} weights; inputs "
+                 + ", ".join(f"{k} {shape}" for k, shape in report.inputs.items()))
+        app.line(f"dumped step 0: {report.golden_run} (golden), {report.npu_run} "
                  f"(NPU, {precision_mode})"
-                 + (f", {payload['reference_run']} (values from onnxruntime)"
-                    if result.reference_run else ""))
-        status = result.float_status
+                 + (f", {report.reference_run} (values from onnxruntime)"
+                    if report.reference_run else ""))
+        status = report.float_status
         app.line(f"NPU status word: {status:#x}" + (" (an overflow: see ac)" if status else " (no overflow)"))
-        for o in outputs:
-            app.line(f"output {o['name']} {o['shape']}: cosine similarity {fmt(o['cosine'])}, "
-                     f"max |error| {fmt(o['max_abs_error'])}"
-                     + (f" ({o['note']})" if o["note"] else "")
-                     + (f": {o['verdict']} ({o['reason']})" if o["verdict"] != "pass" else ""))
-        if reference:
-            r = payload["reference"]
+        for o in report.outputs:
+            app.line(f"output {o.name} {o.shape}: cosine similarity {fmt(o.cosine)}, "
+                     f"max |error| {fmt(o.max_abs_error)}"
+                     + (f" ({o.note})" if o.note else "")
+                     + (f": {o.verdict} ({o.reason})" if o.verdict != "pass" else ""))
+        if report.reference:
+            r, worst = report.reference, report.reference["worst"]
             app.line(f"golden vs onnxruntime: {r['nodes']} node values, {r['over_1e-5']} with "
                      f"relative error over 1e-5"
-                     + (f"; the largest {fmt(worst.rel_l2, 3)} at {worst.name}" if worst else ""))
+                     + (f"; the largest {fmt(worst['rel_l2'], 3)} at {worst['node']}"
+                        if worst else ""))
+        diverging = report.diverging
         if not check:
             app.line(f"{len(diverging)} output(s) diverge ({', '.join(diverging)}): "
                      f"{app.command('ac -c')} finds where it starts" if diverging else
                      f"next: {app.command('ac -c')} compares every op")
-    app.emit(payload, render)
+    app.emit(report, render)
     if check:
         from .analyse import auto_check_cmd
         return ctx.invoke(auto_check_cmd, compare=True, step=0)
-    return EXIT_FINDINGS if diverging else EXIT_OK
+    return EXIT_FINDINGS if report.diverging else EXIT_OK
 
-
-def _judged_outputs(pairs) -> list:
-    """Each model output compared as vc compares a tensor (the metrics with their edge cases,
-    over the finite pairs) and judged by the default criteria: its cosine, error, verdict and
-    what decided it."""
-    import numpy as np
-
-    from ..analysis.comparing.metrics import compare_tensors
-    from ..analysis.comparing.verdicts import judge
-    from ..kernels.table import Table
-    rows, outputs = [], []
-    for name, (golden, npu) in pairs.items():
-        m = compare_tensors(npu, golden)
-        finite = np.abs(np.asarray(golden, dtype=np.float64))
-        finite = finite[np.isfinite(finite)]
-        rows.append(dict(m, Elements=float(np.size(golden)), NpuDataType=np.asarray(npu).dtype.name,
-                         GoldenAbsMax=float(finite.max()) if finite.size else float("nan")))
-        outputs.append({"name": name, "shape": list(np.shape(golden)),
-                        "cosine": m["CosineSimilarity"], "max_abs_error": m["MaxAbsoluteError"],
-                        "note": m["CompareFailReason"]})
-    if rows:
-        table = Table({k: np.array([r[k] for r in rows],
-                                   dtype=object if isinstance(rows[0][k], str) else float)
-                       for k in rows[0]})
-        judged = judge(table)
-        for o, verdict, reason in zip(outputs, judged["Verdict"], judged["Reason"]):
-            o.update(verdict=str(verdict), reason=str(reason or ""))
-    return outputs
-
-
-def _label(run_dir):
-    return "/".join(os.path.normpath(run_dir).split(os.sep)[-2:])

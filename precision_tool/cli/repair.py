@@ -59,7 +59,7 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
             app.line(f"wrote {path}")
         for name, text in result.contents.items() if result.unsaved else ():  # to copy
             app.line(f"--- {name} ---\n{text.rstrip()}")
-    app.emit(result.to_dict(), render)
+    app.emit(result, render)
     if result.unsaved:
         app.err.print(f"error: the fix was found but not saved: {result.unsaved}; it is "
                       f"printed above: {app.command('fix --results-dir DIR')} writes it "

@@ -104,33 +104,23 @@ def make_runner(name: str):
                layout.ENV_DUMP_STEP: dump_step, layout.ENV_DUMP_MODE: dump_mode,
                layout.ENV_DUMP_DATA: dump_data}
         new = run_script(app, root, env, script)
-        from ..analysis import overflow_report
-        from ..dump.workspace import Workspace
-        runs, overflowing = [], 0
-        for path in new:
-            parent, name = os.path.split(path)
-            ws = Workspace(os.path.dirname(parent))
-            run = ws.run(os.path.basename(parent), name)
-            kernels = sum(len(overflow_report(ws, run, s).tasks) for s in run.complete_steps)
-            overflowing += kernels
-            runs.append({"run": run.label, "path": path, "steps": run.complete_steps,
-                         "interrupted": run.interrupted, "overflowing_kernels": kernels,
-                         "dump_stopped": run.info.get("dump_stopped")})
-        summary = {"action": action, "runs": runs, "overflowing_kernels": overflowing}
+        from ..analysis.diagnosis.overflow import script_dumps
+        summary = script_dumps(action, new)
+        overflowing = summary.overflowing_kernels
 
         def render():
-            for r in runs:
-                echo(f"{r['run']}: steps {r['steps']} dumped"
-                           + (f", {r['overflowing_kernels']} overflowing kernel(s)"
-                              if action == "overflow" else "")
-                           + (f"; step(s) {r['interrupted']} interrupted" if r["interrupted"] else "")
-                           + (f"; the dump stopped at step {r['dump_stopped']['step']}: "
-                              f"{r['dump_stopped']['error']}" if r["dump_stopped"] else ""))
+            for r in summary.runs:
+                echo(f"{r.run}: steps {r.steps} dumped"
+                     + (f", {r.overflowing_kernels} overflowing kernel(s)"
+                        if action == "overflow" else "")
+                     + (f"; step(s) {r.interrupted} interrupted" if r.interrupted else "")
+                     + (f"; the dump stopped at step {r.dump_stopped['step']}: "
+                        f"{r.dump_stopped['error']}" if r.dump_stopped else ""))
             if action == "overflow":
                 echo(f"overflow found: {overflowing} kernel(s); their records and tensors "
                            f"are in {root}" if overflowing else "no overflow")
         app.emit(summary, render)
-        stopped = [r["run"] for r in runs if r["dump_stopped"]]
+        stopped = summary.stopped
         if stopped:          # the script ran to its end; its dump did not: not a whole job
             raise CommandError(f"error: the dump of {', '.join(stopped)} stopped before the "
                                f"script's last step (see above); what is on disk reads",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import List, Optional
 
 from . import layout
@@ -84,6 +84,27 @@ def plan_clean(ws: Workspace, replays: bool = True, results: bool = True,
         for stamp, path in stamps[:max(len(stamps) - keep, 0)]:
             doomed.append(Doomed(path, size_of(path), f"compare result {stamp}"))
     return doomed
+
+
+@dataclass
+class Cleaning:
+    """What `clean` deleted (on a dry run: would delete), each with its size and why, and
+    the bytes in all."""
+    dry_run: bool
+    deleted: List[Doomed]
+    bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def clean(ws: Workspace, replays: bool = True, results: bool = True, keep: int = 1,
+          partial: bool = True, dry_run: bool = False) -> Cleaning:
+    """plan_clean's choice, deleted unless dry_run."""
+    doomed = plan_clean(ws, replays, results, keep, partial)
+    if not dry_run:
+        delete(ws, doomed)
+    return Cleaning(dry_run, doomed, sum(d.bytes for d in doomed))
 
 
 def delete(ws: Workspace, doomed: List[Doomed]) -> None:

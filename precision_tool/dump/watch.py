@@ -17,7 +17,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Callable, Dict, List, Optional
 
@@ -412,6 +412,23 @@ def read_hits(root: str) -> List[dict]:
             if row.get("message") is not None:
                 out.append(row)
     return out
+
+
+@dataclass
+class WatchHits:
+    """What `wp` shows: how many hits were recorded, and those shown: each condition's first
+    per session (with how many followed), or every hit in order; at most `limit` (0: all)."""
+    hits: int
+    shown: List[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def watch_hits(root: str, every: bool = False, limit: int = 0) -> WatchHits:
+    hits = read_hits(root)
+    shown = hits if every else first_hits(hits)
+    return WatchHits(len(hits), shown[:limit] if limit else shown)
 
 
 def first_hits(hits: List[dict]) -> List[dict]:

@@ -11,6 +11,7 @@ import math
 import os
 import re
 from collections import defaultdict
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -442,6 +443,22 @@ def render(data: dict, out_dir: str) -> str:
     body = re.sub(r"<h2 id='([\w-]+)'>", r"</section><section id='\1'><h2>", "".join(s))
     body = body.replace("</section>", "", 1) + "</section>"      # one section per heading
     return body + f"<script>{SCRIPT}</script></body></html>"
+
+
+@dataclass
+class WrittenReport:
+    """What `report` wrote: the file, the auto check's verdict and the step it judged."""
+    report: str
+    verdict: str
+    step: Optional[int]
+
+    @classmethod
+    def of(cls, path: str, data: dict) -> "WrittenReport":
+        check = data["auto_check"]
+        return cls(path, check.verdict, check.step)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def write_report(ws: Workspace, path: Optional[str] = None, **kw) -> tuple:

@@ -4,13 +4,17 @@ per op with the cosines of its inputs and outputs and what decided, in execution
 cosine."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, List, Optional
 
 import numpy as np
 
 from ..diagnosis.rootcause import OpRows, RootCause, root_cause
 from .verdicts import NONFINITE
+
+if TYPE_CHECKING:
+    from ...dump import Workspace
+    from .result import Coverage
 
 NO_EFFECT = "no effect"
 BENIGN = ("cancellation", NO_EFFECT)        # the categories that are no finding
@@ -77,6 +81,45 @@ def summarize(table, threshold=None, limit: int = 3,
     shown = ops if limit <= 0 else ops[:limit]
     t.reasons([i for (_, pos, _), _ in shown for i in _outputs(t, pos)])   # in one pass
     return [_summary(t, op, category, roles) for op, category in shown]
+
+
+@dataclass
+class VectorSummary:
+    """What `vcs` says of one compare result: its file, the criteria, which runs and step it
+    compares (None: the result has no record of it), why it is out of date (None: it is
+    not), whether it was judged by statistics only, how many ops diverge, what the compare
+    covered, the origin of the divergence and the ops shown."""
+    file: str
+    criteria: dict
+    compares: Optional[str]
+    stale: Optional[str]
+    statistics_only: bool
+    diverging_ops: int
+    coverage: "Coverage"
+    origin: Optional[str]
+    ops: List[OpSummary]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize_result(ws: "Workspace", path: str, criteria, limit: int = 3,
+                     by_cosine: bool = False) -> VectorSummary:
+    """The summary of the compare result at path (a vc CSV) under the criteria
+    (verdicts.Criteria): its diverging ops, origin first (summarize, cancellation noise
+    last), and whether it still describes the workspace (result.staleness)."""
+    from .result import coverage, read_provenance, read_result, staleness
+    table = read_result(path)
+    provenance = read_provenance(path)
+    cause = root_cause(table, criteria)
+    ops = summarize(table, criteria, limit=limit, by_cosine=by_cosine, cause=cause,
+                    noise_last=True)
+    origin = cause.first_origin
+    return VectorSummary(path, criteria.to_dict(),
+                         provenance.describes() if provenance else None,
+                         None if provenance is None else staleness(ws, provenance),
+                         cause.rows.by_statistics, count_findings(table, criteria, cause),
+                         coverage(table), origin.op_name if origin else None, ops)
 
 
 def count_findings(table, threshold=None,

@@ -6,7 +6,7 @@ carried it (propagators); in saturation mode only the status word shows an overf
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 
@@ -78,3 +78,50 @@ def overflow_report(ws: Workspace, run: Run, step: int) -> OverflowReport:
         tasks.append(task)
     tasks.sort(key=lambda t: t.task_id)
     return OverflowReport(step, tasks)
+
+
+@dataclass
+class DumpedRun:
+    """A run a script's dump wrote (the script runner's summary): its label and directory,
+    its whole and partial steps, the kernels that overflowed in them, why its dump stopped."""
+    run: str
+    path: str
+    steps: List[int]
+    interrupted: List[int]
+    overflowing_kernels: int
+    dump_stopped: Optional[dict]
+
+
+@dataclass
+class ScriptDumps:
+    """What a script run under a dump runner (npu-dump, npu-overflow, cpu-dump) wrote."""
+    action: str
+    runs: List[DumpedRun]
+
+    @property
+    def overflowing_kernels(self) -> int:
+        return sum(r.overflowing_kernels for r in self.runs)
+
+    @property
+    def stopped(self) -> List[str]:
+        """The runs whose dump stopped before the script's end (a write failure)."""
+        return [r.run for r in self.runs if r.dump_stopped]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["overflowing_kernels"] = self.overflowing_kernels
+        return out
+
+
+def script_dumps(action: str, run_dirs: List[str]) -> ScriptDumps:
+    """The runs at run_dirs (each <workspace>/<target>/debug_<k>), read from their own
+    workspaces, with their overflowing kernels."""
+    runs = []
+    for path in run_dirs:
+        parent, name = os.path.split(path)
+        ws = Workspace(os.path.dirname(parent))
+        run = ws.run(os.path.basename(parent), name)
+        kernels = sum(len(overflow_report(ws, run, s).tasks) for s in run.complete_steps)
+        runs.append(DumpedRun(run.label, path, run.complete_steps, run.interrupted, kernels,
+                              run.info.get("dump_stopped")))
+    return ScriptDumps(action, runs)

@@ -619,6 +619,21 @@ def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps
 
 
 # -- config diff ------------------------------------------------------------------------------
+@dataclass
+class ConfigDiff:
+    """What `check --diff` found between two runs (diff_runs' differences)."""
+    left: str
+    right: str
+    differences: List[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def config_diff(ws: Workspace, a: Run, b: Run) -> ConfigDiff:
+    return ConfigDiff(a.label, b.label, diff_runs(ws, a, b))
+
+
 def diff_runs(ws: Workspace, a: Run, b: Run) -> List[dict]:
     """Every configuration difference between two runs: precision mode, amp level, overflow
     mode, mixlists, fusion switches, loss scale, seeds, and per-op compute dtypes (NPU runs),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Set
 
 from ...dump import hooks
@@ -109,6 +109,9 @@ class FusionVerdict:
     # the replays left on disk: the fusion-off baseline (what `vc -lt` compares), or all of
     # them when asked (the bisection's others are deleted once judged: megabytes each)
     kept: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def fired_passes(ws: Workspace, npu_run: Run) -> Dict[str, List[str]]:
