@@ -324,7 +324,7 @@ def test_compare_step_is_vector_compare_without_pandas(tmp_path):
     import subprocess
     import sys
     from precision_tool.analysis import compare_step
-    from precision_tool.kernels.table import Table
+    from precision_tool.table import Table
     m = pt.models.mlp()
     root = str(tmp_path)
     ws, npu_run, cpu_run, _ = _dump_both(root, m, precision_mode="allow_mix_precision")

@@ -911,7 +911,7 @@ def test_a_python_dump_writer_thread_ends_with_its_writer():
     """Without the C module each dump session writes on a Python thread: it ends once its
     writer is collected (a fusion bisection opens a dump session per replay)."""
     import gc
-    from precision_tool.kernels.write import AsyncWriter
+    from precision_tool.dump.writer import AsyncWriter
     w = AsyncWriter(2)
     thread, done = w._thread, []
     w.put(lambda: done.append(1))

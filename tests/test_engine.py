@@ -273,7 +273,7 @@ def test_a_closed_dump_writer_is_not_taken_for_a_running_one():
     fifth of the time here, right after close()): the writer renames itself as it ends, so
     a pool started right after a dump closed may fork."""
     from precision_tool.kernels import native
-    from precision_tool.kernels.write import NativeWriter
+    from precision_tool.dump.writer import NativeWriter
     if not native.enabled() or not os.path.isdir("/proc/self/task"):
         pytest.skip("the C module's writer thread, as Linux lists it, is what this is about")
     for _ in range(300):
@@ -287,7 +287,7 @@ def test_worker_processes_are_not_forked_while_a_dump_writer_runs(tmp_path):
     """fork copies other threads' locks as they are: with a dump's C writer thread alive
     (which threading does not list) the pool spawns its workers; once it stops, it forks."""
     from precision_tool.kernels import native
-    from precision_tool.kernels.write import NativeWriter
+    from precision_tool.dump.writer import NativeWriter
     if not native.enabled():
         pytest.skip("the C module's writer thread is what this is about")
 

@@ -1,4 +1,4 @@
-"""kernels.table: CSV files as named columns. The definition (the csv module, strict) is
+"""table: CSV files as named columns. The definition (the csv module, strict) is
 checked against hand-worked cases and Python's float(); the C reader against the
 definition on random hostile bytes, value for value and error for error."""
 import re
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from precision_tool.kernels import native
-from precision_tool.kernels import table
-from precision_tool.kernels.table import Table, TableError
+from precision_tool import table
+from precision_tool.table import Table, TableError
 
 needs_c = pytest.mark.skipif(native._reduce is None, reason="the C module is not built")
 

@@ -9,7 +9,7 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..kernels.table import Table
+from ..table import Table
 from .comparing.metrics import compare_tensors
 from .comparing.verdicts import judge
 

@@ -9,7 +9,7 @@ _WHERE = {"DumpHook": "dumper", "DumpObserver": "dumper", "DumpConfigError": "la
           "DumpSettings": "layout", "parse_action": "layout", "parse_steps": "layout",
           "Bundle": "bundle", "ReplayError": "bundle", "load_bundle": "bundle", "replay": "bundle",
           "Run": "run", "StepDump": "run", "Workspace": "workspace",
-          "WorkspaceError": "workspace", "DumpWriteError": ".kernels.write",
+          "WorkspaceError": "workspace", "DumpWriteError": "writer",
           "RunWriter": "runwriter", "OpSpec": "runwriter", "TensorSpec": "runwriter",
           "Record": "runwriter", "Target": "layout"}
 

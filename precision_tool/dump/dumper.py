@@ -48,7 +48,7 @@ from .stepplan import StepPlan
 from .cores import WriterCore
 from .runwriter import PARTIAL, Record, RunWriter, op_spec, run_json
 from ..train.loss_scale import loss_scale_variable
-from ..kernels.write import DumpWriteError, make_writer, write_error
+from .writer import DumpWriteError, make_writer, write_error
 
 _TIMESTAMP = operator.attrgetter("timestamp")
 

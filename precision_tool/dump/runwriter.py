@@ -25,8 +25,8 @@ import numpy as np
 
 from .. import kernels
 from ..fileio import write_text_atomic
-from ..kernels.table import csv_field
-from ..kernels.write import write_error
+from ..table import csv_field
+from .writer import write_error
 from ..version import __version__
 from . import layout
 from .stepplan import Row, StepPlan, disk_dtype

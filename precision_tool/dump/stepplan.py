@@ -5,7 +5,7 @@ line and file name is fixed text but for a timestamp and a tensor's statistics, 
 tensor file's header and dtype conversion are fixed too. A StepPlan holds all of that; a
 step then gathers its values and works out its paths on the training thread (fill), and
 the writer computes the statistics, fills the index, writes every file of the step and
-renames its directory into place (kernels.write: the C module's writer thread, without the
+renames its directory into place (dump.writer: the C module's writer thread, without the
 GIL, or write() here and now). A step whose kernels or shapes differ gets a new plan.
 Without the C module the same plan is filled in Python, to the same bytes.
 """
@@ -19,7 +19,7 @@ import numpy as np
 from .. import kernels, numerics
 from . import layout
 from .template import Template
-from ..kernels.table import csv_field
+from ..table import csv_field
 from ..kernels.write import contiguous_arrays, index_text, npy_header, step_paths, write_files
 
 _HALF = np.dtype(np.float16)

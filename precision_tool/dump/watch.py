@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import kernels, numerics
 from ..graph import dtypes, split_tensor_name
-from ..kernels.table import csv_field
+from ..table import csv_field
 from ..ops import registry
 from ..runtime.plan import STATS_ONLY
 from . import layout

@@ -1,7 +1,7 @@
 """Reading a precision_data/ workspace: the one index of what is on disk.
 
 `Workspace(root)` lists runs, their steps and graphs from the directory tree once, reads a
-step's index once (a kernels.table Table, cached: index_table; as a pandas DataFrame:
+step's index once (a table.Table, cached: index_table; as a pandas DataFrame:
 index) and loads tensors lazily, never unpickling. pandas is imported only when a
 DataFrame is asked for or a step history is read: vc and vcs start without it. What a
 step directory holds is read by its format (dump.formats: ours, Ascend's); tensors are .npy
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import PrecisionToolError, WorkspaceError  # noqa: F401 (WorkspaceError: its API's)
 from ..graph.serialize import GraphView
-from ..kernels.table import Table
+from ..table import Table
 from . import layout
 from .formats import INTEGER_COLUMNS, STAT_COLUMNS, read_step_index, read_tensor_file
 from .formats.npy import Confined

@@ -218,7 +218,7 @@ WRITER_THREAD = "pt-dump-writer"     # the writer thread's name, as the C module
 
 
 def writer(max_pending: int):
-    """The C module's writer thread (see kernels.write.NativeWriter)."""
+    """The C module's writer thread (see dump.writer.NativeWriter)."""
     return _reduce.Writer(max_pending)
 
 
@@ -247,6 +247,6 @@ def writer_running() -> bool:
 
 
 def read_csv(data, kinds: dict, rest=None):
-    """kernels.table.read_csv's columns: (header, {name: bytearray of float64 or list of
+    """table.read_csv's columns: (header, {name: bytearray of float64 or list of
     str}, rows); ValueError says what is wrong and where."""
     return _reduce.read_csv(data, kinds, rest)

@@ -22,7 +22,7 @@ from ..dump import Workspace, load_bundle
 from ..dump.workspace import Run
 from ..errors import PrecisionToolError
 from ..fileio import write_text_atomic
-from ..kernels.table import column, numbers, texts
+from ..table import column, numbers, texts
 
 # a point's colour is its op's role in the root cause: red and orange for the findings only;
 # a divergence the verdict calls harmless (cancellation noise, no effect on any output) is grey

@@ -7,7 +7,7 @@ DataType, TensorIndex, Shape, OverFlow, the metrics, CompareFailReason) and adds
 and norms the verdict weighs, the verdict and its reason (verdicts.judge), the task id and
 the pass that fused the op.
 
-compare_step makes the result as a kernels.table Table, without pandas (vc's start-up is
+compare_step makes the result as a table.Table, without pandas (vc's start-up is
 most of its time on a small dump); vector_compare is the same as a pandas DataFrame.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...dump.bundle import bundle_fetches
 from ...dump.layout import DEVICE
 from ...dump.workspace import Run
 from ...graph import NOT_KERNELS, GraphView, split_tensor_name
-from ...kernels.table import Table
+from ...table import Table
 from ...collector import collector_paused
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap

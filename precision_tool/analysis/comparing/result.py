@@ -28,7 +28,7 @@ import numpy as np
 from ...dump import Workspace
 from ...dump.workspace import Run, WorkspaceError
 from ...fileio import load_json, read_bytes, write_text_atomic
-from ...kernels.table import Table, TableError, column, read_csv
+from ...table import Table, TableError, column, read_csv
 from .verdicts import ERROR, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
 
 RESULT_VERSION = 1
@@ -320,7 +320,7 @@ TEXT_COLUMNS = ("NPUDump", "TensorIndex", "GoldenTensor", "GoldenOpType", "PassN
 
 
 def read_result(path: str) -> Table:
-    """A result CSV as the summary reads it: its SUMMARY_COLUMNS as a kernels.table.Table.
+    """A result CSV as the summary reads it: its SUMMARY_COLUMNS as a table.Table.
     Text columns are read as text, never as numbers: an op named "nan", a verdict...
     (an empty number is nan). No pandas: a summary of a result starts quickly."""
     data = read_bytes(path, WorkspaceError, "compare result")

@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ... import numerics
-from ...kernels.table import Table, numbers as _numbers, texts as _text
+from ...table import Table, numbers as _numbers, texts as _text
 
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"
@@ -78,7 +78,7 @@ class Criteria:
 
 
 def judge(table, criteria=None) -> Table:
-    """Verdict and Reason of every row of a table (a kernels.table.Table or a pandas
+    """Verdict and Reason of every row of a table (a table.Table or a pandas
     DataFrame): pass, fail (with the evidence that decided, e.g. "norm -94.1%; 32 at
     65504"), nonfinite, error (not compared: CompareFailReason says why) or npu-only.
     Missing evidence columns count as no evidence (a hand-made table)."""

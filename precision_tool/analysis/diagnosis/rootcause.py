@@ -56,7 +56,7 @@ import numpy as np
 
 from ...collector import collector_paused
 from ..comparing.sums import CONTRACTIONS, SUMS
-from ...kernels.table import column, factorize, numbers, texts
+from ...table import column, factorize, numbers, texts
 from ..comparing.verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 
 # The per-dtype tolerances tell an op's own error from fp16 rounding: an fp16 tensor against

@@ -77,7 +77,7 @@ STATS = ("max", "min", "mean", "l2norm")
 
 def _rows(index) -> dict:
     """(op name, io, index) -> (file, dtype, tensor, shape, statistics) of a step's index (a
-    kernels.table Table: the workspace's own, read once, no DataFrame made)."""
+    table.Table: the workspace's own, read once, no DataFrame made)."""
     cols = [index[c].tolist() for c in ("op_name", "io", "index", "file", "dtype", "tensor",
                                         "shape")]
     stats = list(zip(*(index[c].tolist() for c in STATS)))

@@ -5,7 +5,7 @@ claims a step directory for its index: a Table of INDEX_COLUMNS (and any more a 
 the statistics where it knows them."""
 from __future__ import annotations
 
-from ...kernels.table import Table
+from ...table import Table
 from . import ascend, ours
 from .npy import MMAP_BYTES, BFLOAT16, npy_header, read_tensor_file, stored_dtype  # noqa: F401
 from .ours import INDEX_COLUMNS, INTEGER_COLUMNS, NUMBER_COLUMNS, STAT_COLUMNS  # noqa: F401

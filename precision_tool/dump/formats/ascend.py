@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from ...kernels.table import Table
+from ...table import Table
 from .. import layout
 from .npy import npy_header
 from .ours import INDEX_COLUMNS, NUMBER_COLUMNS

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import GraphFormatError, PrecisionToolError, WorkspaceError
 from ...fileio import load_json, open_regular, parse_json, read_bytes
-from ...kernels.table import Table, TableError, read_csv
+from ...table import Table, TableError, read_csv
 from ...version import __version__
 from .. import layout
 

@@ -91,7 +91,7 @@ PyObject *py_simd(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"read_csv", pt_read_csv, METH_VARARGS,
      "read_csv(data, kinds) -> (header, columns, rows): the CSV bytes' columns named in kinds "
-     "('f': a bytearray of float64, 't': a list of str), as kernels.table defines."},
+     "('f': a bytearray of float64, 't': a list of str), as table defines."},
     {"simd", py_simd, METH_NOARGS,
      "simd() -> 'avx512', 'avx2' or '': the vector loops that comparisons and statistics of "
      "16- and 32-bit floats run here (simd.c)."},

@@ -1,4 +1,4 @@
-/* CSV files read as named columns: kernels.table.read_csv, whose csv-module code defines
+/* CSV files read as named columns: table.read_csv, whose csv-module code defines
  * what is read and which errors are raised (the rules are in that module's docstring).
  * One pass over the bytes; numbers are parsed by Python's own float parser. */
 #include <float.h>
@@ -124,7 +124,7 @@ static int digits(const char *s, Py_ssize_t n, Py_ssize_t *i)
     return *i > from;
 }
 
-/* kernels.table.NUMBER */
+/* table.NUMBER */
 static int is_number(const char *s, Py_ssize_t n)
 {
     Py_ssize_t i = 0;

@@ -26,7 +26,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from . import native
+from .kernels import csv_columns
 
 NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
                     r"|(?i:nan|inf|infinity))")
@@ -214,14 +214,15 @@ def read_csv(data: bytes, kinds: Mapping[str, str], rest: Optional[str] = None) 
     for name, kind in [*kinds.items(), *([("rest", rest)] if rest is not None else [])]:
         if kind not in ("f", "t"):
             raise ValueError(f"column {name!r}: kind {kind!r} is not 'f' or 't'")
-    if native.enabled():
-        try:
-            header, found, rows = native.read_csv(data, dict(kinds), rest)
-        except ValueError as e:
-            raise TableError(str(e)) from None
-        return Table({name: _array(found[name], kinds.get(name, rest)) for name in header
-                      if name in found}, rows)
-    return _read_csv(data, kinds, rest)
+    try:
+        parsed = csv_columns(data, kinds, rest)
+    except ValueError as e:
+        raise TableError(str(e)) from None
+    if parsed is None:          # no C module: the definition itself
+        return _read_csv(data, kinds, rest)
+    header, found, rows = parsed
+    return Table({name: _array(found[name], kinds.get(name, rest)) for name in header
+                  if name in found}, rows)
 
 
 def _array(values, kind: str) -> np.ndarray:
