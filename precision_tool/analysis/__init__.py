@@ -23,7 +23,7 @@ _WHERE = {
     "comparing.summary": ("OpSummary", "VectorSummary", "count_findings", "summarize",
                           "summarize_result"),
     "comparing.verdicts": ("Criteria", "diverging", "judge", "verdict"),
-    "diagnosis.loss_scale": ("LossScaleHistory", "loss_scale_history"),
+    "diagnosis.scale_history": ("LossScaleHistory", "loss_scale_history"),
     "diagnosis.overflow": ("OverflowReport", "OverflowTask", "overflow_report"),
     "diagnosis.rootcause": ("Divergence", "RootCause", "root_cause"),
     "diagnosis.steps": ("StateTrace", "trace_state"),

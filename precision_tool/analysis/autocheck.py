@@ -29,7 +29,7 @@ from ..ops import registry
 from .advice import Options, advise
 from .comparing.compare import vector_compare
 from .replays.impact import rank_by_impact
-from .diagnosis.loss_scale import loss_scale_history
+from .diagnosis.scale_history import loss_scale_history
 from .comparing.mapping import TensorMap, placed_types
 from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op

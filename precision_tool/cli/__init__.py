@@ -23,7 +23,7 @@ from .runner import ALIASES, RUNNERS, make_runner
 # the whole analysis (tests/test_cli_usability.py checks this table against the registry)
 COMMAND_MODULES = {"analyse": ("ac", "vc", "vcs", "fo", "report"),
                    "inspect": ("ls", "ni", "pt", "cp", "dc"),
-                   "jobs": ("train", "demo", "clean"), "repair": ("fix",), "checks": ("check", "wp"),
+                   "jobs": ("train", "demo", "clean"), "fix": ("fix",), "precheck": ("check", "wp"),
                    "onnx_model": ("onnx",)}
 LONG_NAMES = {"auto-check": "ac", "vector-compare": "vc", "vector-summary": "vcs",
               "fusion-off": "fo", "html-report": "report", "list": "ls", "node-info": "ni",
