@@ -10,7 +10,7 @@ ROOT = os.path.dirname(precision_tool.__file__)
 # lowest first; equal numbers are one layer
 LAYERS = {"errors": 0, "fileio": 0, "collector": 0, "version": 0, "_reduce": 0, "numerics": 1, "kernels": 1, "table": 1,
           "graph": 2, "ops": 3, "graph_files": 4, "train": 4, "nn": 5, "data": 5, "models": 6,
-          "runtime": 7, "dump": 8, "onnx": 8, "trainer": 9, "analysis": 10, "report": 11,
+          "runtime": 7, "dump": 8, "onnx": 8, "trainer": 9, "torch": 9, "analysis": 10, "report": 11,
           "cli": 12}
 
 

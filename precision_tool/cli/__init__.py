@@ -24,7 +24,7 @@ from .runner import ALIASES, RUNNERS, make_runner
 COMMAND_MODULES = {"analyse": ("ac", "vc", "vcs", "fo", "report"),
                    "inspect": ("ls", "ni", "pt", "cp", "dc"),
                    "jobs": ("train", "demo", "clean"), "fix": ("fix",), "precheck": ("check", "wp"),
-                   "onnx_model": ("onnx",)}
+                   "onnx_model": ("onnx",), "torch_run": ("torch-run",)}
 LONG_NAMES = {"auto-check": "ac", "vector-compare": "vc", "vector-summary": "vcs",
               "fusion-off": "fo", "html-report": "report", "list": "ls", "node-info": "ni",
               "print-tensor": "pt", "compare-pair": "cp", "convert": "dc", "replay": "train",

@@ -121,7 +121,6 @@ class DumpObserver:
             self._stop(e, session.step)
             return
         self.run_dir = self.files.run_dir
-        _announce(self.run_dir)
         self.graph = session.compiled.graph if self.npu else session.graph
         self._steps_dir = self.files.steps_dir()
         self._replay_dir = os.path.join(self.run_dir, "replay", "")
@@ -414,19 +413,6 @@ def session_run_writer(session, settings: layout.DumpSettings) -> RunWriter:
                          "and round per op")
     return RunWriter(settings.root, layout.NPU, info, graph=session.compiled.graph,
                      fusion_result=session.fusion_result(), **where)
-
-
-def _announce(run_dir: str) -> None:
-    """Name the run in the script runner's file, when a runner started this process (one
-    short append: whole lines even when several dumps of the script start at once)."""
-    path = os.environ.get(layout.ENV_RUNS_FILE)
-    if path:
-        line = os.path.abspath(run_dir) + "\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
 
 
 def _opdebug(task, step: int) -> dict:

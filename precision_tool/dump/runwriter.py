@@ -41,6 +41,19 @@ PARTIAL = ".partial"
 STAMP = "\0"        # the timestamp's place in a file name template (mangled names hold no NUL)
 
 
+def _announce(run_dir: str) -> None:
+    """Name the run in the script runner's file, when a runner started this process (one
+    short append: whole lines even when several runs of the script start at once)."""
+    path = os.environ.get(layout.ENV_RUNS_FILE)
+    if path:
+        line = os.path.abspath(run_dir) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+
+
 def run_json(data) -> str:
     """The JSON text of a run-level file (and of an Opdebug record)."""
     return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
@@ -125,6 +138,7 @@ class RunWriter:
         self._history_written = 0          # how many of them are in the file
         self.history_at = 0.0              # when they were last appended (time.monotonic)
         self._static: Dict[str, _Static] = {}
+        self._dirty = False                # run.json has facts not yet written (record)
         self._info = {"writer": "precision_tool", "version": __version__,
                       "target": target.name, "kind": target.kind, "started": self.started,
                       "device_id": 0, **info, "dumped_steps": [],
@@ -149,6 +163,13 @@ class RunWriter:
                                   run_json(fusion_result))
         except OSError as e:
             raise write_error(e) from None
+        _announce(self.run_dir)
+
+    def record(self, **facts) -> None:
+        """More for run.json (what a front-end learns while the run goes: ops it did not
+        simulate), written with the next finish()."""
+        self._info.update(facts)
+        self._dirty = True
 
     @property
     def info(self) -> dict:
@@ -271,8 +292,9 @@ class RunWriter:
     def finish(self) -> None:
         """The history rows observed so far, and run.json's list of dumped steps, on disk."""
         self.write_history()
-        if self._info["dumped_steps"] != self.dumped_steps:
+        if self._info["dumped_steps"] != self.dumped_steps or self._dirty:
             self._info["dumped_steps"] = list(self.dumped_steps)
+            self._dirty = False
             write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
                               durable=False)
 

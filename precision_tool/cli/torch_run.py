@@ -1,0 +1,90 @@
+"""`torch-run`: a PyTorch training script run unchanged on the golden, the simulated NPU or
+both (precision_tool.torch.run in a child process each), into one workspace."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import List
+
+import click
+
+from ..dump import layout
+from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
+from .app import EXIT_OK, App, CommandError, command
+from .runner import _runs_written
+
+TARGETS = {"golden": ["golden"], "npu": ["npu"], "both": ["golden", "npu"]}
+
+
+@dataclass
+class TorchRuns:
+    """What torch-run wrote: the script, each target's run (label) in the order run."""
+    script: List[str]
+    runs: List[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@command("torch-run", "torch-run", short_help="Run a PyTorch training script on the golden, "
+                                               "the simulated NPU, or both.",
+         context_settings={"ignore_unknown_options": True})
+@click.option("--target", type=click.Choice(sorted(TARGETS)), default="both", show_default=True,
+              help="golden: the script as written (fp32 on CPU); npu: every kernel through "
+                   "the simulated NPU's precision policy; both: golden, then npu, same seed.")
+@click.option("--precision-mode", type=click.Choice(PRECISION_MODES),
+              default="allow_mix_precision", show_default=True)
+@click.option("--overflow-mode", type=click.Choice(OVERFLOW_MODES), default="saturation",
+              show_default=True)
+@click.option("--dump-step", default="0", show_default=True,
+              help='Optimizer steps to dump: "0|5|10", "0|3-5" or "all".')
+@click.option("--dump-mode", type=click.Choice(["tensor", "statistics"]), default="tensor",
+              show_default=True, help="Tensor files, or the index's statistics only.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds random, numpy and torch before the script runs.")
+@click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
+def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
+                  script):
+    """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
+    call of its training steps (an optimizer step ends a step) dumped under msprobe's names
+    (Functional.linear.0.forward, ...backward), into npu/ and cpu/ runs every command reads
+    (ac -c, vc, vcs, ni, pt...). The script's output, traceback and exit code pass through;
+    what it dumped before it failed is kept, the step it was in is not.
+
+    Exit code: the script's when it fails; 0 otherwise."""
+    layout.parse_steps(dump_step)            # a bad value before anything runs
+    args = list(script)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if not args:
+        raise click.UsageError("give the script to run: torch-run -- python train.py")
+    root = app.ws_root()
+    runs = []
+    for which in TARGETS[target]:
+        fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
+        os.close(fd)
+        env = dict(os.environ, PRECISION_TOOL_TORCH_TARGET=which,
+                   PRECISION_TOOL_TORCH_MODE=precision_mode,
+                   PRECISION_TOOL_TORCH_OVERFLOW=overflow_mode,
+                   PRECISION_TOOL_DUMP_STEP=dump_step, PRECISION_TOOL_TORCH_DUMP_MODE=dump_mode,
+                   PRECISION_TOOL_TORCH_SEED=str(seed))
+        env[layout.ENV_ROOT] = root
+        env[layout.ENV_RUNS_FILE] = runs_file
+        app.info(f"running {' '.join(args)} on the {which} (seed {seed})...")
+        try:
+            rc = subprocess.call([sys.executable, "-m", "precision_tool.torch.run", *args],
+                                 env=env, stdout=sys.stderr.fileno() if app.as_json else None)
+            made = _runs_written(runs_file)
+        finally:
+            os.unlink(runs_file)
+        runs += ["/".join(os.path.normpath(p).split(os.sep)[-2:]) for p in made]
+        if rc != 0:
+            raise CommandError(f"error: the script exited with status {rc} on the {which}"
+                               + (f"; kept: {', '.join(runs)}" if runs else ""), rc)
+    result = TorchRuns(args, runs)
+    app.emit(result, lambda: app.line(f"dumped: {', '.join(runs)}; next: "
+                                      f"{app.command('ac -c')} compares them"))
+    return EXIT_OK

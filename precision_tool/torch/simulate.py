@@ -1,0 +1,222 @@
+"""The simulated NPU under a PyTorch script, at the kernel level: every aten op the script
+runs (forward, backward, optimizer) goes through the graph executor's precision policy
+(runtime.npu.policy.Policy.decide) under a TorchDispatchMode.
+
+An op the policy computes in fp16 or bf16 gets its float inputs on that grid, computes in
+float32 (the Cube unit's fp32 accumulation, the Vector unit's fp32 arithmetic) and its
+result rounded to the grid, saturated or inf/nan by the overflow mode, with the status word
+set as the executor sets it (kernels.round_result, the executor's own rounding). Tensors
+stay float32 holding the device's values, as the graph executor holds them; `dtype_of`
+says which dtype a tensor has on the device. View and shape ops compute nothing and pass;
+an op the table below does not classify runs as the script asked and is listed once in
+`unclassified` (run.json's "not simulated")."""
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Optional, Set
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import numerics
+from ..kernels import round_result
+from ..runtime.npu.policy import make_policy
+
+# aten op (its overload packet's name) -> the graph IR's op type the policy decides by: one
+# table, declarative. Cube ops are the policy's white list's (MatMul, Conv2D...).
+OP_TYPES: Dict[str, str] = {
+    "mm": "MatMul", "addmm": "MatMul", "bmm": "BatchMatMul", "baddbmm": "BatchMatMul",
+    "convolution": "Conv2D", "convolution_backward": "Conv2DBackpropInput",
+    "exp": "Exp", "log": "Log", "pow": "Pow", "sqrt": "Sqrt", "rsqrt": "Rsqrt",
+    "sum": "ReduceSum", "mean": "ReduceMean", "_log_softmax": "LogSoftmax",
+    "_log_softmax_backward_data": "LogSoftmax", "nll_loss_forward": "SparseSoftmaxCrossEntropyWithLogits",
+    "nll_loss_backward": "SparseSoftmaxCrossEntropyWithLogits",
+    "native_layer_norm": "LayerNorm", "native_layer_norm_backward": "LayerNorm",
+    "native_batch_norm": "BatchNorm", "native_batch_norm_backward": "BatchNormGrad",
+    "_softmax": "Softmax", "_softmax_backward_data": "Softmax",
+    "gelu": "Gelu", "gelu_backward": "GeluGrad", "relu": "Relu", "threshold_backward": "ReluGrad",
+    "tanh": "Tanh", "tanh_backward": "TanhGrad", "sigmoid": "Sigmoid",
+    "sigmoid_backward": "SigmoidGrad", "silu": "Silu", "silu_backward": "SiluGrad",
+    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "RealDiv", "neg": "Neg", "abs": "Abs",
+    "maximum": "Maximum", "minimum": "Minimum", "where": "Select", "clamp": "ClipByValue",
+    "addcmul": "Mul", "addcdiv": "RealDiv", "lerp": "Add", "amax": "ReduceMax",
+    "max": "ReduceMax", "embedding": "Gather", "embedding_dense_backward": "GatherGrad",
+    "masked_fill": "Select", "dropout": "Dropout", "native_dropout": "Dropout",
+    "native_dropout_backward": "Mul", "scatter_add": "GatherGrad", "index_select": "Gather",
+    "cat": "ConcatV2", "stack": "Pack", "cumsum": "Cumsum", "var_mean": "ReduceMean",
+}
+CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
+# ops that compute nothing: views, copies, shape and creation ops keep their inputs' values
+PASSIVE = frozenset({
+    "t", "view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "squeeze",
+    "unsqueeze", "detach", "clone", "contiguous", "slice", "select", "split", "split_with_sizes",
+    "chunk", "unbind", "as_strided", "alias", "lift_fresh", "ones_like", "zeros_like",
+    "empty_like", "full_like", "zeros", "ones", "empty", "full", "arange", "copy_", "_to_copy",
+    "fill_", "zero_", "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor",
+    "_record_function_enter_new", "_record_function_exit", "expand_as", "view_as", "flatten",
+    "is_nonzero", "item", "_local_scalar_dense", "eq", "ne", "lt", "le", "gt", "ge", "argmax",
+    "randint", "randn", "rand", "normal_", "uniform_", "bernoulli_", "random_", "set_",
+    "resize_", "_reshape_alias", "unfold", "index", "gather", "nonzero", "sort", "topk",
+    "logical_not", "logical_and", "logical_or", "isnan", "isinf", "isfinite", "all", "any",
+    "sign", "bitwise_and", "bitwise_or", "_foreach_add_", "diagonal", "tril", "triu",
+})
+_LOW = (torch.float16, torch.bfloat16)
+
+
+class ByIdentity:
+    """A tensor -> value table by identity while the tensor lives (tensors compare element by
+    element, so a WeakKeyDictionary cannot hold them); dead entries go when the table grows."""
+
+    def __init__(self):
+        self._d: Dict[int, tuple] = {}
+
+    def get(self, t):
+        entry = self._d.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    def __setitem__(self, t, value) -> None:
+        if len(self._d) > 4096 and len(self._d) % 4096 == 0:
+            self._d = {k: e for k, e in self._d.items() if e[0]() is not None}
+        self._d[id(t)] = (weakref.ref(t), value)
+
+
+def _packet(func) -> str:
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or str(func)
+    return name.split(".")[-1]
+
+
+class SimulatedNPU(TorchDispatchMode):
+    """The dispatch mode that computes each kernel as the device would (see the module).
+    config: a runtime.SessionConfig (its precision mode, amp level, mixlist, overflow
+    mode). status: the OR of every kernel's status word since the last clear."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.policy = make_policy(config.precision_mode, config.amp_level, config.modify_mixlist)
+        self.saturation = config.overflow_mode == "saturation"
+        self.status = 0
+        self.unclassified: Set[str] = set()
+        # the device's dtype of each tensor the simulated kernels made (float16, bfloat16,
+        # float32), by identity while the tensor lives
+        self._dtypes = ByIdentity()
+        self.updating = False      # the optimizer's step: updates keep the declared dtype
+
+    def dtype_of(self, t: torch.Tensor) -> Optional[str]:
+        """The dtype a tensor has on the device: what the policy rounded it to, else its own."""
+        return self._dtypes.get(t) or str(t.dtype).replace("torch.", "")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _packet(func)
+        # an in-place variant (add_, the optimizer's) is its op, as an update
+        op_type = OP_TYPES.get(name) or OP_TYPES.get(name.rstrip("_"))
+        if op_type is None:
+            if name not in PASSIVE:
+                self.unclassified.add(f"aten.{name}")
+                return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            # a view or copy holds its input's values: and its dtype on the device
+            first = next((a for a in _tensors(args, kwargs) if a.is_floating_point()), None)
+            low = self._dtypes.get(first) if first is not None else None
+            if low is not None:
+                def tag(t):
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        self._dtypes[t] = low
+                    return t
+                _map(tag, out)
+            return out
+        floats = [a for a in _tensors(args, kwargs) if a.is_floating_point()]
+        if not floats:
+            return func(*args, **kwargs)
+        declared = _declared(floats)
+        votes = [self.dtype_of(a) for a in floats]
+        update = self.updating or name.endswith("_")
+        decided = self.policy.decide(op_type, declared, votes, op_type in CUBE, update)
+        compute, output = decided["compute"], decided["output"]
+        if compute in ("float16", "bfloat16"):
+            args, kwargs = _on_grid((args, kwargs), compute)
+        out = func(*args, **kwargs)
+        if output in ("float16", "bfloat16"):
+            out = self._round(out, output, op_type in CUBE)
+        elif declared in ("float16", "bfloat16") or not update:
+            self._check(out, op_type in CUBE)
+        return out
+
+    def _round(self, out, dtype: str, cube: bool):
+        def one(t):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+                return t
+            held = t.detach().to(torch.float32).contiguous()
+            value, overflowed = round_result(held.numpy(), dtype, self.saturation)
+            if overflowed:
+                self.status |= numerics.STATUS_CUBE_OVERFLOW if cube else \
+                    numerics.STATUS_FLOAT_OVERFLOW
+            with torch.no_grad():
+                t.copy_(torch.from_numpy(np.ascontiguousarray(value).reshape(held.shape)).to(t.dtype))
+            self._dtypes[t] = dtype
+            return t
+        return _map(one, out)
+
+    def _check(self, out, cube: bool):
+        """An fp32 result's overflow (inf/nan it made) sets the status word."""
+        def one(t):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and \
+                    not bool(torch.isfinite(t).all()):
+                self.status |= numerics.STATUS_CUBE_OVERFLOW if cube else \
+                    numerics.STATUS_FLOAT_OVERFLOW
+            return t
+        _map(one, out)
+
+
+def _declared(floats) -> str:
+    dtypes = {a.dtype for a in floats}
+    for low in _LOW:
+        if low in dtypes:
+            return str(low).replace("torch.", "")
+    return "float32"
+
+
+def _tensors(args, kwargs):
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+    walk(args)
+    walk(kwargs)
+    return out
+
+
+def _map(fn, value):
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        mapped = [_map(fn, v) for v in value]
+        return type(value)(mapped) if not hasattr(value, "_fields") else type(value)(*mapped)
+    return value
+
+
+def _on_grid(tree, dtype: str):
+    """Float tensors of (args, kwargs) rounded to the grid of dtype, held in their own dtype:
+    new tensors (the script's own are never changed)."""
+    low = torch.float16 if dtype == "float16" else torch.bfloat16
+
+    def one(v):
+        if isinstance(v, torch.Tensor):
+            if v.is_floating_point() and v.dtype not in _LOW:
+                with torch.no_grad():
+                    return v.to(low).to(v.dtype)
+            return v
+        if isinstance(v, (list, tuple)):
+            return type(v)(one(x) for x in v)
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
+        return v
+    return one(tree)

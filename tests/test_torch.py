@@ -1,0 +1,252 @@
+"""The PyTorch front-end: PrecisionDebugger on real PyTorch training loops, golden (bit for bit
+the script without the tool) and simulated NPU (the policy's dtypes at the kernel level), and
+torch-run on an unchanged script; every run read by the analysis."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch front-end is an extra "
+                                            "(pip install 'precision_tool[torch]')")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from precision_tool.cli import cli  # noqa: E402
+from precision_tool.dump import Workspace, layout  # noqa: E402
+from precision_tool.torch import PrecisionDebugger, TorchFrontEndError  # noqa: E402
+
+
+class Attention(nn.Module):
+    """One attention block and a classifier: linear, matmul, softmax, layer norm, GELU."""
+
+    def __init__(self, d=16, classes=4, scaled=True):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.norm, self.out = nn.LayerNorm(d), nn.Linear(d, classes)
+        self.scaled = scaled
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        if self.scaled:                 # before the product, as fp16 kernels scale
+            q = q / q.shape[-1] ** 0.5
+        s = torch.matmul(q, k.transpose(-1, -2))
+        h = self.norm(F.gelu(torch.softmax(s, -1) @ v + x))
+        return self.out(h).mean(1)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+
+
+def _train(make, root=None, target=None, steps=3, scale=1.0, optimizer="adam", **kw):
+    """The script: seeded model and data, `steps` training steps; with a target, under the
+    debugger. Its losses and final parameters."""
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2) if optimizer == "adam" else \
+        torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    shape = (8, 16) if isinstance(model, nn.Sequential) else (2, 6, 16)
+    x, y = scale * torch.randn(*shape, generator=g), torch.randint(0, 4, (shape[0],), generator=g)
+    debugger = PrecisionDebugger(root, target=target, dump_step="all", **kw) if target else None
+    if debugger:
+        debugger.start(model)
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if debugger:
+            debugger.step(loss)
+    if debugger:
+        debugger.stop()
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("make", [_mlp, Attention], ids=["mlp", "attention"])
+def test_the_golden_run_is_the_script_bit_for_bit(tmp_path, make):
+    """With the debugger dumping every step, the golden's losses and parameters are those of
+    the script without the tool, bit for bit; the simulated NPU's are not."""
+    plain = _train(make)
+    golden = _train(make, str(tmp_path), "golden")
+    assert golden[0] == plain[0]
+    assert all(torch.equal(a, b) for a, b in zip(golden[1], plain[1]))
+    npu = _train(make, str(tmp_path), "npu")
+    assert npu[0] != plain[0]
+    ws = Workspace(str(tmp_path))
+    assert [r.kind for r in ws.runs()] == [layout.DEVICE, layout.REFERENCE]
+    assert ws.run("cpu").complete_steps == ws.run("npu").complete_steps == [0, 1, 2]
+
+
+def test_both_runs_name_the_same_calls_as_msprobe_does(tmp_path):
+    """Every API call and its backward, named Functional/Tensor/Torch.<api>.<index>.forward
+    or .backward, the same in both runs; the losses recorded in the step history."""
+    _train(Attention, str(tmp_path), "golden", steps=1)
+    _train(Attention, str(tmp_path), "npu", steps=1)
+    ws = Workspace(str(tmp_path))
+    npu, cpu = ws.index(ws.run("npu"), 0), ws.index(ws.run("cpu"), 0)
+    names = list(dict.fromkeys(npu.op_name))
+    assert names == list(dict.fromkeys(cpu.op_name))
+    for want in ("Functional.linear.0.forward", "Functional.linear.0.backward",
+                 "Torch.matmul.0.forward", "Torch.softmax.0.forward",
+                 "Functional.layer_norm.0.forward", "Functional.gelu.0.forward",
+                 "Functional.cross_entropy.0.forward", "Functional.cross_entropy.0.backward",
+                 "Tensor.transpose.0.forward"):
+        assert want in names, want
+    assert all(n.endswith((".forward", ".backward")) for n in names)
+    history = ws.step_history(ws.run("cpu"))
+    assert history.loss.notna().all()
+
+
+def test_the_npu_run_holds_the_policys_dtypes_on_their_grid(tmp_path):
+    """allow_mix_precision: a linear (MatMul, white list) computes in fp16 from fp16 inputs
+    and its output is on the fp16 grid, dumped as fp16; layer norm (black list) stays fp32.
+    Against a float64 reference of the same call on the same dumped inputs, the fp16 linear
+    is off by the fp16 grid and no more."""
+    _train(_mlp, str(tmp_path), "npu", steps=1, precision_mode="allow_mix_precision")
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    t = ws.index(run, 0)
+    out = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "output")].iloc[0]
+    assert out["dtype"] == "float16"
+    y = ws.load(run, 0, out.file)
+    assert y.dtype == np.float16
+    ins = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "input")]
+    x, w, b = (ws.load(run, 0, f).astype(np.float64) for f in ins.sort_values("index").file)
+    exact = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T \
+        + b.astype(np.float16).astype(np.float64)
+    ulp = np.spacing(np.abs(exact).astype(np.float16)).astype(np.float64)
+    assert np.all(np.abs(y.astype(np.float64) - exact) <= ulp)     # one rounding to fp16
+    norm = t[(t.op_name == "Functional.layer_norm.0.forward") & (t.io == "output")].iloc[0]
+    assert norm["dtype"] == "float32"
+    assert run.info["precision_mode"] == "allow_mix_precision"
+    assert run.config.precision_mode == "allow_mix_precision"
+
+
+def test_a_clean_run_is_called_sound(tmp_path):
+    """A healthy script, every step dumped on both targets: ac -c finds nothing (exit 0)."""
+    _train(_mlp, str(tmp_path), "golden", steps=4)
+    _train(_mlp, str(tmp_path), "npu", steps=4)
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["verdict"] == "sound"
+
+
+def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
+    """A planted cause: attention scores left unscaled, on inputs large enough that q·k
+    passes 65504, under force_fp16 with inf/nan overflow: ac -c names the matmul that made
+    the inf as the origin (exit 1), and the status word is in the step history."""
+    for target in ("golden", "npu"):
+        _train(lambda: Attention(scaled=False), str(tmp_path), target, steps=1, scale=100.0,
+               optimizer="sgd", precision_mode="force_fp16", overflow_mode="inf_nan")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    assert result["origin"]["op_name"] == "Torch.matmul.0.forward"
+    ws = Workspace(str(tmp_path))
+    assert int(ws.step_history(ws.run("npu")).status.iloc[0]) != 0
+    # scaled before the product, nothing overflows at the same inputs
+    clean = tmp_path / "scaled"
+    for target in ("golden", "npu"):
+        _train(Attention, str(clean), target, steps=1, scale=100.0, optimizer="sgd",
+               precision_mode="force_fp16", overflow_mode="inf_nan")
+    ws = Workspace(str(clean))
+    assert int(ws.step_history(ws.run("npu")).status.iloc[0]) == 0
+
+
+def test_what_the_policy_does_not_classify_is_listed(tmp_path):
+    """An op outside the table runs as the script asks and run.json lists it once."""
+    def make():
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 4)
+
+            def forward(self, x):
+                return self.fc(torch.cumprod(x.abs() + 1, -1) / 1e3).mean(1)
+        return M()
+    _train(make, str(tmp_path), "npu", steps=1, optimizer="sgd")
+    info = Workspace(str(tmp_path)).run("npu").info
+    assert "aten.cumprod" in info["not_simulated"]
+
+
+def test_bad_settings_are_refused_in_one_line(tmp_path):
+    with pytest.raises(TorchFrontEndError, match="target must be one of"):
+        PrecisionDebugger(str(tmp_path), target="gpu")
+    with pytest.raises(TorchFrontEndError, match="dump_mode"):
+        PrecisionDebugger(str(tmp_path), dump_mode="everything")
+    with pytest.raises(layout.DumpConfigError):
+        PrecisionDebugger(str(tmp_path), dump_step="x")
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch, torch.nn as nn, torch.nn.functional as F
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    x = torch.randn(8, 16); y = torch.randint(0, 4, (8,))
+    for i in range(int(sys.argv[1])):
+        loss = F.cross_entropy(m(x), y); loss.backward()
+        if i == int(sys.argv[2]):
+            raise RuntimeError("planted failure")      # in the middle of step i
+        opt.step(); opt.zero_grad()
+    print(repr(loss.item()))
+""")
+
+
+def _torch_run(root, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_TOOL_")}
+    return subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(root),
+                           "torch-run", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_torch_run_dumps_an_unchanged_script_on_both_targets(tmp_path):
+    """torch-run -- python train.py: golden then NPU with the same seed, one step per
+    optimizer step; the golden's loss is the script's own, run plainly with the same seed."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = _torch_run(tmp_path / "ws", "--dump-step", "all", "--", "python", str(script), "3", "-1")
+    assert done.returncode == 0, done.stderr
+    plain = subprocess.run([sys.executable, "-c", "import random, numpy, torch, runpy, sys; "
+                            "random.seed(0); numpy.random.seed(0); torch.manual_seed(0); "
+                            f"sys.argv = [{str(script)!r}, '3', '-1']; "
+                            f"runpy.run_path({str(script)!r}, run_name='__main__')"],
+                           capture_output=True, text=True)
+    golden_loss = done.stdout.split()[0]
+    assert golden_loss == plain.stdout.strip()
+    ws = Workspace(str(tmp_path / "ws"))
+    assert ws.run("cpu").complete_steps == ws.run("npu").complete_steps == [0, 1, 2]
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "ac", "-c"])
+    assert out.exit_code == 0, out.output
+
+
+def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
+    """The script's traceback and exit code pass through; the steps before the failure are
+    on disk, the one it was in is not, and run.json says so."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    done = _torch_run(tmp_path / "ws", "--target", "golden", "--dump-step", "all", "--",
+                      str(script), "5", "2")
+    assert done.returncode == 1
+    assert "RuntimeError: planted failure" in done.stderr
+    assert "the script exited with status 1 on the golden; kept: cpu/debug_0" in done.stderr
+    run = Workspace(str(tmp_path / "ws")).run("cpu")
+    assert run.complete_steps == [0, 1]
+    assert run.info["script_failed"]["step"] == 2
+    assert "planted failure" in run.info["script_failed"]["error"]
+
+
+def test_without_torch_the_front_end_says_which_extra(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    from precision_tool.torch import PrecisionDebugger\n"
+            "except ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == ("the PyTorch front-end needs torch: "
+                                  "pip install 'precision_tool[torch]'")
