@@ -34,7 +34,7 @@ OP_TYPES: Dict[str, str] = {
     "nll_loss_backward": "SparseSoftmaxCrossEntropyWithLogits",
     "native_layer_norm": "LayerNorm", "native_layer_norm_backward": "LayerNorm",
     "native_batch_norm": "BatchNorm", "native_batch_norm_backward": "BatchNormGrad",
-    "_softmax": "Softmax", "_softmax_backward_data": "Softmax",
+    "_softmax": "Softmax", "_safe_softmax": "Softmax", "_softmax_backward_data": "Softmax",
     "gelu": "Gelu", "gelu_backward": "GeluGrad", "relu": "Relu", "threshold_backward": "ReluGrad",
     "tanh": "Tanh", "tanh_backward": "TanhGrad", "sigmoid": "Sigmoid",
     "sigmoid_backward": "SigmoidGrad", "silu": "Silu", "silu_backward": "SiluGrad",
@@ -45,6 +45,9 @@ OP_TYPES: Dict[str, str] = {
     "masked_fill": "Select", "dropout": "Dropout", "native_dropout": "Dropout",
     "native_dropout_backward": "Mul", "scatter_add": "GatherGrad", "index_select": "Gather",
     "cat": "ConcatV2", "stack": "Pack", "cumsum": "Cumsum", "var_mean": "ReduceMean",
+    "max_pool2d_with_indices": "MaxPool", "max_pool2d_with_indices_backward": "MaxPoolGrad",
+    "avg_pool2d": "AvgPool", "avg_pool2d_backward": "AvgPoolGrad",
+    "_adaptive_avg_pool2d": "AvgPool", "_adaptive_avg_pool2d_backward": "AvgPoolGrad",
 }
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
 # ops that compute nothing: views, copies, shape and creation ops keep their inputs' values
@@ -60,6 +63,9 @@ PASSIVE = frozenset({
     "resize_", "_reshape_alias", "unfold", "index", "gather", "nonzero", "sort", "topk",
     "logical_not", "logical_and", "logical_or", "isnan", "isinf", "isfinite", "all", "any",
     "sign", "bitwise_and", "bitwise_or", "_foreach_add_", "diagonal", "tril", "triu",
+    "constant_pad_nd", "new_empty_strided", "empty_strided", "repeat", "roll", "flip",
+    "index_put_", "_unsafe_index", "split_with_sizes_copy", "select_backward",
+    "slice_backward", "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
 })
 _LOW = (torch.float16, torch.bfloat16)
 
