@@ -250,3 +250,60 @@ def test_without_torch_the_front_end_says_which_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == ("the PyTorch front-end needs torch: "
                                   "pip install 'precision_tool[torch]'")
+
+
+def _real(name):
+    """Real models nobody here wrote, built from configs with random weights (no download):
+    (model, inputs, labels, loss of model output)."""
+    if name == "resnet18":
+        tv = pytest.importorskip("torchvision", reason="torchvision builds ResNet-18 (the "
+                                                       "onnx-export extra)")
+        torch.manual_seed(0)
+        return (tv.models.resnet18(num_classes=4), torch.randn(4, 3, 32, 32),
+                torch.randint(0, 4, (4,)), lambda m, x, y: F.cross_entropy(m(x), y))
+    transformers = pytest.importorskip("transformers", reason="transformers builds BERT and "
+                                                              "GPT-2 (the onnx-export extra)")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 12))
+    if name == "bert":
+        cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, intermediate_size=64,
+                                      max_position_embeddings=32, num_labels=4)
+        return (transformers.BertForSequenceClassification(cfg), ids, torch.randint(0, 4, (2,)),
+                lambda m, x, y: m(input_ids=x, labels=y).loss)
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    return (transformers.GPT2LMHeadModel(cfg), ids, ids,
+            lambda m, x, y: m(input_ids=x, labels=y).loss)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert", "gpt2"])
+def test_real_models_golden_is_the_script_and_every_kernel_is_classified(tmp_path, name):
+    """torchvision's ResNet-18, Hugging Face BERT and GPT-2: two AdamW steps under the
+    debugger on both targets. The golden's losses are the script's without the tool, bit for
+    bit; the NPU's run lists no kernel as not simulated; both runs name the same calls."""
+    def run(target):
+        model, x, y, loss_of = _real(name)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        d = PrecisionDebugger(str(tmp_path), target=target, dump_step="0") if target else None
+        if d:
+            d.start(model)
+        losses = []
+        for _ in range(2):
+            loss = loss_of(model, x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            if d:
+                d.step(loss)
+        if d:
+            d.stop()
+        return losses
+    plain = run(None)
+    assert run("golden") == plain
+    assert run("npu") != plain
+    ws = Workspace(str(tmp_path))
+    assert ws.run("npu").info.get("not_simulated") is None
+    assert list(dict.fromkeys(ws.index(ws.run("npu"), 0).op_name)) == \
+        list(dict.fromkeys(ws.index(ws.run("cpu"), 0).op_name))
