@@ -105,8 +105,9 @@ class _Recorder(TorchFunctionMode):
         if api is None:
             return func(*args, **kwargs)
         ins = [a for a in _flat((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if api.rsplit(".", 1)[-1] in _OVERWRITES:
-            ins = ins[1:]
+        if api.rsplit(".", 1)[-1] in _OVERWRITES or \
+                getattr(func, "__module__", None) == "torch.nn.init":
+            ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
         before = [(t, _copy(t)) for t in ins]          # an in-place call changes them
         out = func(*args, **kwargs)
         outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
