@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from .. import kernels
+from ..collector import collector_paused
 from ..fileio import write_text_atomic
 from ..table import csv_field
 from .writer import write_error
@@ -268,7 +269,8 @@ class RunWriter:
         """Write a step here and now, whole or not at all: its index and (files) its tensor
         files; returns its directory. The dump observer writes its steps on a thread from
         plans it reuses (dumper.py); this is the way for values handed over once."""
-        plan = self.plan(None, records, mode, files)
+        with collector_paused():    # thousands of rows and no cycles: see collector
+            plan = self.plan(None, records, mode, files)
         stamps = [r.timestamp for r in records]
         partial, path = self.partial_dir(number), self.steps_dir() + str(number)
         filled = plan.fill(partial, stamps, plan.gather(records))

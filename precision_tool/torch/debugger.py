@@ -108,7 +108,7 @@ class _Recorder(TorchFunctionMode):
         if api.rsplit(".", 1)[-1] in _OVERWRITES or \
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
-        before = [(t, _copy(t)) for t in ins]          # an in-place call changes them
+        before = [(t, self.d._snapshot(t)) for t in ins]   # an in-place call changes them
         out = func(*args, **kwargs)
         outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
         if outs:
@@ -157,6 +157,7 @@ class PrecisionDebugger:
         self._records: List[Record] = []
         self._counts: Dict[str, int] = {}
         self._names = ByIdentity()          # tensor -> the call output it is (op:k)
+        self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         self._loss: Optional[float] = None
         self.recording = False
         self.touched = False       # an API call since the last step ended (a step ran)
@@ -221,6 +222,18 @@ class PrecisionDebugger:
         self._writer = RunWriter(self.root, target, info)
         self.run_dir = self._writer.run_dir
 
+    def _snapshot(self, t: torch.Tensor) -> np.ndarray:
+        """t's value now, copied once per version: an output read by the next call (and a
+        parameter read by several) is one copy; torch's version counter says when an
+        in-place call changed it since."""
+        key = (int(t._version), t.dtype, tuple(t.shape))
+        held = self._copies.get(t)
+        if held is not None and held[0] == key:
+            return held[1]
+        value = _copy(t)
+        self._copies[t] = (key, value)
+        return value
+
     def _name_of(self, t: torch.Tensor) -> Optional[str]:
         return self._names.get(t)
 
@@ -237,7 +250,7 @@ class PrecisionDebugger:
             in_values.append(value)
         out_values, out_specs = [], []
         for i, t in enumerate(outs):
-            out_values.append(_copy(t))
+            out_values.append(self._snapshot(t))
             out_specs.append(TensorSpec(self._dtype(t)))
             self._names[t] = f"{name}:{i}"
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs))
@@ -291,5 +304,5 @@ class PrecisionDebugger:
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
-        self._names = ByIdentity()
+        self._names, self._copies = ByIdentity(), ByIdentity()
         self._writer.finish()
