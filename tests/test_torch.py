@@ -312,3 +312,57 @@ def test_real_models_golden_is_the_script_and_every_kernel_is_classified(tmp_pat
     assert ws.run("npu").info.get("not_simulated") is None
     assert list(dict.fromkeys(ws.index(ws.run("npu"), 0).op_name)) == \
         list(dict.fromkeys(ws.index(ws.run("cpu"), 0).op_name))
+
+
+FULL_DISK = textwrap.dedent("""
+    import sys, torch, torch.nn as nn, torch.nn.functional as F
+    from precision_tool.torch import PrecisionDebugger
+
+    def train(root, dump_step):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        x, y = torch.randn(64, 64), torch.randint(0, 4, (64,))
+        d = PrecisionDebugger(root, target="npu", dump_step=dump_step)
+        d.start(m)
+        for _ in range(30):
+            loss = F.cross_entropy(m(x), y); loss.backward(); opt.step(); opt.zero_grad()
+            d.step(loss)
+        d.stop()
+        return loss.item(), [p.detach().clone() for p in m.parameters()]
+
+    dumped = train(sys.argv[1], "all")
+    undumped = train(sys.argv[2], "1000")          # the same simulation, nothing written
+    same = dumped[0] == undumped[0] and all(torch.equal(a, b) for a, b in zip(dumped[1], undumped[1]))
+    print("trained 30 steps; same as undumped:", same)
+""")
+
+
+def test_a_full_disk_stops_the_dump_and_the_script_finishes(tmp_path):
+    """A workspace on a 1 MB tmpfs: the first step that does not fit ends the dump with one
+    warning (its step and cause), run.json records it, the steps before it read whole, and
+    the script runs to its end."""
+    from test_readonly import NO_NAMESPACES, _in_namespace
+    if NO_NAMESPACES:
+        pytest.skip(NO_NAMESPACES)
+    script = tmp_path / "train.py"
+    script.write_text(FULL_DISK)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_TOOL_")}
+    listing = " ".join([sys.executable, "-m", "precision_tool", "--data-dir", str(disk / "ws"),
+                        "--json", "ls"])
+    train, ls = _in_namespace(tmp_path, f"mount -t tmpfs -o size=1024k tmpfs {disk}",
+                              [f"{sys.executable} {script} {disk / 'ws'} {tmp_path / 'other'}",
+                               listing], env=env)
+    assert train[0] == 0, train[2]
+    assert "trained 30 steps; same as undumped: True" in train[1]
+    warnings = [line for line in train[2].splitlines() if "dumping stopped" in line]
+    assert len(warnings) == 1, train[2]
+    assert "No space left on device" in warnings[0] and "the script goes on" in warnings[0]
+    assert "Traceback" not in train[2]
+    assert ls[0] == 0, ls[2]
+    (run,) = json.loads(ls[1])["runs"]            # what the full disk holds reads whole
+    assert 0 < len(run["steps"]) < 30 and run["partial_steps"] == []
+    assert run["dump_stopped"]["step"] == len(run["steps"])
+    assert "No space left on device" in run["dump_stopped"]["error"]

@@ -31,7 +31,6 @@ import glob
 import operator
 import os
 import shutil
-import sys
 import time
 import weakref
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from ..runtime.plan import STATS_ONLY
 from . import layout
 from .stepplan import StepPlan
 from .cores import WriterCore
-from .runwriter import PARTIAL, Record, RunWriter, op_spec, run_json
+from .runwriter import PARTIAL, Record, RunWriter, op_spec, run_json, warn_stopped
 from ..train.loss_scale import loss_scale_variable
 from .writer import DumpWriteError, make_writer, write_error
 
@@ -261,14 +260,7 @@ class DumpObserver:
                     glob.glob(glob.escape(self._replay_dir) + ".*" + PARTIAL):
                 shutil.rmtree(partial, ignore_errors=True)
         self.stopped = (step, str(error))
-        where = f"step {step}" if step is not None else "the end of the run"
-        on_disk = layout.format_steps(files.dumped_steps) if files is not None else ""
-        sys.stderr.write(
-            f"precision_tool: warning: dumping stopped at {where}"
-            f"{' of ' + self.run_dir if self.run_dir else ''}: {error}. The training goes on "
-            f"without a dump (steps on disk: {on_disk or 'none'}; on_write_error='raise' "
-            f"stops the training instead)\n")
-        sys.stderr.flush()
+        warn_stopped(self.run_dir, step, error, files.dumped_steps if files is not None else [])
         if files is not None:
             try:
                 files.stopped(step, str(error))

@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
@@ -53,6 +54,18 @@ def _announce(run_dir: str) -> None:
             os.write(fd, line.encode("utf-8"))
         finally:
             os.close(fd)
+
+
+def warn_stopped(run_dir: Optional[str], step: Optional[int], error, on_disk: List[int],
+                 instead: str = "on_write_error='raise' stops the training instead") -> None:
+    """The one warning a dump that cannot write (a full disk) gives as it stops: the step,
+    the run, the cause, and what is on disk; the training goes on."""
+    where = f"step {step}" if step is not None else "the end of the run"
+    sys.stderr.write(
+        f"precision_tool: warning: dumping stopped at {where}"
+        f"{' of ' + run_dir if run_dir else ''}: {error}. The training goes on without a dump "
+        f"(steps on disk: {layout.format_steps(on_disk) or 'none'}; {instead})\n")
+    sys.stderr.flush()
 
 
 def run_json(data) -> str:

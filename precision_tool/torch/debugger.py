@@ -31,7 +31,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..dump import layout
-from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec
+from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
+from ..dump.writer import DumpWriteError, write_error
 from ..runtime.config import SessionConfig
 from .simulate import ByIdentity
 
@@ -160,6 +161,7 @@ class PrecisionDebugger:
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         self._loss: Optional[float] = None
         self.recording = False
+        self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
         self.touched = False       # an API call since the last step ended (a step ran)
 
     # -- the user's calls ------------------------------------------------------------------
@@ -175,7 +177,7 @@ class PrecisionDebugger:
             rec = _Recorder(self)
             rec.__enter__()
             self._modes.append(rec)
-        self.recording = self.steps is None or self.step_number in self.steps
+        self.recording = self._wants(self.step_number)
 
     def stop(self, error: Optional[BaseException] = None) -> None:
         """Stop recording; the step in progress is written (with its history row). With the
@@ -189,7 +191,10 @@ class PrecisionDebugger:
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
         if self._writer is not None:
-            self._writer.finish()
+            try:
+                self._writer.finish()
+            except OSError as e:
+                self._stop(e)
 
     def step(self, loss=None) -> None:
         """The end of a training step (after the optimizer's): the step is written if it is
@@ -198,7 +203,10 @@ class PrecisionDebugger:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._end_step()
         self.step_number += 1
-        self.recording = self.steps is None or self.step_number in self.steps
+        self.recording = self._wants(self.step_number)
+
+    def _wants(self, step: int) -> bool:
+        return self._writer is not None and (self.steps is None or step in self.steps)
 
     # -- inside ------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -219,7 +227,11 @@ class PrecisionDebugger:
             info.update(golden_dtype="float32",
                         numerics="the script as written (every kernel as it asks)")
             target = layout.GOLDEN
-        self._writer = RunWriter(self.root, target, info)
+        try:
+            self._writer = RunWriter(self.root, target, info)
+        except DumpWriteError as e:         # no run directory: the script runs undumped
+            self._stop(e)
+            return
         self.run_dir = self._writer.run_dir
 
     def _snapshot(self, t: torch.Tensor) -> np.ndarray:
@@ -287,9 +299,32 @@ class PrecisionDebugger:
             return self.npu.dtype_of(t) or "float32"
         return str(t.dtype).replace("torch.", "")
 
+    def _stop(self, error: Exception) -> None:
+        """A write failed (a full disk): the dump ends here with one warning, run.json says
+        so, and the script goes on undumped."""
+        error = error if isinstance(error, DumpWriteError) else write_error(error)
+        self.stopped = (self.step_number, str(error))
+        self.recording = False
+        self._records = []
+        writer, self._writer = self._writer, None
+        warn_stopped(self.run_dir, self.step_number, error,
+                     writer.dumped_steps if writer is not None else [],
+                     "the script goes on")
+        if writer is not None:
+            try:
+                writer.stopped(self.step_number, str(error))
+            except OSError:
+                pass
+
     def _end_step(self) -> None:
         if self._writer is None:
             return
+        try:
+            self._write_step()
+        except (DumpWriteError, OSError) as e:
+            self._stop(e)
+
+    def _write_step(self) -> None:
         status = self.npu.status if self.npu is not None else 0
         if not (self.touched or self._records or self._loss is not None):
             return                     # stop() right after step(): no step ran since
