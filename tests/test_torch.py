@@ -54,11 +54,17 @@ def _train(make, root=None, target=None, steps=3, scale=1.0, optimizer="adam", *
     shape = (8, 16) if isinstance(model, nn.Sequential) else (2, 6, 16)
     x, y = scale * torch.randn(*shape, generator=g), torch.randint(0, 4, (shape[0],), generator=g)
     debugger = PrecisionDebugger(root, target=target, dump_step="all", **kw) if target else None
+    losses = _steps(model, lambda: F.cross_entropy(model(x), y), opt, debugger, steps)
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _steps(model, loss_of, opt, debugger, steps):
+    """The training loop, under the debugger when one is given: its losses."""
     if debugger:
         debugger.start(model)
     losses = []
     for _ in range(steps):
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_of()
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -67,7 +73,7 @@ def _train(make, root=None, target=None, steps=3, scale=1.0, optimizer="adam", *
             debugger.step(loss)
     if debugger:
         debugger.stop()
-    return losses, [p.detach().clone() for p in model.parameters()]
+    return losses
 
 
 @pytest.mark.parametrize("make", [_mlp, Attention], ids=["mlp", "attention"])
@@ -291,20 +297,7 @@ def test_real_models_golden_is_the_script_and_every_kernel_is_classified(tmp_pat
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         d = PrecisionDebugger(str(tmp_path), target=target, dump_step="0") if target else None
-        if d:
-            d.start(model)
-        losses = []
-        for _ in range(2):
-            loss = loss_of(model, x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-            if d:
-                d.step(loss)
-        if d:
-            d.stop()
-        return losses
+        return _steps(model, lambda: loss_of(model, x, y), opt, d, 2)
     plain = run(None)
     assert run("golden") == plain
     assert run("npu") != plain
