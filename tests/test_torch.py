@@ -134,6 +134,12 @@ def test_the_npu_run_holds_the_policys_dtypes_on_their_grid(tmp_path):
     assert norm["dtype"] == "float32"
     assert run.info["precision_mode"] == "allow_mix_precision"
     assert run.config.precision_mode == "allow_mix_precision"
+    # ni reads a graphless run's call from its index: what it read, what it made
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ni",
+                                   "Functional.linear.0.forward"])
+    assert out.exit_code == 0, out.output
+    info = json.loads(out.stdout)
+    assert len(info["inputs"]) == 3 and info["outputs"] == [{"dtype": "float16", "shape": [8, 32]}]
 
 
 def test_a_clean_run_is_called_sound(tmp_path):

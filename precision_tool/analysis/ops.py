@@ -38,14 +38,25 @@ class OpRow:
 
 
 def run_ops(ws: Workspace, run: Run) -> List[NodeView]:
-    """The run's ops as its compiled graph holds them; a golden run has no compiled graph:
-    its ops, name and type only, come from the index of its first step."""
+    """The run's ops as its compiled graph holds them. A run without one (a golden run, a
+    front-end's that compiles no graph) has them from the index of its first step: name,
+    type, the tensors its input rows name and its output rows' dtype and shape."""
     graph = ws.compiled_graph(run)
     if graph:
         return list(graph)
-    table = ws.index(run, ws.resolve_step(run, None))
-    return [NodeView(n, t, [], {}, []) for n, t in
-            table[["op_name", "op_type"]].drop_duplicates().itertuples(index=False)]
+    table = ws.index_table(run, ws.resolve_step(run, None))
+    ops: Dict[str, NodeView] = {}
+    for name, op_type, io, k, tensor, dtype, shape in zip(
+            table["op_name"], table["op_type"], table["io"], table["index"], table["tensor"],
+            table["dtype"], table["shape"]):
+        node = ops.get(name)
+        if node is None:
+            node = ops[name] = NodeView(name, op_type, [], {}, [])
+        side = node.inputs if io == "input" else node.outputs
+        if int(k) == len(side):         # each index once, in order (a reader's rows repeat)
+            side.append(tensor if io == "input" else
+                        {"dtype": dtype, "shape": [int(d) for d in str(shape).split()]})
+    return list(ops.values())
 
 
 def kernel_of(node: NodeView) -> str:
