@@ -47,28 +47,35 @@ def _command(script) -> list:
     return script
 
 
-def run_script(app, root: str, settings: dict, script) -> list:
-    """Run the script with the hooks' environment (`settings`: variable -> value, None left
-    unset) and the workspace at root; the run directories its dumps wrote, in order. A
-    script that fails, or dumps nothing, is a one-line error."""
+def script_runs(app, root: str, settings: dict, command: list) -> tuple:
+    """Run the command with `settings` (variable -> value, None left unset) in its
+    environment and the workspace at root: (its exit code, the run directories its dumps
+    named in the runner's file, in order). With --json its output goes to stderr."""
     env = dict(os.environ)
     env.update({k: v for k, v in settings.items() if v is not None})
     env[layout.ENV_ROOT] = root
     fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
     os.close(fd)
     env[layout.ENV_RUNS_FILE] = runs_file
-    command = _command(script)
-    shown = " ".join(f"{k}={v}" for k, v in settings.items() if v is not None and "ACTION" in k)
-    click.echo(f"running {' '.join(command)} with {shown}", err=True)
     try:
         try:             # with --json, stdout is the summary's: the script's output goes to stderr
             rc = subprocess.call(command, env=env,
                                  stdout=sys.stderr.fileno() if app.as_json else None)
         except OSError as e:
             raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
-        new = _runs_written(runs_file)
+        return rc, _runs_written(runs_file)
     finally:
         os.unlink(runs_file)
+
+
+def run_script(app, root: str, settings: dict, script) -> list:
+    """Run the script with the hooks' environment (`settings`: variable -> value, None left
+    unset) and the workspace at root; the run directories its dumps wrote, in order. A
+    script that fails, or dumps nothing, is a one-line error."""
+    command = _command(script)
+    shown = " ".join(f"{k}={v}" for k, v in settings.items() if v is not None and "ACTION" in k)
+    click.echo(f"running {' '.join(command)} with {shown}", err=True)
+    rc, new = script_runs(app, root, settings, command)
     if rc != 0:
         raise CommandError(f"error: the script exited with status {rc}")
     if not new:

@@ -3,9 +3,7 @@ both (precision_tool.torch.run in a child process each), into one workspace."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import List
 
@@ -14,7 +12,8 @@ import click
 from ..dump import layout
 from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
 from .app import EXIT_OK, App, CommandError, command
-from .runner import _runs_written
+from ..torch.run import ENV, ENV_SEED
+from .runner import script_runs
 
 TARGETS = {"golden": ["golden"], "npu": ["npu"], "both": ["golden", "npu"]}
 
@@ -64,22 +63,12 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     root = app.ws_root()
     runs = []
     for which in TARGETS[target]:
-        fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
-        os.close(fd)
-        env = dict(os.environ, PRECISION_TOOL_TORCH_TARGET=which,
-                   PRECISION_TOOL_TORCH_MODE=precision_mode,
-                   PRECISION_TOOL_TORCH_OVERFLOW=overflow_mode,
-                   PRECISION_TOOL_DUMP_STEP=dump_step, PRECISION_TOOL_TORCH_DUMP_MODE=dump_mode,
-                   PRECISION_TOOL_TORCH_SEED=str(seed))
-        env[layout.ENV_ROOT] = root
-        env[layout.ENV_RUNS_FILE] = runs_file
+        settings = {ENV["target"]: which, ENV["precision_mode"]: precision_mode,
+                    ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
+                    ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed)}
         app.info(f"running {' '.join(args)} on the {which} (seed {seed})...")
-        try:
-            rc = subprocess.call([sys.executable, "-m", "precision_tool.torch.run", *args],
-                                 env=env, stdout=sys.stderr.fileno() if app.as_json else None)
-            made = _runs_written(runs_file)
-        finally:
-            os.unlink(runs_file)
+        rc, made = script_runs(app, root, settings,
+                               [sys.executable, "-m", "precision_tool.torch.run", *args])
         runs += ["/".join(os.path.normpath(p).split(os.sep)[-2:]) for p in made]
         if rc != 0:
             raise CommandError(f"error: the script exited with status {rc} on the {which}"

@@ -34,7 +34,7 @@ from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
 from ..dump.writer import DumpWriteError, write_error
 from ..runtime.config import SessionConfig
-from .simulate import ByIdentity
+from .simulate import ByIdentity, tensors_in
 
 TARGETS = ("npu", "golden")
 DUMP_MODES = ("tensor", "statistics")
@@ -105,26 +105,16 @@ class _Recorder(TorchFunctionMode):
         api = _api_name(func) if self.d.recording else None
         if api is None:
             return func(*args, **kwargs)
-        ins = [a for a in _flat((args, kwargs)) if isinstance(a, torch.Tensor)]
+        ins = tensors_in(args, kwargs)
         if api.rsplit(".", 1)[-1] in _OVERWRITES or \
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
         before = [(t, self.d._snapshot(t)) for t in ins]   # an in-place call changes them
         out = func(*args, **kwargs)
-        outs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
+        outs = tensors_in(out)
         if outs:
             self.d._record(api, before, outs)
         return out
-
-
-def _flat(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flat(v)]
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flat(v)]
-    return []
 
 
 class PrecisionDebugger:
@@ -270,9 +260,9 @@ class PrecisionDebugger:
                                     _Task(len(self._records)) if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
         if torch.is_grad_enabled():
-            self._hook_backward(name, outs)
+            self._hook_backward(api, name, outs)
 
-    def _hook_backward(self, name: str, outs) -> None:
+    def _hook_backward(self, api: str, name: str, outs) -> None:
         """The call's backward, recorded when autograd runs it: its grad_fn's hook hands the
         gradients flowing in (grad_outputs) and out (grad_inputs)."""
         fns = {id(o.grad_fn): o.grad_fn for o in outs if o.grad_fn is not None}
@@ -284,7 +274,7 @@ class PrecisionDebugger:
                 gout = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
                 if not gout:
                     return
-                spec = OpSpec(fn_name.split(".")[0] + "." + fn_name.split(".")[1], fn_name,
+                spec = OpSpec(api, fn_name,
                               tuple(f"{fn_name}.input:{i}" for i in range(len(gin))),
                               tuple(TensorSpec(self._dtype(g)) for g in gin),
                               tuple(TensorSpec(self._dtype(g)) for g in gout))

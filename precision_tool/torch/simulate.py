@@ -123,7 +123,7 @@ class SimulatedNPU(TorchDispatchMode):
                 return func(*args, **kwargs)
             out = func(*args, **kwargs)
             # a view or copy holds its input's values: and its dtype on the device
-            first = next((a for a in _tensors(args, kwargs) if a.is_floating_point()), None)
+            first = next((a for a in tensors_in(args, kwargs) if a.is_floating_point()), None)
             low = self._dtypes.get(first) if first is not None else None
             if low is not None:
                 def tag(t):
@@ -132,7 +132,7 @@ class SimulatedNPU(TorchDispatchMode):
                     return t
                 _map(tag, out)
             return out
-        floats = [a for a in _tensors(args, kwargs) if a.is_floating_point()]
+        floats = [a for a in tensors_in(args, kwargs) if a.is_floating_point()]
         if not floats:
             return func(*args, **kwargs)
         declared = _declared(floats)
@@ -183,7 +183,8 @@ def _declared(floats) -> str:
     return "float32"
 
 
-def _tensors(args, kwargs):
+def tensors_in(*trees) -> list:
+    """The tensors in nested lists, tuples and dicts, in order."""
     out = []
 
     def walk(v):
@@ -195,8 +196,7 @@ def _tensors(args, kwargs):
         elif isinstance(v, dict):
             for x in v.values():
                 walk(x)
-    walk(args)
-    walk(kwargs)
+    walk(trees)
     return out
 
 
