@@ -162,6 +162,9 @@ def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     assert out.exit_code == 1, out.output
     result = json.loads(out.stdout)
     assert result["origin"]["op_name"] == "Torch.matmul.0.forward"
+    # the overflow report sees the call whose kernel overflowed (its Opdebug record)
+    assert result["first_overflow"]["op_name"] == "Torch.matmul.0.forward"
+    assert result["first_overflow"]["status_bits"] == ["cube accumulation overflow"]
     ws = Workspace(str(tmp_path))
     assert int(ws.step_history(ws.run("npu")).status.iloc[0]) != 0
     # scaled before the product, nothing overflows at the same inputs

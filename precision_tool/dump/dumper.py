@@ -38,14 +38,13 @@ from typing import Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from .. import numerics
 from ..graph import NOT_KERNELS
 from ..errors import ExecutionError
 from ..runtime.plan import STATS_ONLY
 from . import layout
 from .stepplan import StepPlan
 from .cores import WriterCore
-from .runwriter import PARTIAL, Record, RunWriter, op_spec, run_json, warn_stopped
+from .runwriter import PARTIAL, Record, RunWriter, op_spec, opdebug, run_json, warn_stopped
 from ..train.loss_scale import loss_scale_variable
 from .writer import DumpWriteError, make_writer, write_error
 
@@ -367,7 +366,8 @@ class DumpObserver:
             plan.fill_stats(partial, stamps, values)
         more = [(os.path.join(partial, layout.opdebug_file_name(t.task_id, t.stream_id,
                                                                 t.timestamp)),
-                 run_json(_opdebug(t, st.number)).encode("utf-8")) for t in overflowed]
+                 run_json(opdebug(t.name, t.type, t, t.timestamp, t.status, st.number))
+                 .encode("utf-8")) for t in overflowed]
         dirs, renames, links, bundle = [partial], [(partial, st.path)], (), st.bundle
         if bundle is not None:
             more += bundle.files
@@ -405,14 +405,6 @@ def session_run_writer(session, settings: layout.DumpSettings) -> RunWriter:
                          "and round per op")
     return RunWriter(settings.root, layout.NPU, info, graph=session.compiled.graph,
                      fusion_result=session.fusion_result(), **where)
-
-
-def _opdebug(task, step: int) -> dict:
-    """An overflowing task's Opdebug record."""
-    return {"op_name": task.name, "op_type": task.type, "task_id": task.task_id,
-            "stream_id": task.stream_id, "timestamp": task.timestamp,
-            "status": task.status, "status_hex": f"0x{task.status:x}",
-            "status_bits": numerics.decode_status(task.status), "step": step}
 
 
 _OPEN = weakref.WeakSet()

@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, numerics
 from ..collector import collector_paused
 from ..fileio import write_text_atomic
 from ..table import csv_field
@@ -66,6 +66,14 @@ def warn_stopped(run_dir: Optional[str], step: Optional[int], error, on_disk: Li
         f"{' of ' + run_dir if run_dir else ''}: {error}. The training goes on without a dump "
         f"(steps on disk: {layout.format_steps(on_disk) or 'none'}; {instead})\n")
     sys.stderr.flush()
+
+
+def opdebug(op_name: str, op_type: str, task, timestamp: int, status: int, step: int) -> dict:
+    """An overflowing task's Opdebug record (task: its task_id and stream_id)."""
+    return {"op_name": op_name, "op_type": op_type, "task_id": task.task_id,
+            "stream_id": task.stream_id, "timestamp": timestamp,
+            "status": status, "status_hex": f"0x{status:x}",
+            "status_bits": numerics.decode_status(status), "step": step}
 
 
 def run_json(data) -> str:
@@ -287,8 +295,14 @@ class RunWriter:
         stamps = [r.timestamp for r in records]
         partial, path = self.partial_dir(number), self.steps_dir() + str(number)
         filled = plan.fill(partial, stamps, plan.gather(records))
+        # a device task that overflowed (a status word) gets its Opdebug record
+        more = [(os.path.join(partial, layout.opdebug_file_name(r.task.task_id, r.task.stream_id,
+                                                                r.timestamp)),
+                 run_json(opdebug(r.op.name, r.op.type, r.task, r.timestamp, r.task.status,
+                                  number)).encode("utf-8"))
+                for r in records if getattr(r.task, "status", 0)]
         try:
-            plan.write(filled, renames=[(partial, path)], dirs=[partial])
+            plan.write(filled, more, renames=[(partial, path)], dirs=[partial])
         except OSError as e:
             shutil.rmtree(partial, ignore_errors=True)      # never a step that looks begun
             raise write_error(e) from None

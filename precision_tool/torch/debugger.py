@@ -63,10 +63,12 @@ class TorchFrontEndError(ValueError):
 
 
 class _Task:
-    __slots__ = ("task_id", "stream_id")
+    """A call's task on the simulated device: its id, stream and the status word its
+    kernels set (an Opdebug record when not 0)."""
+    __slots__ = ("task_id", "stream_id", "status")
 
-    def __init__(self, task_id: int):
-        self.task_id, self.stream_id = task_id, 0
+    def __init__(self, task_id: int, status: int = 0):
+        self.task_id, self.stream_id, self.status = task_id, 0, status
 
 
 def _api_name(func) -> Optional[str]:
@@ -110,10 +112,17 @@ class _Recorder(TorchFunctionMode):
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
         before = [(t, self.d._snapshot(t)) for t in ins]   # an in-place call changes them
+        npu = self.d.npu
+        held = npu.status if npu is not None else 0
+        if npu is not None:
+            npu.status = 0              # the call's own status word, then the step's again
         out = func(*args, **kwargs)
+        status = npu.status if npu is not None else 0
+        if npu is not None:
+            npu.status = held | status
         outs = tensors_in(out)
         if outs:
-            self.d._record(api, before, outs)
+            self.d._record(api, before, outs, status)
         return out
 
 
@@ -239,7 +248,7 @@ class PrecisionDebugger:
     def _name_of(self, t: torch.Tensor) -> Optional[str]:
         return self._names.get(t)
 
-    def _record(self, api: str, before, outs) -> None:
+    def _record(self, api: str, before, outs, status: int = 0) -> None:
         k = self._counts.get(api, 0)
         self._counts[api] = k + 1
         name = f"{api}.{k}.forward"
@@ -257,7 +266,8 @@ class PrecisionDebugger:
             self._names[t] = f"{name}:{i}"
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs))
         self._records.append(Record(spec, in_values, out_values,
-                                    _Task(len(self._records)) if self.target == "npu" else None,
+                                    _Task(len(self._records), status)
+                                    if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
         if torch.is_grad_enabled():
             self._hook_backward(api, name, outs)
