@@ -176,6 +176,60 @@ def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     assert int(ws.step_history(ws.run("npu")).status.iloc[0]) == 0
 
 
+def _low_precision(root=None, target=None, cast=None, steps=2, **kw):
+    """The MLP trained with the script asking for low precision: cast="autocast" (bf16
+    autocast around the forward), "half" (the model and inputs cast with .half() after the
+    debugger starts) or None (the same script in fp32). Its losses and parameters."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    debugger = PrecisionDebugger(root, target=target, dump_step="all", **kw) if target else None
+    if debugger:
+        debugger.start(model)
+    if cast == "half":
+        model.half()
+        x = x.half()
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast == "autocast"):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if debugger:
+            debugger.step(loss)
+    if debugger:
+        debugger.stop()
+    return losses, [p.detach().float().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cast", ["autocast", "half"])
+def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
+    """A script that runs under autocast or halves its model: its golden is the same script
+    in fp32, bit for bit (every kernel in fp32 whatever the script asked), and run.json
+    says which kernels asked; the NPU run honours the script's casts on top of the precision
+    mode (must_keep_origin_dtype keeps what the script asked for: bf16 or fp16 linears)."""
+    fp32 = _low_precision()
+    as_written = _low_precision(cast=cast)
+    assert as_written[0] != fp32[0]             # the script's own low precision shows
+    golden = _low_precision(str(tmp_path), "golden", cast)
+    assert golden[0] == fp32[0]
+    assert all(torch.equal(a, b) for a, b in zip(golden[1], fp32[1]))
+    ws = Workspace(str(tmp_path))
+    cpu = ws.run("cpu")
+    assert "aten._to_copy" in cpu.info["lifted_to_float32"]
+    assert set(ws.index(cpu, 0).dtype) == {"float32", "int64"}
+    _low_precision(str(tmp_path), "npu", cast, precision_mode="must_keep_origin_dtype")
+    ws = Workspace(str(tmp_path))
+    t = ws.index(ws.run("npu"), 0)
+    out = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "output")].iloc[0]
+    assert out["dtype"] == ("bfloat16" if cast == "autocast" else "float16")
+
+
 def test_what_the_policy_does_not_classify_is_listed(tmp_path):
     """An op outside the table runs as the script asks and run.json lists it once."""
     def make():

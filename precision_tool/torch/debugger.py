@@ -19,8 +19,8 @@ status word) and run.json saying what ran and what was not simulated.
 
 Recording never changes what the script computes: values are copied out after each call
 (inputs before it: an in-place call changes them), and the golden computes every kernel as
-the script asks. A test holds its loss and parameters bit for bit to the script's without
-the tool."""
+the script asks, in float32 where it asks for float16 or bfloat16 (golden.GoldenFP32). A
+test holds its loss and parameters bit for bit to the script's without the tool."""
 from __future__ import annotations
 
 import time
@@ -152,6 +152,7 @@ class PrecisionDebugger:
         self.step_number = 0
         self.run_dir: Optional[str] = None
         self.npu = None
+        self.golden = None
         self._writer: Optional[RunWriter] = None
         self._modes: List = []
         self._records: List[Record] = []
@@ -169,9 +170,10 @@ class PrecisionDebugger:
         msprobe's debugger takes it (the calls are recorded whatever module makes them)."""
         if self._writer is None:
             self._open()
-        if self.target == "npu" and not any(m is self.npu for m in self._modes):
-            self.npu.__enter__()
-            self._modes.append(self.npu)
+        kernels = self.npu if self.target == "npu" else self.golden
+        if kernels is not None and not any(m is kernels for m in self._modes):
+            kernels.__enter__()
+            self._modes.append(kernels)
         if not self._modes or not isinstance(self._modes[-1], _Recorder):
             rec = _Recorder(self)
             rec.__enter__()
@@ -223,8 +225,11 @@ class PrecisionDebugger:
                                  "accumulation, rounding per kernel")
             target = layout.NPU
         else:
+            from .golden import GoldenFP32
+            self.golden = GoldenFP32()
             info.update(golden_dtype="float32",
-                        numerics="the script as written (every kernel as it asks)")
+                        numerics="the script as written, every kernel in float32 (a cast to "
+                                 "float16/bfloat16 or autocast computes in float32)")
             target = layout.GOLDEN
         try:
             self._writer = RunWriter(self.root, target, info)
@@ -336,6 +341,8 @@ class PrecisionDebugger:
             self.npu.status = 0
             if self.npu.unclassified:
                 self._writer.record(not_simulated=sorted(self.npu.unclassified))
+        if self.golden is not None and self.golden.lifted:
+            self._writer.record(lifted_to_float32=sorted(self.golden.lifted))
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False

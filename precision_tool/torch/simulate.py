@@ -87,7 +87,7 @@ class ByIdentity:
         self._d[id(t)] = (weakref.ref(t), value)
 
 
-def _packet(func) -> str:
+def packet_name(func) -> str:
     name = getattr(getattr(func, "overloadpacket", None), "__name__", None) or str(func)
     return name.split(".")[-1]
 
@@ -114,7 +114,7 @@ class SimulatedNPU(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _packet(func)
+        name = packet_name(func)
         # an in-place variant (add_, the optimizer's) is its op, as an update
         op_type = OP_TYPES.get(name) or OP_TYPES.get(name.rstrip("_"))
         if op_type is None:
