@@ -58,6 +58,10 @@ def _train(make, root=None, target=None, steps=3, scale=1.0, optimizer="adam", *
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+_LOSS_LINE = _train.__code__.co_firstlineno + 11      # the line of the loss lambda above
+_MATMUL_LINE = Attention.forward.__code__.co_firstlineno + 4     # q·k in Attention.forward
+
+
 def _steps(model, loss_of, opt, debugger, steps):
     """The training loop, under the debugger when one is given: its losses."""
     if debugger:
@@ -140,6 +144,19 @@ def test_the_npu_run_holds_the_policys_dtypes_on_their_grid(tmp_path):
     assert out.exit_code == 0, out.output
     info = json.loads(out.stdout)
     assert len(info["inputs"]) == 3 and info["outputs"] == [{"dtype": "float16", "shape": [8, 32]}]
+    # and where the call was made: the module path named_modules gives, the script's line
+    assert info["module"] == "0"
+    assert info["source"] == f"{__file__}:{_LOSS_LINE} in <lambda>"
+    back = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ni",
+                                    "Functional.layer_norm.0.backward"])
+    assert json.loads(back.stdout)["module"] == "2"        # a backward is its forward's call
+    # a calls.json that is not what the writer writes is refused in one line
+    sites = os.path.join(run.step(0).path, layout.CALLS_FILE)
+    with open(sites, "w") as f:
+        f.write('{"Functional.linear.0.forward": [1, 2]}')
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "ni", "-s", "0",
+                                   "Functional.linear.0.forward"])
+    assert out.exit_code == 2 and "call sites" in out.output and "broken" in out.output
 
 
 def test_a_clean_run_is_called_sound(tmp_path):
@@ -165,6 +182,8 @@ def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     # the overflow report sees the call whose kernel overflowed (its Opdebug record)
     assert result["first_overflow"]["op_name"] == "Torch.matmul.0.forward"
     assert result["first_overflow"]["status_bits"] == ["cube accumulation overflow"]
+    assert result["origin"]["module"] == "Attention"
+    assert result["origin"]["call_site"] == f"{__file__}:{_MATMUL_LINE} in forward"
     ws = Workspace(str(tmp_path))
     assert int(ws.step_history(ws.run("npu")).status.iloc[0]) != 0
     # scaled before the product, nothing overflows at the same inputs

@@ -365,6 +365,9 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
     if origin is not None:
         result.origin = dict(dataclasses.asdict(origin), **_facts(
             origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
+        # a front-end's call site (module path, the script's line), where it wrote one
+        site = ws.call_sites(npu_run, step).get(origin.op_name, {})
+        result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""))
         try:
             result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
         except (ReplayOpError, PrecisionToolError) as e:

@@ -290,6 +290,8 @@ class NodeInfo:
     golden_note: str = ""
     attrs: Optional[dict] = None
     dot_file: Optional[str] = None
+    module: str = ""
+    source: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -310,6 +312,11 @@ def node_info(ws: Workspace, run: Run, name: str, step: Optional[int] = None,
     info = NodeInfo(node.name, name, note, node.type, list(node.inputs), list(node.outputs),
                     a.get("pass_name", ""), list(a.get("original_op_names", [])), step,
                     attrs=dict(a) if attrs else None)
+    # where a front-end knows it: the module path and the script's line that made the call
+    at = step if step is not None else (run.complete_steps or [None])[0]
+    if at is not None:
+        site = ws.call_sites(run, at).get(node.name, {})
+        info.module, info.source = site.get("module", ""), site.get("source", "")
     if step is not None:
         table = ws.index(run, step)
         mine = table[table.op_name == node.name]

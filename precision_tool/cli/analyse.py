@@ -192,7 +192,10 @@ def _render_ac(app: App, r, limit):
             inputs = "its inputs match the golden" if not o.get("unseen_inputs") else \
                 (f"its inputs that were compared match the golden (not compared: "
                  f"{', '.join(o['unseen_inputs'])}: the divergence may come in through it)")
-            out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\n{inputs}, its outputs "
+            where = "".join(f"{k}: {o[key]}\n" for k, key in (("module", "module"),
+                                                              ("source", "call_site"))
+                            if o.get(key))
+            out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\n{where}{inputs}, its outputs "
                                    f"do not: {', '.join(o['bad_outputs'])}{why}\n"
                                    f"single-op replay: {r.origin_replay}"),
                             title="Root cause", title_align="left"))

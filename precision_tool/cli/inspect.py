@@ -109,6 +109,10 @@ def node_info_cmd(app: App, name, name_flag, depth, show_all, run_spec, step):
         lines = [f"type: {info.type}" + (f"   pass: {info.pass_name}" if info.pass_name else "")]
         if info.original_ops:
             lines.append("stands for: " + ", ".join(info.original_ops))
+        if info.module:
+            lines.append(f"module: {info.module}")
+        if info.source:
+            lines.append(f"source: {info.source}")
         lines.append("inputs:")
         lines += [f"  {i}" for i in info.inputs] or ["  -"]
         lines.append("outputs:")

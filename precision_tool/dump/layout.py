@@ -42,6 +42,8 @@ DUMP_DATA = ("tensor", "stats")
 # on (stop), or raise out of the training step (raise)
 ON_WRITE_ERROR = ("stop", "raise")
 INDEX_FILE = "index.csv"
+# a step's call sites, where a front-end knows them: op name -> module path, source line
+CALLS_FILE = "calls.json"
 HISTORY_FILE = "step_history.csv"        # per run: every observed step's status and loss scale
 HISTORY_HEADER = "step,status,loss_scale,next_loss_scale,finite,loss"
 # the header before the loss was recorded: read, with no loss

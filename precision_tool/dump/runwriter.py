@@ -286,10 +286,11 @@ class RunWriter:
         return f"{self.steps_dir()}.{number}{PARTIAL}"
 
     def write_step(self, number: int, records: Sequence[Record], mode: str = "all",
-                   files: bool = True) -> str:
-        """Write a step here and now, whole or not at all: its index and (files) its tensor
-        files; returns its directory. The dump observer writes its steps on a thread from
-        plans it reuses (dumper.py); this is the way for values handed over once."""
+                   files: bool = True, calls: Optional[Mapping[str, dict]] = None) -> str:
+        """Write a step here and now, whole or not at all: its index, (files) its tensor
+        files and (calls) its ops' call sites (op name -> {"module", "source"}, calls.json);
+        returns its directory. The dump observer writes its steps on a thread from plans it
+        reuses (dumper.py); this is the way for values handed over once."""
         with collector_paused():    # thousands of rows and no cycles: see collector
             plan = self.plan(None, records, mode, files)
         stamps = [r.timestamp for r in records]
@@ -301,6 +302,9 @@ class RunWriter:
                  run_json(opdebug(r.op.name, r.op.type, r.task, r.timestamp, r.task.status,
                                   number)).encode("utf-8"))
                 for r in records if getattr(r.task, "status", 0)]
+        if calls:
+            more.append((os.path.join(partial, layout.CALLS_FILE),
+                         json.dumps(calls, ensure_ascii=False, sort_keys=True).encode("utf-8")))
         try:
             plan.write(filled, more, renames=[(partial, path)], dirs=[partial])
         except OSError as e:

@@ -21,7 +21,8 @@ from ..table import Table
 from . import layout
 from .formats import INTEGER_COLUMNS, STAT_COLUMNS, read_step_index, read_tensor_file
 from .formats.npy import Confined
-from .formats.ours import read_compiled_graph, read_fusion_result, read_run_json, read_step_history
+from .formats.ours import (read_calls, read_compiled_graph, read_fusion_result, read_run_json,
+                           read_step_history)
 from .run import Run, StepDump  # noqa: F401 (the types its API returns)
 
 if TYPE_CHECKING:
@@ -265,6 +266,12 @@ class Workspace:
     def step_history(self, run: Run) -> "pd.DataFrame":
         """step_history.csv (formats.ours.read_step_history)."""
         return read_step_history(run)
+
+    def call_sites(self, run: Run, step: int) -> dict:
+        """The step's call sites (op name -> {"module", "source"}), {} where none were
+        written (formats.ours.read_calls)."""
+        sd = run.step(step)
+        return read_calls(sd.path) if sd.complete else {}
 
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:

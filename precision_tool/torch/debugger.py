@@ -23,6 +23,8 @@ the script asks, in float32 where it asks for float16 or bfloat16 (golden.Golden
 test holds its loss and parameters bit for bit to the script's without the tool."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -126,6 +128,59 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
+_LIBRARY = (os.path.dirname(torch.__file__) + os.sep,
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def _call_site(frame) -> str:
+    """The script's line that made a call: the first frame outside torch and this package
+    (a model library's line, transformers' for a Hugging Face model, counts as the
+    script's)."""
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(_LIBRARY):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+class _Modules:
+    """The module path the script is in while it runs (global forward hooks): the dotted
+    path named_modules gives from the outermost module called (its own class name when the
+    call is the outermost module's own)."""
+
+    def __init__(self, model=None):
+        self.stack: List[str] = []
+        self._names: Dict[int, str] = {}
+        if model is not None:
+            self._name_tree(model)
+        from torch.nn.modules.module import (register_module_forward_hook,
+                                             register_module_forward_pre_hook)
+        self._handles = [register_module_forward_pre_hook(self._enter),
+                         register_module_forward_hook(self._leave, always_call=True)]
+
+    def _name_tree(self, root) -> None:
+        for name, m in root.named_modules():
+            self._names.setdefault(id(m), name or type(root).__name__)
+
+    def _enter(self, module, args):
+        if id(module) not in self._names:      # a module outside any tree seen: a new root
+            self._name_tree(module)
+        self.stack.append(self._names[id(module)])
+
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 class PrecisionDebugger:
     """Dump a PyTorch script's API calls (see the module). target: "golden" (cpu/debug_<k>,
     the script as written) or "npu" (npu/debug_<k>, the simulated NPU under precision_mode,
@@ -160,6 +215,8 @@ class PrecisionDebugger:
         self._names = ByIdentity()          # tensor -> the call output it is (op:k)
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         self._loss: Optional[float] = None
+        self._modules: Optional[_Modules] = None
+        self._calls: Dict[str, dict] = {}      # op name -> its module and source line
         self.recording = False
         self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
         self.touched = False       # an API call since the last step ended (a step ran)
@@ -170,6 +227,8 @@ class PrecisionDebugger:
         msprobe's debugger takes it (the calls are recorded whatever module makes them)."""
         if self._writer is None:
             self._open()
+        if self._modules is None:
+            self._modules = _Modules(model)
         kernels = self.npu if self.target == "npu" else self.golden
         if kernels is not None and not any(m is kernels for m in self._modes):
             kernels.__enter__()
@@ -191,6 +250,9 @@ class PrecisionDebugger:
         self._end_step()
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
+        if self._modules is not None:
+            self._modules.remove()
+            self._modules = None
         if self._writer is not None:
             try:
                 self._writer.finish()
@@ -270,14 +332,17 @@ class PrecisionDebugger:
             out_specs.append(TensorSpec(self._dtype(t)))
             self._names[t] = f"{name}:{i}"
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs))
+        site = {"module": self._modules.current if self._modules else "",
+                "source": _call_site(sys._getframe(2))}
+        self._calls[name] = site
         self._records.append(Record(spec, in_values, out_values,
                                     _Task(len(self._records), status)
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
         if torch.is_grad_enabled():
-            self._hook_backward(api, name, outs)
+            self._hook_backward(api, name, outs, site)
 
-    def _hook_backward(self, api: str, name: str, outs) -> None:
+    def _hook_backward(self, api: str, name: str, outs, site: dict) -> None:
         """The call's backward, recorded when autograd runs it: its grad_fn's hook hands the
         gradients flowing in (grad_outputs) and out (grad_inputs)."""
         fns = {id(o.grad_fn): o.grad_fn for o in outs if o.grad_fn is not None}
@@ -289,6 +354,7 @@ class PrecisionDebugger:
                 gout = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
                 if not gout:
                     return
+                self._calls[fn_name] = site
                 spec = OpSpec(api, fn_name,
                               tuple(f"{fn_name}.input:{i}" for i in range(len(gin))),
                               tuple(TensorSpec(self._dtype(g)) for g in gin),
@@ -336,7 +402,7 @@ class PrecisionDebugger:
         self._writer.observed(self.step_number, status, None, self._loss)
         if self._records and (self.steps is None or self.step_number in self.steps):
             self._writer.write_step(self.step_number, self._records,
-                                    files=self.dump_mode == "tensor")
+                                    files=self.dump_mode == "tensor", calls=self._calls)
         if self.npu is not None:
             self.npu.status = 0
             if self.npu.unclassified:
@@ -346,5 +412,6 @@ class PrecisionDebugger:
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
+        self._calls = {}
         self._names, self._copies = ByIdentity(), ByIdentity()
         self._writer.finish()

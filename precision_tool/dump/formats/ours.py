@@ -76,6 +76,21 @@ def _check_rows(table: Table, path: str) -> None:
 
 
 # -- a run's own files -------------------------------------------------------------------
+def read_calls(step_dir: str) -> dict:
+    """A step's call sites (calls.json: op name -> {"module": path, "source": line}), {}
+    where the front-end wrote none; a broken file is an error, never an empty answer."""
+    path = os.path.join(step_dir, layout.CALLS_FILE)
+    if not os.path.isfile(path):
+        return {}
+    data = load_json(path, WorkspaceError, "call sites")
+    if not isinstance(data, dict) or not all(
+            isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+            for v in data.values()):
+        raise WorkspaceError(f"call sites {path} are broken: not op name -> "
+                             f"{{module, source}} text")
+    return data
+
+
 def read_compiled_graph(run) -> Optional[dict]:
     """The run's compiled graph (NPU runs), read and checked: None where the run has none (a
     golden run, a foreign dump, a front-end that compiles no graph); one that cannot be read
