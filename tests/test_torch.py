@@ -240,13 +240,64 @@ def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     assert all(torch.equal(a, b) for a, b in zip(golden[1], fp32[1]))
     ws = Workspace(str(tmp_path))
     cpu = ws.run("cpu")
-    assert "aten._to_copy" in cpu.info["lifted_to_float32"]
+    assert cpu.info["lifted_to_float32"] == (["autocast"] if cast == "autocast" else ["Tensor.half"])
     assert set(ws.index(cpu, 0).dtype) == {"float32", "int64"}
     _low_precision(str(tmp_path), "npu", cast, precision_mode="must_keep_origin_dtype")
     ws = Workspace(str(tmp_path))
     t = ws.index(ws.run("npu"), 0)
     out = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "output")].iloc[0]
     assert out["dtype"] == ("bfloat16" if cast == "autocast" else "float16")
+
+
+def test_keep_fp32_keeps_a_calls_kernels_in_fp32_forward_and_backward(tmp_path):
+    """keep_fp32 names an API (every call of it) or a module path (every call made in it):
+    those calls' kernels compute and keep fp32, their backward's too; the others stay as the
+    policy places them. A call's backward record holds the gradients it hands each of its
+    inputs (the weight's gradient has the weight's shape), not its last node's."""
+    _train(Attention, str(tmp_path / "api"), "npu", steps=1, keep_fp32=["Torch.matmul"])
+    _train(Attention, str(tmp_path / "module"), "npu", steps=1, keep_fp32=["q"])
+
+    def dtypes(root, name, io="output"):
+        ws = Workspace(str(root))
+        t = ws.index(ws.run("npu"), 0)
+        return list(t[(t.op_name == name) & (t.io == io)].sort_values("index").dtype)
+    api, module = tmp_path / "api", tmp_path / "module"
+    assert dtypes(api, "Torch.matmul.0.forward") == ["float32"]
+    assert dtypes(api, "Torch.matmul.0.backward") == ["float32", "float32"]
+    assert dtypes(api, "Functional.linear.1.forward") == ["float16"]
+    assert dtypes(module, "Functional.linear.0.forward") == ["float32"]       # q
+    assert dtypes(module, "Functional.linear.0.backward") == ["float32", "float32"]
+    assert dtypes(module, "Functional.linear.1.forward") == ["float16"]       # k
+    assert dtypes(module, "Torch.matmul.0.forward") == ["float16"]
+    with pytest.raises(TorchFrontEndError, match="keep_fp32 is a setting of the simulated NPU"):
+        PrecisionDebugger(str(tmp_path), target="golden", keep_fp32=["Torch.matmul"])
+
+
+def test_a_calls_backward_record_is_the_gradients_of_its_inputs(tmp_path):
+    """The golden's Functional.linear.3.backward (the classifier, on a 3-d input: a view,
+    an addmm and the weight's transpose in autograd) holds the gradients of its input, its
+    weight and its bias, bit for bit what autograd gives them in the script without the
+    tool."""
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 1])
+    F.cross_entropy(model(x), y).backward()
+    want = [model.out.weight.grad.numpy(), model.out.bias.grad.numpy()]
+    torch.manual_seed(0)
+    model = Attention()
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_step="all")
+    d.start(model)
+    F.cross_entropy(model(x), y).backward()
+    d.step()
+    d.stop()
+    ws = Workspace(str(tmp_path))
+    run = ws.run("cpu")
+    t = ws.index(run, 0)
+    rows = t[(t.op_name == "Functional.linear.3.backward") & (t.io == "output")]
+    got = [ws.load(run, 0, f) for f in rows.sort_values("index").file]
+    assert [g.shape for g in got] == [(2, 6, 16), (4, 16), (4,)]
+    assert np.array_equal(got[1], want[0]) and np.array_equal(got[2], want[1])
 
 
 def test_what_the_policy_does_not_classify_is_listed(tmp_path):
@@ -312,6 +363,11 @@ def test_torch_run_dumps_an_unchanged_script_on_both_targets(tmp_path):
     assert golden_loss == plain.stdout.strip()
     ws = Workspace(str(tmp_path / "ws"))
     assert ws.run("cpu").complete_steps == ws.run("npu").complete_steps == [0, 1, 2]
+    # one history row per optimizer step (the final loss.item() is no step), with the loss
+    # backward() ran from: the script's own last loss
+    history = ws.step_history(ws.run("cpu"))
+    assert list(history.step) == [0, 1, 2]
+    assert repr(float(history.loss.iloc[-1])) == golden_loss
     # an initialiser reads nothing of the memory it fills (it may hold anything, nan too)
     index = ws.index(ws.run("cpu"), 0)
     inits = index[index.op_name.str.contains("kaiming_uniform_")]
@@ -334,6 +390,132 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     assert run.complete_steps == [0, 1]
     assert run.info["script_failed"]["step"] == 2
     assert "planted failure" in run.info["script_failed"]["error"]
+
+
+SCALED = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20, growth_interval=2)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    for step in range(6):
+        loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+""")
+
+
+def test_gradscalers_decisions_are_the_step_history(tmp_path):
+    """A script under torch.amp.GradScaler, started at 2**20 (beyond fp16): on the NPU each
+    step's scaled loss overflows and the scaler halves the scale and skips the step, until
+    it fits. The history holds every decision (scale, next scale, finite), one row per
+    iteration, skipped or not, and the loss before scaling; ac -c compares the skipped step
+    whole (the update the NPU skipped is no gap) and says to start the scaler lower."""
+    script = tmp_path / "train.py"
+    script.write_text(SCALED)
+    done = _torch_run(tmp_path / "ws", "--precision-mode", "force_fp16", "--overflow-mode",
+                      "inf_nan", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    ws = Workspace(str(tmp_path / "ws"))
+    npu, cpu = ws.step_history(ws.run("npu")), ws.step_history(ws.run("cpu"))
+    assert list(npu.step) == list(cpu.step) == list(range(6))
+    assert list(npu.loss_scale) == [2.0 ** (20 - k) for k in range(6)]
+    assert list(npu.next_loss_scale) == [2.0 ** (19 - k) for k in range(5)] + [2.0 ** 15]
+    assert list(npu.finite) == [0, 0, 0, 0, 0, 1]
+    assert list(cpu.finite) == [1] * 6 and list(cpu.loss_scale[:3]) == [2.0 ** 20] * 2 + [2.0 ** 21]
+    # the loss before scaling: the golden's first, within fp16's rounding on the NPU
+    assert abs(npu.loss.iloc[0] - cpu.loss.iloc[0]) < 1e-2 * cpu.loss.iloc[0]
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    assert result["coverage"]["tensors"] == result["coverage"]["compared"]
+    assert "torch.amp.GradScaler(init_scale=2**15) or less" in " ".join(result["advice"])
+
+
+PLANTED = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+
+    class Attention(nn.Module):
+        def __init__(self, d=16, classes=4):
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+            self.norm, self.out = nn.LayerNorm(d), nn.Linear(d, classes)
+
+        def forward(self, x):
+            q, k, v = self.q(x), self.k(x), self.v(x)
+            s = torch.matmul(q, k.transpose(-1, -2))        # unscaled: q.k passes fp16's range
+            h = self.norm(F.gelu(torch.softmax(s, -1) @ v + x))
+            return self.out(h).mean(1)
+
+    model = Attention()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = 300 * torch.randn(2, 6, 16), torch.randint(0, 4, (2,))
+    for step in range(4):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
+    """A planted cause (attention scores unscaled, under force_fp16 with inf/nan
+    overflow): ac -c names the matmul and offers fix; fix reruns the script keeping the
+    calls the finding names in fp32, finds the fewest that pass (the matmul and the
+    softmax that reads its scores) over every step of the script, keeps the fixed run and
+    deletes the other reruns, and writes config/fix.json. torch-run --fix applies it to a
+    fresh run, which ac -c calls sound."""
+    script = tmp_path / "attn.py"
+    script.write_text(PLANTED)
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--precision-mode", "force_fp16", "--overflow-mode", "inf_nan",
+                      "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1
+    advice = " ".join(json.loads(out.stdout)["advice"])
+    assert "torch-run --keep-fp32 Torch.matmul" in advice and "precision-tool fix -s 0" in advice
+    fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
+                            "--json", "fix"], capture_output=True, text=True, timeout=900)
+    assert fixed.returncode == 0, fixed.stderr
+    result = json.loads(fixed.stdout)
+    assert result["config"] == {"precision_mode": "force_fp16",
+                                "keep_fp32": ["Torch.matmul", "Torch.softmax"]}
+    assert result["minimal"] and result["verified"]
+    assert all(t["passed"] == (t["keep_fp32"][:2] == ["Torch.matmul", "Torch.softmax"])
+               for t in result["trials"])
+    runs = [r.label for r in Workspace(str(ws_dir)).runs("npu")]
+    assert runs == ["npu/debug_0", result["fix"]["run"]]        # the other reruns are gone
+    fix_file = ws_dir / "config" / "fix.json"
+    assert json.loads(fix_file.read_text())["front_end"] == "pytorch"
+    again = _torch_run(ws_dir, "--target", "npu", "--fix", str(fix_file), "--dump-step", "all",
+                       "--", str(script))
+    assert again.returncode == 0, again.stderr
+    fresh = [r.label for r in Workspace(str(ws_dir)).runs("npu")][-1]
+    assert Workspace(str(ws_dir)).run("npu", fresh.split("/")[1]).info["keep_fp32"] == \
+        ["Torch.matmul", "Torch.softmax"]
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "ac", "-c", "-lt", fresh])
+    assert out.exit_code == 0, out.output
+    # a graph run's fix is not a script's: refused in one line
+    graph_fix = tmp_path / "graph_fix.json"
+    graph_fix.write_text(json.dumps({"config": {"precision_mode": "allow_mix_precision",
+                                                "modify_mixlist": {"black-list": {}}}}))
+    refused = _torch_run(ws_dir, "--fix", str(graph_fix), "--", str(script))
+    assert refused.returncode == 2 and "a graph run's fix" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_fix_says_why_it_cannot_rerun_a_script_it_did_not_start(tmp_path):
+    """A run the debugger made inside a script (no torch-run) names no script to rerun:
+    fix says so and how, exit 2."""
+    for target in ("golden", "npu"):
+        _train(lambda: Attention(scaled=False), str(tmp_path), target, steps=1, scale=100.0,
+               optimizer="sgd", precision_mode="force_fp16", overflow_mode="inf_nan")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "fix"])
+    assert out.exit_code == 2
+    assert "was not made by torch-run" in out.output and "precision-tool torch-run" in out.output
 
 
 def test_without_torch_the_front_end_says_which_extra(tmp_path):

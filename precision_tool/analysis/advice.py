@@ -44,6 +44,10 @@ def keep_in_fp32(op: dict, mode: str) -> str:
                       f"them in fp16: no list moves the Cast itself)")
         return (f"keep the producer of {op['op_name']} in fp32 (the compiler inserted that Cast: "
                 f"no list moves it), or run under precision_mode force_fp32 to confirm")
+    if op.get("api_call"):          # a script's call: kept in fp32 by its API's name
+        api = op.get("op_type", "")
+        return (f"keep {api} in fp32: torch-run --keep-fp32 {api} "
+                f"(PrecisionDebugger(keep_fp32=[\"{api}\"]))")
     if op.get("update"):
         return (f"declare the variable {op['op_name']} updates (and its optimizer slots) float32: "
                 f"an update computes in its variable's dtype under every mode")
@@ -73,6 +77,8 @@ def fp32_changes(op: dict, mode: str) -> Tuple[Change, ...]:
     if op.get("inserted"):
         readers = op.get("readers") or []
         return tuple(Change("fp32", t) for t in readers)
+    if op.get("api_call"):          # no bundle to replay: fix reruns the script instead
+        return ()
     dtype = op.get("compute_dtype") or ""
     if op.get("update") or dtype in ("float32", "float64") or mode in ("force_fp32", "O0"):
         return ()
@@ -87,6 +93,7 @@ class Options:
 
     def __init__(self, r):
         self.step = r.step
+        self.front_end = getattr(r, "front_end", "")     # a PyTorch script's: GradScaler
         self.said = {d["changes"]: d for d in (getattr(r, "remedies", None) or [])}
         self.asked: List[Tuple[Change, ...]] = []
 
@@ -114,6 +121,12 @@ class Options:
         offered as the thing to do."""
         rank, text = option
         return f"Not this, a replay shows: {text}" if rank == 2 else _capital(text)
+
+
+def _dynamic_scale(opts: Options, start: str) -> str:
+    """A dynamic loss scale starting at `start`, as the run's front-end spells it."""
+    return f"torch.amp.GradScaler(init_scale={start})" if opts.front_end == "pytorch" else \
+        f"DynamicLossScaleManager(init_loss_scale={start})"
 
 
 def _capital(text: str) -> str:
@@ -201,12 +214,16 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
                      f"precision-tool wp lists them.")
     if lines and r.repairable and not data_first and r.has_findings and \
             (first is not None or o is not None or r.underflow is not None):
+        how = ("it reruns the script with such calls kept in fp32 and writes what works, "
+               "which torch-run --fix config/fix.json applies") \
+            if r.front_end == "pytorch" else \
+            "it replays the step under such changes and writes the configuration that works"
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
-                     f"{r.step} (it replays the step under such changes and writes the "
-                     f"configuration that works).")
+                     f"{r.step} ({how}).")
     if first is not None and r.golden_run is None:
-        lines.append("Dump the golden run too (cpu-dump) and add -c: the compare says whether "
-                     "the overflow has an effect and where the divergence starts.")
+        dump = "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
+        lines.append(f"Dump the golden run too ({dump}) and add -c: the compare says whether "
+                     f"the overflow has an effect and where the divergence starts.")
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
         return lines + ([unchecked] if unchecked else [])
     # nothing found (in the steps compared, where some were not: that line leads)
@@ -217,8 +234,9 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
             f"Compare the step against a golden replay of the NPU's own state "
             f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)."]
     if r.golden_run is None:
-        return ["Nothing overflowed. Dump the golden run too (cpu-dump) and add -c to compare "
-                "every op."]
+        dump = "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
+        return [f"Nothing overflowed. Dump the golden run too ({dump}) and add -c to compare "
+                f"every op."]
     return lines + _sound_text(r) + ([unchecked] if unchecked else [])
 
 
@@ -269,7 +287,8 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
     text += "."
     scales = _scales(r.loss_scale)
     if peak is not None and peak > numerics.FP16_MAX and peak in scales:
-        start = opts.tag("start it lower (init_loss_scale 2**15 or less) and no step is lost",
+        start = opts.tag("start it lower (" + _dynamic_scale(opts, "2**15") + " or less) and "
+                         "no step is lost",
                          [Change("loss_scale", "loss_scale", 2.0 ** 15)])
         return [text + f" That is the loss scale itself: {peak!r} does not fit in fp16, so each "
                 f"step overflows and is skipped until the dynamic manager has shrunk it below "
@@ -333,8 +352,8 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict], 
     if new is not None:
         scaled = opts.tag(f"a static loss scale of {new:g} (2**{int(math.log2(new))}; the "
                           f"largest gradient then stays under 65504 with room to spare), or a "
-                          f"dynamic manager starting there (DynamicLossScaleManager("
-                          f"init_loss_scale={new:g}))", [Change("loss_scale", "loss_scale", new)])
+                          f"dynamic manager starting there ({_dynamic_scale(opts, f'{new:g}')})",
+                          [Change("loss_scale", "loss_scale", new)])
         if scaled[0] == 2:
             return text + f" {opts.only(scaled)}."
         return text + f" Scale the loss: {scaled[1]}."

@@ -87,6 +87,7 @@ class AutoCheck:
     unsaved: Optional[str] = None                  # why that CSV could not be written
     # the step has a replay bundle and a golden run: `fix` can search a repair for it
     repairable: bool = False
+    front_end: str = ""             # "pytorch" for a script's run (its ops are API calls)
     # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
     watchpoints: List[dict] = field(default_factory=list)
     # the runs part through the state while the step itself computes as the golden does
@@ -173,7 +174,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         s = next((x for x in steps if reports[x].tasks), steps[0])
     report = reports[s]
     result.step = s
-    result.repairable = golden_run is not None and s in npu_run.bundles
+    # a graph run's step replays from its bundle; a script's run reruns its script
+    result.front_end = str(npu_run.info.get("front_end") or "")
+    result.repairable = golden_run is not None and (s in npu_run.bundles or
+                                                    bool(npu_run.info.get("script")))
     result.watchpoints = first_hits(read_hits(ws.root))
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
@@ -181,7 +185,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         inputs = [t for t in result.first_overflow["tensors"] if t["io"] == "input"]
         peak = max(abs(inputs[0]["max"]), abs(inputs[0]["min"])) if inputs else None
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
-                                            TensorMap(ws.compiled_graph(npu_run)), peak))
+                                            TensorMap(ws.compiled_graph(npu_run)), peak),
+                                     api_call=result.front_end == "pytorch")
     replays: Dict[int, Optional[StepReplay]] = {}
 
     def replay() -> Optional[StepReplay]:
@@ -367,7 +372,8 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
             origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
         # a front-end's call site (module path, the script's line), where it wrote one
         site = ws.call_sites(npu_run, step).get(origin.op_name, {})
-        result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""))
+        result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""),
+                             api_call=npu_run.info.get("front_end") == "pytorch")
         try:
             result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
         except (ReplayOpError, PrecisionToolError) as e:

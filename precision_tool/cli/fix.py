@@ -22,8 +22,9 @@ from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, 
 @click.option("--loss-rtol", type=Finite(0.0, min_open=True), default=None,
               help="Goal: the loss within this relative error (and no overflow), instead of "
                    "every fetched output and variable update within the criteria.")
-@click.option("-b", "--budget", type=click.IntRange(1), default=128, show_default=True,
-              help="Replays the search may use.")
+@click.option("-b", "--budget", type=click.IntRange(1), default=None,
+              help="Replays the search may use (default: 128 replays of a graph's step; 8 "
+                   "reruns of a PyTorch script).")
 @click.option("-n", "--proof-steps", type=click.IntRange(1), default=20, show_default=True,
               help="Training steps the proof reruns from the bundle.")
 @click.option("--proof-rtol", type=Finite(0.0, min_open=True), default=0.02,
@@ -47,6 +48,10 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
     npu, golden = app.run(left, "npu"), app.run(right, "cpu")
     step = app.step(npu, step)
     app.info(f"repairing step {step} of {npu.label} against {golden.label}...")
+    if npu.info.get("front_end") == "pytorch":
+        return _fix_script(app, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
+                           budget or 8, proof_rtol, dry_run)
+    budget = budget or 128
     result = repairing.repair(app.ws, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
                               loss_rtol=loss_rtol, budget=budget, proof_steps=proof_steps,
                               proof_rtol=proof_rtol, workers=workers, write=not dry_run,
@@ -66,6 +71,58 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
                       f"elsewhere", markup=False)
         return EXIT_USAGE
     return EXIT_OK if result.verified else EXIT_FINDINGS
+
+
+def _fix_script(app: App, npu, golden, step, criteria, budget, rtol, dry_run) -> int:
+    """A PyTorch script's run: the fix is found by rerunning the script (torch.repair)."""
+    from ..torch.repair import repair_script
+    r = repair_script(app.ws, npu, golden, step, criteria, rtol=rtol, budget=budget,
+                      write=not dry_run, progress=app.info)
+
+    def render():
+        lines = [f"{r.npu_run} step {r.step} against {r.golden_run}; goal: the step as ac -c "
+                 f"judges it, and the loss within {fmt(r.rtol)} of the golden's at every step"]
+        if r.healthy:
+            lines.append("No fix needed: the step already meets the goal.")
+        else:
+            lines.append("before: fails: " + "; ".join(r.before[:3])
+                         + (f"; ... {len(r.before) - 3} more" if len(r.before) > 3 else ""))
+            for t in r.trials:
+                how = "passes" if t.passed else ("does not run: " + t.error if t.error else
+                                                 "fails: " + "; ".join(
+                                                     (t.failing[:2] or []) +
+                                                     ([f"loss off at step {t.drift_step}"]
+                                                      if t.drift_step is not None else [])))
+                lines.append(f"  rerun, {t.describe()}: {how}")
+            if r.fix is None:
+                lines.append("No fix found.")
+            else:
+                f = r.fix
+                lines.append(f"Fix: {f.describe()}" + ("" if r.minimal else
+                                                       " (not proven minimal)"))
+                keep = ",".join(f.keep_fp32)
+                lines.append("train with: torch-run --fix config/fix.json, or "
+                             + (f"--keep-fp32 {keep}" if keep else
+                                f"--precision-mode {f.precision_mode}")
+                             + (f" (PrecisionDebugger(keep_fp32={f.keep_fp32!r}))" if keep else ""))
+                steps = len([x for x in r.golden_losses if x == x])
+                if steps:
+                    lines.append(f"proof: the rerun's {steps} step(s), the loss within "
+                                 f"{fmt(r.rtol)} of the golden's at each (largest relative "
+                                 f"error {fmt(f.loss_error)}; last {fmt(r.fixed_losses[-1])} vs "
+                                 f"{fmt(r.golden_losses[-1])}); the fixed run is {f.run}")
+        lines += r.notes
+        app.console.print(panel(escape("\n".join(lines)), title="Precision fix",
+                                title_align="left"))
+        for path in r.files:
+            app.line(f"wrote {path}")
+        for name, text in r.contents.items() if r.unsaved else ():
+            app.line(f"--- {name} ---\n{text.rstrip()}")
+    app.emit(r, render)
+    if r.unsaved:
+        app.err.print(f"error: the fix was found but not saved: {r.unsaved}", markup=False)
+        return EXIT_USAGE
+    return EXIT_OK if r.verified else EXIT_FINDINGS
 
 
 def _lines(r: repairing.Repair) -> list:

@@ -3,13 +3,12 @@ through the environment, as Ascend's npu_dump / npu_overflow / tf_dump do."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 
 import click
 
 from ..dump import layout
+from ..dump.scriptrun import run_dumping
 from .app import EXIT_USAGE, CommandError, echo
 
 EXIT_FINDINGS = 1
@@ -29,15 +28,6 @@ SHORT = {"npu-dump": "Run a training script dumping the NPU run.",
 ALIASES = {"npu_dump": "npu-dump", "npu_overflow": "npu-overflow", "tf_dump": "cpu-dump"}
 
 
-def _runs_written(path: str) -> list:
-    """The run directories the script's dumps named in the runs file, in order, once each."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return list(dict.fromkeys(line.strip() for line in f if line.strip()))
-    except OSError:
-        return []
-
-
 def _command(script) -> list:
     """The command to run: a .py file named first runs with this Python (users type
     `npu-dump train.py` as often as `npu-dump python train.py`)."""
@@ -51,21 +41,11 @@ def script_runs(app, root: str, settings: dict, command: list) -> tuple:
     """Run the command with `settings` (variable -> value, None left unset) in its
     environment and the workspace at root: (its exit code, the run directories its dumps
     named in the runner's file, in order). With --json its output goes to stderr."""
-    env = dict(os.environ)
-    env.update({k: v for k, v in settings.items() if v is not None})
-    env[layout.ENV_ROOT] = root
-    fd, runs_file = tempfile.mkstemp(prefix="precision-tool-runs-", suffix=".txt")
-    os.close(fd)
-    env[layout.ENV_RUNS_FILE] = runs_file
-    try:
-        try:             # with --json, stdout is the summary's: the script's output goes to stderr
-            rc = subprocess.call(command, env=env,
-                                 stdout=sys.stderr.fileno() if app.as_json else None)
-        except OSError as e:
-            raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
-        return rc, _runs_written(runs_file)
-    finally:
-        os.unlink(runs_file)
+    try:             # with --json, stdout is the summary's: the script's output goes to stderr
+        return run_dumping(root, settings, command,
+                           stdout=sys.stderr.fileno() if app.as_json else None)
+    except OSError as e:
+        raise click.UsageError(f"cannot run {command[0]!r}: {e.strerror}") from None
 
 
 def run_script(app, root: str, settings: dict, script) -> list:

@@ -12,6 +12,7 @@ import click
 from ..dump import layout
 from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
 from .app import EXIT_OK, App, CommandError, command
+from ..torch.fixfile import read_fix
 from ..torch.run import ENV, ENV_SEED
 from .runner import script_runs
 
@@ -44,9 +45,16 @@ class TorchRuns:
               show_default=True, help="Tensor files, or the index's statistics only.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seeds random, numpy and torch before the script runs.")
+@click.option("--keep-fp32", "keep_fp32", default=None, metavar="NAMES",
+              help="NPU only: APIs (Torch.matmul, Functional.softmax) or module paths "
+                   "(encoder.layer.0.attention) whose calls, forward and backward, compute "
+                   "in fp32; comma-separated.")
+@click.option("--fix", "fix_file", type=click.Path(dir_okay=False), default=None,
+              help="Apply what fix wrote (config/fix.json): its precision mode and the calls "
+                   "it keeps in fp32.")
 @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
 def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
-                  script):
+                  keep_fp32, fix_file, script):
     """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
     call of its training steps (an optimizer step ends a step) dumped under msprobe's names
     (Functional.linear.0.forward, ...backward), into npu/ and cpu/ runs every command reads
@@ -55,6 +63,13 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
 
     Exit code: the script's when it fails; 0 otherwise."""
     layout.parse_steps(dump_step)            # a bad value before anything runs
+    if fix_file is not None:
+        fixed = read_fix(fix_file)
+        precision_mode = fixed.get("precision_mode", precision_mode)
+        keep_fp32 = ",".join([*(keep_fp32.split(",") if keep_fp32 else []),
+                              *fixed.get("keep_fp32", [])]) or None
+        app.info(f"applying {fix_file}: precision mode {precision_mode}"
+                 + (f", kept in fp32: {keep_fp32}" if keep_fp32 else ""))
     args = list(script)
     if args and os.path.basename(args[0]).startswith("python"):
         args = args[1:]
@@ -65,7 +80,8 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     for which in TARGETS[target]:
         settings = {ENV["target"]: which, ENV["precision_mode"]: precision_mode,
                     ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
-                    ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed)}
+                    ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
+                    ENV["keep_fp32"]: keep_fp32 if which == "npu" else None}
         app.info(f"running {' '.join(args)} on the {which} (seed {seed})...")
         rc, made = script_runs(app, root, settings,
                                [sys.executable, "-m", "precision_tool.torch.run", *args])

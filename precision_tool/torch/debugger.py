@@ -36,6 +36,8 @@ from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
 from ..dump.writer import DumpWriteError, write_error
 from ..runtime.config import SessionConfig
+from .backward import call_graph, where_from
+from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
 
 TARGETS = ("npu", "golden")
@@ -62,6 +64,17 @@ _OVERWRITES = frozenset({"uniform_", "normal_", "zero_", "fill_", "random_", "be
 
 class TorchFrontEndError(ValueError):
     """A debugger setting that cannot be used."""
+
+
+def _keep_list(keep) -> tuple:
+    """keep_fp32 as a tuple of names: a list, or one text of names split by commas."""
+    if not keep:
+        return ()
+    names = keep.split(",") if isinstance(keep, str) else list(keep)
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise TorchFrontEndError(f"keep_fp32 must be API names (Torch.matmul) or module "
+                                 f"paths, got {keep!r}")
+    return tuple(n.strip() for n in names)
 
 
 class _Task:
@@ -105,26 +118,40 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.d.touched = True
-        api = _api_name(func) if self.d.recording else None
-        if api is None:
-            return func(*args, **kwargs)
+        d = self.d
+        d.touched = True
+        if getattr(func, "__name__", None) == "backward":
+            d.backward_from(args)
+            return d.run(func, args, kwargs)
+        api = _api_name(func) if d.recording or d.keep_fp32 else None
+        kept = api is not None and d.npu is not None and d.kept(api)
+        if api is None or not (d.recording or kept):
+            return d.run(func, args, kwargs)
         ins = tensors_in(args, kwargs)
+        grads = torch.is_grad_enabled()
+        origins = [where_from(t) for t in ins] if grads else None
         if api.rsplit(".", 1)[-1] in _OVERWRITES or \
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
-        before = [(t, self.d._snapshot(t)) for t in ins]   # an in-place call changes them
-        npu = self.d.npu
+        before = [(t, d._snapshot(t)) for t in ins] if d.recording else []
+        npu = d.npu
         held = npu.status if npu is not None else 0
         if npu is not None:
             npu.status = 0              # the call's own status word, then the step's again
-        out = func(*args, **kwargs)
+            npu.fp32 += kept
+        try:
+            out = d.run(func, args, kwargs)
+        finally:
+            if npu is not None:
+                npu.fp32 -= kept
         status = npu.status if npu is not None else 0
         if npu is not None:
             npu.status = held | status
         outs = tensors_in(out)
-        if outs:
-            self.d._record(api, before, outs, status)
+        if outs and d.recording:
+            d._record(api, before, outs, status)
+        if grads and outs:
+            d.watch_backward(api, origins, outs, kept)
         return out
 
 
@@ -191,7 +218,8 @@ class PrecisionDebugger:
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
                  overflow_mode: str = "saturation", modify_mixlist=None,
-                 dump_step: str = "0", dump_mode: str = "tensor", scope=None):
+                 dump_step: str = "0", dump_mode: str = "tensor", scope=None,
+                 keep_fp32=None):
         if target not in TARGETS:
             raise TorchFrontEndError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         if dump_mode not in DUMP_MODES:
@@ -204,6 +232,10 @@ class PrecisionDebugger:
         self.steps = layout.parse_steps(dump_step)
         self.dump_mode = dump_mode
         self.scope = tuple(scope) if scope else ()
+        self.keep_fp32 = _keep_list(keep_fp32)
+        if self.keep_fp32 and target != "npu":
+            raise TorchFrontEndError("keep_fp32 is a setting of the simulated NPU (target "
+                                     "npu): the golden computes everything in fp32")
         self.step_number = 0
         self.run_dir: Optional[str] = None
         self.npu = None
@@ -216,7 +248,12 @@ class PrecisionDebugger:
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
+        self._scaler: Optional[ScalerWatch] = None
+        self._scale_row: Optional[tuple] = None    # GradScaler's (scale, next, finite)
+        self.scaling = False        # a GradScaler scales the loss: its update ends a step
+        self.auto_steps = False     # the runner's: steps end by themselves (see run.py)
         self._calls: Dict[str, dict] = {}      # op name -> its module and source line
+        self._last: Optional[tuple] = None     # the call just recorded: (name, call site)
         self.recording = False
         self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
         self.touched = False       # an API call since the last step ended (a step ran)
@@ -229,10 +266,11 @@ class PrecisionDebugger:
             self._open()
         if self._modules is None:
             self._modules = _Modules(model)
-        kernels = self.npu if self.target == "npu" else self.golden
-        if kernels is not None and not any(m is kernels for m in self._modes):
-            kernels.__enter__()
-            self._modes.append(kernels)
+        if self._scaler is None:
+            self._scaler = ScalerWatch(self._scaled, self._scaler_updated)
+        if self.npu is not None and not any(m is self.npu for m in self._modes):
+            self.npu.__enter__()
+            self._modes.append(self.npu)
         if not self._modes or not isinstance(self._modes[-1], _Recorder):
             rec = _Recorder(self)
             rec.__enter__()
@@ -247,12 +285,15 @@ class PrecisionDebugger:
             self._records = []
             self._writer.record(script_failed={"step": self.step_number,
                                                "error": f"{type(error).__name__}: {error}"})
-        self._end_step()
+        self._end_step(tail=True)
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
         if self._modules is not None:
             self._modules.remove()
             self._modules = None
+        if self._scaler is not None:
+            self._scaler.remove()
+            self._scaler = None
         if self._writer is not None:
             try:
                 self._writer.finish()
@@ -267,6 +308,46 @@ class PrecisionDebugger:
         self._end_step()
         self.step_number += 1
         self.recording = self._wants(self.step_number)
+
+    # -- calls kept in fp32, the loss --------------------------------------------------------
+    def kept(self, api: str) -> bool:
+        """Whether a call of `api` made now computes in fp32: keep_fp32 names its API
+        (Torch.matmul) or a module path it is made in (encoder.layer.0.attention)."""
+        if api in self.keep_fp32:
+            return True
+        module = self._modules.current if self._modules is not None else ""
+        return bool(module) and any(module == k or module.startswith(k + ".")
+                                    for k in self.keep_fp32)
+
+    def backward_from(self, args) -> None:
+        """backward() on a scalar: the step's loss, unless the script hands one to step()
+        or a GradScaler scaled it (its scale() saw the loss before it was scaled)."""
+        if self._loss is None and args and isinstance(args[0], torch.Tensor) and \
+                args[0].numel() == 1:
+            self._loss = float(args[0].detach())
+
+    def _scaled(self, loss) -> None:
+        self.scaling = True
+        if self._loss is None:
+            self._loss = float(loss.detach())
+
+    def _scaler_updated(self, scale: float, after: float, finite: bool) -> None:
+        """GradScaler.update: the step's loss scale decision; under the runner it ends the
+        step (the optimizer's step is skipped when the gradients were not finite)."""
+        self._scale_row = (scale, after, finite)
+        if self.auto_steps:
+            self.step()
+
+    def run(self, func, args, kwargs):
+        """An API call as this target makes it: the golden's in float32 whatever it asks."""
+        if self.golden is not None:
+            return self.golden.call(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def note(self, **facts) -> None:
+        """More for run.json (the runner's: the script and how it was run)."""
+        if self._writer is not None:
+            self._writer.record(**facts)
 
     def _wants(self, step: int) -> bool:
         return self._writer is not None and (self.steps is None or step in self.steps)
@@ -283,6 +364,7 @@ class PrecisionDebugger:
             cfg = self.config
             info.update(precision_mode=cfg.precision_mode, amp_level=cfg.amp_level,
                         overflow_mode=cfg.overflow_mode, mode="pynative",
+                        keep_fp32=list(self.keep_fp32),
                         numerics="simulated at the kernel level: the policy's dtypes, fp32 "
                                  "accumulation, rounding per kernel")
             target = layout.NPU
@@ -339,31 +421,79 @@ class PrecisionDebugger:
                                     _Task(len(self._records), status)
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
-        if torch.is_grad_enabled():
-            self._hook_backward(api, name, outs, site)
+        self._last = (name, site)
 
-    def _hook_backward(self, api: str, name: str, outs, site: dict) -> None:
-        """The call's backward, recorded when autograd runs it: its grad_fn's hook hands the
-        gradients flowing in (grad_outputs) and out (grad_inputs)."""
-        fns = {id(o.grad_fn): o.grad_fn for o in outs if o.grad_fn is not None}
-        for fn in fns.values():
-            def hook(grad_inputs, grad_outputs, fn_name=name.replace(".forward", ".backward")):
-                if not self.recording:
-                    return
-                gin = [g for g in grad_outputs if isinstance(g, torch.Tensor)]
-                gout = [g for g in grad_inputs if isinstance(g, torch.Tensor)]
-                if not gout:
-                    return
-                self._calls[fn_name] = site
-                spec = OpSpec(api, fn_name,
-                              tuple(f"{fn_name}.input:{i}" for i in range(len(gin))),
-                              tuple(TensorSpec(self._dtype(g)) for g in gin),
-                              tuple(TensorSpec(self._dtype(g)) for g in gout))
-                self._records.append(Record(spec, [_copy(g) for g in gin],
-                                            [_copy(g) for g in gout],
-                                            _Task(len(self._records)) if self.target == "npu"
-                                            else None, int(time.time() * 1e6)))
-            fn.register_hook(hook)
+    def watch_backward(self, api: str, origins, outs, kept: bool) -> None:
+        """The call's backward (backward.call_graph: every node it made): its kernels in fp32
+        when the call is kept in fp32, the status word they set, and, when the call was
+        recorded, its record (`<call>.backward`: the gradients its outputs receive as
+        inputs, those it hands to each of its inputs as outputs, in input order) written
+        when the last of its nodes has run."""
+        recorded = self._last is not None and self.recording
+        name, site = self._last if recorded else (None, None)
+        self._last = None
+        if not (recorded or kept):
+            return
+        graph = call_graph(origins, outs)
+        if graph is None or not graph.nodes:
+            return
+        npu, fp32 = self.npu, int(kept)
+        back = name.replace(".forward", ".backward") if recorded else None
+        state = {"held": [], "status": 0, "in": [], "out": {}, "left": set()}
+        waiting = {id(n) for n, _, _ in graph.edges}
+        heads = {id(n) for n in graph.heads}
+        edges = {}
+        for node, i, k in graph.edges:
+            edges.setdefault(id(node), []).append((i, k))
+        state["left"] = set(waiting)
+
+        def enter(grad_outputs):
+            if npu is not None:
+                state["held"].append(npu.status)
+                npu.status = 0
+                npu.fp32 += fp32
+
+        def leave(grad_inputs, grad_outputs, node_id):
+            if npu is not None:
+                status = npu.status
+                npu.status = state["held"].pop() | status
+                npu.fp32 -= fp32
+                state["status"] |= status
+            if back is None or not self.recording:
+                return
+            if node_id in heads:
+                state["in"] += [g for g in grad_outputs if isinstance(g, torch.Tensor)]
+            for i, k in edges.get(node_id, ()):
+                g = grad_inputs[i]
+                if isinstance(g, torch.Tensor):
+                    value = _copy(g)
+                    held = state["out"].get(k)
+                    state["out"][k] = (g, value if held is None else held[1] + value)
+            state["left"].discard(node_id)
+            if not state["left"] and state["out"]:
+                self._record_backward(api, back, site, state)
+                state.update({"in": [], "out": {}, "left": set(waiting), "status": 0})
+
+        # on the NPU every node's kernels count (status word, fp32); on the golden only the
+        # nodes the gradients enter and leave by
+        hooked = graph.nodes if npu is not None else \
+            [n for n in graph.nodes if id(n) in heads or id(n) in edges]
+        for node in hooked:
+            if npu is not None:
+                node.register_prehook(enter)
+            node.register_hook(lambda gi, go, node_id=id(node): leave(gi, go, node_id))
+
+    def _record_backward(self, api: str, back: str, site: dict, state: dict) -> None:
+        gin = state["in"]
+        outs = [state["out"][k] for k in sorted(state["out"])]
+        self._calls[back] = site
+        spec = OpSpec(api, back, tuple(f"{back}.input:{i}" for i in range(len(gin))),
+                      tuple(TensorSpec(self._dtype(g)) for g in gin),
+                      tuple(TensorSpec(self._dtype(g)) for g, _ in outs))
+        self._records.append(Record(spec, [_copy(g) for g in gin], [v for _, v in outs],
+                                    _Task(len(self._records), state["status"])
+                                    if self.target == "npu" else None,
+                                    int(time.time() * 1e6)))
 
     def _dtype(self, t: torch.Tensor) -> str:
         if self.npu is not None:
@@ -387,19 +517,21 @@ class PrecisionDebugger:
             except OSError:
                 pass
 
-    def _end_step(self) -> None:
+    def _end_step(self, tail: bool = False) -> None:
         if self._writer is None:
             return
         try:
-            self._write_step()
+            self._write_step(tail)
         except (DumpWriteError, OSError) as e:
             self._stop(e)
 
-    def _write_step(self) -> None:
+    def _write_step(self, tail: bool = False) -> None:
         status = self.npu.status if self.npu is not None else 0
-        if not (self.touched or self._records or self._loss is not None):
-            return                     # stop() right after step(): no step ran since
-        self._writer.observed(self.step_number, status, None, self._loss)
+        # stop() after the last step: what ran since is a step only if it dumped a call or
+        # computed a loss (a final loss.item() is no step)
+        if not ((self.touched and not tail) or self._records or self._loss is not None):
+            return
+        self._writer.observed(self.step_number, status, self._scale_row, self._loss)
         if self._records and (self.steps is None or self.step_number in self.steps):
             self._writer.write_step(self.step_number, self._records,
                                     files=self.dump_mode == "tensor", calls=self._calls)
@@ -412,6 +544,6 @@ class PrecisionDebugger:
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
-        self._calls = {}
+        self._calls, self._scale_row = {}, None
         self._names, self._copies = ByIdentity(), ByIdentity()
         self._writer.finish()

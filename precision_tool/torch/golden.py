@@ -1,52 +1,70 @@
-"""The golden of a script that asks for low precision: every kernel computed in float32.
+"""The golden of a script that asks for low precision: every API call computed in float32.
 
 A script that casts (`.half()`, `.bfloat16()`, `.to(torch.float16)`), creates low-precision
 tensors (`dtype=torch.bfloat16`) or runs under `torch.autocast` would make its golden a
-low-precision run, and then nothing could say what the NPU's low precision lost. Under this
-dispatch mode the casts still run, but to float32: autocast's own casts are `_to_copy`
-kernels too, so they are caught the same way. A low-precision tensor made before the mode
-was entered (a model halved before `start`) is read as float32 by every kernel but an
-in-place one, which writes into it as it is. A script that asks for nothing of the kind
-computes exactly as written: the mode changes no argument then."""
+low-precision run, and then nothing could say what the NPU's low precision lost. The
+debugger's function mode hands every API call here first: a request for fp16/bf16 becomes
+one for float32 (`.half()` and `.bfloat16()` become a float32 copy), and a call made while
+autocast is on runs with autocast off. It is done per API call, not per kernel: a dispatch
+mode on every aten op cost a third of a golden step, and the calls are where a script asks.
+A tensor made low before the debugger started (a model halved before `start`) is not
+changed; torch-run starts it before the script runs. A script that asks for nothing of the
+kind computes exactly as written: no argument is changed."""
 from __future__ import annotations
 
 from typing import Set
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from .simulate import packet_name
 
 _LOW = (torch.float16, torch.bfloat16)
+_CASTS = frozenset({"half", "bfloat16"})
+_DEVICES = ("cpu", "cuda")
 
 
-class GoldenFP32(TorchDispatchMode):
-    """lifted: the aten ops (their names) that asked for float16/bfloat16 and computed in
-    float32 instead; empty for a script that never asks."""
+def _autocast_on() -> tuple:
+    """The device types autocast is on for now."""
+    return tuple(d for d in _DEVICES if torch.is_autocast_enabled(d))
+
+
+class GoldenFP32:
+    """lifted: what asked for low precision and ran in float32 instead (API names, and
+    "autocast"); empty for a script that never asks."""
 
     def __init__(self):
-        super().__init__()
         self.lifted: Set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        asked = False
+    def call(self, func, args, kwargs):
+        """func(*args, **kwargs), with its requests for fp16/bf16 made float32."""
+        name = getattr(func, "__name__", "")
+        if name in _CASTS and args and isinstance(args[0], torch.Tensor) and \
+                args[0].is_floating_point():
+            self.lifted.add(f"Tensor.{name}")
+            return args[0].to(torch.float32)
         if kwargs.get("dtype") in _LOW:
             kwargs = dict(kwargs, dtype=torch.float32)
-            asked = True
-        # an in-place kernel writes into its first argument: that one stays as it is
-        keep_first = packet_name(func).endswith("_") or "out" in kwargs
-        lifted_args = []
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.dtype in _LOW and not (i == 0 and keep_first):
-                a, asked = a.to(torch.float32), True
-            elif isinstance(a, torch.dtype) and a in _LOW:
-                a, asked = torch.float32, True
-            elif isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) and
-                                                      x.dtype in _LOW for x in a):
-                a, asked = type(a)(x.to(torch.float32) if isinstance(x, torch.Tensor) and
-                                   x.dtype in _LOW else x for x in a), True
-            lifted_args.append(a)
-        if asked:
-            self.lifted.add(f"aten.{packet_name(func)}")
-        return func(*lifted_args, **kwargs)
+            self.lifted.add(name)
+        if any(a in _LOW for a in args if isinstance(a, torch.dtype)):
+            args = tuple(torch.float32 if isinstance(a, torch.dtype) and a in _LOW else a
+                         for a in args)
+            self.lifted.add(name)
+        on = _autocast_on()
+        if not on:
+            return func(*args, **kwargs)
+        self.lifted.add("autocast")
+        with _off(on):
+            return func(*args, **kwargs)
+
+
+class _off:
+    """Autocast off for these device types while a call runs."""
+
+    def __init__(self, devices):
+        self.contexts = [torch.autocast(d, enabled=False) for d in devices]
+
+    def __enter__(self):
+        for c in self.contexts:
+            c.__enter__()
+
+    def __exit__(self, *exc):
+        for c in reversed(self.contexts):
+            c.__exit__(*exc)

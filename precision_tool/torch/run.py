@@ -12,7 +12,8 @@ import sys
 
 ENV = {"target": "PRECISION_TOOL_TORCH_TARGET", "precision_mode": "PRECISION_TOOL_TORCH_MODE",
        "overflow_mode": "PRECISION_TOOL_TORCH_OVERFLOW", "dump_step": "PRECISION_TOOL_DUMP_STEP",
-       "dump_mode": "PRECISION_TOOL_TORCH_DUMP_MODE", "data_dir": "PRECISION_TOOL_DATA"}
+       "dump_mode": "PRECISION_TOOL_TORCH_DUMP_MODE", "data_dir": "PRECISION_TOOL_DATA",
+       "keep_fp32": "PRECISION_TOOL_TORCH_KEEP_FP32"}
 ENV_SEED = "PRECISION_TOOL_TORCH_SEED"
 
 
@@ -29,16 +30,21 @@ def main(argv=None) -> int:
     from .debugger import PrecisionDebugger
     settings = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
     debugger = PrecisionDebugger(**settings)
+    debugger.auto_steps = True
     seed = int(os.environ.get(ENV_SEED, "0"))
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     from torch.optim.optimizer import register_optimizer_step_post_hook
+    # a step ends with the optimizer's, or with GradScaler's update where one scales the
+    # loss (it skips the optimizer's step when the gradients are not finite)
     handle = register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: debugger.step())
+        lambda optimizer, args, kwargs: None if debugger.scaling else debugger.step())
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     debugger.start()
+    # what reruns the script the same way (fix does)
+    debugger.note(script=[os.path.abspath(argv[0]), *argv[1:]], cwd=os.getcwd(), seed=seed)
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:

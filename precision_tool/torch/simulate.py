@@ -107,6 +107,9 @@ class SimulatedNPU(TorchDispatchMode):
         # float32), by identity while the tensor lives
         self._dtypes = ByIdentity()
         self.updating = False      # the optimizer's step: updates keep the declared dtype
+        # > 0 while a call kept in fp32 runs (its forward, or its backward's node): its
+        # kernels compute and keep float32, whatever the policy would place
+        self.fp32 = 0
 
     def dtype_of(self, t: torch.Tensor) -> Optional[str]:
         """The dtype a tensor has on the device: what the policy rounded it to, else its own."""
@@ -136,10 +139,13 @@ class SimulatedNPU(TorchDispatchMode):
         if not floats:
             return func(*args, **kwargs)
         declared = _declared(floats)
-        votes = [self.dtype_of(a) for a in floats]
         update = self.updating or name.endswith("_")
-        decided = self.policy.decide(op_type, declared, votes, op_type in CUBE, update)
-        compute, output = decided["compute"], decided["output"]
+        if self.fp32 and not update:
+            compute = output = "float32"
+        else:
+            votes = [self.dtype_of(a) for a in floats]
+            decided = self.policy.decide(op_type, declared, votes, op_type in CUBE, update)
+            compute, output = decided["compute"], decided["output"]
         if compute in ("float16", "bfloat16"):
             args, kwargs = _on_grid((args, kwargs), compute)
         out = func(*args, **kwargs)

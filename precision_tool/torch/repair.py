@@ -1,0 +1,294 @@
+"""`fix` for a PyTorch script's run: the fewest calls kept in fp32 that make the dumped step
+match the golden and keep the loss with the golden's at every step of the script.
+
+A graph run replays its step from a bundle; a script's step is the script's own code, which
+nothing here can call on its own (the loop body is not a function). So each candidate is a
+rerun of the script (torch-run's way: same seed, same arguments, the NPU target only, the
+dumped step dumped), which makes every trial its own proof: the rerun trains every step the
+script trains, and its losses are held to the golden's step by step. The cost is one run of
+the script per trial; the search keeps trials few.
+
+Candidates come from the step's finding, as ac -c judges it: the APIs of the calls that
+overflowed (first first), the APIs of the origins, then the origin's module (every call in
+it). Each is tried alone; if none is enough, all of them together, then the set is cut down
+one at a time while it still passes; if even that fails, every kernel in fp32 (force_fp32):
+what passes then says precision is the cause but no cheaper fix was found. Needs no torch:
+the reruns are child processes."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, List, Optional
+
+from ..analysis.autocheck import judge_step
+from ..analysis.replays.fusion_bisect import failing
+from ..dump import Workspace
+from ..dump.run import Run
+from ..dump.scriptrun import run_dumping
+from ..errors import PrecisionToolError, WorkspaceError
+from ..fileio import jsonable, write_text_atomic
+from .run import ENV, ENV_SEED
+
+CONFIG_DIR = "config"
+ALL_FP32 = "force_fp32"
+
+
+class ScriptRepairError(PrecisionToolError, ValueError):
+    """A script's run that fix cannot rerun (not made by torch-run, no golden...)."""
+
+
+@dataclass
+class Trial:
+    """One rerun of the script: what it kept in fp32 under which mode, the run it wrote
+    (deleted once judged unless it is the fix's), what failed in the dumped step and the
+    largest relative loss error against the golden's over every step (nan: no loss)."""
+    keep_fp32: List[str]
+    precision_mode: str
+    run: str = ""
+    failing: List[str] = field(default_factory=list)
+    loss_error: float = math.nan
+    drift_step: Optional[int] = None       # the first step whose loss leaves the tolerance
+    error: str = ""                        # why the rerun did not finish
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and not self.failing and self.drift_step is None
+
+    def describe(self) -> str:
+        kept = ", ".join(self.keep_fp32)
+        if self.precision_mode == ALL_FP32:
+            return "every kernel in fp32 (force_fp32)"
+        return f"keep {kept} in fp32" if kept else "as it ran"
+
+
+@dataclass
+class ScriptRepair:
+    npu_run: str
+    golden_run: str
+    step: int
+    script: List[str]
+    rtol: float
+    before: List[str] = field(default_factory=list)      # what fails in the dumped step
+    candidates: List[str] = field(default_factory=list)
+    trials: List[Trial] = field(default_factory=list)
+    fix: Optional[Trial] = None
+    minimal: bool = False
+    golden_losses: List[float] = field(default_factory=list)
+    fixed_losses: List[float] = field(default_factory=list)
+    config: dict = field(default_factory=dict)           # what torch-run --fix applies
+    files: List[str] = field(default_factory=list)
+    unsaved: Optional[str] = None
+    contents: dict = field(default_factory=dict)
+    healthy: bool = False
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return self.healthy or self.fix is not None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verified"] = self.verified
+        for t, src in zip(d["trials"], self.trials):
+            t["passed"] = src.passed
+        if d["fix"] is not None:
+            d["fix"]["passed"] = True
+        return jsonable(d)
+
+
+def _api(op_name: str) -> str:
+    """Torch.matmul.0.forward -> Torch.matmul."""
+    parts = op_name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 3 else op_name
+
+
+def candidates(ws: Workspace, npu: Run, c, step: int) -> List[str]:
+    """What the step's finding names, to keep in fp32: the APIs of the overflowing calls,
+    the origins' APIs, the first origin's module."""
+    names = [_api(t.op_name) for t in c.tasks]
+    names += [_api(o.op_name) for o in c.cause.origins]
+    first = c.cause.first_origin
+    if first is not None:
+        module = ws.call_sites(npu, step).get(first.op_name, {}).get("module", "")
+        if module:
+            names.append(module)
+    return list(dict.fromkeys(names))
+
+
+def _losses(ws: Workspace, run: Run) -> List[float]:
+    return [float(x) for x in ws.step_history(run).loss]
+
+
+def _drift(golden: List[float], fixed: List[float], rtol: float) -> Optional[int]:
+    """The first step whose loss is off the golden's by more than rtol (relative), or not
+    finite where the golden's is; None when every step holds."""
+    for k, (g, f) in enumerate(zip(golden, fixed)):
+        if math.isnan(g):
+            continue
+        if not math.isfinite(f) or abs(f - g) > rtol * max(abs(g), 1e-12):
+            return k
+    return None
+
+
+class _Rerun:
+    """Runs the script once per trial on the simulated NPU and judges the step."""
+
+    def __init__(self, ws: Workspace, npu: Run, golden: Run, step: int, criteria, rtol: float,
+                 progress: Callable[[str], None]):
+        info = npu.info
+        self.ws, self.npu, self.golden, self.step = ws, npu, golden, step
+        self.criteria, self.rtol, self.progress = criteria, rtol, progress
+        self.script = list(info["script"])
+        self.cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
+        self.base = {ENV["target"]: "npu", ENV["overflow_mode"]: info.get("overflow_mode"),
+                     ENV["dump_step"]: str(step), ENV["dump_mode"]: "tensor",
+                     ENV_SEED: str(info.get("seed", 0))}
+        self.golden_losses = _losses(ws, golden)
+        self.made: List[str] = []
+
+    def __call__(self, keep: List[str], mode: str) -> Trial:
+        trial = Trial(list(keep), mode)
+        self.progress(f"rerunning the script: {trial.describe()}...")
+        settings = dict(self.base, **{ENV["precision_mode"]: mode,
+                                      ENV["keep_fp32"]: ",".join(keep) or None})
+        with tempfile.TemporaryFile() as err:
+            rc, runs = run_dumping(self.ws.results_dir(), settings,
+                                   [sys.executable, "-m", "precision_tool.torch.run",
+                                    *self.script], stdout=subprocess.DEVNULL, stderr=err,
+                                   cwd=self.cwd)
+            self.made += runs
+            if rc != 0 or not runs:
+                err.seek(0)
+                tail = [line for line in err.read().decode("utf-8", "replace").splitlines()
+                        if line.strip()][-1:]
+                trial.error = f"the script exited with status {rc}" + \
+                    (f": {tail[0]}" if tail else "") if rc else "the script dumped nothing"
+                return trial
+        ws = self.ws.reopened()
+        run = ws.run("npu", os.path.basename(os.path.normpath(runs[-1])))
+        trial.run = run.label
+        trial.failing = failing(ws, run, self.golden, self.step, self.criteria).names()
+        fixed = _losses(ws, run)
+        pairs = [(g, f) for g, f in zip(self.golden_losses, fixed) if not math.isnan(g)]
+        if pairs:
+            trial.loss_error = max(abs(f - g) / max(abs(g), 1e-12) for g, f in pairs)
+        trial.drift_step = _drift(self.golden_losses, fixed, self.rtol)
+        self.progress(f"  {'passes' if trial.passed else 'fails'}"
+                      + (f": {'; '.join(trial.failing[:3])}" if trial.failing else "")
+                      + (f"; the loss leaves the golden's at step {trial.drift_step}"
+                         if trial.drift_step is not None else ""))
+        return trial
+
+    def clean(self, keep: Optional[str]) -> None:
+        """Delete every rerun's run but the fix's."""
+        import shutil
+        for path in self.made:
+            if keep is None or os.path.basename(os.path.normpath(path)) != keep.split("/")[-1]:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def repair_script(ws: Workspace, npu: Run, golden: Run, step: int, criteria=None,
+                  rtol: float = 0.02, budget: int = 8, write: bool = True,
+                  progress: Callable[[str], None] = lambda s: None) -> ScriptRepair:
+    """Find, by rerunning the script, the fewest calls kept in fp32 that make `step` pass as
+    ac -c judges it and the loss hold to the golden's (rtol) at every step; write it to
+    config/fix.json (torch-run --fix reads it)."""
+    info = npu.info
+    if not info.get("script"):
+        raise ScriptRepairError(f"{npu.label} was not made by torch-run (its run.json names no "
+                                f"script): fix reruns the script; run it with "
+                                f"precision-tool torch-run")
+    result = ScriptRepair(npu.label, golden.label, step, list(info["script"]), rtol)
+    c = judge_step(ws, npu, golden, step, criteria)
+    if not c.any_findings:
+        result.healthy = True
+        result.notes.append("the dumped step has no finding as ac -c judges it: nothing to fix")
+        return result
+    result.before = failing(ws, npu, golden, step, criteria).names()
+    result.candidates = candidates(ws, npu, c, step)
+    mode = info.get("precision_mode") or "allow_mix_precision"
+    rerun = _Rerun(ws, npu, golden, step, criteria, rtol, progress)
+    result.golden_losses = rerun.golden_losses
+    if not any(math.isfinite(x) for x in rerun.golden_losses):
+        result.notes.append(f"{golden.label} recorded no loss: the reruns are judged by the "
+                            f"dumped step alone, not over the script's steps")
+
+    def trial(keep, trial_mode=mode) -> Trial:
+        t = rerun(keep, trial_mode)
+        result.trials.append(t)
+        if t.error and len(result.trials) == 1:      # it ran before: it cannot run here
+            rerun.clean(None)
+            raise ScriptRepairError(f"the rerun of {' '.join(result.script)} failed: {t.error}")
+        return t
+
+    found = _search(result.candidates, trial, budget, result)
+    if found is None and len(result.trials) < budget:
+        t = trial([], ALL_FP32)
+        if t.passed:
+            found = t
+            result.notes.append("only every kernel in fp32 passes: precision is the cause, "
+                                "but keeping the calls the finding names was not enough")
+    if found is None and len(result.trials) >= budget:
+        result.notes.append(f"the budget of {budget} reruns is spent (-b gives more)")
+    rerun.clean(found.run if found is not None else None)
+    if found is not None:
+        result.fix = found
+        fresh = ws.reopened()
+        result.fixed_losses = _losses(fresh, fresh.run("npu", found.run.split("/")[-1]))
+        result.config = {"precision_mode": found.precision_mode,
+                         "keep_fp32": list(found.keep_fp32)}
+        if write:
+            try:
+                result.files = write_fix(ws, result)
+            except (WorkspaceError, OSError) as e:
+                result.unsaved = str(e) if isinstance(e, WorkspaceError) else \
+                    f"cannot write {e.filename or 'the fix'}: {e.strerror or e}"
+    return result
+
+
+def _search(cands: List[str], trial: Callable, budget: int,
+            result: ScriptRepair) -> Optional[Trial]:
+    """The shortest passing prefix of the candidates (in the finding's order), by bisection
+    over its length once all of them pass, then cut down one at a time while it passes:
+    about log2(n) + k reruns for k calls that must stay in fp32."""
+    if not cands:
+        return None
+    whole = trial(cands)
+    if not whole.passed:
+        return None
+    found, lo, hi = whole, 1, len(cands)
+    while lo < hi and len(result.trials) < budget:
+        mid = (lo + hi) // 2
+        t = trial(cands[:mid])
+        if t.passed:
+            found, hi = t, mid
+        else:
+            lo = mid + 1
+    keep = list(found.keep_fp32)
+    # the prefix's last is needed (the prefix one shorter fails); the others may not be
+    for name in keep[:-1]:
+        if len(result.trials) >= budget:
+            return found
+        t = trial([k for k in keep if k != name])
+        if t.passed:
+            keep, found = list(t.keep_fp32), t
+    result.minimal = lo >= hi
+    return found
+
+
+def write_fix(ws: Workspace, result: ScriptRepair) -> List[str]:
+    """config/fix.json where results go: the config torch-run --fix applies, and the
+    report."""
+    path = os.path.join(ws.results_dir(CONFIG_DIR), "fix.json")
+    report = dict(result.to_dict(), front_end="pytorch", files=[path],
+                  written=time.strftime("%Y-%m-%d %H:%M:%S"))
+    text = json.dumps(report, indent=1) + "\n"
+    result.contents = {"fix.json": text}
+    write_text_atomic(path, text)
+    return [path]

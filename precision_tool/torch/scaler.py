@@ -1,0 +1,48 @@
+"""torch.amp.GradScaler's decisions, seen while the debugger runs: the loss before it was
+scaled (scale()), and per update the scale the step used, the next one and whether the
+gradients were finite (update()): the step history's loss scale columns, as a graph run's
+loss-scale manager fills them. The class's two methods are wrapped while the debugger is
+started and restored when it stops (a script's own scaler is never replaced or changed)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+
+def _found_inf(scaler) -> Optional[bool]:
+    """Whether the step's unscale found inf/nan (None where this torch keeps it elsewhere)."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    try:
+        return any(float(v) != 0 for state in states.values()
+                   for v in state.get("found_inf_per_device", {}).values())
+    except (AttributeError, TypeError):
+        return None
+
+
+class ScalerWatch:
+    """Wraps GradScaler.scale and .update: on_scale(loss tensor) before a scalar loss is
+    scaled, on_update(scale used, next scale, finite) after each update."""
+
+    def __init__(self, on_scale: Callable, on_update: Callable):
+        cls = self.cls = torch.amp.GradScaler
+        self.scale0, self.update0 = cls.scale, cls.update
+        scale0, update0 = self.scale0, self.update0
+
+        def scale(scaler, outputs):
+            if scaler.is_enabled() and isinstance(outputs, torch.Tensor) and \
+                    outputs.numel() == 1:
+                on_scale(outputs)
+            return scale0(scaler, outputs)
+
+        def update(scaler, new_scale=None):
+            if not scaler.is_enabled():
+                return update0(scaler, new_scale)
+            before, found = float(scaler.get_scale()), _found_inf(scaler)
+            update0(scaler, new_scale)
+            after = float(scaler.get_scale())
+            on_update(before, after, (after >= before) if found is None else not found)
+        cls.scale, cls.update = scale, update
+
+    def remove(self) -> None:
+        self.cls.scale, self.cls.update = self.scale0, self.update0
