@@ -172,6 +172,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     # would send the user the wrong way. A nan/inf that stops short of the origin (a dumped
     # file of a variable, say, whose golden readers came out finite) explains nothing there.
     data_first = g is not None and o is not None and g.get("at_origin", False)
+    infinities: List[str] = []
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
@@ -205,7 +206,13 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    if g and not data_first:
+    if g and not data_first and g.get("matched"):
+        # infinities only, in a step with nothing wrong: made on purpose (a mask's -inf) and
+        # matched by the NPU's; no cause to look for
+        infinities = [f"Both runs hold ±inf in {g['tensors']} tensor(s), the first "
+                      f"{g['golden_tensor'] or g['tensor']}, and match there: infinities the "
+                      f"script makes (a mask's -inf) decide nothing."]
+    elif g and not data_first:
         lines.append(_golden_nonfinite_advice(g))
     if r.watchpoints:
         h = r.watchpoints[0]
@@ -225,7 +232,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(f"Dump the golden run too ({dump}) and add -c: the compare says whether "
                      f"the overflow has an effect and where the divergence starts.")
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
-        return lines + ([unchecked] if unchecked else [])
+        return lines + ([unchecked] if unchecked else []) + infinities
     # nothing found (in the steps compared, where some were not: that line leads)
     if r.diverging_count:
         return lines + [
@@ -237,7 +244,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         dump = "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
         return [f"Nothing overflowed. Dump the golden run too ({dump}) and add -c to compare "
                 f"every op."]
-    return lines + _sound_text(r) + ([unchecked] if unchecked else [])
+    return lines + _sound_text(r) + ([unchecked] if unchecked else []) + infinities
 
 
 def _unchecked_updates(u: Optional[dict]) -> str:

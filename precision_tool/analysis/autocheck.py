@@ -269,9 +269,24 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[di
     if rows.empty:
         return None
     first = rows.iloc[0]
+    nan = pd.to_numeric(table.get("GoldenNanCount", 0), errors="coerce").fillna(0)
     return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
             "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows), "order": int(first.Index),
-            "at_origin": origin is not None and bool((rows.NPUDump == origin).any())}
+            "nan_tensors": int((nan > 0).sum()),
+            # only infinities, each held by the NPU as well (a mask's -inf): no cause
+            "matched": not _unmatched_nonfinite(rows),
+            "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin])}
+
+
+def _unmatched_nonfinite(rows: pd.DataFrame) -> bool:
+    """Whether these rows' golden nan/inf explain a divergence: a nan, or infinities the NPU
+    side does not hold as many of (a mask's -inf that both sides hold explains nothing)."""
+    def count(c):
+        return pd.to_numeric(rows.get(c, 0), errors="coerce").fillna(0)
+    if not len(rows):
+        return False
+    return bool(((count("GoldenNanCount") > 0) |
+                 (count("GoldenInfCount") != count("NpuInfCount"))).any())
 
 
 def _fusion(ws: Workspace, run: Run) -> Optional[Dict[str, int]]:

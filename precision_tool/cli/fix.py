@@ -23,7 +23,7 @@ from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, 
               help="Goal: the loss within this relative error (and no overflow), instead of "
                    "every fetched output and variable update within the criteria.")
 @click.option("-b", "--budget", type=click.IntRange(1), default=None,
-              help="Replays the search may use (default: 128 replays of a graph's step; 8 "
+              help="Replays the search may use (default: 128 replays of a graph's step; 12 "
                    "reruns of a PyTorch script).")
 @click.option("-n", "--proof-steps", type=click.IntRange(1), default=20, show_default=True,
               help="Training steps the proof reruns from the bundle.")
@@ -46,11 +46,12 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
     Exit code 0 when a verified fix was found, or none was needed; 1 when none was found
     within the budget, or the fix does not hold over the proof's steps; 2 on input error."""
     npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    if npu.info.get("front_end") == "pytorch":       # without -s: the first step with a finding
+        app.info(f"repairing {npu.label} against {golden.label}...")
+        return _fix_script(app, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
+                           budget or 12, proof_rtol, dry_run)
     step = app.step(npu, step)
     app.info(f"repairing step {step} of {npu.label} against {golden.label}...")
-    if npu.info.get("front_end") == "pytorch":
-        return _fix_script(app, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
-                           budget or 8, proof_rtol, dry_run)
     budget = budget or 128
     result = repairing.repair(app.ws, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),
                               loss_rtol=loss_rtol, budget=budget, proof_steps=proof_steps,
@@ -74,8 +75,8 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
 
 
 def _fix_script(app: App, npu, golden, step, criteria, budget, rtol, dry_run) -> int:
-    """A PyTorch script's run: the fix is found by rerunning the script (torch.repair)."""
-    from ..torch.repair import repair_script
+    """A PyTorch script's run: the fix is found by rerunning the script (analysis.replays.script_repair)."""
+    from ..analysis.replays.script_repair import repair_script
     r = repair_script(app.ws, npu, golden, step, criteria, rtol=rtol, budget=budget,
                       write=not dry_run, progress=app.info)
 

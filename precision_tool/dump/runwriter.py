@@ -159,7 +159,10 @@ class RunWriter:
         self.history: List[list] = []      # step_history.csv rows of every observed step
         self._history_written = 0          # how many of them are in the file
         self.history_at = 0.0              # when they were last appended (time.monotonic)
-        self._static: Dict[str, _Static] = {}
+        # by the whole OpSpec: a front-end may reuse a name for an op reading other tensors
+        # (a script's Tensor.__getitem__.1 in two steps), and a name's cache would keep
+        # the first step's inputs
+        self._static: Dict[OpSpec, _Static] = {}
         self._dirty = False                # run.json has facts not yet written (record)
         self._info = {"writer": "precision_tool", "version": __version__,
                       "target": target.name, "kind": target.kind, "started": self.started,
@@ -209,7 +212,7 @@ class RunWriter:
 
     # -- steps ---------------------------------------------------------------------------------
     def _statics(self, op: OpSpec) -> _Static:
-        s = self._static.get(op.name)
+        s = self._static.get(op)
         if s is None:
             def fields(tensor, spec):
                 orig = _dims(spec.original_shape) if spec.original_shape else ""
@@ -218,7 +221,7 @@ class RunWriter:
             ins = [fields(t, spec) for t, spec in zip(op.inputs, op.input_specs)]
             outs = [fields(f"{op.name}:{k}", spec) for k, spec in enumerate(op.outputs)]
             # the real names: file names are mangled to fit by layout's name functions
-            s = self._static[op.name] = _Static(op.type, op.name, csv_field(op.type),
+            s = self._static[op] = _Static(op.type, op.name, csv_field(op.type),
                                                 csv_field(op.name), csv_field(op.pass_name),
                                                 ins, outs)
         return s

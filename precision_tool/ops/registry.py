@@ -57,9 +57,21 @@ def get(type: str) -> OpDef:
 
 def updated_inputs(type: str) -> Sequence[int]:
     """The inputs an op type overwrites (an optimizer update, an assignment); () for a type
-    this build does not know, as a dump from elsewhere may name."""
+    this build does not know, as a dump from elsewhere may name, but for a PyTorch API
+    call in place (`Tensor.lerp_`, `Tensor.__iadd__`: PyTorch's convention), which
+    overwrites its tensor."""
     op = REGISTRY.get(type)
-    return op.updates if op is not None else ()
+    if op is not None:
+        return op.updates
+    if type.startswith("Tensor.") and (type.endswith("_") and not type.endswith("__") or
+                                       type[len("Tensor."):] in _IN_PLACE_OPERATORS):
+        return (0,)
+    return ()
+
+
+_IN_PLACE_OPERATORS = frozenset(f"__i{op}__" for op in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+    "rshift", "matmul"))
 
 
 def _check_arity(op: OpDef, n: int, where: str):

@@ -130,6 +130,9 @@ class _Recorder(TorchFunctionMode):
         ins = tensors_in(args, kwargs)
         grads = torch.is_grad_enabled()
         origins = [where_from(t) for t in ins] if grads else None
+        # the names of what it read (every tensor, initialiser's too): whose gradients its
+        # backward hands on
+        read = [d._name_of(t) for t in ins] if grads and d.recording else None
         if api.rsplit(".", 1)[-1] in _OVERWRITES or \
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
@@ -151,7 +154,7 @@ class _Recorder(TorchFunctionMode):
         if outs and d.recording:
             d._record(api, before, outs, status)
         if grads and outs:
-            d.watch_backward(api, origins, outs, kept)
+            d.watch_backward(api, origins, read, outs, kept)
         return out
 
 
@@ -179,16 +182,33 @@ class _Modules:
     def __init__(self, model=None):
         self.stack: List[str] = []
         self._names: Dict[int, str] = {}
+        # parameters and buffers (and, named by the optimizer hook, optimizer state) -> their
+        # names: the state a step reads from the steps before it
+        self.variables = ByIdentity()
         if model is not None:
             self._name_tree(model)
         from torch.nn.modules.module import (register_module_forward_hook,
                                              register_module_forward_pre_hook)
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
         self._handles = [register_module_forward_pre_hook(self._enter),
-                         register_module_forward_hook(self._leave, always_call=True)]
+                         register_module_forward_hook(self._leave, always_call=True),
+                         register_optimizer_step_pre_hook(self.name_state)]
 
     def _name_tree(self, root) -> None:
         for name, m in root.named_modules():
             self._names.setdefault(id(m), name or type(root).__name__)
+        for name, t in [*root.named_parameters(), *root.named_buffers()]:
+            if self.variables.get(t) is None:
+                self.variables[t] = name
+
+    def name_state(self, optimizer, args=None, kwargs=None) -> None:
+        """An optimizer's state tensors, named by their parameter (`<param>.exp_avg`)."""
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                name = self.variables.get(p)
+                for key, t in optimizer.state.get(p, {}).items():
+                    if name and isinstance(t, torch.Tensor) and self.variables.get(t) is None:
+                        self.variables[t] = f"{name}.{key}"
 
     def _enter(self, module, args):
         if id(module) not in self._names:      # a module outside any tree seen: a new root
@@ -249,11 +269,18 @@ class PrecisionDebugger:
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
+        self._optimizer_hooks: list = []
         self._scale_row: Optional[tuple] = None    # GradScaler's (scale, next, finite)
         self.scaling = False        # a GradScaler scales the loss: its update ends a step
         self.auto_steps = False     # the runner's: steps end by themselves (see run.py)
         self._calls: Dict[str, dict] = {}      # op name -> its module and source line
         self._last: Optional[tuple] = None     # the call just recorded: (name, call site)
+        # a forward tensor's name -> the backward outputs that are its gradient this step
+        self._grad_of: Dict[str, List[str]] = {}
+        self._grad_values: Dict[str, tuple] = {}   # a backward output's (copy, dtype), this step
+        self._leaf_made = ByIdentity()      # a parameter -> its gradient's name, "" if several
+        self._vars_read = ByIdentity()      # the state read so far this step
+        self._leaf_hooked: set = set()      # the parameters whose accumulation is watched
         self.recording = False
         self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
         self.touched = False       # an API call since the last step ended (a step ran)
@@ -268,6 +295,15 @@ class PrecisionDebugger:
             self._modules = _Modules(model)
         if self._scaler is None:
             self._scaler = ScalerWatch(self._scaled, self._scaler_updated)
+        if self.npu is not None and not self._optimizer_hooks:
+            # an optimizer's step is one update on the device (a fused Adam kernel, as the
+            # graph's ApplyAdam): every kernel of it computes in its variables' dtype
+            from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                               register_optimizer_step_pre_hook)
+            npu = self.npu
+            self._optimizer_hooks = [
+                register_optimizer_step_pre_hook(lambda *a: setattr(npu, "updating", True)),
+                register_optimizer_step_post_hook(lambda *a: setattr(npu, "updating", False))]
         if self.npu is not None and not any(m is self.npu for m in self._modes):
             self.npu.__enter__()
             self._modes.append(self.npu)
@@ -294,6 +330,9 @@ class PrecisionDebugger:
         if self._scaler is not None:
             self._scaler.remove()
             self._scaler = None
+        for handle in self._optimizer_hooks:
+            handle.remove()
+        self._optimizer_hooks = []
         if self._writer is not None:
             try:
                 self._writer.finish()
@@ -405,7 +444,15 @@ class PrecisionDebugger:
             return
         inputs, in_specs, in_values = [], [], []
         for i, (t, value) in enumerate(before):
-            inputs.append(self._name_of(t) or f"{name}.input:{i}")
+            known = None
+            var = self._modules.variables.get(t) if self._modules is not None else None
+            if var is not None and self._vars_read.get(t) is None:
+                # state, read the first time this step: a Variable (whatever made it earlier
+                # in the step: an initialiser whose value a .data write has changed since)
+                self._vars_read[t] = True
+                known = self._variable(var, t, value)
+            known = known or self._name_of(t)
+            inputs.append(known or f"{name}.input:{i}")
             in_specs.append(TensorSpec(self._dtype(t)))
             in_values.append(value)
         out_values, out_specs = [], []
@@ -416,14 +463,14 @@ class PrecisionDebugger:
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs))
         site = {"module": self._modules.current if self._modules else "",
                 "source": _call_site(sys._getframe(2))}
-        self._calls[name] = site
+        self._calls[name] = dict(site, **self._kernels(outs))
         self._records.append(Record(spec, in_values, out_values,
                                     _Task(len(self._records), status)
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
         self._last = (name, site)
 
-    def watch_backward(self, api: str, origins, outs, kept: bool) -> None:
+    def watch_backward(self, api: str, origins, read, outs, kept: bool) -> None:
         """The call's backward (backward.call_graph: every node it made): its kernels in fp32
         when the call is kept in fp32, the status word they set, and, when the call was
         recorded, its record (`<call>.backward`: the gradients its outputs receive as
@@ -442,7 +489,10 @@ class PrecisionDebugger:
         state = {"held": [], "status": 0, "in": [], "out": {}, "left": set()}
         waiting = {id(n) for n, _, _ in graph.edges}
         heads = {id(n) for n in graph.heads}
+        outputs = {(id(o.grad_fn), o.output_nr): j for j, o in enumerate(outs)
+                   if o.grad_fn is not None}
         edges = {}
+        reached = sorted({k for _, _, k in graph.edges})   # the inputs given a gradient
         for node, i, k in graph.edges:
             edges.setdefault(id(node), []).append((i, k))
         state["left"] = set(waiting)
@@ -462,16 +512,20 @@ class PrecisionDebugger:
             if back is None or not self.recording:
                 return
             if node_id in heads:
-                state["in"] += [g for g in grad_outputs if isinstance(g, torch.Tensor)]
+                state["in"] += [(outputs.get((node_id, r), r), g)
+                                for r, g in enumerate(grad_outputs) if isinstance(g, torch.Tensor)]
             for i, k in edges.get(node_id, ()):
                 g = grad_inputs[i]
                 if isinstance(g, torch.Tensor):
                     value = _copy(g)
                     held = state["out"].get(k)
                     state["out"][k] = (g, value if held is None else held[1] + value)
+                    leaf = origins[k][2]
+                    if leaf is not None:    # now: autograd accumulates it before the rest runs
+                        self._leaf_grad(leaf, f"{back}:{reached.index(k)}")
             state["left"].discard(node_id)
             if not state["left"] and state["out"]:
-                self._record_backward(api, back, site, state)
+                self._record_backward(api, back, site, state, name, read)
                 state.update({"in": [], "out": {}, "left": set(waiting), "status": 0})
 
         # on the NPU every node's kernels count (status word, fp32); on the golden only the
@@ -483,17 +537,89 @@ class PrecisionDebugger:
                 node.register_prehook(enter)
             node.register_hook(lambda gi, go, node_id=id(node): leave(gi, go, node_id))
 
-    def _record_backward(self, api: str, back: str, site: dict, state: dict) -> None:
-        gin = state["in"]
-        outs = [state["out"][k] for k in sorted(state["out"])]
-        self._calls[back] = site
-        spec = OpSpec(api, back, tuple(f"{back}.input:{i}" for i in range(len(gin))),
-                      tuple(TensorSpec(self._dtype(g)) for g in gin),
-                      tuple(TensorSpec(self._dtype(g)) for g, _ in outs))
-        self._records.append(Record(spec, [_copy(g) for g in gin], [v for _, v in outs],
+    def _record_backward(self, api: str, back: str, site: dict, state: dict, forward: str,
+                         read) -> None:
+        """The record of a call's backward. Its inputs are the gradients of the call's
+        outputs, each named as the one backward output that made it (the call's output read
+        by one call), or as an input from outside where autograd summed several: names
+        from the forward's, the same on both targets (which tensor autograd hands on, and
+        whether it sums in place, is not)."""
+        gin = sorted(state["in"], key=lambda jg: jg[0])
+        outs = [(k, *state["out"][k]) for k in sorted(state["out"])]
+        inputs, values = [], [_copy(g) for _, g in gin]
+        for i, (j, g) in enumerate(gin):
+            made = self._grad_of.get(f"{forward}:{j}", ())
+            if len(made) > 1:               # autograd summed them: that sum is an op too
+                inputs.append(self._record_sum(f"{back}.grad_sum.{i}", made, g, values[i],
+                                               site))
+            else:
+                inputs.append(made[0] if made else f"{back}.input:{i}")
+        for m, (k, _, _) in enumerate(outs):
+            if read is not None and k < len(read) and read[k] is not None:
+                self._grad_of.setdefault(read[k], []).append(f"{back}:{m}")
+        self._calls[back] = dict(site, **self._kernels([g for _, g, _ in outs]))
+        spec = OpSpec(api, back, tuple(inputs),
+                      tuple(TensorSpec(self._dtype(g)) for _, g in gin),
+                      tuple(TensorSpec(self._dtype(g)) for _, g, _ in outs))
+        for m, (_, g, v) in enumerate(outs):
+            self._grad_values[f"{back}:{m}"] = (v, self._dtype(g))
+        self._records.append(Record(spec, values, [v for _, _, v in outs],
                                     _Task(len(self._records), state["status"])
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
+
+    def _record_sum(self, name: str, made, g, value, site) -> str:
+        """Autograd's sum of the gradients several calls handed one tensor, as its own op
+        (`Autograd.accumulate`, a sum, as AddN in a graph): what each term changes is then
+        judged by what the sum does with it. Returns its output's name."""
+        held = [self._grad_values.get(n) for n in made]
+        if any(t is None for t in held):     # a term not recorded: the sum is from outside
+            return f"{name}.input:0"
+        terms = [value for value, _ in held]
+        self._calls[name] = dict(site, **({"kernels": "AddN"} if self.npu is not None else {}))
+        spec = OpSpec("Autograd.accumulate", name, tuple(made),
+                      tuple(TensorSpec(dtype) for _, dtype in held),
+                      (TensorSpec(self._dtype(g)),))
+        self._records.append(Record(spec, terms, [value],
+                                    _Task(len(self._records)) if self.target == "npu" else None,
+                                    int(time.time() * 1e6)))
+        return f"{name}:0"
+
+    def _variable(self, var: str, t, value) -> str:
+        """A parameter, buffer or optimizer state as the step first reads it: a `Variable`
+        op of its own (its name the parameter's: the same in every step and on both
+        targets), as a graph run's state is; what reads it reads `<name>:0` until an
+        in-place call changes it."""
+        spec = OpSpec("Variable", var, (), (), (TensorSpec(self._dtype(t)),))
+        self._records.append(Record(spec, [], [value],
+                                    _Task(len(self._records)) if self.target == "npu" else None,
+                                    int(time.time() * 1e6)))
+        self._names[t] = f"{var}:0"
+        return f"{var}:0"
+
+    def _leaf_grad(self, leaf, name: str) -> None:
+        """A leaf's gradient is the backward output `name` when it is the only one that
+        reaches it this step and its .grad was empty (zeroed): the update that reads .grad
+        then reads that output. Named when autograd has accumulated it (a hook per leaf)."""
+        fresh = leaf.grad is None
+        made = self._leaf_made.get(leaf)
+        self._leaf_made[leaf] = name if fresh and made is None else ""
+        if id(leaf) in self._leaf_hooked:
+            return
+        self._leaf_hooked.add(id(leaf))
+
+        def accumulated(param):
+            made = self._leaf_made.get(param)
+            if made and param.grad is not None:
+                self._names[param.grad] = made
+        leaf.register_post_accumulate_grad_hook(accumulated)
+
+    def _kernels(self, outs) -> dict:
+        """{"kernels": "MatMul,MatMul,ReduceSum"}: the op type of the kernel that made each
+        output, on the NPU (the compare's sum kinds: a bias gradient is a sum); {} else."""
+        if self.npu is None:
+            return {}
+        return {"kernels": ",".join(self.npu.kernel_of(t) for t in outs)}
 
     def _dtype(self, t: torch.Tensor) -> str:
         if self.npu is not None:
@@ -544,6 +670,7 @@ class PrecisionDebugger:
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
-        self._calls, self._scale_row = {}, None
+        self._calls, self._scale_row, self._grad_of, self._grad_values = {}, None, {}, {}
+        self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
         self._names, self._copies = ByIdentity(), ByIdentity()
         self._writer.finish()

@@ -12,6 +12,7 @@ an op the table below does not classify runs as the script asked and is listed o
 `unclassified` (run.json's "not simulated")."""
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Dict, Optional, Set
 
@@ -46,7 +47,7 @@ OP_TYPES: Dict[str, str] = {
     "native_dropout_backward": "Mul", "scatter_add": "GatherGrad", "index_select": "Gather",
     "cat": "ConcatV2", "stack": "Pack", "cumsum": "Cumsum", "var_mean": "ReduceMean",
     "max_pool2d_with_indices": "MaxPool", "max_pool2d_with_indices_backward": "MaxPoolGrad",
-    "avg_pool2d": "AvgPool", "avg_pool2d_backward": "AvgPoolGrad",
+    "avg_pool2d": "AvgPool", "avg_pool2d_backward": "AvgPoolGrad", "reciprocal": "Reciprocal",
     "_adaptive_avg_pool2d": "AvgPool", "_adaptive_avg_pool2d_backward": "AvgPoolGrad",
 }
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
@@ -106,10 +107,17 @@ class SimulatedNPU(TorchDispatchMode):
         # the device's dtype of each tensor the simulated kernels made (float16, bfloat16,
         # float32), by identity while the tensor lives
         self._dtypes = ByIdentity()
+        # the IR op type of the kernel that made each tensor (a view: its input's), by
+        # identity: what a call's outputs are (a sum, a contraction) for the compare
+        self._kernels = ByIdentity()
         self.updating = False      # the optimizer's step: updates keep the declared dtype
         # > 0 while a call kept in fp32 runs (its forward, or its backward's node): its
         # kernels compute and keep float32, whatever the policy would place
         self.fp32 = 0
+
+    def kernel_of(self, t: torch.Tensor) -> str:
+        """The op type of the kernel that made t ("" where none the table classifies)."""
+        return self._kernels.get(t) or ""
 
     def dtype_of(self, t: torch.Tensor) -> Optional[str]:
         """The dtype a tensor has on the device: what the policy rounded it to, else its own."""
@@ -128,15 +136,20 @@ class SimulatedNPU(TorchDispatchMode):
             # a view or copy holds its input's values: and its dtype on the device
             first = next((a for a in tensors_in(args, kwargs) if a.is_floating_point()), None)
             low = self._dtypes.get(first) if first is not None else None
-            if low is not None:
+            made = self._kernels.get(first) if first is not None else None
+            if low is not None or made is not None:
                 def tag(t):
                     if isinstance(t, torch.Tensor) and t.is_floating_point():
-                        self._dtypes[t] = low
+                        if low is not None:
+                            self._dtypes[t] = low
+                        if made is not None:
+                            self._kernels[t] = made
                     return t
                 _map(tag, out)
             return out
         floats = [a for a in tensors_in(args, kwargs) if a.is_floating_point()]
-        if not floats:
+        if not floats or all(a.dtype == torch.float64 for a in floats):
+            # no float, or float64 the script asked for (GradScaler's 1/scale): as asked
             return func(*args, **kwargs)
         declared = _declared(floats)
         update = self.updating or name.endswith("_")
@@ -146,6 +159,7 @@ class SimulatedNPU(TorchDispatchMode):
             votes = [self.dtype_of(a) for a in floats]
             decided = self.policy.decide(op_type, declared, votes, op_type in CUBE, update)
             compute, output = decided["compute"], decided["output"]
+        given, held = (args, kwargs), self.status
         if compute in ("float16", "bfloat16"):
             args, kwargs = _on_grid((args, kwargs), compute)
         out = func(*args, **kwargs)
@@ -153,6 +167,16 @@ class SimulatedNPU(TorchDispatchMode):
             out = self._round(out, output, op_type in CUBE)
         elif declared in ("float16", "bfloat16") or not update:
             self._check(out, op_type in CUBE)
+        if self.status != held and _nonfinite_given(given):
+            # inf/nan the script handed in (a mask's -inf) is no overflow: only a finite
+            # input rounded or computed out of range is
+            self.status = held
+        if isinstance(out, torch.Tensor):
+            self._kernels[out] = op_type
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._kernels[t] = op_type
         return out
 
     def _round(self, out, dtype: str, cube: bool):
@@ -179,6 +203,23 @@ class SimulatedNPU(TorchDispatchMode):
                     numerics.STATUS_FLOAT_OVERFLOW
             return t
         _map(one, out)
+
+
+def _nonfinite_given(tree) -> bool:
+    """Whether the script's own arguments hold inf or nan (a float, or a float tensor)."""
+    for v in tensors_in(tree):
+        if v.is_floating_point() and v.numel() and not bool(torch.isfinite(v).all()):
+            return True
+    stack = [tree]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return True
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return False
 
 
 def _declared(floats) -> str:

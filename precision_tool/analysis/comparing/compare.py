@@ -21,6 +21,7 @@ import numpy as np
 from ... import numerics
 from ...dump import Workspace
 from ...dump.bundle import bundle_fetches
+from ...dump.formats.ours import skipped_steps
 from ...dump.layout import DEVICE
 from ...dump.workspace import Run
 from ...graph import NOT_KERNELS, GraphView, split_tensor_name
@@ -155,11 +156,7 @@ def _golden_only_ops(graph: Optional[GraphView], indexed: set, gold: Table,
 
 def _skipped(ws: Workspace, run: Run, step: int) -> bool:
     """Whether the run's loss scale manager skipped the step (its history: not finite)."""
-    history = ws.step_history(run)
-    if not len(history) or "finite" not in history:
-        return False
-    row = history[history.step == step]
-    return bool(len(row)) and row.finite.iloc[0] == 0
+    return step in skipped_steps(run)
 
 
 def _originals(graph: GraphView, name: Optional[str] = None) -> set:
@@ -270,6 +267,17 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     gold_dir = os.path.join(ws.step_path(golden_run, gold_step), "")
     rows, pairs = [], []
     pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
+    # a run without a compiled graph may name the kernel that made each output of its calls
+    # (a script's: a bias gradient is a ReduceSum): their sum kinds are the kernels'
+    kernels = {name: site["kernels"].split(",")
+               for name, site in ws.call_sites(npu_run, step).items() if site.get("kernels")} \
+        if graph is None else {}
+
+    def kind(op_type: str, op_name: str, k: int) -> str:
+        made = kernels.get(op_name)
+        if made is not None:
+            return sum_kind(made[k], {}, 0) if k < len(made) else ""
+        return sum_kind(op_type, tmap.attrs(op_name), k)
     for k, r in enumerate(npu.records()):
         golden_tensor = tmap.golden_tensor(r["tensor"])
         row = {"Index": k, "OpType": r["op_type"], "NPUDump": r["op_name"],
@@ -278,7 +286,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                "OverFlow": "", "TaskId": r["task_id"], "PassName": r["pass_name"] or "",
                "GoldenTensor": golden_tensor or "", "Elements": element_count(r["shape"]),
                "SumKind": "" if r["io"] != "output" else
-               sum_kind(r["op_type"], tmap.attrs(r["op_name"]), r["index"])}
+               kind(r["op_type"], r["op_name"], r["index"])}
         g = gold_exact.get(r["tensor"])
         if g is None or golden_tensor is None or gold_original.get(r["tensor"]) != golden_tensor:
             g = gold_by_original.get(golden_tensor) if golden_tensor else None

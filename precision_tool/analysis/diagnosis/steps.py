@@ -43,23 +43,50 @@ def check_steps(ws: Workspace, npu_run: Run, golden_run: Run, step: Optional[int
 
 def _state_rows(t: OpRows) -> Dict[str, dict]:
     """Per variable (golden tensor name): whether its value at the start of the step
-    diverges ("start": True/False, from the rows that read it) and whether the value an
-    update op wrote for it diverges ("written", with the writers' names)."""
+    diverges ("start": True/False, from the rows that read it) and whether the value the
+    step's updates left in it diverges ("written", with the writers whose output diverges).
+    A graph's variable has one update op; a script's may have a chain of in-place calls
+    (AdamW's param.mul_ then param.addcdiv_): the value left is the last one's, each reading
+    the one before at the position it overwrites."""
     out: Dict[str, dict] = {}
+    updates_of: Dict[str, tuple] = {}
     by_tensor = {tensor: i for i, tensor in enumerate(t.tensor)}
+    # golden tensor -> (op, the row of what it wrote there) for each read at an overwritten
+    # position: one per version of a variable
+    overwritten: Dict[str, tuple] = {}
     for i, tensor in enumerate(t.tensor):
+        op_type = t.op_type[i]
+        if op_type not in updates_of:
+            updates_of[op_type] = tuple(registry.updated_inputs(op_type))
+        updates = updates_of[op_type]
+        if not updates or t.is_out[i]:
+            continue
+        op, _, pos = tensor.rpartition(":input:")
+        if pos.isdigit() and int(pos) in updates:
+            written = by_tensor.get(f"{op}:output:{updates.index(int(pos))}")
+            overwritten.setdefault(str(t.golden_tensor[i]), (op, written))
+    for i in range(len(t.tensor)):
         if not t.state[i]:
             continue
         var = str(t.golden_tensor[i])
         entry = out.setdefault(var, {"start": False, "written": False, "writers": []})
         entry["start"] = entry["start"] or t.bad[i]
-        op, _, pos = tensor.rpartition(":input:")
-        updates = registry.updated_inputs(t.op_type[i])
-        if int(pos) in updates:
-            written = by_tensor.get(f"{op}:output:{list(updates).index(int(pos))}")
-            if written is not None:
+        if entry.get("followed"):
+            continue
+        entry["followed"] = True
+        current, last, seen = var, None, set()
+        while current in overwritten and current not in seen:
+            seen.add(current)
+            op, written = overwritten[current]
+            if written is None:
+                break
+            last = written
+            if t.bad[written]:
                 entry["writers"].append(op)
-                entry["written"] = entry["written"] or t.bad[written]
+            current = str(t.golden_tensor[written])
+        entry["written"] = last is not None and bool(t.bad[last])
+    for entry in out.values():
+        entry.pop("followed", None)
     return out
 
 

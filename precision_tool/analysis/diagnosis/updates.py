@@ -102,7 +102,9 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
         if io == "output":
             continue
         updates = registry.updated_inputs(types.get(op, ""))
-        if updates and k in updates and op not in skip:
+        if updates and k in updates and op not in skip and \
+                (registry.REGISTRY.get(types.get(op, "")) is not None or
+                 _writes_state(npu[(op, io, k)][2], types, npu)):
             ops.setdefault(op, []).append((k, list(updates).index(k)))
     for op, pairs in ops.items():
         for k, j in pairs:
@@ -131,6 +133,21 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
                 out.lost.append(lost)
     out.lost.sort(key=lambda u: -u.share)
     return out
+
+
+def _writes_state(tensor: str, types: dict, rows: dict, depth: int = 0) -> bool:
+    """Whether what a script's in-place call (Tensor.add_, a type no registry entry has:
+    a graph's update ops always update variables) overwrites is state: a Variable, or what an in-place call left in
+    one (AdamW's param.mul_ before param.addcdiv_): an in-place call on a temporary (Adam's
+    denom.add_(eps)) updates nothing that lasts."""
+    producer = tensor.rpartition(":")[0]
+    op_type = types.get(producer, "")
+    if op_type == "Variable":
+        return True
+    if depth > 64 or not registry.updated_inputs(op_type):
+        return False
+    before = rows.get((producer, "input", 0))
+    return before is not None and _writes_state(before[2], types, rows, depth + 1)
 
 
 def _lost_by_statistics(op, old, new, g_old, g_new) -> Optional[LostUpdate]:

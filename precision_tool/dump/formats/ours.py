@@ -3,6 +3,7 @@ dtype, shape, statistics and the file that holds it), written last, so that a st
 index is whole. The tensors are .npy files (formats.npy)."""
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -170,6 +171,24 @@ def read_step_history(run) -> "pd.DataFrame":
             OSError) as e:
         raise WorkspaceError(f"{path} is not a readable step history: {e}") from None
     return table.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def skipped_steps(run) -> set:
+    """The steps step_history.csv says the loss scale skipped (finite 0), read without
+    pandas (a compare reads it, and vc imports no pandas)."""
+    path = os.path.join(run.path, layout.HISTORY_FILE)
+    if not os.path.isfile(path):
+        return set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkspaceError(f"{path} is not a readable step history: {e}") from None
+    if not rows or "finite" not in rows[0] or "step" not in rows[0]:
+        return set()
+    step, finite = rows[0].index("step"), rows[0].index("finite")
+    return {int(r[step]) for r in rows[1:]
+            if len(r) > max(step, finite) and r[finite] == "0" and r[step].isdigit()}
 
 
 def check_compiled_graph(data, walk: bool = True) -> dict:

@@ -26,14 +26,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional
 
-from ..analysis.autocheck import judge_step
-from ..analysis.replays.fusion_bisect import failing
-from ..dump import Workspace
-from ..dump.run import Run
-from ..dump.scriptrun import run_dumping
-from ..errors import PrecisionToolError, WorkspaceError
-from ..fileio import jsonable, write_text_atomic
-from .run import ENV, ENV_SEED
+from ...dump import Workspace
+from ...dump.run import Run
+from ...dump.scriptrun import run_dumping
+from ...errors import PrecisionToolError, WorkspaceError
+from ...fileio import jsonable, write_text_atomic
+from ...torch.run import ENV, ENV_SEED
+from ..autocheck import judge_step
+from ..diagnosis.steps import check_steps
+from .fusion_bisect import failing
 
 CONFIG_DIR = "config"
 ALL_FP32 = "force_fp32"
@@ -109,16 +110,29 @@ def _api(op_name: str) -> str:
 
 
 def candidates(ws: Workspace, npu: Run, c, step: int) -> List[str]:
-    """What the step's finding names, to keep in fp32: the APIs of the overflowing calls,
-    the origins' APIs, the first origin's module."""
-    names = [_api(t.op_name) for t in c.tasks]
-    names += [_api(o.op_name) for o in c.cause.origins]
+    """What to keep in fp32, most likely first: the APIs of the overflowing calls and of
+    the origins, then of the calls that read what they made (an overflow's inf goes on into
+    them: a softmax over the scores), then every other API the step computed in fp16 or
+    bf16, in execution order, and last the first origin's module (every call in it). A
+    module named by its class is a whole model (the outermost called): force_fp32 says that."""
+    firsts = [t.op_name for t in c.tasks] + [o.op_name for o in c.cause.origins]
+    table = ws.index_table(npu, step)
+    ops, io, tensors, dtypes = (table[k].tolist() for k in ("op_name", "io", "tensor", "dtype"))
+    made = {f"{op}:" for op in firsts[:2]}
+    readers = [op for op, side, t in zip(ops, io, tensors)
+               if side == "input" and t.rpartition(":")[0] + ":" in made]
+    low = [op for op, side, dt in zip(ops, io, dtypes)
+           if side == "output" and dt in ("float16", "bfloat16")]
+    # not autograd's sums, the state, nor torch's own (GradScaler's Torch._amp_...)
+    names = [_api(op) for op in [*firsts, *readers, *low]
+             if not op.startswith(("Autograd.", "Variable", "Torch._")) and
+             ".grad_sum." not in op]
     first = c.cause.first_origin
     if first is not None:
         module = ws.call_sites(npu, step).get(first.op_name, {}).get("module", "")
-        if module:
+        if module and not module[:1].isupper():
             names.append(module)
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(n for n in names if n and n != "Variable"))
 
 
 def _losses(ws: Workspace, run: Run) -> List[float]:
@@ -193,8 +207,8 @@ class _Rerun:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def repair_script(ws: Workspace, npu: Run, golden: Run, step: int, criteria=None,
-                  rtol: float = 0.02, budget: int = 8, write: bool = True,
+def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], criteria=None,
+                  rtol: float = 0.02, budget: int = 12, write: bool = True,
                   progress: Callable[[str], None] = lambda s: None) -> ScriptRepair:
     """Find, by rerunning the script, the fewest calls kept in fp32 that make `step` pass as
     ac -c judges it and the loss hold to the golden's (rtol) at every step; write it to
@@ -204,13 +218,20 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: int, criteria=None
         raise ScriptRepairError(f"{npu.label} was not made by torch-run (its run.json names no "
                                 f"script): fix reruns the script; run it with "
                                 f"precision-tool torch-run")
+    # the step asked for; else the first dumped step with a finding (as ac -c finds it)
+    steps = check_steps(ws, npu, golden, step)
+    c = None
+    for step in steps:
+        c = judge_step(ws, npu, golden, step, criteria)
+        if c.any_findings:
+            break
     result = ScriptRepair(npu.label, golden.label, step, list(info["script"]), rtol)
-    c = judge_step(ws, npu, golden, step, criteria)
     if not c.any_findings:
         result.healthy = True
         result.notes.append("the dumped step has no finding as ac -c judges it: nothing to fix")
         return result
     result.before = failing(ws, npu, golden, step, criteria).names()
+    progress(f"step {step}: {len(result.before)} tensor(s) or overflow(s) fail")
     result.candidates = candidates(ws, npu, c, step)
     mode = info.get("precision_mode") or "allow_mix_precision"
     rerun = _Rerun(ws, npu, golden, step, criteria, rtol, progress)
