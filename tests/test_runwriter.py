@@ -145,3 +145,39 @@ def test_directories_that_are_not_runs_are_not_targets(tmp_path):
     with open(os.path.join(root, "config", "debug_0", "run.json"), "w") as f:
         f.write("{}")
     assert Workspace(root).targets == ["npu", "cpu"]
+
+
+def test_an_op_name_reused_with_other_inputs_is_indexed_with_its_own(tmp_path):
+    """A front-end may give one name to ops that read other tensors in other steps (a
+    script's Tensor.__getitem__.1 reads an initialiser in step 0, the encoder's output in
+    step 1): each step's index names what that step's op read."""
+    writer = RunWriter(str(tmp_path), GPU, {"graph": "script"})
+    value = np.ones(3, dtype=np.float32)
+
+    def step(number, producer):
+        made = OpSpec("Torch.producer", producer, (), (), (TensorSpec("float32"),))
+        read = OpSpec("Tensor.__getitem__", "Tensor.__getitem__.1.forward", (f"{producer}:0",),
+                      (TensorSpec("float32"),), (TensorSpec("float32"),))
+        writer.write_step(number, [Record(made, [], [value], None, 1),
+                                   Record(read, [value], [value], None, 2)])
+    step(0, "Torch.normal_.3.forward")
+    step(1, "Functional.layer_norm.4.forward")
+    writer.finish()
+    ws = Workspace(str(tmp_path))
+    run = ws.run("gpu")
+    for number, producer in ((0, "Torch.normal_.3.forward"), (1, "Functional.layer_norm.4.forward")):
+        t = ws.index(run, number)
+        row = t[(t.op_name == "Tensor.__getitem__.1.forward") & (t.io == "input")].iloc[0]
+        assert row.tensor == f"{producer}:0"
+
+
+def test_a_pytorch_call_in_place_overwrites_its_tensor():
+    """PyTorch's convention: Tensor.<op>_ and the in-place operators write into input 0;
+    other calls, dunders and unknown names update nothing."""
+    from precision_tool.ops import registry
+    for name in ("Tensor.add_", "Tensor.lerp_", "Tensor.__iadd__", "Tensor.__imatmul__"):
+        assert tuple(registry.updated_inputs(name)) == (0,), name
+    for name in ("Tensor.add", "Tensor.__getitem__", "Tensor.__init__", "Tensor.__index__",
+                 "Torch._foreach_add_", "MatMul"):
+        assert tuple(registry.updated_inputs(name)) == (), name
+    assert tuple(registry.updated_inputs("ApplyAdam")) == (0, 1, 2, 3, 4)

@@ -389,10 +389,15 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
         site = ws.call_sites(npu_run, step).get(origin.op_name, {})
         result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""),
                              api_call=npu_run.info.get("front_end") == "pytorch")
-        try:
-            result.origin_replay = replay_op(ws, npu_run, step, origin.op_name, golden_run).verdict
-        except (ReplayOpError, PrecisionToolError) as e:
-            result.origin_replay = f"not replayed: {e}"
+        if npu_run.info.get("front_end") == "pytorch":
+            result.origin_replay = ("not replayed: a script's call has no graph node to replay "
+                                    "it from (fix reruns the script instead)")
+        else:
+            try:
+                result.origin_replay = replay_op(ws, npu_run, step, origin.op_name,
+                                                 golden_run).verdict
+            except (ReplayOpError, PrecisionToolError) as e:
+                result.origin_replay = f"not replayed: {e}"
     if c.trace is not None:
         result.carried = dict(dataclasses.asdict(c.trace), command=c.trace.dump_command())
     result.underflow = c.underflow

@@ -231,20 +231,34 @@ def _declared(floats) -> str:
 
 
 def tensors_in(*trees) -> list:
-    """The tensors in nested lists, tuples and dicts, in order."""
-    out = []
-
-    def walk(v):
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-    walk(trees)
+    """The tensors in nested lists, tuples and dicts, in order. (Called for every kernel and
+    call: a flat argument tuple, the usual case, costs no recursion.)"""
+    out: list = []
+    for tree in trees:
+        if isinstance(tree, torch.Tensor):
+            out.append(tree)
+            continue
+        items = tree.values() if isinstance(tree, dict) else \
+            tree if isinstance(tree, (list, tuple)) else ()
+        for x in items:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, (list, tuple, dict)):
+                _collect(x, out)
     return out
+
+
+def _collect(v, out: list) -> None:
+    if isinstance(v, torch.Tensor):
+        out.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, (list, tuple, dict)):
+                _collect(x, out)
+    elif isinstance(v, dict):
+        _collect(tuple(v.values()), out)
 
 
 def _map(fn, value):
