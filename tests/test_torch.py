@@ -62,10 +62,13 @@ _LOSS_LINE = _train.__code__.co_firstlineno + 11      # the line of the loss lam
 _MATMUL_LINE = Attention.forward.__code__.co_firstlineno + 4     # q·k in Attention.forward
 
 
-def _steps(model, loss_of, opt, debugger, steps):
-    """The training loop, under the debugger when one is given: its losses."""
+def _steps(model, loss_of, opt, debugger, steps, prepare=None):
+    """The training loop, under the debugger when one is given (prepare: what the script
+    does once the debugger has started): its losses."""
     if debugger:
         debugger.start(model)
+    if prepare:
+        prepare()
     losses = []
     for _ in range(steps):
         loss = loss_of()
@@ -214,24 +217,18 @@ def _low_precision(root=None, target=None, cast=None, steps=2, **kw):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
     debugger = PrecisionDebugger(root, target=target, dump_step="all", **kw) if target else None
-    if debugger:
-        debugger.start(model)
-    if cast == "half":
-        model.half()
-        x = x.half()
-    losses = []
-    for _ in range(steps):
+    inputs = {"x": x}
+
+    def halve():
+        if cast == "half":
+            model.half()
+            inputs["x"] = inputs["x"].half()
+
+    def loss_of():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast == "autocast"):
-            out = model(x)
-        loss = F.cross_entropy(out.float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-        if debugger:
-            debugger.step(loss)
-    if debugger:
-        debugger.stop()
+            out = model(inputs["x"])
+        return F.cross_entropy(out.float(), y)
+    losses = _steps(model, loss_of, opt, debugger, steps, halve)
     return losses, [p.detach().float().clone() for p in model.parameters()]
 
 
