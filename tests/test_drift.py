@@ -112,3 +112,19 @@ def test_state_drift_ranks_the_variables_and_keeps_their_history():
     # ten points of the nineteen steps before, the first and the last among them
     assert len(w["before"]) == 10 and min(w["before"]) == 0 and max(w["before"]) == 18
     assert all(w["before"][s] == pytest.approx(0.001 * 2 ** s) for s in w["before"])
+
+
+def test_losses_parting_name_the_dump_command_of_the_runs_front_end():
+    """Losses that part while every dumped step matches: the advice names the steps to dump
+    with the command that made the runs (npu-dump and cpu-dump for a graph's script,
+    torch-run for a PyTorch script's)."""
+    from precision_tool.analysis.advice import _drift_advice
+    d = {"kind": "loss", "own": [], "shows_first": None,
+         "loss": {"steps": 10, "first_off": 7, "worst": 0.2, "worst_step": 9},
+         "state": {"step": 6, "variables": [{"variable": "fc.weight", "distance": 0.01,
+                                             "before": {}}]}}
+    graph = _drift_advice(d, 0, None)
+    script = _drift_advice(d, 0, None, "pytorch")
+    assert 'npu-dump --dump-step "6-7"' in graph and "cpu-dump likewise" in graph
+    assert 'torch-run --dump-step "6-7" -- <your training command>' in script
+    assert "npu-dump" not in script and "cpu-dump" not in script

@@ -195,7 +195,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
     if getattr(r, "drift", None):
-        lines.append(_drift_advice(r.drift, r.step, r.criteria))
+        lines.append(_drift_advice(r.drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates, opts))
     unchecked = _unchecked_updates(r.update_check)
@@ -384,7 +384,7 @@ def _lost_update_advice(u: dict, opts: Options) -> str:
             "learning rate would only hide it).")
 
 
-def _drift_advice(d: dict, step: int, criteria: Optional[dict]) -> str:
+def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str = "") -> str:
     """Drift (analysis.diagnosis.drift): the state's, the step sound; or the losses' in steps whose
     compare finds nothing."""
     tol = (criteria or {}).get("rel_error", 0.05)
@@ -419,12 +419,16 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict]) -> str:
                 f"SessionConfig(golden_dtype='float64') and compare the two goldens to see "
                 f"whether the training itself is that sensitive.")
     first = gap["first_off"]
+    steps = f"\"{max(first - 1, 0)}-{first}\""
+    dump = (f"precision-tool torch-run --dump-step {steps} -- <your training command>"
+            if front_end == "pytorch" else
+            f"precision-tool npu-dump --dump-step {steps} -- <your training command>, and "
+            f"cpu-dump likewise")
     return (f"The losses part while every dumped step matches:{losses} The difference "
             f"accumulates in the state, furthest from the golden's at step "
             f"{d['state']['step']}: {furthest}. Dump step {first} and the steps before it "
-            f"(precision-tool npu-dump --dump-step \"{max(first - 1, 0)}-{first}\" -- <your "
-            f"training command>, and cpu-dump likewise) and run ac -c again to see whether a "
-            f"step there computes wrongly or the runs only drift.")
+            f"({dump}) and run ac -c again to see whether a step there computes wrongly or "
+            f"the runs only drift.")
 
 
 def _carried_advice(c: dict) -> str:
