@@ -382,6 +382,33 @@ def test_torch_run_dumps_an_unchanged_script_on_both_targets(tmp_path):
     assert out.exit_code == 0, out.output
 
 
+INFERENCE = textwrap.dedent("""
+    import torch, torch.nn as nn
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    model.eval()
+    with torch.no_grad():
+        for batch in range(3):
+            print(model(torch.randn(4, 16)).argmax(-1).tolist())
+""")
+
+
+def test_a_script_that_never_steps_has_a_step_per_forward(tmp_path):
+    """A script that calls no optimizer and no backward (an evaluation): each forward of its
+    model is a step, on both targets, and ac -c reads them."""
+    script = tmp_path / "eval.py"
+    script.write_text(INFERENCE)
+    done = _torch_run(tmp_path / "ws", "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    ws = Workspace(str(tmp_path / "ws"))
+    assert ws.run("cpu").complete_steps == ws.run("npu").complete_steps == [0, 1, 2]
+    for step in (0, 1, 2):          # one forward each: one call of each layer
+        names = set(ws.index(ws.run("npu"), step).op_name)
+        assert {"Functional.linear.0.forward", "Functional.linear.1.forward"} <= names
+        assert "Functional.linear.2.forward" not in names
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "ac", "-c"])
+    assert out.exit_code == 0, out.output
+
+
 def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     """The script's traceback and exit code pass through; the steps before the failure are
     on disk, the one it was in is not, and run.json says so."""

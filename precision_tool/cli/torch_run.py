@@ -56,7 +56,9 @@ class TorchRuns:
 def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
                   keep_fp32, fix_file, script):
     """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
-    call of its training steps (an optimizer step ends a step) dumped under msprobe's names
+    call of its training steps (an optimizer step ends a step, or GradScaler's update; in a
+    script that neither steps nor calls backward, each forward of its model is a step)
+    dumped under msprobe's names
     (Functional.linear.0.forward, ...backward), into npu/ and cpu/ runs every command reads
     (ac -c, vc, vcs, ni, pt...). The script's output, traceback and exit code pass through;
     what it dumped before it failed is kept, the step it was in is not.

@@ -179,8 +179,10 @@ class _Modules:
     path named_modules gives from the outermost module called (its own class name when the
     call is the outermost module's own)."""
 
-    def __init__(self, model=None):
+    def __init__(self, model=None, on_root=None):
         self.stack: List[str] = []
+        # on_root(starting): the outermost module's forward starts (True) or ends (False)
+        self.on_root = on_root
         self._names: Dict[int, str] = {}
         # parameters and buffers (and, named by the optimizer hook, optimizer state) -> their
         # names: the state a step reads from the steps before it
@@ -213,11 +215,15 @@ class _Modules:
     def _enter(self, module, args):
         if id(module) not in self._names:      # a module outside any tree seen: a new root
             self._name_tree(module)
+        if not self.stack and self.on_root is not None:
+            self.on_root(True)
         self.stack.append(self._names[id(module)])
 
     def _leave(self, module, args, output):
         if self.stack:
             self.stack.pop()
+            if not self.stack and self.on_root is not None:
+                self.on_root(False)
 
     @property
     def current(self) -> str:
@@ -273,6 +279,8 @@ class PrecisionDebugger:
         self._scale_row: Optional[tuple] = None    # GradScaler's (scale, next, finite)
         self.scaling = False        # a GradScaler scales the loss: its update ends a step
         self.auto_steps = False     # the runner's: steps end by themselves (see run.py)
+        self.optimizer_seen = False
+        self._forwards, self._backward_since = 0, False   # since the step began
         self._calls: Dict[str, dict] = {}      # op name -> its module and source line
         self._last: Optional[tuple] = None     # the call just recorded: (name, call site)
         # a forward tensor's name -> the backward outputs that are its gradient this step
@@ -292,18 +300,16 @@ class PrecisionDebugger:
         if self._writer is None:
             self._open()
         if self._modules is None:
-            self._modules = _Modules(model)
+            self._modules = _Modules(model, self._root_forward)
         if self._scaler is None:
             self._scaler = ScalerWatch(self._scaled, self._scaler_updated)
-        if self.npu is not None and not self._optimizer_hooks:
+        if not self._optimizer_hooks:
             # an optimizer's step is one update on the device (a fused Adam kernel, as the
             # graph's ApplyAdam): every kernel of it computes in its variables' dtype
             from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                                register_optimizer_step_pre_hook)
-            npu = self.npu
-            self._optimizer_hooks = [
-                register_optimizer_step_pre_hook(lambda *a: setattr(npu, "updating", True)),
-                register_optimizer_step_post_hook(lambda *a: setattr(npu, "updating", False))]
+            self._optimizer_hooks = [register_optimizer_step_pre_hook(self._updating),
+                                     register_optimizer_step_post_hook(self._updated)]
         if self.npu is not None and not any(m is self.npu for m in self._modes):
             self.npu.__enter__()
             self._modes.append(self.npu)
@@ -344,6 +350,7 @@ class PrecisionDebugger:
         dumped; loss (optional) goes into the step history."""
         if loss is not None:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        self._forwards, self._backward_since = 0, False
         self._end_step()
         self.step_number += 1
         self.recording = self._wants(self.step_number)
@@ -361,9 +368,29 @@ class PrecisionDebugger:
     def backward_from(self, args) -> None:
         """backward() on a scalar: the step's loss, unless the script hands one to step()
         or a GradScaler scaled it (its scale() saw the loss before it was scaled)."""
+        self._backward_since = True
         if self._loss is None and args and isinstance(args[0], torch.Tensor) and \
                 args[0].numel() == 1:
             self._loss = float(args[0].detach())
+
+    def _updating(self, *args) -> None:
+        self.optimizer_seen = True
+        if self.npu is not None:
+            self.npu.updating = True
+
+    def _updated(self, *args) -> None:
+        if self.npu is not None:
+            self.npu.updating = False
+
+    def _root_forward(self, starting: bool) -> None:
+        """The outermost module's forward starts or ends. Under the runner, a script that
+        neither steps an optimizer nor calls backward (inference) has a step per forward:
+        one ends when the next forward starts."""
+        if not starting:
+            self._forwards += 1
+        elif self.auto_steps and self._forwards and not self._backward_since and \
+                not self.optimizer_seen and not self.scaling:
+            self.step()
 
     def _scaled(self, loss) -> None:
         self.scaling = True
