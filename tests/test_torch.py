@@ -608,6 +608,48 @@ def test_nanogpt_attention_left_unscaled_is_named_in_its_module(tmp_path):
     assert result["origin"]["op_name"].startswith("Torch.softmax.")
 
 
+RAW_INPUTS = textwrap.dedent("""
+    import torch, torchvision, torch.nn.functional as F
+    model = torchvision.models.resnet18(num_classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = 32768 * torch.randn(8, 3, 64, 64), torch.randint(0, 4, (8,))   # not normalised
+    for step in range(2):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+""")
+
+
+def test_resnet18_fed_unnormalised_inputs_is_named_and_fixed(tmp_path):
+    """A planted cause in torchvision's ResNet-18: inputs of PCM range (±32768 and beyond),
+    not normalised, under the default allow_mix_precision: the first convolution's fp16
+    inputs and accumulation overflow. ac -c names Functional.conv2d.0.forward in conv1 and
+    says to scale what feeds it; fix finds the convolutions kept in fp32 over both steps,
+    and a fresh run with its fix matches the golden."""
+    pytest.importorskip("torchvision", reason="torchvision builds ResNet-18 (the onnx-export "
+                                              "extra)")
+    script = tmp_path / "train.py"
+    script.write_text(RAW_INPUTS)
+    done = _torch_run(tmp_path, "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 1
+    result = json.loads(out.stdout)
+    assert result["first_overflow"]["op_name"] == "Functional.conv2d.0.forward"
+    assert result["origin"]["op_name"] == "Functional.conv2d.0.forward"
+    assert result["origin"]["module"] == "conv1"
+    assert "scale what feeds it down" in " ".join(result["advice"])
+    fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(tmp_path),
+                            "--json", "fix"], capture_output=True, text=True, timeout=900)
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stdout)["config"]["keep_fp32"] == ["Functional.conv2d"]
+    again = _torch_run(tmp_path, "--target", "npu", "--fix", str(tmp_path / "config" / "fix.json"),
+                       "--dump-step", "all", "--", str(script))
+    assert again.returncode == 0, again.stderr
+    fresh = Workspace(str(tmp_path)).runs("npu")[-1].label
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "ac", "-c", "-lt", fresh])
+    assert out.exit_code == 0, out.output
+
+
 def test_without_torch_the_front_end_says_which_extra(tmp_path):
     code = ("import sys; sys.modules['torch'] = None\n"
             "try:\n    from precision_tool.torch import PrecisionDebugger\n"
