@@ -7,7 +7,10 @@ same step without it, measured side by side in one process, blocks interleaved, 
 - golden, statistics dump / tensor dump (workspace on tmpfs where there is one): every step
   dumped;
 - NPU simulated, nothing dumped (dump_step past the run): the simulated kernels alone;
-- NPU simulated, statistics dump.
+- NPU simulated, statistics dump;
+- msprobe's own debugger (mindstudio-probe; `--install` puts it in bench/.msprobe-venv), L1
+  statistics of every step, in a child process against its own plain step: our statistics
+  dump's overhead against its.
 
 Models: Hugging Face GPT-2 and BERT built from small configs (random weights, no download)
 when transformers is installed, and an attention block in plain PyTorch.
@@ -20,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -119,14 +123,99 @@ def measure(model, loss_fn, where):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def main():
+def _msprobe_block(model, loss_fn, opt, debugger, steps):
+    """Steps under msprobe's debugger as its guide has them: start, the step, stop, step."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        debugger.start(model)
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        debugger.stop()
+        debugger.step()
+    return (time.perf_counter() - start) / steps
+
+
+def measure_msprobe(name, where) -> float:
+    """msprobe's L1 statistics dump of every step ÷ the plain step, blocks interleaved, in
+    this process (msprobe wraps torch's APIs for good once its debugger is made: a child
+    of its own, so that nothing else is measured under its wrappers)."""
+    import json
+    from msprobe.pytorch import PrecisionDebugger as MsprobeDebugger
+    model, loss_fn = models()[name]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    root = tempfile.mkdtemp(prefix="bench-msprobe-", dir=where)
+    try:
+        config = os.path.join(root, "config.json")
+        with open(config, "w") as f:
+            json.dump({"task": "statistics", "dump_path": os.path.join(root, "dump"), "rank": [],
+                       "step": [], "level": "L1", "statistics": {
+                           "scope": [], "list": [], "data_mode": ["all"],
+                           "summary_mode": "statistics"}}, f)
+        debugger = MsprobeDebugger(config_path=config)
+        _block(model, loss_fn, opt, None, 2)
+        plain, probed = [], []
+        for _ in range(BLOCKS):
+            plain.append(_block(model, loss_fn, opt, None, STEPS))
+            probed.append(_msprobe_block(model, loss_fn, opt, debugger, STEPS))
+            shutil.rmtree(os.path.join(root, "dump"), ignore_errors=True)
+        return statistics.median(probed) / statistics.median(plain)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# msprobe (mindstudio-probe) and what it pulls in go into a virtual environment of their own
+# that sees this one's packages (torch, transformers, precision_tool): --install makes it
+MSPROBE_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".msprobe-venv")
+
+
+def install() -> int:
+    import subprocess
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", MSPROBE_VENV],
+                   check=True)
+    subprocess.run([os.path.join(MSPROBE_VENV, "bin", "python"), "-m", "pip", "install",
+                    "--quiet", "mindstudio-probe"], check=True)
+    print(f"installed mindstudio-probe into {MSPROBE_VENV}")
+    return 0
+
+
+def _msprobe_ratio(name) -> Optional[float]:
+    """msprobe's ratio for a model, from a child process in its environment; None where
+    it is not installed or fails."""
+    import subprocess
+    python = os.path.join(MSPROBE_VENV, "bin", "python")
+    if not os.path.exists(python):
+        return None
+    done = subprocess.run([python, os.path.abspath(__file__), "--msprobe", name],
+                          capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("ratio ")]
+    return float(lines[-1].split()[1]) if done.returncode == 0 and lines else None
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     torch.set_num_threads(1)         # one core for the step: the comparison, not the machine
     where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    if argv[:1] == ["--install"]:
+        return install()
+    if argv[:1] == ["--msprobe"]:
+        print(f"ratio {measure_msprobe(argv[1], where)}")
+        return 0
     for name, (model, loss_fn) in models().items():
         ratios, plain = measure(model, loss_fn, where)
         print(f"{name}: plain step {plain * 1e3:.1f} ms")
         for variant, r in ratios.items():
             print(f"  {variant} ÷ plain: {r:.2f}")
+        peer = _msprobe_ratio(name)
+        if peer is None:
+            print(f"  msprobe L1 statistics dump: not measured (python {sys.argv[0]} "
+                  f"--install, once)")
+            continue
+        ours = ratios["golden, statistics dump"]
+        print(f"  msprobe L1 statistics dump ÷ plain: {peer:.2f}")
+        print(f"  our statistics dump's overhead ÷ msprobe's: {(ours - 1) / (peer - 1):.2f} "
+              f"(ratio of ratios {ours / peer:.2f})")
     return 0
 
 

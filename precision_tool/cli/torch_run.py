@@ -63,7 +63,8 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     (ac -c, vc, vcs, ni, pt...). The script's output, traceback and exit code pass through;
     what it dumped before it failed is kept, the step it was in is not.
 
-    Exit code: the script's when it fails; 0 otherwise."""
+    Exit code: the script's when it fails; 2 for a setting or fix file that cannot be
+    used; 0 otherwise."""
     layout.parse_steps(dump_step)            # a bad value before anything runs
     if fix_file is not None:
         fixed = read_fix(fix_file)
