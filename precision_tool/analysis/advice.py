@@ -206,12 +206,14 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    if g and not data_first and g.get("matched"):
-        # infinities only, in a step with nothing wrong: made on purpose (a mask's -inf) and
-        # matched by the NPU's; no cause to look for
-        infinities = [f"Both runs hold ±inf in {g['tensors']} tensor(s), the first "
-                      f"{g['golden_tensor'] or g['tensor']}, and match there: infinities the "
-                      f"script makes (a mask's -inf) decide nothing."]
+    if g and not data_first and (g.get("matched") or (g.get("held") and not r.has_findings)):
+        # infinities only, held by the NPU too (as inf, or saturated to 65504 where nothing
+        # reading them differs): made on purpose (a mask's -inf); no cause to look for
+        held = "and the NPU holds them too" if g.get("matched") else \
+            "which the NPU holds saturated (±65504), and nothing that reads them differs"
+        infinities = [f"The golden holds ±inf in {g['tensors']} tensor(s), the first "
+                      f"{g['golden_tensor'] or g['tensor']}, {held}: infinities the script "
+                      f"makes (a mask's -inf) decide nothing."]
     elif g and not data_first:
         lines.append(_golden_nonfinite_advice(g))
     if r.watchpoints:

@@ -275,7 +275,19 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[di
             "nan_tensors": int((nan > 0).sum()),
             # only infinities, each held by the NPU as well (a mask's -inf): no cause
             "matched": not _unmatched_nonfinite(rows),
+            # ...or held saturated, at ±65504 (saturation mode): where nothing reading them
+            # differs, no cause either
+            "held": _held(rows),
             "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin])}
+
+
+def _held(rows: pd.DataFrame) -> bool:
+    """Whether the NPU holds every golden infinity of these rows, as inf or saturated to
+    ±65504, and no golden holds nan."""
+    def count(c):
+        return pd.to_numeric(rows.get(c, 0), errors="coerce").fillna(0)
+    return bool(len(rows)) and not bool((count("GoldenNanCount") > 0).any()) and bool(
+        (count("GoldenInfCount") <= count("NpuInfCount") + count("NpuAtFp16Max")).all())
 
 
 def _unmatched_nonfinite(rows: pd.DataFrame) -> bool:
