@@ -491,10 +491,7 @@ class PrecisionDebugger:
         site = {"module": self._modules.current if self._modules else "",
                 "source": _call_site(sys._getframe(2))}
         self._calls[name] = dict(site, **self._kernels(outs))
-        self._records.append(Record(spec, in_values, out_values,
-                                    _Task(len(self._records), status)
-                                    if self.target == "npu" else None,
-                                    int(time.time() * 1e6)))
+        self._append(spec, in_values, out_values, status)
         self._last = (name, site)
 
     def watch_backward(self, api: str, origins, read, outs, kept: bool) -> None:
@@ -590,10 +587,7 @@ class PrecisionDebugger:
                       tuple(TensorSpec(self._dtype(g)) for _, g, _ in outs))
         for m, (_, g, v) in enumerate(outs):
             self._grad_values[f"{back}:{m}"] = (v, self._dtype(g))
-        self._records.append(Record(spec, values, [v for _, _, v in outs],
-                                    _Task(len(self._records), state["status"])
-                                    if self.target == "npu" else None,
-                                    int(time.time() * 1e6)))
+        self._append(spec, values, [v for _, _, v in outs], state["status"])
 
     def _record_sum(self, name: str, made, g, value, site) -> str:
         """Autograd's sum of the gradients several calls handed one tensor, as its own op
@@ -607,10 +601,16 @@ class PrecisionDebugger:
         spec = OpSpec("Autograd.accumulate", name, tuple(made),
                       tuple(TensorSpec(dtype) for _, dtype in held),
                       (TensorSpec(self._dtype(g)),))
-        self._records.append(Record(spec, terms, [value],
-                                    _Task(len(self._records)) if self.target == "npu" else None,
-                                    int(time.time() * 1e6)))
+        self._append(spec, terms, [value])
         return f"{name}:0"
+
+    def _append(self, spec: OpSpec, inputs, outputs, status: int = 0) -> None:
+        """One record of the step: on the NPU with its task (the status word its kernels
+        set: an Opdebug record when not 0)."""
+        self._records.append(Record(spec, inputs, outputs,
+                                    _Task(len(self._records), status)
+                                    if self.target == "npu" else None,
+                                    int(time.time() * 1e6)))
 
     def _variable(self, var: str, t, value) -> str:
         """A parameter, buffer or optimizer state as the step first reads it: a `Variable`
@@ -618,9 +618,7 @@ class PrecisionDebugger:
         targets), as a graph run's state is; what reads it reads `<name>:0` until an
         in-place call changes it."""
         spec = OpSpec("Variable", var, (), (), (TensorSpec(self._dtype(t)),))
-        self._records.append(Record(spec, [], [value],
-                                    _Task(len(self._records)) if self.target == "npu" else None,
-                                    int(time.time() * 1e6)))
+        self._append(spec, [], [value])
         self._names[t] = f"{var}:0"
         return f"{var}:0"
 

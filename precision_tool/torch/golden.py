@@ -12,6 +12,7 @@ changed; torch-run starts it before the script runs. A script that asks for noth
 kind computes exactly as written: no argument is changed."""
 from __future__ import annotations
 
+import contextlib
 from typing import Set
 
 import torch
@@ -51,20 +52,7 @@ class GoldenFP32:
         if not on:
             return func(*args, **kwargs)
         self.lifted.add("autocast")
-        with _off(on):
+        with contextlib.ExitStack() as stack:       # autocast off for the call
+            for device in on:
+                stack.enter_context(torch.autocast(device, enabled=False))
             return func(*args, **kwargs)
-
-
-class _off:
-    """Autocast off for these device types while a call runs."""
-
-    def __init__(self, devices):
-        self.contexts = [torch.autocast(d, enabled=False) for d in devices]
-
-    def __enter__(self):
-        for c in self.contexts:
-            c.__enter__()
-
-    def __exit__(self, *exc):
-        for c in reversed(self.contexts):
-            c.__exit__(*exc)
