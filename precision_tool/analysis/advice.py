@@ -46,6 +46,10 @@ def keep_in_fp32(op: dict, mode: str) -> str:
                 f"no list moves it), or run under precision_mode force_fp32 to confirm")
     if op.get("api_call"):          # a script's call: kept in fp32 by its API's name
         api = op.get("op_type", "")
+        if op.get("imported"):      # a device's dump: the fix is in the script
+            return (f"keep {api} in fp32 in the script (its inputs .float(), or outside "
+                    f"autocast), and see the effect on the simulated NPU first: torch-run "
+                    f"--keep-fp32 {api}")
         return (f"keep {api} in fp32: torch-run --keep-fp32 {api} "
                 f"(PrecisionDebugger(keep_fp32=[\"{api}\"]))")
     if op.get("update"):

@@ -399,9 +399,15 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
             origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
         # a front-end's call site (module path, the script's line), where it wrote one
         site = ws.call_sites(npu_run, step).get(origin.op_name, {})
+        imported = bool(npu_run.info.get("source"))        # another tool's dump
         result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""),
-                             api_call=npu_run.info.get("front_end") == "pytorch")
-        if npu_run.info.get("front_end") == "pytorch":
+                             api_call=npu_run.info.get("front_end") == "pytorch",
+                             imported=imported)
+        if imported:
+            result.origin_replay = (f"not replayed: {npu_run.label} is another tool's dump "
+                                    f"(imported from {npu_run.info.get('format')}): no graph or "
+                                    f"script to replay the call from")
+        elif npu_run.info.get("front_end") == "pytorch":
             result.origin_replay = ("not replayed: a script's call has no graph node to replay "
                                     "it from (fix reruns the script instead)")
         else:

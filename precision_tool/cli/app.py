@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from ..dump import layout
+from ..dump.formats.msprobe import is_dump
 from ..fileio import jsonable
 
 if TYPE_CHECKING:                  # the workspace reader brings pandas: loaded when first used
@@ -208,7 +209,28 @@ class App:
         """A run named as npu/debug_1, debug_1 (this target first) or its directory; by
         default the target's newest original run that dumped something. Its interrupted
         steps are named on stderr, once per command."""
+        if spec is not None and is_dump(spec):
+            return self.noting(self.imported(spec, target)[0])
         return self.noting(self.ws.resolve_run(spec, target))
+
+    def imported(self, path: str, target: str) -> list:
+        """The runs an msprobe dump is in the workspace (one per rank), imported on first
+        use, into a workspace made for it where there is none yet; each named on stderr."""
+        from ..dump.workspace import Workspace
+        ws = self._ws if self._ws is not None else Workspace(self.data_dir, self.results_dir)
+        ws.announce = self._results_elsewhere
+        runs = ws.imported(path, target)
+        self._ws, self._opened = ws, (layout.resolve_root(self.data_dir), self.results_dir)
+        if ("import", path, target) not in self.noted:
+            self.noted.add(("import", path, target))
+            for k, run in enumerate(runs):
+                more = " (used here: give a rank's directory, step<N>/<rank>, for another)" \
+                    if k == 0 and len(runs) > 1 else ""
+                self.info(f"{run.info.get('source')} {run.info.get('rank')}: {run.label} "
+                          f"(msprobe {run.info.get('task', '?')} dump, level "
+                          f"{run.info.get('level', '?')}, steps "
+                          f"{layout.format_steps(run.complete_steps) or 'none'}){more}")
+        return runs
 
     def runs(self, target: Optional[str] = None) -> list:
         """Every run (of the target), their interrupted steps named as run() names them."""

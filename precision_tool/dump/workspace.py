@@ -19,9 +19,10 @@ from ..errors import PrecisionToolError, WorkspaceError  # noqa: F401 (Workspace
 from ..graph.serialize import GraphView
 from ..table import Table
 from . import layout
-from .formats import INTEGER_COLUMNS, STAT_COLUMNS, read_step_index, read_tensor_file
+from .formats import (INTEGER_COLUMNS, STAT_COLUMNS, msprobe, read_step_calls, read_step_index,
+                      read_tensor_file)
 from .formats.npy import Confined
-from .formats.ours import (read_calls, read_compiled_graph, read_fusion_result, read_run_json,
+from .formats.ours import (read_compiled_graph, read_fusion_result, read_run_json,
                            read_step_history)
 from .run import Run, StepDump  # noqa: F401 (the types its API returns)
 
@@ -50,7 +51,7 @@ class Workspace:
         self._graphs: Dict[str, Optional[dict]] = {}
         self._views: Dict[str, Optional[GraphView]] = {}
         # tensor files are opened only where they resolve inside the workspace or its results
-        self._opener = Confined(self.root, lambda: self.results)
+        self._opener = Confined(self.root, lambda: self.results, self._sources)
 
     # -- where results go ---------------------------------------------------------------------
     @property
@@ -89,6 +90,19 @@ class Workspace:
     def where(self) -> tuple:
         """(root, results): what opens the same workspace elsewhere (Workspace(*where))."""
         return (self.root, self.results)
+
+    def _sources(self) -> List[str]:
+        """The dumps the workspace's imported runs refer to (dump.imports): read in place."""
+        try:
+            runs = self.runs()
+        except WorkspaceError:
+            return []
+        return [r.info["source"] for r in runs if isinstance(r.info.get("source"), str)]
+
+    def relist(self) -> None:
+        """List the runs again when next asked (a command added one)."""
+        self._runs = None
+        self._opener = Confined(self.root, lambda: self.results, self._sources)
 
     def reopened(self) -> "Workspace":
         """A new index of the same workspace and results (after a command wrote a run)."""
@@ -133,7 +147,11 @@ class Workspace:
                 continue
             path = os.path.join(parent, name)
             run = Run(tgt, name, path, read_run_json(os.path.join(path, "run.json")))
-            run.steps = self._find_steps(run)
+            source = run.info.get("source")
+            if isinstance(source, str) and source:      # an imported dump: read where it is
+                run.steps = self._find_imported_steps(run, source)
+            else:
+                run.steps = self._find_steps(run)
             self._find_bundles(run)
             run.interrupted = sorted(set(run.interrupted))
             self._runs[(tgt, name)] = run
@@ -160,6 +178,8 @@ class Workspace:
         directory; None is the target's default run (Workspace.run)."""
         if spec is None:
             return self.run(target)
+        if msprobe.is_dump(spec):             # another tool's dump: a run of its own
+            return self.imported(spec, target)[0]
         path = os.path.realpath(spec)
         for r in self.runs():
             if os.path.realpath(r.path) == path:
@@ -174,6 +194,12 @@ class Workspace:
                     return r
         raise WorkspaceError(f"no run {spec!r} in {self.root}; runs: "
                              f"{[r.label for r in self.runs()] or 'none'}")
+
+    def imported(self, path: str, target: str) -> List[Run]:
+        """The runs (one per rank, in rank order) that the msprobe dump at path is in this
+        workspace as runs of target: made on first use (dump.imports)."""
+        from .imports import import_dump
+        return import_dump(self, path, layout.target_of(target, {}))
 
     def resolve_step(self, run: Run, step: Optional[int] = None) -> int:
         """The step asked for, checked to be dumped whole in the run (the error names the
@@ -214,6 +240,20 @@ class Workspace:
         raise WorkspaceError(f"{run.label} has no replay bundle for step {step}"
                              + (f"; bundles: {run.bundles}" if run.bundles else
                                 " (dump the step with the 'dump' action)"))
+
+    def _find_imported_steps(self, run: Run, source: str) -> List[StepDump]:
+        """An imported dump's steps for the run's rank (dump.imports): a step whose
+        dump.json was never written is partial."""
+        rank = run.info.get("rank")
+        steps = msprobe.ranks_of(source).get(rank, {}) if isinstance(rank, str) else {}
+        out = []
+        for step, path in sorted(steps.items()):
+            if msprobe.claims(path):
+                out.append(StepDump(step, path, True))
+            else:
+                run.interrupted.append(step)
+                run.partials.append(path)
+        return out
 
     def _find_steps(self, run: Run) -> List[StepDump]:
         dump = os.path.join(run.path, "dump")
@@ -269,9 +309,9 @@ class Workspace:
 
     def call_sites(self, run: Run, step: int) -> dict:
         """The step's call sites (op name -> {"module", "source"}), {} where none were
-        written (formats.ours.read_calls)."""
+        written (the step's format's read_calls)."""
         sd = run.step(step)
-        return read_calls(sd.path) if sd.complete else {}
+        return read_step_calls(sd.path) if sd.complete else {}
 
     # -- a step's index -----------------------------------------------------------------------
     def index(self, run: Run, step: int) -> pd.DataFrame:

@@ -78,6 +78,10 @@ def compare_stats(npu: dict, golden: dict) -> dict:
     out["NormRelativeDiff"] = norm_relative_diff(out["NpuNorm"], out["GoldenNorm"])
     out.update({f"{k.capitalize()}Diff": float(npu[k]) - float(golden[k]) for k in ("max", "min", "mean")})
     out["CompareFailReason"] = STATS_ONLY
+    crc, golden_crc = npu.get("md5") or "", golden.get("md5") or ""
+    if crc and golden_crc:      # msprobe's md5 summary (a CRC32 of the data): bit for bit?
+        out["CompareFailReason"] += " (md5 equal: the same bits)" if crc == golden_crc \
+            else " (md5 differs: not the same bits)"
     return out
 
 
@@ -182,12 +186,15 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     table = ws.index_table(run, step)
     graph = ws.compiled_graph(run) if run.kind == DEVICE else None
     tmap = TensorMap(graph) if graph else None
-    exact, original_of, by_original = {}, {}, {}
+    exact, original_of, by_original, by_position = {}, {}, {}, {}
     # a tensor's own row is its producer's output row; the input rows of the ops that read
     # it name the same file under the reader's name (GroundTruth would name the reader)
     outputs = table["io"] == "output"
     tensors = table["tensor"].tolist()
     # output rows first: an input row stands for its tensor only where no output row does
+    ops, indexes = table["op_name"].tolist(), table["index"].tolist()
+    for k in np.flatnonzero(~outputs).tolist():
+        by_position[(ops[k], indexes[k])] = k
     for k in [*np.flatnonzero(outputs).tolist(), *np.flatnonzero(~outputs).tolist()]:
         tensor = tensors[k]
         if tensor in exact:
@@ -196,7 +203,7 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
         original = original_of[tensor] = tmap.golden_tensor(tensor) if tmap else tensor
         if original is not None and (original not in by_original or tensor == original):
             by_original[original] = k
-    return table, exact, original_of, by_original
+    return table, exact, original_of, by_original, by_position
 
 
 @functools.lru_cache(maxsize=256)
@@ -254,10 +261,13 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         if column not in npu:          # a golden run on the left: golden against golden
             npu = npu.with_column(column, np.full(len(npu), default,
                                                   dtype=object if default == "" else np.int64))
-    gold, gold_exact, gold_original, gold_by_original = _golden_rows(ws, golden_run, gold_step)
+    gold, gold_exact, gold_original, gold_by_original, gold_inputs = \
+        _golden_rows(ws, golden_run, gold_step)
     # only the rows a lookup can return (the golden's input rows mostly name a tensor its
     # output row stands for already)
-    wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values()))
+    by_position = npu_run.info.get("format") == "msprobe"
+    wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values())
+                    | (set(gold_inputs.values()) if by_position else set()))
     gold_rows = dict(zip(wanted, gold.take(wanted).records()))
     graph = graph if graph is not None else ws.compiled_graph(npu_run)
     tmap = TensorMap(graph)
@@ -287,9 +297,17 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                "GoldenTensor": golden_tensor or "", "Elements": element_count(r["shape"]),
                "SumKind": "" if r["io"] != "output" else
                kind(r["op_type"], r["op_name"], r["index"])}
-        g = gold_exact.get(r["tensor"])
-        if g is None or golden_tensor is None or gold_original.get(r["tensor"]) != golden_tensor:
-            g = gold_by_original.get(golden_tensor) if golden_tensor else None
+        # an msprobe dump's input has a file of its own, and where it came from is known
+        # only as far as its statistics or the calls say (formats.msprobe), which two runs
+        # may say differently: it is compared with the reference's input of the same call
+        # at the same position, and its name is the data flow the analysis follows
+        g = gold_inputs.get((r["op_name"], r["index"])) \
+            if by_position and r["io"] == "input" else None
+        if g is None:
+            g = gold_exact.get(r["tensor"])
+            if g is None or golden_tensor is None or \
+                    gold_original.get(r["tensor"]) != golden_tensor:
+                g = gold_by_original.get(golden_tensor) if golden_tensor else None
         if g is None:
             row.update({name: np.nan for name in METRICS},
                        CompareFailReason="no golden tensor: NPU-only" if golden_tensor is None
@@ -310,12 +328,13 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                     pairs.append(Pair(
                         Side(npu_dir + r["file"], r["format"] or "",
                              r["original_shape"] or "", r["min"], r["max"],
-                             _data_bytes(row["Elements"], r["dtype"])),
+                             _data_bytes(row["Elements"], r["dtype"]), r.get("md5") or ""),
                         Side(gold_dir + grow["file"],
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
                              grow["min"], grow["max"],
-                             _data_bytes(element_count(grow["shape"]), grow["dtype"]))))
+                             _data_bytes(element_count(grow["shape"]), grow["dtype"]),
+                             grow.get("md5") or "")))
                 row["_pair"] = pair_of[key]
         rows.append(row)
     fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \
@@ -323,7 +342,9 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     rows += _undumped_ops(graph, tmap, set(npu["op_name"]), fetched, len(rows))
     # a foreign dump's fusion is not known; and a step the NPU's loss scale skipped ran no
     # update there (a script's optimizer step is not called): the golden's are no gap
-    if (graph is not None or npu_run.ours) and not _skipped(ws, npu_run, step):
+    # (an msprobe dump names every call, as ours do: what only the reference called shows)
+    if (graph is not None or npu_run.ours or npu_run.info.get("format") == "msprobe") \
+            and not _skipped(ws, npu_run, step):
         rows += _golden_only_ops(graph, set(npu["op_name"]), gold,
                                  ws.compiled_graph(golden_run), len(rows))
     engine = engine_for(workers, scheduler)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import zlib
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -68,6 +69,7 @@ class Side(NamedTuple):
     hi: float = float("nan")    # KL its second pass when it proves right
     nbytes: int = -1            # its data's size as the index says (-1: unknown, stat it):
                                 # where it goes is planned without a stat per file
+    crc: str = ""               # the CRC32 of its data the dump recorded (msprobe's "md5")
 
 
 class Pair(NamedTuple):
@@ -81,9 +83,14 @@ class Pair(NamedTuple):
 
 
 def _load(ws: Workspace, side: Side) -> np.ndarray:
-    return logical_tensor(ws.load_file(side.path, MAP_BYTES), side.fmt, side.original_shape)
-
-
+    value = ws.load_file(side.path, MAP_BYTES)
+    if side.crc:
+        got = f"{zlib.crc32(np.ascontiguousarray(value).data) & 0xffffffff:08x}"
+        if got != side.crc.lower():
+            raise WorkspaceError(f"tensor file {side.path} does not hold what was dumped: its "
+                                 f"CRC32 is {got}, the dump recorded {side.crc} (changed or "
+                                 f"damaged since)")
+    return logical_tensor(value, side.fmt, side.original_shape)
 
 
 def _failed(reason: str) -> dict:

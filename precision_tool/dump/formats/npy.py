@@ -30,11 +30,14 @@ class Confined:
     opened without following a link (no lstat per file), and one that is a link is resolved
     and checked before it is opened."""
 
-    def __init__(self, root: str, late=None):
+    def __init__(self, root: str, late=None, more=None):
         self.root = root
         self._real_root = os.path.realpath(root)
         self._late, self._real_late = late, None
         self._real_dirs = {}
+        # more(): other roots files may be read from (the dumps the workspace's runs refer
+        # to), asked on the first path outside root
+        self._more_of, self._more = more, None
 
     def __call__(self, path: str) -> int:
         # string operations, not os.path's: a compare opens thousands of files
@@ -57,6 +60,10 @@ class Confined:
     def _check(self, path: str, real: str) -> None:
         if real.startswith(self._real_root + os.sep):
             return
+        if self._more is None:
+            self._more = [os.path.realpath(r) for r in self._more_of()] if self._more_of else []
+        if any(real.startswith(more + os.sep) for more in self._more):
+            return
         if self._late is not None and self._real_late is None:
             self._real_late = os.path.realpath(self._late())
         if self._real_late is None or not real.startswith(self._real_late + os.sep):
@@ -65,14 +72,19 @@ class Confined:
 
 def read_tensor_file(path: str, opener=None, mmap_over: Optional[int] = None) -> np.ndarray:
     """An .npy file read as read_npy reads it (allow_pickle=False, sizes checked, a large one
-    memory-mapped), its failures as one-line WorkspaceErrors. opener(path) -> descriptor:
+    memory-mapped), or a .pt as torchfile.read_pt does (nothing its pickle names is run),
+    its failures as one-line WorkspaceErrors. opener(path) -> descriptor:
     the workspace passes one that refuses paths outside it; a path the user typed
     (pt, cp, dc) is opened as it is."""
     try:
         fd = opener(path) if opener else os.open(path, READ_FLAGS)
         try:
             # a large tensor is memory-mapped: compares stream it block by block
-            return read_npy(fd, mmap_over=MMAP_BYTES if mmap_over is None else mmap_over)
+            over = MMAP_BYTES if mmap_over is None else mmap_over
+            if path.endswith(".pt"):         # torch.save's archive (msprobe's dumps)
+                from .torchfile import read_pt
+                return read_pt(fd, over)
+            return read_npy(fd, mmap_over=over)
         finally:
             os.close(fd)
     except WorkspaceError:           # outside the workspace: said as it is
