@@ -84,7 +84,10 @@ def _gap(reason: str) -> str:
         detail = reason[len(UNREADABLE):]
         for word, kind in (("is missing", "file missing"), ("outside the workspace", "outside the workspace"),
                            ("corrupt", "file corrupt"), ("unpickling", "file holds objects"),
-                           ("not a numeric", "not a numeric tensor"), ("directory", "not a file")):
+                           ("not a numeric", "not a numeric tensor"), ("directory", "not a file"),
+                           ("is refused", "pickle refused: it asks for more than a tensor"),
+                           ("does not hold what was dumped", "CRC32 differs from the dump's"),
+                           ("cut off", "file cut off")):
             if word in detail:
                 return f"unreadable ({kind})"
         return "unreadable"
