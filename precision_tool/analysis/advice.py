@@ -167,6 +167,9 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
             f"{why}: {format_steps(steps)}" for why, steps in r.unseen_steps.items()) +
             "): what follows covers the steps compared, so no clean verdict is given; dump "
             "those steps again in both runs to cover them.")
+    ranks = getattr(r, "ranks", None)
+    if ranks is not None and (ranks["origin"] or ranks["received"]):
+        lines.append(_ranks_advice(ranks, r.npu_run))
     first = r.first_overflow
     o = r.origin
     g = getattr(r, "golden_nonfinite", None)
@@ -234,22 +237,23 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} ({how}).")
     if first is not None and r.golden_run is None:
-        dump = "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
-        lines.append(f"Dump the golden run too ({dump}) and add -c: the compare says whether "
-                     f"the overflow has an effect and where the divergence starts.")
+        lines.append(f"Dump the golden run too ({_golden_dump(r)}) and add -c: the compare "
+                     f"says whether the overflow has an effect and where the divergence starts.")
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
         return lines + ([unchecked] if unchecked else []) + infinities
     # nothing found (in the steps compared, where some were not: that line leads)
     if r.diverging_count:
+        how = ("Dump the calls that make them too (a wider scope or list, level mix), or "
+               "an earlier step" if getattr(r, "imported", False) else
+               f"Compare the step against a golden replay of the NPU's own state "
+               f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)")
         return lines + [
             f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
             f"inputs already differ from values this dump does not show (a feed, or state). "
-            f"Compare the step against a golden replay of the NPU's own state "
-            f"(precision-tool train -d cpu -s {r.step}, then vc -rt the new cpu run)."]
+            f"{how}."]
     if r.golden_run is None:
-        dump = "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
-        return [f"Nothing overflowed. Dump the golden run too ({dump}) and add -c to compare "
-                f"every op."]
+        return [f"Nothing overflowed. Dump the golden run too ({_golden_dump(r)}) and add -c "
+                f"to compare every op."]
     return lines + _sound_text(r) + ([unchecked] if unchecked else []) + infinities
 
 
@@ -515,3 +519,31 @@ def _scales(history: Optional[dict]) -> set:
     if not history or history["first_scale"] != history["first_scale"]:
         return set()
     return {history["first_scale"]} | {m[1] for m in history["moves"]}
+
+
+def _golden_dump(r) -> str:
+    """How the reference run the compare needs is made, for this run's kind."""
+    if getattr(r, "imported", False):
+        return "the same script's msprobe dump on a GPU or CPU, then ac -c -lt DUMP -rt " \
+               "BASELINE_DUMP"
+    return "torch-run --target golden" if r.front_end == "pytorch" else "cpu-dump"
+
+
+def _ranks_advice(ranks: dict, compared: str) -> str:
+    """Where a nan/inf first appears across the ranks (diagnosis.ranks), and which rank to
+    look at."""
+    step = ranks["step"]
+    carried = ", ".join(f"{e['rank']} by {e['op_name']}" for e in ranks["received"])
+    if not ranks["origin"]:
+        return (f"In step {step} every rank's first nan/inf came through a collective "
+                f"({carried}): {ranks['note']}.")
+    first = ranks["origin"]
+    where = " and ".join(f"{e['rank']} ({e['run']}) at {e['op_name']}"
+                         + (f" ({e['source']})" if e["source"] else "") for e in first)
+    text = (f"nan/inf first appears in step {step} on {where}, before collective "
+            f"{first[0]['epoch']} of the step" +
+            (f"; collectives carried it to the other ranks ({carried})" if carried else "") +
+            ".")
+    if all(e["run"] != compared for e in first):
+        text += f" Look at that rank: ac -c -lt {first[0]['run']}."
+    return text

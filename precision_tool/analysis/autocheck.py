@@ -37,6 +37,7 @@ from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import RootCause, root_cause, written_variables
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
+from .diagnosis.ranks import nonfinite_origin, sibling_ranks
 from .diagnosis.steps import StateTrace, check_steps, trace_state
 from .diagnosis.updates import UpdateCheck, check_updates
 from .comparing.summary import OpSummary, count_findings, summarize
@@ -99,6 +100,10 @@ class AutoCheck:
     # (step_replay.check_remedies: changes, verdict, evidence); empty when not replayed
     remedies: List[dict] = field(default_factory=list)
     advice: List[str] = field(default_factory=list)
+    # the ranks of a data-parallel dump: where a nan/inf first appears across them
+    # (diagnosis.ranks.RankOrigin), when the run is one rank of several
+    ranks: Optional[dict] = None
+    imported: bool = False          # another tool's dump (dump.imports): no script, no graph
 
     @property
     def complete(self) -> bool:
@@ -114,7 +119,8 @@ class AutoCheck:
             self.diverging_count > 0 or self.lost_updates is not None or \
             self.drift is not None or \
             self.underflow is not None or bool(self.watchpoints) or \
-            self.carried is not None and not self.carried["writers_noise"]
+            self.carried is not None and not self.carried["writers_noise"] or \
+            self.ranks is not None and bool(self.ranks["origin"] or self.ranks["received"])
 
     @property
     def verdict(self) -> str:
@@ -176,9 +182,17 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     result.step = s
     # a graph run's step replays from its bundle; a script's run reruns its script
     result.front_end = str(npu_run.info.get("front_end") or "")
+    result.imported = bool(npu_run.info.get("source"))
     result.repairable = golden_run is not None and (s in npu_run.bundles or
                                                     bool(npu_run.info.get("script")))
     result.watchpoints = first_hits(read_hits(ws.root))
+    siblings = sibling_ranks(ws, npu_run)
+    if len(siblings) > 1:
+        found = nonfinite_origin(ws, siblings)
+        if found is not None:
+            result.ranks = found.to_dict()
+            if found.partial_steps:
+                result.unseen_steps["dumped by some ranks only"] = found.partial_steps
     result.overflows = [_task(t) for t in report.tasks]
     result.first_overflow = _task(report.first) if report.first else None
     if report.first is not None:

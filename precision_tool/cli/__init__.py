@@ -25,12 +25,12 @@ COMMAND_MODULES = {"analyse": ("ac", "vc", "vcs", "fo", "report"),
                    "inspect": ("ls", "ni", "pt", "cp", "dc"),
                    "jobs": ("train", "demo", "clean"), "fix": ("fix",), "precheck": ("check", "wp"),
                    "onnx_model": ("onnx",), "torch_run": ("torch-run",),
-                   "imports": ("import",)}
+                   "interop": ("import", "export")}
 LONG_NAMES = {"auto-check": "ac", "vector-compare": "vc", "vector-summary": "vcs",
               "fusion-off": "fo", "html-report": "report", "list": "ls", "node-info": "ni",
               "print-tensor": "pt", "compare-pair": "cp", "convert": "dc", "replay": "train",
               "repair": "fix", "pre-check": "check", "watchpoints": "wp",
-              "onnx-model": "onnx", "import-dump": "import"}
+              "onnx-model": "onnx", "import-dump": "import", "export-dump": "export"}
 _MODULE_OF = {name: module for module, names in COMMAND_MODULES.items() for name in names}
 
 

@@ -134,6 +134,29 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
     return EXIT_FINDINGS if result.has_findings else EXIT_OK
 
 
+def _render_ranks(app: App, ranks: dict):
+    """Where a nan/inf first appears across the ranks of a data-parallel dump."""
+    lines = []
+    for e in ranks["origin"]:
+        lines.append(f"[bold]{escape(e['rank'])}[/bold] ({escape(e['run'])}): "
+                     f"{escape(e['op_name'])} makes it (before collective {e['epoch']})"
+                     + (f"\n  source: {escape(e['source'])}" if e["source"] else ""))
+    for e in ranks["received"]:
+        lines.append(f"{escape(e['rank'])} ({escape(e['run'])}): received through "
+                     f"{escape(e['op_name'])}")
+    for e in ranks["others"]:
+        lines.append(f"{escape(e['rank'])} ({escape(e['run'])}): {escape(e['op_name'])} makes "
+                     f"one later (collective {e['epoch']})")
+    for note in ([ranks["note"]] if ranks["note"] else []) + (
+            [f"steps {ranks['partial_steps']} were dumped by some ranks only: not looked at"]
+            if ranks["partial_steps"] else []):
+        lines.append(escape(note))
+    title = f"Ranks  {ranks['ranks']} ranks" + (
+        f", nan/inf first in step {ranks['step']}" if ranks["step"] >= 0 else
+        ", no nan/inf in the steps every rank dumped")
+    app.console.print(panel("\n".join(lines) or "no nan/inf", title=title, title_align="left"))
+
+
 def _render_ac(app: App, r, limit):
     out = app.console
     fusion = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -151,6 +174,8 @@ def _render_ac(app: App, r, limit):
              ([f"{x['lost_updates']} lost update(s)"] if x.get("lost_updates") else [])
              if "compared" in x else [])) for x in r.steps]
         out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
+    if r.ranks is not None:
+        _render_ranks(app, r.ranks)
     if r.overflows:
         lines = []
         shown = r.overflows[:limit + 1]

@@ -1,0 +1,122 @@
+"""Where a nan or inf first appears across the ranks of a data-parallel run, when collectives
+have spread it to every rank by the time anyone looks.
+
+The ranks' own execution orders cannot be merged by time (a dump has none across processes),
+but collectives line them up: the k-th call of a collective (Distributed.all_reduce.k) is one
+event on every rank. So each rank's first call with a nan/inf output is placed by how many
+collectives the rank had called before it (its epoch). A rank whose first nan/inf is the
+output of a collective whose input on that rank was finite received it; a rank whose first
+nan/inf is any other call made it (or was fed it). The origin is the rank that made one in
+the earliest epoch (several ranks in the same epoch are all named: the dump cannot order
+them), and the collective that carried it is the first one after it on the ranks that
+received it. Works on every run's index (its nan/inf counts; an msprobe dump's from its
+statistics), with or without a golden run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+COLLECTIVE = "Distributed."
+
+
+@dataclass
+class RankEvent:
+    rank: str
+    run: str
+    op_name: str
+    op_type: str
+    epoch: int                  # collectives the rank called before it
+    received: bool              # a collective's output, its input on this rank finite
+    source: str = ""            # the script's line, where the dump says
+
+
+@dataclass
+class RankOrigin:
+    step: int
+    origin: List[RankEvent]                  # the rank(s) that made it, in the earliest epoch
+    received: List[RankEvent]                # ranks that got it through a collective
+    others: List[RankEvent] = field(default_factory=list)   # made later elsewhere too
+    ranks: int = 0
+    # where the analysis cannot see: no rank made it (each received it)
+    note: str = ""
+    partial_steps: List[int] = field(default_factory=list)   # dumped by some ranks only
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _nonfinite(table) -> np.ndarray:
+    counts = np.zeros(len(table))
+    for name in ("nan_count", "pos_inf_count", "neg_inf_count"):
+        if name in table:
+            counts = counts + np.nan_to_num(np.asarray(table[name], dtype=float))
+    return counts > 0
+
+
+def first_nonfinite(table) -> Optional[dict]:
+    """A rank's first call whose output holds nan/inf, in its step's execution order, with
+    its epoch and whether a collective brought it in."""
+    ops = table["op_name"].tolist()
+    types = table["op_type"].tolist()
+    io = table["io"].tolist()
+    bad = _nonfinite(table).tolist()
+    epoch, seen = 0, set()
+    by_op: Dict[str, dict] = {}
+    order = []
+    for k, name in enumerate(ops):
+        if name not in by_op:
+            by_op[name] = {"type": types[k], "in": False, "out": False, "epoch": epoch}
+            order.append(name)
+            if types[k].startswith(COLLECTIVE) and name not in seen:
+                seen.add(name)
+                epoch += 1          # the calls after it are in the next epoch
+        entry = by_op[name]
+        entry["in" if io[k] == "input" else "out"] |= bad[k]
+    for name in order:
+        entry = by_op[name]
+        if entry["out"]:
+            collective = entry["type"].startswith(COLLECTIVE)
+            return {"op_name": name, "op_type": entry["type"], "epoch": entry["epoch"],
+                    "received": collective and not entry["in"]}
+    return None
+
+
+def nonfinite_origin(ws, runs: list) -> Optional[RankOrigin]:
+    """The first step every rank dumped in which a rank holds a nan/inf, and where it came
+    from (see the module); None when no rank holds one and every rank dumped the same
+    steps."""
+    common = sorted(set.intersection(*(set(r.complete_steps) for r in runs)))
+    partial = sorted(set.union(*(set(r.complete_steps) for r in runs)) - set(common))
+    for step in common:
+        events = []
+        for run in runs:
+            found = first_nonfinite(ws.index_table(run, step))
+            if found is not None:
+                site = ws.call_sites(run, step).get(found["op_name"], {})
+                events.append(RankEvent(str(run.info.get("rank") or run.label), run.label,
+                                        found["op_name"], found["op_type"], found["epoch"],
+                                        found["received"], site.get("source", "")))
+        if not events:
+            continue
+        made = [e for e in events if not e.received]
+        received = [e for e in events if e.received]
+        if not made:
+            return RankOrigin(step, [], received, ranks=len(runs), partial_steps=partial,
+                              note="every rank received it through a collective: the rank "
+                                   "that made it did not dump that step, or not that call")
+        first = min(e.epoch for e in made)
+        return RankOrigin(step, [e for e in made if e.epoch == first], received,
+                          [e for e in made if e.epoch != first], len(runs),
+                          partial_steps=partial)
+    return RankOrigin(-1, [], [], ranks=len(runs), partial_steps=partial) if partial else None
+
+
+def sibling_ranks(ws, run) -> list:
+    """The runs that are the other ranks of the same imported dump, the run's own first
+    kept in rank order (dump.imports writes them in that order); [run] alone otherwise."""
+    source = run.info.get("source")
+    if not source:
+        return [run]
+    return [r for r in ws.runs(run.target) if r.info.get("source") == source]
