@@ -579,3 +579,38 @@ def test_clean_ranks_say_nothing_and_ranks_with_different_steps_are_incomplete(d
     result = json.loads(out.stdout)
     assert result["ranks"]["partial_steps"] == [2]
     assert result["verdict"] == "incomplete"
+
+
+def test_calls_one_dump_lacks_are_listed_and_the_rest_paired_in_place(tmp_path):
+    """An extra call shifts every later index of its API: pairing by name would compare the
+    wrong tensors. Aligned, each call meets its counterpart, and the extra one is listed."""
+    calls = _model()
+    x = calls[0][1][0]
+    extra = ("Mint.mul.0.forward", [x], [x * 2])
+    shifted = [calls[0], extra] + [(name.replace("Mint.mul.0", "Mint.mul.1"), i, o)
+                                   for name, i, o in calls[1:]]
+    write_dump(tmp_path / "n", shifted)
+    write_dump(tmp_path / "g", calls)
+    ws = Workspace(str(tmp_path / "ws"))
+    npu, gold = ws.imported(str(tmp_path / "n"), "npu")[0], ws.imported(str(tmp_path / "g"),
+                                                                        "cpu")[0]
+    table = compare_step(ws, npu, gold, 0)
+    by = {r["TensorIndex"]: r for r in table.records()}
+    # the extra call: listed, not compared with the reference's Mint.mul.0
+    assert by["Mint.mul.0.forward:output:0"]["Verdict"] == "error"
+    assert by["Mint.mul.0.forward:output:0"]["CompareFailReason"].startswith(
+        "no counterpart call")
+    # the shifted one meets the reference's Mint.mul.0, and matches it
+    assert by["Mint.mul.1.forward:output:0"]["GroundTruth"] == "Mint.mul.0.forward"
+    assert by["Mint.mul.1.forward:output:0"]["Verdict"] == "pass"
+    assert by["Mint.mul.1.forward:input:0"]["Verdict"] == "pass"
+    assert {r["Verdict"] for r in table.records() if not r["NPUDump"].startswith(
+        "Mint.mul.0")} == {"pass"}
+    out = invoke("vc", "-lt", "npu/debug_0", "-rt", "cpu/debug_0", data_dir=tmp_path / "ws")
+    assert out.exit_code == 2
+    assert "2 not: 2 of calls the reference did not make (Mint.mul.0.forward)\n" in out.output
+    # and the other way round: a call only the reference made
+    table = compare_step(ws, gold, npu, 0)
+    missing = [r for r in table.records() if r["GroundTruth"] == "Mint.mul.0.forward"
+               and r["NPUDump"] == ""]
+    assert missing and missing[0]["Verdict"] == "error"

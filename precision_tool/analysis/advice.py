@@ -157,11 +157,18 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     lines: List[str] = []
     gap = r.coverage
     if gap is not None and not gap.complete:
+        # calls one side made and the other did not: no file to restore
+        different = gap.tensors and set(gap.missing) <= {
+            "of calls the reference did not make",
+            "reference op(s) with no counterpart in the compared graph"}
         lines.append((f"{gap.not_compared} of {gap.tensors} tensors could not be compared "
                       f"({', '.join(gap.missing)})" if gap.tensors else
                       f"Nothing could be compared ({gap.text()})") +
-                     ": dump the step again (or restore the files) and run ac -c again; what "
-                     "follows covers what was compared.")
+                     (": the two runs did not make the same calls (a changed script, another "
+                      "framework version?); those are not compared, what follows covers the "
+                      "rest." if different else
+                      ": dump the step again (or restore the files) and run ac -c again; what "
+                      "follows covers what was compared."))
     if r.unseen_steps:
         lines.append("Not every dumped step could be compared (" + "; ".join(
             f"{why}: {format_steps(steps)}" for why, steps in r.unseen_steps.items()) +

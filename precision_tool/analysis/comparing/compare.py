@@ -29,9 +29,10 @@ from ...table import Table
 from ...collector import collector_paused
 from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
+from .matching import align_calls
 from .metrics import METRICS
 from .sums import sum_kind
-from .verdicts import NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
+from .verdicts import NO_COUNTERPART, NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -266,6 +267,9 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     # only the rows a lookup can return (the golden's input rows mostly name a tensor its
     # output row stands for already)
     by_position = npu_run.info.get("format") == "msprobe"
+    # an msprobe dump names a call by its API's call index: two dumps whose call lists
+    # differ are paired call by call (matching.align_calls), and the unpaired listed
+    paired = align_calls(npu, gold) if by_position else None
     wanted = sorted(set(gold_exact.values()) | set(gold_by_original.values())
                     | (set(gold_inputs.values()) if by_position else set()))
     gold_rows = dict(zip(wanted, gold.take(wanted).records()))
@@ -290,6 +294,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         return sum_kind(op_type, tmap.attrs(op_name), k)
     for k, r in enumerate(npu.records()):
         golden_tensor = tmap.golden_tensor(r["tensor"])
+        counterpart = paired.get(r["op_name"]) if paired is not None else r["op_name"]
         row = {"Index": k, "OpType": r["op_type"], "NPUDump": r["op_name"],
                "NpuDataType": r["dtype"], "GroundTruth": "", "GoldenDataType": "",
                "TensorIndex": f"{r['op_name']}:{r['io']}:{r['index']}", "Shape": r["shape"],
@@ -301,9 +306,20 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         # only as far as its statistics or the calls say (formats.msprobe), which two runs
         # may say differently: it is compared with the reference's input of the same call
         # at the same position, and its name is the data flow the analysis follows
-        g = gold_inputs.get((r["op_name"], r["index"])) \
-            if by_position and r["io"] == "input" else None
-        if g is None:
+        g = None
+        if by_position and r["io"] == "input":
+            g = gold_inputs.get((counterpart, r["index"]))
+        elif counterpart != r["op_name"] and counterpart is not None:
+            # its counterpart's output (GoldenTensor keeps this run's name: the data flow)
+            g = gold_exact.get(f"{counterpart}:{r['index']}")
+        if paired is not None and counterpart is None:
+            row.update({name: np.nan for name in METRICS}, Verdict="error",
+                       CompareFailReason=f"{NO_COUNTERPART}: the reference made no call "
+                                         f"that stands for it (its API, direction and shapes "
+                                         f"at that place)")
+            rows.append(row)
+            continue
+        if g is None and counterpart == r["op_name"]:     # (a renamed call's are its own)
             g = gold_exact.get(r["tensor"])
             if g is None or golden_tensor is None or \
                     gold_original.get(r["tensor"]) != golden_tensor:
@@ -345,7 +361,8 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     # (an msprobe dump names every call, as ours do: what only the reference called shows)
     if (graph is not None or npu_run.ours or npu_run.info.get("format") == "msprobe") \
             and not _skipped(ws, npu_run, step):
-        rows += _golden_only_ops(graph, set(npu["op_name"]), gold,
+        rows += _golden_only_ops(graph, set(paired.values()) if paired is not None
+                                 else set(npu["op_name"]), gold,
                                  ws.compiled_graph(golden_run), len(rows))
     engine = engine_for(workers, scheduler)
     try:

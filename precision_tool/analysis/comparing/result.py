@@ -29,7 +29,7 @@ from ...dump import Workspace
 from ...dump.workspace import Run, WorkspaceError
 from ...fileio import load_json, read_bytes, write_text_atomic
 from ...table import Table, TableError, column, read_csv
-from .verdicts import ERROR, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
+from .verdicts import ERROR, NO_COUNTERPART, NOT_IN_INDEX, NPU_ONLY, UNREADABLE
 
 RESULT_VERSION = 1
 
@@ -46,6 +46,8 @@ class Coverage:
     missing: Dict[str, int] = field(default_factory=dict)
     # per reason, the first few ops not compared for it (what the user goes looking for)
     examples: Dict[str, List[str]] = field(default_factory=dict)
+    # per reason, how many ops (its tensors are counted in missing)
+    ops: Dict[str, int] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -66,7 +68,7 @@ class Coverage:
             return f"{head}: the step holds no tensor that a golden one stands for" + \
                 (f" ({self.npu_only} NPU-only)" if self.npu_only else "")
         why = ", ".join(f"{n} {reason}" + (f" ({', '.join(self.examples[reason])}"
-                                           f"{', ...' if n > len(self.examples[reason]) else ''})"
+                                           f"{', ...' if self.ops.get(reason, n) > len(self.examples[reason]) else ''})"
                                            if self.examples.get(reason) else "")
                         for reason, n in sorted(self.missing.items(), key=lambda kv: -kv[1]))
         return f"{head}; {self.not_compared} not: {why}"
@@ -91,6 +93,8 @@ def _gap(reason: str) -> str:
             if word in detail:
                 return f"unreadable ({kind})"
         return "unreadable"
+    if reason.startswith(NO_COUNTERPART):
+        return "of calls the reference did not make"
     if reason.startswith("no golden tensor"):
         return "no golden tensor in the golden dump"
     if reason.startswith("no NPU counterpart"):
@@ -113,13 +117,17 @@ def coverage(table) -> Coverage:
     ops = [a or b for a, b in zip(column(table, "NPUDump", "")[errors].tolist(),
                                   column(table, "GroundTruth", "")[errors].tolist())]
     examples: Dict[str, List[str]] = {}
+    distinct: Dict[str, set] = {}
     for gap, op in zip(gaps, ops):
         shown = examples.setdefault(gap, [])
-        if len(shown) < EXAMPLES and isinstance(op, str) and op and op not in shown:
-            shown.append(op)
+        if isinstance(op, str) and op:
+            distinct.setdefault(gap, set()).add(op)
+            if len(shown) < EXAMPLES and op not in shown:
+                shown.append(op)
     tensors = len(verdicts) - npu_only
     return Coverage(tensors, tensors - len(errors), npu_only, dict(Counter(gaps)),
-                    {gap: shown for gap, shown in examples.items() if shown})
+                    {gap: shown for gap, shown in examples.items() if shown},
+                    {gap: len(names) for gap, names in distinct.items()})
 
 
 # -- provenance -------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ from ...table import Table, numbers as _numbers, texts as _text
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"
 NOT_IN_INDEX = "not in the index"    # a compiled graph's kernel that the step's index lacks
-ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE, NOT_IN_INDEX)
+# a call of an msprobe dump that the reference's calls have nothing in place of
+NO_COUNTERPART = "no counterpart call"
+ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE, NOT_IN_INDEX, NO_COUNTERPART)
 # verdicts of a row: the first two diverge; error rows were not compared (coverage)
 FAIL, NONFINITE, PASS, ERROR, NPU_ONLY = "fail", "nonfinite", "pass", "error", "npu-only"
 DIVERGING = frozenset({FAIL, NONFINITE})
