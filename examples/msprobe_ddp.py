@@ -5,7 +5,9 @@ gradients averaged by all_reduce as DistributedDataParallel does:
         [--plant nan-on-rank1] [--steps 3] [--task statistics|tensor]
 
 --plant nan-on-rank1 takes the log of rank 1's inputs in step 1 (nan where they are
-negative): the all_reduce then carries the nan into every rank's gradients.
+negative): the all_reduce then carries the nan into every rank's gradients. --plant
+lr-on-rank1 gives rank 1 a learning rate of its own (0.1001): from step 1 on, the replicas'
+parameters differ.
 `precision-tool ac -lt DUMP_DIR` names the rank and the call that made it (mindstudio-probe
 needed: pip install -e .[msprobe])."""
 import argparse
@@ -21,7 +23,7 @@ from msprobe.pytorch import PrecisionDebugger
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("dump_dir")
-    p.add_argument("--plant", choices=["nan-on-rank1"])
+    p.add_argument("--plant", choices=["nan-on-rank1", "lr-on-rank1"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--task", default="statistics", choices=["statistics", "tensor"])
     args = p.parse_args()
@@ -37,14 +39,15 @@ def main():
     dist.barrier()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lr = 0.1001 if args.plant == "lr-on-rank1" and rank == 1 else 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     debugger = PrecisionDebugger(config_path=config)
     data = torch.Generator().manual_seed(1 + rank)
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=data)
         y = torch.randint(0, 4, (8,), generator=data)
         debugger.start(model)
-        if args.plant and rank == 1 and step == 1:
+        if args.plant == "nan-on-rank1" and rank == 1 and step == 1:
             x = x.log()
         loss = F.cross_entropy(model(x), y)
         loss.backward()

@@ -545,6 +545,27 @@ def ddp_dumps(tmp_path_factory):
     return _ddp_dump(root / "clean"), _ddp_dump(root / "planted", "--plant", "nan-on-rank1")
 
 
+@pytest.fixture(scope="module")
+def ddp_unsynced(tmp_path_factory):
+    _msprobe()
+    return _ddp_dump(tmp_path_factory.mktemp("ddp-lr") / "lr", "--plant", "lr-on-rank1")
+
+
+def test_replicas_that_drift_apart_are_named(ddp_unsynced, tmp_path):
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-lt",
+                                   str(ddp_unsynced)])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    ranks = result["ranks"]
+    assert ranks["origin"] == [] and ranks["step"] == -1
+    first = ranks["disagree"][0]
+    # step 0's parameters agree; rank 1's own learning rate shows in step 1's
+    assert (first["step"], first["rank"], first["what"]) == (1, "rank1", "parameter")
+    assert first["tensor"] == "Functional.linear.0.forward:input:1"
+    assert first["detail"].startswith("norm ")
+    assert "The ranks disagree where replicas must agree: in step 1" in result["advice"][0]
+
+
 def test_a_nan_spread_by_all_reduce_is_traced_to_the_rank_that_made_it(ddp_dumps, tmp_path):
     clean, planted = ddp_dumps
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-lt",

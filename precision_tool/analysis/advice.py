@@ -177,6 +177,13 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     ranks = getattr(r, "ranks", None)
     if ranks is not None and (ranks["origin"] or ranks["received"]):
         lines.append(_ranks_advice(ranks, r.npu_run))
+    if ranks is not None and ranks["disagree"]:
+        d = ranks["disagree"][0]
+        lines.append(f"The ranks disagree where replicas must agree: in step {d['step']}, "
+                     f"{d['rank']}'s {d['what']} {d['tensor']} is not {ranks['first_rank']}'s "
+                     f"({d['detail']}). Their updates differ: a rank's own learning rate or "
+                     f"gradient scaling, a gradient left out of the all-reduce, or a collective "
+                     f"that does not return the same bits everywhere.")
     first = r.first_overflow
     o = r.origin
     g = getattr(r, "golden_nonfinite", None)

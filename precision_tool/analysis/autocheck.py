@@ -37,7 +37,7 @@ from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import RootCause, root_cause, written_variables
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
-from .diagnosis.ranks import nonfinite_origin, sibling_ranks
+from .diagnosis.ranks import look_across_ranks, sibling_ranks
 from .diagnosis.steps import StateTrace, check_steps, trace_state
 from .diagnosis.updates import UpdateCheck, check_updates
 from .comparing.summary import OpSummary, count_findings, summarize
@@ -120,7 +120,8 @@ class AutoCheck:
             self.drift is not None or \
             self.underflow is not None or bool(self.watchpoints) or \
             self.carried is not None and not self.carried["writers_noise"] or \
-            self.ranks is not None and bool(self.ranks["origin"] or self.ranks["received"])
+            self.ranks is not None and bool(self.ranks["origin"] or self.ranks["received"]
+                                            or self.ranks["disagree"])
 
     @property
     def verdict(self) -> str:
@@ -188,7 +189,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     result.watchpoints = first_hits(read_hits(ws.root))
     siblings = sibling_ranks(ws, npu_run)
     if len(siblings) > 1:
-        found = nonfinite_origin(ws, siblings)
+        found = look_across_ranks(ws, siblings)
         if found is not None:
             result.ranks = found.to_dict()
             if found.partial_steps:

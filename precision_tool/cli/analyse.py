@@ -147,13 +147,18 @@ def _render_ranks(app: App, ranks: dict):
     for e in ranks["others"]:
         lines.append(f"{escape(e['rank'])} ({escape(e['run'])}): {escape(e['op_name'])} makes "
                      f"one later (collective {e['epoch']})")
+    for d in ranks["disagree"]:
+        lines.append(f"{escape(d['rank'])} ({escape(d['run'])}), step {d['step']}: its "
+                     f"{d['what']} {escape(d['tensor'])} differs from "
+                     f"{escape(ranks['first_rank'])}'s ({escape(d['detail'])})")
     for note in ([ranks["note"]] if ranks["note"] else []) + (
             [f"steps {ranks['partial_steps']} were dumped by some ranks only: not looked at"]
             if ranks["partial_steps"] else []):
         lines.append(escape(note))
     title = f"Ranks  {ranks['ranks']} ranks" + (
         f", nan/inf first in step {ranks['step']}" if ranks["step"] >= 0 else
-        ", no nan/inf in the steps every rank dumped")
+        ", no nan/inf in the steps every rank dumped") + (
+        ", replicas disagree" if ranks["disagree"] else "")
     app.console.print(panel("\n".join(lines) or "no nan/inf", title=title, title_align="left"))
 
 

@@ -10,7 +10,11 @@ nan/inf is any other call made it (or was fed it). The origin is the rank that m
 the earliest epoch (several ranks in the same epoch are all named: the dump cannot order
 them), and the collective that carried it is the first one after it on the ranks that
 received it. Works on every run's index (its nan/inf counts; an msprobe dump's from its
-statistics), with or without a golden run."""
+statistics), with or without a golden run.
+
+Replicas must also agree: in data-parallel training every rank holds the same parameters and
+the same result of an all-reduce. rank_disagreements compares those across ranks by the
+dump's statistics (exactly: replicas compute them from the same bits)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -42,6 +46,9 @@ class RankOrigin:
     # where the analysis cannot see: no rank made it (each received it)
     note: str = ""
     partial_steps: List[int] = field(default_factory=list)   # dumped by some ranks only
+    # where replicas hold different values they must hold alike (the first step with any)
+    disagree: List["Disagreement"] = field(default_factory=list)
+    first_rank: str = ""        # the rank the others are held against
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +90,26 @@ def first_nonfinite(table) -> Optional[dict]:
     return None
 
 
+def look_across_ranks(ws, runs: list) -> Optional[RankOrigin]:
+    """nonfinite_origin, with the first step's disagreements between replicas
+    (rank_disagreements) before it or, with no nan/inf, in any step; None when neither is
+    found and every rank dumped the same steps."""
+    found = nonfinite_origin(ws, runs)
+    common = sorted(set.intersection(*(set(r.complete_steps) for r in runs)))
+    last = found.step if found is not None and found.step >= 0 else None
+    for step in common:
+        if last is not None and step > last:
+            break
+        disagree = rank_disagreements(ws, runs, step)
+        if disagree:
+            if found is None:
+                found = RankOrigin(-1, [], [], ranks=len(runs))
+            found.disagree = disagree
+            found.first_rank = str(runs[0].info.get("rank") or runs[0].label)
+            break
+    return found
+
+
 def nonfinite_origin(ws, runs: list) -> Optional[RankOrigin]:
     """The first step every rank dumped in which a rank holds a nan/inf, and where it came
     from (see the module); None when no rank holds one and every rank dumped the same
@@ -120,3 +147,72 @@ def sibling_ranks(ws, run) -> list:
     if not source:
         return [run]
     return [r for r in ws.runs(run.target) if r.info.get("source") == source]
+
+
+# collectives whose output every rank holds the same of (a reduce-scatter's is a shard)
+REPLICATED = ("Distributed.all_reduce", "Distributed.broadcast", "Distributed.all_gather",
+              "Distributed.all_gather_into_tensor", "Distributed._all_gather_base")
+_STATS = ("max", "min", "mean", "l2norm")
+
+
+@dataclass
+class Disagreement:
+    step: int
+    rank: str                   # the rank that differs from the first rank
+    run: str
+    tensor: str                 # call:io:index
+    what: str                   # "collective output" or "parameter"
+    detail: str
+
+
+def _replicated(table) -> Dict[str, tuple]:
+    """What data-parallel ranks must hold alike in a step: every replicated collective's
+    outputs, and every parameter a call reads (an input that requires grad and that no
+    call of the step made): (call:io:index) -> (kind, statistics)."""
+    out: Dict[str, tuple] = {}
+    grad = table["requires_grad"].tolist() if "requires_grad" in table else None
+    records = zip(table["op_name"].tolist(), table["op_type"].tolist(), table["io"].tolist(),
+                  table["index"].tolist(), table["tensor"].tolist(),
+                  *(np.asarray(table[c], dtype=float).tolist() for c in _STATS),
+                  table["md5"].tolist() if "md5" in table else [""] * len(table))
+    for k, (name, op_type, io, index, tensor, hi, lo, mean, norm, md5) in enumerate(records):
+        if io == "output" and op_type in REPLICATED:
+            kind = "collective output"
+        elif io == "input" and grad is not None and grad[k] == "true" and \
+                tensor.endswith(f".input.{index}"):
+            kind = "parameter"
+        else:
+            continue
+        out[f"{name}:{io}:{index}"] = (kind, (hi, lo, mean, norm, md5))
+    return out
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(x == y or (x != x and y != y) for x, y in zip(a, b))
+
+
+def rank_disagreements(ws, runs: list, step: int, limit: int = 5) -> List[Disagreement]:
+    """Where the ranks of a data-parallel step hold different values that they must hold
+    alike (a replicated collective's output, a parameter), by the dump's statistics (and
+    md5), each rank against the first; at most `limit` per rank. Ranks whose calls differ
+    (not replicas) are not compared."""
+    base = _replicated(ws.index_table(runs[0], step))
+    found: List[Disagreement] = []
+    for run in runs[1:]:
+        mine = _replicated(ws.index_table(run, step))
+        shown = 0
+        for key, (kind, stats) in mine.items():
+            other = base.get(key)
+            if other is None or _same(stats, other[1]):
+                continue
+            # the first statistic that tells them apart, the norm first, in full
+            names = ("max", "min", "mean", "norm", "md5")
+            n, a, b = next((names[i], stats[i], other[1][i]) for i in (3, 0, 1, 2, 4)
+                           if not _same((stats[i],), (other[1][i],)))
+            diff = f"{n} {a!r} against {b!r}"
+            found.append(Disagreement(step, str(run.info.get("rank") or run.label), run.label,
+                                      key, kind, diff))
+            shown += 1
+            if shown >= limit:
+                break
+    return found

@@ -154,7 +154,8 @@ def read_index(step_dir: str, kind: str) -> Table:
                 rows.append(_row(t, op_type, call, io_, k, tensor, step_dir))
         outputs[call] = len(outs)
     names = list(dict.fromkeys([*INDEX_COLUMNS, "max", "min", "mean", "l2norm", "nan_count",
-                                "pos_inf_count", "neg_inf_count", "md5", "timestamp"]))
+                                "pos_inf_count", "neg_inf_count", "md5", "requires_grad",
+                                "timestamp"]))
     if not rows:
         raise WorkspaceError(f"msprobe dump {os.path.join(step_dir, DUMP_FILE)} holds no "
                              f"tensor (every call's arguments are other values)")
@@ -288,7 +289,9 @@ def _row(t: dict, op_type: str, call: str, io_: str, k: int, tensor: str, step_d
             "file": f"{TENSOR_DIR}/{name}" if name else "",
             "max": hi, "min": lo, "mean": mean, "l2norm": norm,
             "nan_count": float(nan), "pos_inf_count": float(hi == math.inf),
-            "neg_inf_count": float(lo == -math.inf), "md5": t.get("md5") or ""}
+            "neg_inf_count": float(lo == -math.inf), "md5": t.get("md5") or "",
+            # a leaf that requires grad (no call made it): a parameter, for ranks' agreement
+            "requires_grad": {True: "true", False: "false"}.get(t.get("requires_grad"), "")}
 
 
 def read_calls(step_dir: str) -> dict:
