@@ -785,3 +785,57 @@ def test_a_full_disk_stops_the_dump_and_the_script_finishes(tmp_path):
     assert 0 < len(run["steps"]) < 30 and run["partial_steps"] == []
     assert run["dump_stopped"]["step"] == len(run["steps"])
     assert "No space left on device" in run["dump_stopped"]["error"]
+
+
+# -- many ranks: torch-run under torchrun -------------------------------------------------------
+def _torchrun(tmp_path, *args, script_args=()):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "precision_tool",
+         "--data-dir", str(tmp_path), "torch-run", "--dump-step", "all", *args, "--",
+         os.path.join(root, "examples", "ddp_train.py"), *script_args],
+        capture_output=True, text=True, timeout=900, cwd=str(tmp_path),
+        env=dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return Workspace(str(tmp_path))
+
+
+def test_torchrun_dumps_a_run_per_rank_and_ac_names_the_rank_that_made_a_nan(tmp_path):
+    ws = _torchrun(tmp_path, "--overflow-mode", "inf_nan",
+                   script_args=("--plant", "nan-on-rank1"))
+    for target in ("npu", "cpu"):
+        runs = ws.runs(target)
+        assert sorted(r.info["rank"] for r in runs) == ["rank0", "rank1"]
+        assert len({r.info["rank_group"] for r in runs}) == 1
+        assert all(r.complete_steps == [0, 1, 2] for r in runs)
+    # the collectives are calls of the step, with what each rank got back
+    rank0 = next(r for r in ws.runs("npu") if r.info["rank"] == "rank0")
+    names = ws.index_table(rank0, 0)["op_name"].tolist()
+    assert "Distributed.all_reduce.3.forward" in names
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c", "-lt",
+                                   rank0.label])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    # compared with its own rank's golden run
+    golden = ws.resolve_run(result["golden_run"], "cpu")
+    assert golden.info["rank"] == "rank0" and golden.info["rank_group"] == rank0.info["rank_group"]
+    ranks = result["ranks"]
+    assert ranks["step"] == 1
+    assert [(e["rank"], e["op_name"]) for e in ranks["origin"]] == [("rank1", "Tensor.log.0.forward")]
+    assert [(e["rank"], e["op_name"]) for e in ranks["received"]] == \
+        [("rank0", "Distributed.all_reduce.0.forward")]
+
+
+def test_clean_torchrun_ranks_agree_and_hold_no_nan(tmp_path):
+    ws = _torchrun(tmp_path)
+    for run in ws.runs("npu"):
+        out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-lt",
+                                       run.label])
+        assert out.exit_code == 0, out.output
+        # no nan, and the replicas' parameters and all-reduce results agree bit for bit
+        assert json.loads(out.stdout)["ranks"] is None

@@ -111,7 +111,7 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
     Exit code 1 when something overflowed or diverges; 2 when something that should have
     been compared could not be (the results are shown first)."""
     npu = app.run(left, "npu")
-    golden = app.run(right, "cpu") if compare else None
+    golden = app.reference(right, npu) if compare else None
     if step is not None:            # a step that is not there is said before any work
         app.step(npu, step)
         if golden is not None:
@@ -357,7 +357,7 @@ def vector_compare_cmd(app: App, left, right, graph_file, workers, scheduler, st
     Exit code 1 when an op diverges; 2 when a tensor could not be compared (a file missing
     or corrupt, no golden tensor): the counts are printed first."""
     npu = app.run(left, "npu")
-    golden = app.run(right, "cpu")
+    golden = app.reference(right, npu)
     step = app.step(npu, step)
     app.step(golden, step)
     criteria = _criteria(cosine, norm, flushed, rel_error)
@@ -421,7 +421,8 @@ def report_cmd(app: App, output, heatmap_steps, cosine, norm, flushed, rel_error
     Exit codes as ac -c's: 1 with findings, 2 when the compare was incomplete or on input
     error."""
     from ..report import write_report
-    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    npu = app.run(left, "npu")
+    golden = app.reference(right, npu)
     if step is not None:
         app.step(npu, step)
         app.step(golden, step)
@@ -520,7 +521,8 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
     pass(es) and their fused nodes.
 
     Exit code 1 when fusion is to blame."""
-    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    npu = app.run(left, "npu")
+    golden = app.reference(right, npu)
     step = app.step(npu, step)
     app.step(golden, step)
     app.info(f"replaying step {step} of {npu.label} with fusion off, then bisecting...")

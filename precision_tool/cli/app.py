@@ -213,6 +213,16 @@ class App:
             return self.noting(self.imported(spec, target)[0])
         return self.noting(self.ws.resolve_run(spec, target))
 
+    def reference(self, spec: Optional[str], run: Run) -> Run:
+        """The reference run to compare `run` with: the one named, else the same rank's of
+        the same launch where run is one rank of several (Workspace.reference_for), else
+        the newest golden run."""
+        if spec is None:
+            found = self.ws.reference_for(run)
+            if found is not None:
+                return self.noting(found)
+        return self.run(spec, "cpu")
+
     def imported(self, path: str, target: str) -> list:
         """The runs an msprobe dump is in the workspace (one per rank), imported on first
         use, into a workspace made for it where there is none yet; each named on stderr."""

@@ -45,7 +45,8 @@ def fix_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error, loss_
 
     Exit code 0 when a verified fix was found, or none was needed; 1 when none was found
     within the budget, or the fix does not hold over the proof's steps; 2 on input error."""
-    npu, golden = app.run(left, "npu"), app.run(right, "cpu")
+    npu = app.run(left, "npu")
+    golden = app.reference(right, npu)
     if npu.info.get("front_end") == "pytorch":       # without -s: the first step with a finding
         app.info(f"repairing {npu.label} against {golden.label}...")
         return _fix_script(app, npu, golden, step, _criteria(cosine, norm, flushed, rel_error),

@@ -80,11 +80,21 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
         raise click.UsageError("give the script to run: torch-run -- python train.py")
     root = app.ws_root()
     runs = []
-    for which in TARGETS[target]:
+    distributed = bool(os.environ.get("RANK"))
+    for k, which in enumerate(TARGETS[target]):
         settings = {ENV["target"]: which, ENV["precision_mode"]: precision_mode,
                     ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
                     ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
-                    ENV["keep_fp32"]: keep_fp32 if which == "npu" else None}
+                    ENV["keep_fp32"]: keep_fp32 if which == "npu" else None,
+                    # under torchrun: the script's process is this one's child, so the
+                    # ranks' shared launch is this process's
+                    layout.ENV_RANK_GROUP: layout.launch_group() if distributed else None}
+        if distributed and k:
+            # under torchrun, each target's pass is a process group of its own: a second
+            # rendezvous in the agent's store would find the first pass's keys, so the
+            # second meets on a store of its own, on the next port
+            settings.update(MASTER_PORT=str(int(os.environ.get("MASTER_PORT", "29500")) + k),
+                            TORCHELASTIC_USE_AGENT_STORE="False")
         app.info(f"running {' '.join(args)} on the {which} (seed {seed})...")
         rc, made = script_runs(app, root, settings,
                                [sys.executable, "-m", "precision_tool.torch.run", *args])

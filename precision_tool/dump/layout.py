@@ -34,6 +34,16 @@ ENV_RUNS_FILE = "PRECISION_TOOL_RUNS_FILE"
 # set by `check -- SCRIPT`: the script stops (SystemExit 0) once its last dumped step is on
 # disk, so that checking a long training script takes one step of it
 ENV_STOP_AFTER_DUMP = "PRECISION_TOOL_STOP_AFTER_DUMP"
+# the launch a rank's run belongs to (every rank of one torchrun shares it): its runs are the
+# ranks of one data-parallel run to the analysis
+ENV_RANK_GROUP = "PRECISION_TOOL_RANK_GROUP"
+
+
+def launch_group() -> str:
+    """What every rank of this process's distributed launch shares: the host, the launcher's
+    process (torchrun's ranks are its agent's children) and the rendezvous port."""
+    import socket
+    return f"{socket.gethostname()}:{os.getppid()}:{os.environ.get('MASTER_PORT', '')}"
 
 ACTIONS = ("dump", "overflow", "fusion_off", "fusion_switch")
 DUMP_MODES = ("input", "output", "all")

@@ -201,6 +201,16 @@ class Workspace:
         from .imports import import_dump
         return import_dump(self, path, layout.target_of(target, {}))
 
+    def reference_for(self, run: Run) -> Optional[Run]:
+        """For one rank of a distributed launch (run.json's rank_group), the newest
+        reference run of the same launch and rank; None for any other run."""
+        group, rank = run.info.get("rank_group"), run.info.get("rank")
+        if not group:
+            return None
+        same = [r for r in self.runs() if r.kind == layout.REFERENCE and
+                r.info.get("rank_group") == group and r.info.get("rank") == rank]
+        return same[-1] if same else None
+
     def resolve_step(self, run: Run, step: Optional[int] = None) -> int:
         """The step asked for, checked to be dumped whole in the run (the error names the
         runs that have it), or the run's first complete step."""

@@ -37,6 +37,7 @@ from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
 from ..dump.writer import DumpWriteError, write_error
 from ..runtime.config import SessionConfig
 from .backward import call_graph, where_from
+from .collectives import CollectiveWatch, rank_info
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
 
@@ -275,6 +276,7 @@ class PrecisionDebugger:
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
+        self._collectives: Optional[CollectiveWatch] = None
         self._optimizer_hooks: list = []
         self._scale_row: Optional[tuple] = None    # GradScaler's (scale, next, finite)
         self.scaling = False        # a GradScaler scales the loss: its update ends a step
@@ -303,6 +305,8 @@ class PrecisionDebugger:
             self._modules = _Modules(model, self._root_forward)
         if self._scaler is None:
             self._scaler = ScalerWatch(self._scaled, self._scaler_updated)
+        if self._collectives is None and torch.distributed.is_available():
+            self._collectives = CollectiveWatch(self._collective)
         if not self._optimizer_hooks:
             # an optimizer's step is one update on the device (a fused Adam kernel, as the
             # graph's ApplyAdam): every kernel of it computes in its variables' dtype
@@ -336,6 +340,9 @@ class PrecisionDebugger:
         if self._scaler is not None:
             self._scaler.remove()
             self._scaler = None
+        if self._collectives is not None:
+            self._collectives.remove()
+            self._collectives = None
         for handle in self._optimizer_hooks:
             handle.remove()
         self._optimizer_hooks = []
@@ -392,6 +399,21 @@ class PrecisionDebugger:
                 not self.optimizer_seen and not self.scaling:
             self.step()
 
+    def _collective(self, api: str, ins, call):
+        """A collective of torch.distributed (collectives.CollectiveWatch): run, and
+        recorded as a call of the step, what the rank handed in and what it got back."""
+        if not self.recording:
+            return call()[0]
+        before = [(t, self._snapshot(t)) for t in ins]
+        result, outs = call()
+        for t in outs:
+            # the process group writes its result without bumping the tensor's version:
+            # the copy taken before the call is not its value now
+            self._copies[t] = None
+        if outs:
+            self._record(api, before, outs)
+        return result
+
     def _scaled(self, loss) -> None:
         self.scaling = True
         if self._loss is None:
@@ -421,6 +443,7 @@ class PrecisionDebugger:
     # -- inside ------------------------------------------------------------------------------
     def _open(self) -> None:
         info = {"graph": "torch", "front_end": "pytorch", "torch": torch.__version__,
+                **rank_info(),
                 "actions": ["dump"], "dump_step": "all" if self.steps is None else sorted(self.steps),
                 "dump_mode": "all", "dump_data": "stats" if self.dump_mode == "statistics" else "tensor",
                 "replay_of": None, "values_from": None}

@@ -141,12 +141,17 @@ def nonfinite_origin(ws, runs: list) -> Optional[RankOrigin]:
 
 
 def sibling_ranks(ws, run) -> list:
-    """The runs that are the other ranks of the same imported dump, the run's own first
-    kept in rank order (dump.imports writes them in that order); [run] alone otherwise."""
-    source = run.info.get("source")
-    if not source:
+    """The runs that are the ranks of one data-parallel run with `run`, in rank order: the
+    ranks of one imported dump, or the runs of one launch (run.json's rank_group, which
+    the PyTorch front-end writes under torchrun); [run] alone otherwise."""
+    source, group = run.info.get("source"), run.info.get("rank_group")
+    if source:
+        return [r for r in ws.runs(run.target) if r.info.get("source") == source]
+    if not group:
         return [run]
-    return [r for r in ws.runs(run.target) if r.info.get("source") == source]
+    ranks = [r for r in ws.runs(run.target) if r.info.get("rank_group") == group]
+    return sorted(ranks, key=lambda r: (r.info.get("rank_number") is None,
+                                        r.info.get("rank_number") or 0, r.label))
 
 
 # collectives whose output every rank holds the same of (a reduce-scatter's is a shard)
@@ -178,6 +183,8 @@ def _replicated(table) -> Dict[str, tuple]:
     for k, (name, op_type, io, index, tensor, hi, lo, mean, norm, md5) in enumerate(records):
         if io == "output" and op_type in REPLICATED:
             kind = "collective output"
+        elif io == "output" and op_type == "Variable":     # our front-end's parameters
+            kind = "parameter"
         elif io == "input" and grad is not None and grad[k] == "true" and \
                 tensor.endswith(f".input.{index}"):
             kind = "parameter"
