@@ -635,3 +635,20 @@ def test_calls_one_dump_lacks_are_listed_and_the_rest_paired_in_place(tmp_path):
     missing = [r for r in table.records() if r["GroundTruth"] == "Mint.mul.0.forward"
                and r["NPUDump"] == ""]
     assert missing and missing[0]["Verdict"] == "error"
+
+
+def test_clean_never_touches_an_imported_dump(tmp_path):
+    write_dump(tmp_path / "n", _model(), step=0)
+    partial = write_dump(tmp_path / "n", _model(), step=1)
+    os.remove(os.path.join(partial, "dump.json"))          # step 1 cut off
+    old = os.path.getmtime(partial) - 3600          # long quiet: a partial clean may delete
+    for d, _, files in os.walk(partial):
+        for f in [*files, ""]:
+            os.utime(os.path.join(d, f) if f else d, (old, old))
+    ws = tmp_path / "ws"
+    assert invoke("import", tmp_path / "n", data_dir=ws).exit_code == 0
+    listed = json.loads(invoke("--json", "ls", data_dir=ws).stdout)["runs"][0]
+    assert listed["partial_steps"] == [1] and listed["bytes"] > 1000   # the dump's bytes
+    out = invoke("clean", data_dir=ws)
+    assert out.exit_code == 0, out.output
+    assert os.path.isdir(partial) and os.listdir(os.path.join(partial, "dump_tensor_data"))

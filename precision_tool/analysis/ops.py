@@ -264,8 +264,14 @@ def run_listing(ws: Workspace, runs: List[Run], counted: List[Run]) -> RunListin
               for r in counted if r.steps or ws.compiled_graph(r)}
     entries = [RunEntry(r.label, r.kind, r.info.get("replay_of"), r.info.get("values_from"),
                         r.complete_steps, r.interrupted, r.info.get("dump_stopped"), r.path,
-                        housekeeping.size_of(r.path)) for r in runs]
+                        _size(r)) for r in runs]
     return RunListing(entries, counts)
+
+
+def _size(run: Run) -> int:
+    """The bytes a run holds: its directory's, and an imported run's steps where they are."""
+    return housekeeping.size_of(run.path) + sum(
+        housekeeping.size_of(s.path) for s in run.steps if run.info.get("source"))
 
 
 # -- ni: an op -----------------------------------------------------------------------------------

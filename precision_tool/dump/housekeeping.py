@@ -67,7 +67,8 @@ def plan_clean(ws: Workspace, replays: bool = True, results: bool = True,
     if partial:
         replaying = {d.path for d in doomed}
         for run in runs:
-            if run.path in replaying:
+            # an imported dump is another tool's, read where it is: never changed here
+            if run.path in replaying or run.info.get("source"):
                 continue
             for path in run.partials:
                 if deletable(path) and now - _newest_change(path) >= PARTIAL_QUIET:
