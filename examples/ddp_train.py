@@ -7,7 +7,9 @@ DistributedDataParallel does, with no tool in it:
 dumps every rank's steps (a run per rank) for `precision-tool ac`. --plant nan-on-rank1 takes
 the log of rank 1's inputs in step 1 (nan where they are negative): the all_reduce then
 carries it into every rank's gradients. --plant lr-on-rank1 gives rank 1 a learning rate of
-its own (0.1001): from step 1 on, the replicas' parameters differ."""
+its own (0.1001): from step 1 on, the replicas' parameters differ. --plant
+unnormalised-on-rank1 feeds rank 1 inputs 30000 times too large in step 1: in fp16 its first
+layer saturates, and the all_reduce carries the difference to every rank."""
 import argparse
 
 import torch
@@ -15,7 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-PLANTS = ("nan-on-rank1", "lr-on-rank1")
+PLANTS = ("nan-on-rank1", "lr-on-rank1", "unnormalised-on-rank1")
 
 
 class _Nothing:
@@ -45,6 +47,8 @@ def train(steps: int = 3, plant=None, debugger=None) -> None:
         debugger.start(model)
         if plant == "nan-on-rank1" and rank == 1 and step == 1:
             x = x.log()
+        if plant == "unnormalised-on-rank1" and rank == 1 and step == 1:
+            x = x * 30000.0
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         for p in model.parameters():

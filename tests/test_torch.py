@@ -839,3 +839,24 @@ def test_clean_torchrun_ranks_agree_and_hold_no_nan(tmp_path):
         assert out.exit_code == 0, out.output
         # no nan, and the replicas' parameters and all-reduce results agree bit for bit
         assert json.loads(out.stdout)["ranks"] is None
+
+
+def test_a_divergence_spread_by_all_reduce_is_traced_to_its_rank(tmp_path):
+    """Rank 1 fed unnormalised inputs in step 1: its first layer saturates in fp16, and the
+    all_reduce hands rank 0 gradients that diverge. ac -c on rank 0 compares every rank
+    with its own golden and names rank 1's call, not rank 0's collective."""
+    ws = _torchrun(tmp_path, script_args=("--plant", "unnormalised-on-rank1"))
+    rank0 = next(r for r in ws.runs("npu") if r.info["rank"] == "rank0")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c", "-lt",
+                                   rank0.label])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    spread = result["ranks_divergence"]
+    assert spread["step"] == 1 and spread["compared"] == 2
+    assert [(f["rank"], f["op_name"], f["received"]) for f in spread["first"]] == \
+        [("rank1", "Functional.linear.0.forward", False)]
+    mine = [f for f in spread["ranks"] if f["rank"] == "rank0"]
+    assert mine and mine[0]["received"] and mine[0]["op_name"].startswith("Distributed.all_reduce")
+    advice = " ".join(result["advice"])
+    assert "the divergence first appears on rank1" in advice and "Look at that rank" in advice
+    assert "keep-fp32 Distributed.all_reduce" not in advice    # not this rank's collective

@@ -177,6 +177,14 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     ranks = getattr(r, "ranks", None)
     if ranks is not None and (ranks["origin"] or ranks["received"]):
         lines.append(_ranks_advice(ranks, r.npu_run))
+    spread = getattr(r, "ranks_divergence", None)
+    # this rank only received the divergence through a collective: its cause, and what to
+    # change, are the rank where it starts (named above), not this rank's collective
+    received_here = spread is not None and any(
+        f["run"] == r.npu_run and f["received"] for f in spread["ranks"]) and \
+        all(f["run"] != r.npu_run for f in spread["first"])
+    if spread is not None:
+        lines.append(_spread_advice(spread, r.npu_run))
     if ranks is not None and ranks["disagree"]:
         d = ranks["disagree"][0]
         lines.append(f"The ranks disagree where replicas must agree: in step {d['step']}, "
@@ -223,7 +231,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
     if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
-            and not data_first:
+            and not data_first and not received_here:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
@@ -242,7 +250,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "
                      f"first {h['condition']} at step {h['step']}: {h['message']}): "
                      f"precision-tool wp lists them.")
-    if lines and r.repairable and not data_first and r.has_findings and \
+    if lines and r.repairable and not data_first and r.has_findings and not received_here and \
             (first is not None or o is not None or r.underflow is not None):
         how = ("it reruns the script with such calls kept in fp32 and writes what works, "
                "which torch-run --fix config/fix.json applies") \
@@ -559,5 +567,22 @@ def _ranks_advice(ranks: dict, compared: str) -> str:
             (f"; collectives carried it to the other ranks ({carried})" if carried else "") +
             ".")
     if all(e["run"] != compared for e in first):
+        text += f" Look at that rank: ac -c -lt {first[0]['run']}."
+    return text
+
+
+def _spread_advice(spread: dict, compared: str) -> str:
+    """Where a divergence from the reference first appears across ranks."""
+    first = spread["first"]
+    where = " and ".join(f"{f['rank']} ({f['run']}) at {f['op_name']}" for f in first)
+    others = [f for f in spread["ranks"] if f not in first]
+    text = (f"Of {spread['compared']} ranks compared with their own reference in step "
+            f"{spread['step']}, the divergence first appears on {where}, before collective "
+            f"{first[0]['epoch']}")
+    if others:
+        text += "; " + ", ".join(f"{f['rank']} diverges from {f['op_name']}"
+                                 + (" (received)" if f["received"] else "") for f in others)
+    text += "."
+    if all(f["run"] != compared for f in first):
         text += f" Look at that rank: ac -c -lt {first[0]['run']}."
     return text

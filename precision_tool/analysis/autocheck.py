@@ -37,7 +37,7 @@ from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import RootCause, root_cause, written_variables
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
-from .diagnosis.ranks import look_across_ranks, sibling_ranks
+from .diagnosis.ranks import divergence_origin, look_across_ranks, sibling_ranks
 from .diagnosis.steps import StateTrace, check_steps, trace_state
 from .diagnosis.updates import UpdateCheck, check_updates
 from .comparing.summary import OpSummary, count_findings, summarize
@@ -103,6 +103,9 @@ class AutoCheck:
     # the ranks of a data-parallel dump: where a nan/inf first appears across them
     # (diagnosis.ranks.RankOrigin), when the run is one rank of several
     ranks: Optional[dict] = None
+    # with -c over ranks: each rank's step against its own reference, where the divergence
+    # first appears (diagnosis.ranks.divergence_origin)
+    ranks_divergence: Optional[dict] = None
     imported: bool = False          # another tool's dump (dump.imports): no script, no graph
 
     @property
@@ -217,6 +220,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         return replays[s]
     if compare:
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
+        if len(siblings) > 1 and compared[s].has_findings:
+            result.ranks_divergence = _ranks_divergence(ws, siblings, npu_run, golden_run, s,
+                                                        criteria, compared[s])
         _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay)
         if write_csv:
             try:
@@ -371,6 +377,32 @@ class StepCompare(NamedTuple):
         cause = root_cause(table, criteria, noise_state=noise_state)
         return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
                    _underflow(table, cause), updates(cause.benign_ops))
+
+
+def _ranks_divergence(ws, siblings, npu_run, golden_run, step, criteria, own: StepCompare):
+    """Every rank's step against its own reference (the same rank of the reference's dump or
+    launch), and where the divergence first appears among them; the compared rank's own
+    judgement is reused."""
+    pairs = []
+    for run in siblings:
+        reference = golden_run if run is npu_run else _same_rank_reference(ws, run, golden_run)
+        if reference is not None and step in run.complete_steps and \
+                step in reference.complete_steps:
+            pairs.append((run, reference))
+
+    def judge(run, reference, s):
+        return own.cause if run is npu_run else judge_step(ws, run, reference, s, criteria).cause
+    return divergence_origin(ws, pairs, step, judge)
+
+
+def _same_rank_reference(ws, run: Run, golden_run: Run) -> Optional[Run]:
+    """run's reference: the rank of golden_run's dump with run's rank name, or the same
+    rank of run's launch."""
+    source = golden_run.info.get("source")
+    if source:
+        return next((r for r in ws.runs(golden_run.target) if r.info.get("source") == source
+                     and r.info.get("rank") == run.info.get("rank")), None)
+    return ws.reference_for(run)
 
 
 def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,

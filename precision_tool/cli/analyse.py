@@ -181,6 +181,14 @@ def _render_ac(app: App, r, limit):
         out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.ranks is not None:
         _render_ranks(app, r.ranks)
+    if r.ranks_divergence is not None:
+        d = r.ranks_divergence
+        lines = [f"{escape(f['rank'])} ({escape(f['run'])} against {escape(f['reference'])}): "
+                 f"{escape(f['op_name'])}" + (" received it" if f["received"] else " starts it")
+                 + f" (before collective {f['epoch']})"
+                 + ("  [bold]first[/bold]" if f in d["first"] else "") for f in d["ranks"]]
+        app.console.print(panel("\n".join(lines), title=f"Ranks  where the divergence starts, "
+                                f"step {d['step']}", title_align="left"))
     if r.overflows:
         lines = []
         shown = r.overflows[:limit + 1]

@@ -62,6 +62,43 @@ def _nonfinite(table) -> np.ndarray:
     return counts > 0
 
 
+def epochs(table) -> Dict[str, int]:
+    """Each call of a rank's step -> how many collectives the rank called before it."""
+    out: Dict[str, int] = {}
+    epoch = 0
+    for name, op_type in zip(table["op_name"].tolist(), table["op_type"].tolist()):
+        if name not in out:
+            out[name] = epoch
+            if op_type.startswith(COLLECTIVE):
+                epoch += 1
+    return out
+
+
+def divergence_origin(ws, pairs: list, step: int, judge) -> Optional[dict]:
+    """Where a divergence from the reference first appears across ranks: each rank's step
+    compared with its own reference (pairs: (run, reference run)) and judged (judge(run,
+    reference, step) -> the step's root cause), its first origin placed by its epoch; the
+    earliest named, as nan/inf is (a collective's output that diverges while its input on
+    that rank matches was received). None when no rank has an origin."""
+    found = []
+    for run, reference in pairs:
+        cause = judge(run, reference, step)
+        origin = cause.first_origin if cause is not None else None
+        if origin is None:
+            continue
+        epoch = epochs(ws.index_table(run, step)).get(origin.op_name, 0)
+        found.append({"rank": str(run.info.get("rank") or run.label), "run": run.label,
+                      "reference": reference.label, "op_name": origin.op_name,
+                      "op_type": origin.op_type, "epoch": epoch,
+                      "received": origin.op_type.startswith(COLLECTIVE)})
+    if not found:
+        return None
+    made = [f for f in found if not f["received"]] or found
+    first = min(f["epoch"] for f in made)
+    return {"step": step, "ranks": found, "first": [f for f in made if f["epoch"] == first],
+            "compared": len(pairs)}
+
+
 def first_nonfinite(table) -> Optional[dict]:
     """A rank's first call whose output holds nan/inf, in its step's execution order, with
     its epoch and whether a collective brought it in."""
