@@ -359,6 +359,8 @@ def real_dumps(tmp_path_factory):
     for task in ("tensor", "statistics", "md5"):
         made[f"golden-{task}"] = _dump(root / f"golden-{task}", "--task", task)
         made[f"npu-{task}"] = _dump(root / f"npu-{task}", "--task", task, npu=[])
+    made["golden-L0"] = _dump(root / "golden-L0", "--level", "L0")
+    made["npu-L0"] = _dump(root / "npu-L0", "--level", "L0", npu=[])
     plant = ["--plant", "unnormalised-inputs"]
     made["golden-planted"] = _dump(root / "golden-planted", *plant)
     made["npu-planted"] = _dump(root / "npu-planted", *plant,
@@ -377,6 +379,23 @@ def test_real_clean_dumps_of_the_simulated_npu_are_sound(real_dumps, tmp_path, t
                               data_dir=tmp_path / "ws").stdout)["runs"][0]
     assert steps["steps"] == [0, 1, 2] and steps["task"] == ("statistics" if task == "md5"
                                                              else task)
+
+
+def test_real_module_level_dumps_tell_cancellation_from_divergence(real_dumps, tmp_path):
+    """At L0 a module's parameter gradients have no call that made them; read as sums and
+    contractions of what the module's backward received (and its forward read), the
+    key bias's gradient (zero in exact arithmetic) is cancellation noise, not an origin."""
+    root, made = real_dumps
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-c",
+                                   "-lt", made["npu-L0"], "-rt", made["golden-L0"]])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert "Module.k.Linear.parameters_grad.0.bias" in result["cancellations"]
+    ws = Workspace(str(tmp_path / "ws"))
+    table = ws.index_table(ws.run("npu"), 0)
+    rows = [r for r in table.records() if r["op_name"] == "Module.k.Linear.parameters_grad.0.weight"]
+    assert [r["io"] for r in rows] == ["input", "input", "output"]
+    assert rows[-1]["sum_kind"] == "contraction"
 
 
 def _msprobe_first_error(target, golden, out):
@@ -575,7 +594,7 @@ def test_a_nan_spread_by_all_reduce_is_traced_to_the_rank_that_made_it(ddp_dumps
     assert ranks["step"] == 1 and ranks["ranks"] == 2
     [origin] = ranks["origin"]
     assert (origin["rank"], origin["op_name"]) == ("rank1", "Tensor.log.0.forward")
-    assert origin["source"].startswith(os.path.join(ROOT, "examples", "msprobe_ddp.py") + ":")
+    assert origin["source"].startswith(os.path.join(ROOT, "examples", "ddp_train.py") + ":")
     [got] = ranks["received"]
     assert got["rank"] == "rank0" and got["op_name"].startswith("Distributed.all_reduce.")
     # every rank holds the nan by then: rank 0's own first nan/inf is the collective's output

@@ -301,7 +301,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                "OverFlow": "", "TaskId": r["task_id"], "PassName": r["pass_name"] or "",
                "GoldenTensor": golden_tensor or "", "Elements": element_count(r["shape"]),
                "SumKind": "" if r["io"] != "output" else
-               kind(r["op_type"], r["op_name"], r["index"])}
+               r.get("sum_kind") or kind(r["op_type"], r["op_name"], r["index"])}
         # an msprobe dump's input has a file of its own, and where it came from is known
         # only as far as its statistics or the calls say (formats.msprobe), which two runs
         # may say differently: it is compared with the reference's input of the same call

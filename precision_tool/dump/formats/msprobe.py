@@ -130,12 +130,8 @@ def read_index(step_dir: str, kind: str) -> Table:
     made: Dict[tuple, list] = {}        # an output's signature -> [(name, mean, norm)]
     reads: Dict[str, list] = {}         # a forward output -> [(reader, input position)]
     outputs: Dict[str, int] = {}        # call -> how many outputs it has, as dumped so far
-    for call, record in data["data"].items():
-        if not isinstance(record, dict):
-            raise WorkspaceError(f"msprobe dump {os.path.join(step_dir, DUMP_FILE)}: the "
-                                 f"record of {call!r} is not an object")
+    for call, record, ins, outs, kinds in _calls_of(data["data"], step_dir):
         op_type = call_type(call)
-        ins, outs = _tensors_of(record, call)
         for io_, tensors in (("input", ins), ("output", outs)):
             for k, t in enumerate(tensors):
                 sig = _signature(t)
@@ -151,11 +147,13 @@ def read_index(step_dir: str, kind: str) -> Table:
                         reads.setdefault(tensor, []).append((call, k))
                     tensor = tensor or _gradient_from(call, k, reads, outputs) \
                         or f"{call}.input.{k}"
-                rows.append(_row(t, op_type, call, io_, k, tensor, step_dir))
+                row = _row(t, op_type, call, io_, k, tensor, step_dir)
+                row["sum_kind"] = kinds[k] if io_ == "output" and k < len(kinds) else ""
+                rows.append(row)
         outputs[call] = len(outs)
     names = list(dict.fromkeys([*INDEX_COLUMNS, "max", "min", "mean", "l2norm", "nan_count",
                                 "pos_inf_count", "neg_inf_count", "md5", "requires_grad",
-                                "timestamp"]))
+                                "sum_kind", "timestamp"]))
     if not rows:
         raise WorkspaceError(f"msprobe dump {os.path.join(step_dir, DUMP_FILE)} holds no "
                              f"tensor (every call's arguments are other values)")
@@ -194,13 +192,47 @@ def call_type(call: str) -> str:
     return m.group("api") if m else call
 
 
+def _calls_of(data: dict, step_dir: str):
+    """(call, record, input tensors, output tensors, the outputs' sum kinds) of each call
+    in execution order. A module's parameters_grad record (L0, mix) is one call per
+    parameter, named as msprobe's compare names its rows (Module.fc.Linear.parameters_grad.0
+    .bias), whose inputs are what the gradient is made from: the gradient the module's
+    output received (its backward's input) and, for a weight, the module's forward input.
+    A bias's gradient sums the first over the batch, a weight's contracts the two: the
+    compare can then tell a gradient that is zero up to rounding (cancellation) from a
+    diverging one, as it does for a script's own calls."""
+    for call, record in data.items():
+        if not isinstance(record, dict):
+            raise WorkspaceError(f"msprobe dump {os.path.join(step_dir, DUMP_FILE)}: the "
+                                 f"record of {call!r} is not an object")
+        m = _MODULE.match(call)
+        if m and m.group("dir") == "parameters_grad":
+            base = call[:-len(f"parameters_grad.{m.group('n')}")] if m.group("n") \
+                else call[:-len("parameters_grad")]
+            n = m.group("n") or "0"
+            back = data.get(f"{base}backward.{n}")
+            forward = data.get(f"{base}forward.{n}")
+            grad_out = _flat(back.get("input")) if isinstance(back, dict) else []
+            x = _flat(forward.get("input_args"))[:1] if isinstance(forward, dict) else []
+            for param, value in record.items():
+                outs = _flat(value)
+                if not outs:
+                    continue
+                contraction = len(outs[0].get("shape") or ()) > 1
+                ins = grad_out + (x if contraction else [])
+                kind = "contraction" if contraction and x else "sum"
+                yield f"{call}.{param}", record, ins if grad_out else [], outs, \
+                    [kind if grad_out else ""] * len(outs)
+            continue
+        ins, outs = _tensors_of(record, call)
+        yield call, record, ins, outs, []
+
+
 def _tensors_of(record: dict, call: str) -> Tuple[list, list]:
-    """A call's input tensors (args, kwargs, then a module's parameters) and its outputs
-    (a parameters_grad record's gradients), each in the order the record lists them."""
-    if ".parameters_grad" in call:
-        return [], _flat([record[k] for k in record])
+    """A call's input tensors (args, kwargs, a backward's input, then a module's
+    parameters) and its outputs, each in the order the record lists them."""
     inputs = _flat(record.get("input_args")) + _flat(record.get("input_kwargs")) \
-        + _flat(record.get("input")) + _flat(record.get("parameters"))   # input: a backward's
+        + _flat(record.get("input")) + _flat(record.get("parameters"))
     return inputs, _flat(record.get("output"))
 
 
