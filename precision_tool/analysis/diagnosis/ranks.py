@@ -133,18 +133,31 @@ def look_across_ranks(ws, runs: list) -> Optional[RankOrigin]:
     found and every rank dumped the same steps."""
     found = nonfinite_origin(ws, runs)
     common = sorted(set.intersection(*(set(r.complete_steps) for r in runs)))
-    last = found.step if found is not None and found.step >= 0 else None
-    for step in common:
-        if last is not None and step > last:
-            break
-        disagree = rank_disagreements(ws, runs, step)
-        if disagree:
-            if found is None:
-                found = RankOrigin(-1, [], [], ranks=len(runs))
-            found.disagree = disagree
-            found.first_rank = str(runs[0].info.get("rank") or runs[0].label)
-            break
+    if found is not None and found.step >= 0:
+        common = [s for s in common if s <= found.step]
+    step = _first_disagreement(ws, runs, common)
+    if step is not None:
+        if found is None:
+            found = RankOrigin(-1, [], [], ranks=len(runs))
+        found.disagree = rank_disagreements(ws, runs, step)
+        found.first_rank = str(runs[0].info.get("rank") or runs[0].label)
     return found
+
+
+def _first_disagreement(ws, runs: list, steps: List[int]) -> Optional[int]:
+    """The first of `steps` in which replicas disagree. Replicas that part stay apart (their
+    parameters differ from then on), so the last step says whether any does, and a
+    bisection finds the first: a few steps' indexes per rank, not every step's."""
+    if not steps or not rank_disagreements(ws, runs, steps[-1], limit=1):
+        return None
+    lo, hi = 0, len(steps) - 1          # steps[hi] disagrees; find the first that does
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rank_disagreements(ws, runs, steps[mid], limit=1):
+            hi = mid
+        else:
+            lo = mid + 1
+    return steps[lo]
 
 
 def nonfinite_origin(ws, runs: list) -> Optional[RankOrigin]:
