@@ -671,3 +671,17 @@ def test_clean_never_touches_an_imported_dump(tmp_path):
     out = invoke("clean", data_dir=ws)
     assert out.exit_code == 0, out.output
     assert os.path.isdir(partial) and os.listdir(os.path.join(partial, "dump_tensor_data"))
+
+
+def test_a_rank_is_compared_with_the_same_rank_of_the_reference(tmp_path):
+    for rank, scale in (("rank0", 1.0), ("rank1", 2.0)):
+        write_dump(tmp_path / "n", _model(scale), rank=rank)
+        write_dump(tmp_path / "g", _model(scale), rank=rank)
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "vc", "-lt",
+                                   str(tmp_path / "n" / "step0" / "rank1"), "-rt",
+                                   str(tmp_path / "g")])
+    assert out.exit_code == 0, out.output          # rank 1 against rank 1: all pass
+    result = json.loads(out.stdout)
+    ws = Workspace(str(tmp_path / "ws"))
+    assert ws.resolve_run(result["npu_run"], "npu").info["rank"] == "rank1"
+    assert ws.resolve_run(result["golden_run"], "cpu").info["rank"] == "rank1"

@@ -221,6 +221,10 @@ class App:
             found = self.ws.reference_for(run)
             if found is not None:
                 return self.noting(found)
+        elif is_dump(spec):            # a dump's ranks: the one of the compared run's rank
+            ranks = self.imported(spec, "cpu")
+            same = [r for r in ranks if r.info.get("rank") == run.info.get("rank")]
+            return self.noting((same or ranks)[0])
         return self.run(spec, "cpu")
 
     def imported(self, path: str, target: str) -> list:
