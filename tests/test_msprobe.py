@@ -685,3 +685,45 @@ def test_a_rank_is_compared_with_the_same_rank_of_the_reference(tmp_path):
     ws = Workspace(str(tmp_path / "ws"))
     assert ws.resolve_run(result["npu_run"], "npu").info["rank"] == "rank1"
     assert ws.resolve_run(result["golden_run"], "cpu").info["rank"] == "rank1"
+
+
+def _ranks_model(planted_rank=None):
+    """Two ranks of one step: matmul, mul (times -1 on planted_rank), an all_reduce of the
+    products (every rank gets the sum), relu, sum."""
+    made = {}
+    ms = []
+    for rank in (0, 1):
+        rng = np.random.default_rng(rank)
+        x = rng.standard_normal((4, 8)).astype(np.float32)
+        w = np.random.default_rng(9).standard_normal((8, 8)).astype(np.float32)
+        h = x @ w
+        m = h * (-1.0 if rank == planted_rank else 1.0)
+        made[rank] = (x, w, h, m)
+        ms.append(m)
+    total = ms[0] + ms[1]
+    out = {}
+    for rank, (x, w, h, m) in made.items():
+        r = np.maximum(total, 0)
+        out[rank] = [("Mint.matmul.0.forward", [x, w], [h]), ("Mint.mul.0.forward", [h], [m]),
+                     ("Distributed.all_reduce.0.forward", [m], [total]),
+                     ("Functional.relu.0.forward", [total], [r]),
+                     ("Tensor.sum.0.forward", [r], [np.float32(r.sum()).reshape(())])]
+    return out
+
+
+def test_a_divergence_spread_across_ranks_is_placed_the_same_on_workers(tmp_path):
+    for name, planted in (("n", 1), ("g", None)):
+        for rank, calls in _ranks_model(planted).items():
+            write_dump(tmp_path / name, calls, rank=f"rank{rank}")
+    results = []
+    for workers in ("1", "2"):
+        out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / f"ws{workers}"), "--json",
+                                       "ac", "-c", "-w", workers, "-lt", str(tmp_path / "n"),
+                                       "-rt", str(tmp_path / "g")])
+        assert out.exit_code == 1, out.output
+        results.append(json.loads(out.stdout)["ranks_divergence"])
+    spread = results[0]
+    assert [(f["rank"], f["op_name"]) for f in spread["first"]] == [("rank1", "Mint.mul.0.forward")]
+    assert [(f["rank"], f["op_name"], f["received"]) for f in spread["ranks"]
+            if f["rank"] == "rank0"] == [("rank0", "Distributed.all_reduce.0.forward", True)]
+    assert results[1] == spread

@@ -141,7 +141,7 @@ class AutoCheck:
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
                write_csv: bool = False, rank: Optional[bool] = None,
-               verify: bool = True) -> AutoCheck:
+               verify: bool = True, workers: int = 1, scheduler=None) -> AutoCheck:
     """With compare=True the vector compare runs too (the chosen step's written to
     temp/vector_compare when write_csv), its summary keeps `limit` ops (all when <= 0).
     threshold: verdicts.Criteria or a cosine threshold. verify: replay the step (from its
@@ -172,7 +172,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         findings = bool(report.tasks)
         if compare:
             c = compared[s] = judge_step(ws, npu_run, golden_run, s, criteria, report.tasks,
-                                         compared)
+                                         compared, workers, scheduler)
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
@@ -222,7 +222,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         _compare_step(ws, compared[s], npu_run, golden_run, s, criteria, limit, rank, result)
         if len(siblings) > 1 and compared[s].has_findings:
             result.ranks_divergence = _ranks_divergence(ws, siblings, npu_run, golden_run, s,
-                                                        criteria, compared[s])
+                                                        criteria, compared[s], workers,
+                                                        scheduler)
         _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay)
         if write_csv:
             try:
@@ -379,7 +380,8 @@ class StepCompare(NamedTuple):
                    _underflow(table, cause), updates(cause.benign_ops))
 
 
-def _ranks_divergence(ws, siblings, npu_run, golden_run, step, criteria, own: StepCompare):
+def _ranks_divergence(ws, siblings, npu_run, golden_run, step, criteria, own: StepCompare,
+                      workers: int = 1, scheduler=None):
     """Every rank's step against its own reference (the same rank of the reference's dump or
     launch), and where the divergence first appears among them; the compared rank's own
     judgement is reused."""
@@ -391,7 +393,9 @@ def _ranks_divergence(ws, siblings, npu_run, golden_run, step, criteria, own: St
             pairs.append((run, reference))
 
     def judge(run, reference, s):
-        return own.cause if run is npu_run else judge_step(ws, run, reference, s, criteria).cause
+        return own.cause if run is npu_run else \
+            judge_step(ws, run, reference, s, criteria, workers=workers,
+                       scheduler=scheduler).cause
     return divergence_origin(ws, pairs, step, judge)
 
 
@@ -406,7 +410,8 @@ def _same_rank_reference(ws, run: Run, golden_run: Run) -> Optional[Run]:
 
 
 def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,
-               tasks=None, earlier: Optional[Dict[int, StepCompare]] = None) -> StepCompare:
+               tasks=None, earlier: Optional[Dict[int, StepCompare]] = None,
+               workers: int = 1, scheduler=None) -> StepCompare:
     """A step's compare, root cause and update check, judged as ac judges it. State that
     came in diverging is followed back through the steps compared so far (`earlier`, made
     where missing); where every update that wrote it was noise in its own step, the step is
@@ -415,7 +420,8 @@ def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria
     criteria = Criteria.of(criteria)
     if tasks is None:
         tasks = overflow_report(ws, npu_run, step).tasks
-    table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria)
+    table = vector_compare(ws, npu_run, golden_run, step, threshold=criteria, workers=workers,
+                           scheduler=scheduler)
 
     def updates(skip):
         return check_updates(ws, npu_run, golden_run, step, criteria, skip)

@@ -18,6 +18,13 @@ from ..dump.workspace import WorkspaceError
 from .app import (EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt,
                   panel, prose)
 
+WORKERS = click.option("-w", "--workers", type=click.IntRange(1, 256), default=1,
+                       show_default=True,
+                       help="Local worker processes comparing tensor pairs in parallel.")
+SCHEDULER = click.option("--scheduler", default=None, metavar="ADDRESS",
+                         help="Run the comparisons on this Dask cluster (tcp://host:8786); "
+                              "the workers read the dump from storage shared with this "
+                              "machine. Needs pip install \"precision_tool[cluster]\".")
 STEP = click.option("-s", "--step", type=click.IntRange(0), default=None,
                     help="The dumped step (default: every step dumped in both runs, the first "
                          "with findings reported).")
@@ -97,8 +104,10 @@ def _raise_incomplete(check) -> None:
 @STEP
 @click.option("--html", "html_file", default=None, metavar="FILE",
               help="Also write the HTML report to FILE (needs -c; see precision-tool report).")
+@WORKERS
+@SCHEDULER
 def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, rank, verify,
-                   left, right, step, html_file=None):
+                   left, right, step, html_file=None, workers=1, scheduler=None):
     """Auto check: the fusion summary (passes and what they fused), the overflow analysis (the
     first overflow, then the next LIMIT, with decoded status and tensor statistics), and with
     -c the vector compare, the diverging ops and the root cause: the origin op, its fusion
@@ -123,7 +132,7 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
     criteria = _criteria(cosine, norm, flushed, rel_error)
     result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
                                  threshold=criteria, limit=limit, write_csv=compare, rank=rank,
-                                 verify=verify)
+                                 verify=verify, workers=workers, scheduler=scheduler)
     if html_file:
         from ..report import write_report
         path, _ = write_report(app.ws, html_file, npu_run=npu, golden_run=golden,
@@ -344,12 +353,8 @@ def _render_op(app: App, s):
 @click.option("-g", "--graph", "graph_file", default=None, metavar="GRAPH",
               type=click.Path(dir_okay=False),
               help="The compiled graph JSON to map tensors with (default: the run's graph/).")
-@click.option("-w", "--workers", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Local worker processes comparing tensor pairs in parallel.")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Run the comparisons on this Dask cluster (tcp://host:8786); the workers "
-                   "read the dump from storage shared with this machine. Needs "
-                   "pip install \"precision_tool[cluster]\".")
+@WORKERS
+@SCHEDULER
 @click.option("-s", "--step", type=click.IntRange(0), default=None,
               help="The dumped step (default: the NPU run's first complete one).")
 @criteria_options("-c")
