@@ -860,3 +860,30 @@ def test_a_divergence_spread_by_all_reduce_is_traced_to_its_rank(tmp_path):
     advice = " ".join(result["advice"])
     assert "the divergence first appears on rank1" in advice and "Look at that rank" in advice
     assert "keep-fp32 Distributed.all_reduce" not in advice    # not this rank's collective
+
+
+# -- a float64 golden, on request ---------------------------------------------------------------
+def test_a_float64_golden_computes_every_call_in_float64(tmp_path):
+    """golden_dtype float64: the first step's loss is the model's in float64 (the same fp32
+    initial weights, cast), to float64's precision, not float32's; the script's parameters
+    and optimizer state keep float32; the dumped golden tensors are float64."""
+    losses, params = _train(Attention, str(tmp_path), "golden", steps=2, golden_dtype="float64")
+    plain, _ = _train(Attention, steps=2)
+    torch.manual_seed(0)
+    model = Attention()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 6, 16, generator=g), torch.randint(0, 4, (2,), generator=g)
+    reference = F.cross_entropy(model.double()(x.double()), y).item()
+    assert abs(losses[0] - reference) < 1e-12
+    assert abs(plain[0] - reference) > abs(losses[0] - reference)    # float32's own rounding
+    assert all(p.dtype == torch.float32 for p in params)
+    ws = Workspace(str(tmp_path))
+    run = ws.run("cpu")
+    assert run.info["golden_dtype"] == "float64"
+    table = ws.index_table(run, 0)
+    dtypes = dict(zip(table["tensor"].tolist(), table["dtype"].tolist()))
+    assert dtypes["Functional.linear.0.forward:0"] == "float64"
+    # the Variables (the script's parameters, as read) keep their dtype
+    assert {dtypes[t] for t in dtypes if t.startswith("q.weight")} == {"float32"}
+    with pytest.raises(TorchFrontEndError, match="golden_dtype must be one of float32, float64"):
+        PrecisionDebugger(str(tmp_path), target="golden", golden_dtype="float16")

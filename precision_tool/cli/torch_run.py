@@ -49,12 +49,17 @@ class TorchRuns:
               help="NPU only: APIs (Torch.matmul, Functional.softmax) or module paths "
                    "(encoder.layer.0.attention) whose calls, forward and backward, compute "
                    "in fp32; comma-separated.")
+@click.option("--golden-dtype", type=click.Choice(["float32", "float64"]), default="float32",
+              show_default=True,
+              help="float64: the golden computes every call in float64 (what the script "
+                   "creates, and its parameters, keep their dtype): what float32 itself "
+                   "loses is then seen too.")
 @click.option("--fix", "fix_file", type=click.Path(dir_okay=False), default=None,
               help="Apply what fix wrote (config/fix.json): its precision mode and the calls "
                    "it keeps in fp32.")
 @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
 def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
-                  keep_fp32, fix_file, script):
+                  keep_fp32, golden_dtype, fix_file, script):
     """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
     call of its training steps (an optimizer step ends a step, or GradScaler's update; in a
     script that neither steps nor calls backward, each forward of its model is a step)
@@ -86,6 +91,7 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
                     ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
                     ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
                     ENV["keep_fp32"]: keep_fp32 if which == "npu" else None,
+                    ENV["golden_dtype"]: golden_dtype if which == "golden" else None,
                     # under torchrun: the script's process is this one's child, so the
                     # ranks' shared launch is this process's
                     layout.ENV_RANK_GROUP: layout.launch_group() if distributed else None}

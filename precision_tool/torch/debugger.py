@@ -42,6 +42,7 @@ from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
 
 TARGETS = ("npu", "golden")
+GOLDEN_DTYPES = ("float32", "float64")
 DUMP_MODES = ("tensor", "statistics")
 # calls that are not computations: attribute access, shape queries, bookkeeping
 _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_point",
@@ -240,13 +241,14 @@ class PrecisionDebugger:
     the script as written) or "npu" (npu/debug_<k>, the simulated NPU under precision_mode,
     amp_level, modify_mixlist and overflow_mode). dump_step: "0|5|10" or "0|3-5" or "all"
     (default "0"); dump_mode: tensor (files) or statistics (index rows only); scope: dump
-    only the calls whose name holds one of these strings (every call still runs simulated)."""
+    only the calls whose name holds one of these strings (every call still runs simulated).
+    golden_dtype: float32 (the script as written) or float64 (every call computed in it)."""
 
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
                  overflow_mode: str = "saturation", modify_mixlist=None,
                  dump_step: str = "0", dump_mode: str = "tensor", scope=None,
-                 keep_fp32=None):
+                 keep_fp32=None, golden_dtype: str = "float32"):
         if target not in TARGETS:
             raise TorchFrontEndError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         if dump_mode not in DUMP_MODES:
@@ -260,6 +262,10 @@ class PrecisionDebugger:
         self.dump_mode = dump_mode
         self.scope = tuple(scope) if scope else ()
         self.keep_fp32 = _keep_list(keep_fp32)
+        if golden_dtype not in GOLDEN_DTYPES:
+            raise TorchFrontEndError(f"golden_dtype must be one of {', '.join(GOLDEN_DTYPES)}, "
+                                     f"got {golden_dtype!r}")
+        self.golden_dtype = golden_dtype
         if self.keep_fp32 and target != "npu":
             raise TorchFrontEndError("keep_fp32 is a setting of the simulated NPU (target "
                                      "npu): the golden computes everything in fp32")
@@ -457,6 +463,14 @@ class PrecisionDebugger:
                         numerics="simulated at the kernel level: the policy's dtypes, fp32 "
                                  "accumulation, rounding per kernel")
             target = layout.NPU
+        elif self.golden_dtype == "float64":
+            from .golden import GoldenFP64
+            self.golden = GoldenFP64()
+            info.update(golden_dtype="float64",
+                        numerics="every call computed in float64 (its float arguments "
+                                 "widened; what the script creates, and its parameters, "
+                                 "keep their dtype)")
+            target = layout.GOLDEN
         else:
             from .golden import GoldenFP32
             self.golden = GoldenFP32()

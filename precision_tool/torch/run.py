@@ -13,7 +13,8 @@ import sys
 ENV = {"target": "PRECISION_TOOL_TORCH_TARGET", "precision_mode": "PRECISION_TOOL_TORCH_MODE",
        "overflow_mode": "PRECISION_TOOL_TORCH_OVERFLOW", "dump_step": "PRECISION_TOOL_DUMP_STEP",
        "dump_mode": "PRECISION_TOOL_TORCH_DUMP_MODE", "data_dir": "PRECISION_TOOL_DATA",
-       "keep_fp32": "PRECISION_TOOL_TORCH_KEEP_FP32"}
+       "keep_fp32": "PRECISION_TOOL_TORCH_KEEP_FP32",
+       "golden_dtype": "PRECISION_TOOL_TORCH_GOLDEN_DTYPE"}
 ENV_SEED = "PRECISION_TOOL_TORCH_SEED"
 
 
