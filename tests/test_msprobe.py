@@ -727,3 +727,14 @@ def test_a_divergence_spread_across_ranks_is_placed_the_same_on_workers(tmp_path
     assert [(f["rank"], f["op_name"], f["received"]) for f in spread["ranks"]
             if f["rank"] == "rank0"] == [("rank0", "Distributed.all_reduce.0.forward", True)]
     assert results[1] == spread
+
+
+def test_a_cut_off_step_of_an_imported_dump_is_named_and_clean_not_offered(tmp_path):
+    write_dump(tmp_path / "n", _model(), step=0)
+    cut = write_dump(tmp_path / "n", _model(), step=1)
+    os.remove(os.path.join(cut, "dump.json"))
+    write_dump(tmp_path / "g", _model(), step=0)
+    out = invoke("vc", "-lt", tmp_path / "n", "-rt", tmp_path / "g", data_dir=tmp_path / "ws")
+    assert out.exit_code == 0, out.output
+    assert "step(s) 1 are partial (their msprobe dump has no dump.json" in out.output
+    assert "clean deletes them" not in out.output

@@ -400,13 +400,12 @@ def _ranks_divergence(ws, siblings, npu_run, golden_run, step, criteria, own: St
 
 
 def _same_rank_reference(ws, run: Run, golden_run: Run) -> Optional[Run]:
-    """run's reference: the rank of golden_run's dump with run's rank name, or the same
-    rank of run's launch."""
+    """run's reference: the rank of golden_run's dump with run's rank, or the same rank of
+    run's launch (Workspace.reference_for)."""
     source = golden_run.info.get("source")
-    if source:
-        return next((r for r in ws.runs(golden_run.target) if r.info.get("source") == source
-                     and r.info.get("rank") == run.info.get("rank")), None)
-    return ws.reference_for(run)
+    among = [r for r in ws.runs(golden_run.target) if r.info.get("source") == source] \
+        if source else None
+    return ws.reference_for(run, among)
 
 
 def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria=None,

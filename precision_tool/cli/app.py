@@ -222,9 +222,7 @@ class App:
             if found is not None:
                 return self.noting(found)
         elif is_dump(spec):            # a dump's ranks: the one of the compared run's rank
-            ranks = self.imported(spec, "cpu")
-            same = [r for r in ranks if r.info.get("rank") == run.info.get("rank")]
-            return self.noting((same or ranks)[0])
+            return self.noting(self.ws.reference_for(run, self.imported(spec, "cpu")))
         return self.run(spec, "cpu")
 
     def imported(self, path: str, target: str) -> list:
@@ -254,9 +252,10 @@ class App:
         """The run, its interrupted steps named on stderr once per command."""
         if run.interrupted and run.path not in self.noted:
             self.noted.add(run.path)
+            # an imported dump is another tool's: clean leaves it as it is
+            tail = "" if run.info.get("source") else f" ({self.command('clean')} deletes them)"
             self.warn(f"{run.label}: step(s) {', '.join(map(str, run.interrupted))} are "
-                      f"partial ({run.why_partial}); not read ({self.command('clean')} "
-                      f"deletes them)")
+                      f"partial ({run.why_partial}); not read{tail}")
         return run
 
     def step(self, run: Run, step: Optional[int] = None) -> int:

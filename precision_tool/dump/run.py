@@ -54,6 +54,9 @@ class Run:
     def why_partial(self) -> str:
         """Why its partial steps are partial, as far as the run knows: the write failure
         that stopped its dump (run.json's dump_stopped), else a dump killed mid-step."""
+        if self.info.get("source"):
+            return (f"their {self.info.get('format', 'foreign')} dump has no dump.json: it "
+                    f"is written as a step ends, so the step was cut off")
         stopped = self.info.get("dump_stopped")
         if isinstance(stopped, dict):
             return f"the dump stopped at step {stopped.get('step')}: {stopped.get('error')}"
@@ -62,6 +65,12 @@ class Run:
     @property
     def ours(self) -> bool:
         return self.info.get("writer") == "precision_tool"
+
+    @property
+    def calls_by_index(self) -> bool:
+        """Its calls are named by API and call index and each input has a file of its own
+        (an msprobe dump): a compare pairs calls in place and inputs by position."""
+        return self.info.get("format") == "msprobe"
 
     @property
     def label(self) -> str:

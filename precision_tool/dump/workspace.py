@@ -201,10 +201,16 @@ class Workspace:
         from .imports import import_dump
         return import_dump(self, path, layout.target_of(target, {}))
 
-    def reference_for(self, run: Run) -> Optional[Run]:
-        """For one rank of a distributed launch (run.json's rank_group), the newest
-        reference run of the same launch and rank; None for any other run."""
-        group, rank = run.info.get("rank_group"), run.info.get("rank")
+    def reference_for(self, run: Run, among: Optional[List[Run]] = None) -> Optional[Run]:
+        """run's own rank's reference: of `among` (the ranks of a reference dump), the one
+        of run's rank (else the first); without it, for one rank of a distributed launch
+        (run.json's rank_group), the newest reference run of the same launch and rank;
+        None for any other run."""
+        rank = run.info.get("rank")
+        if among is not None:
+            same = [r for r in among if r.info.get("rank") == rank]
+            return (same or among or [None])[0]
+        group = run.info.get("rank_group")
         if not group:
             return None
         same = [r for r in self.runs() if r.kind == layout.REFERENCE and

@@ -266,7 +266,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         _golden_rows(ws, golden_run, gold_step)
     # only the rows a lookup can return (the golden's input rows mostly name a tensor its
     # output row stands for already)
-    by_position = npu_run.info.get("format") == "msprobe"
+    by_position = npu_run.calls_by_index
     # an msprobe dump names a call by its API's call index: two dumps whose call lists
     # differ are paired call by call (matching.align_calls), and the unpaired listed
     paired = align_calls(npu, gold) if by_position else None
@@ -359,7 +359,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     # a foreign dump's fusion is not known; and a step the NPU's loss scale skipped ran no
     # update there (a script's optimizer step is not called): the golden's are no gap
     # (an msprobe dump names every call, as ours do: what only the reference called shows)
-    if (graph is not None or npu_run.ours or npu_run.info.get("format") == "msprobe") \
+    if (graph is not None or npu_run.ours or npu_run.calls_by_index) \
             and not _skipped(ws, npu_run, step):
         rows += _golden_only_ops(graph, set(paired.values()) if paired is not None
                                  else set(npu["op_name"]), gold,

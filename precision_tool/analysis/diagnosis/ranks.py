@@ -102,28 +102,19 @@ def divergence_origin(ws, pairs: list, step: int, judge) -> Optional[dict]:
 def first_nonfinite(table) -> Optional[dict]:
     """A rank's first call whose output holds nan/inf, in its step's execution order, with
     its epoch and whether a collective brought it in."""
-    ops = table["op_name"].tolist()
-    types = table["op_type"].tolist()
-    io = table["io"].tolist()
     bad = _nonfinite(table).tolist()
-    epoch, seen = 0, set()
-    by_op: Dict[str, dict] = {}
-    order = []
-    for k, name in enumerate(ops):
-        if name not in by_op:
-            by_op[name] = {"type": types[k], "in": False, "out": False, "epoch": epoch}
-            order.append(name)
-            if types[k].startswith(COLLECTIVE) and name not in seen:
-                seen.add(name)
-                epoch += 1          # the calls after it are in the next epoch
-        entry = by_op[name]
-        entry["in" if io[k] == "input" else "out"] |= bad[k]
-    for name in order:
-        entry = by_op[name]
-        if entry["out"]:
-            collective = entry["type"].startswith(COLLECTIVE)
-            return {"op_name": name, "op_type": entry["type"], "epoch": entry["epoch"],
-                    "received": collective and not entry["in"]}
+    types, nonfinite_in, nonfinite_out = {}, set(), set()
+    for k, (name, op_type, io) in enumerate(zip(table["op_name"].tolist(),
+                                                table["op_type"].tolist(),
+                                                table["io"].tolist())):
+        types.setdefault(name, op_type)
+        if bad[k]:
+            (nonfinite_in if io == "input" else nonfinite_out).add(name)
+    for name, epoch in epochs(table).items():        # in execution order
+        if name in nonfinite_out:
+            collective = types[name].startswith(COLLECTIVE)
+            return {"op_name": name, "op_type": types[name], "epoch": epoch,
+                    "received": collective and name not in nonfinite_in}
     return None
 
 
