@@ -1,5 +1,8 @@
 """Builds a one-op graph for a test case and runs it through the public API; dumps one run of
-a graph on both targets."""
+a graph on both targets; writes a tensor into a dump as the dump would have recorded it."""
+import csv
+import os
+
 import numpy as np
 
 import precision_tool as pt
@@ -56,3 +59,19 @@ def dump_both(root, graph, fetches, feeds, config=None):
     for sess in (npu, cpu):
         sess.run(fetches, feeds)
         sess.close()
+
+
+def recorded_as(step_dir, file, value):
+    """The index row of `file` saying the nan/inf counts of `value`, as a dump of it would
+    (a file whose counts differ from its row's is damage: not compared)."""
+    path = os.path.join(step_dir, "index.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head = rows[0]
+    for r in rows[1:]:
+        if r[head.index("file")] == file:
+            r[head.index("nan_count")] = str(int(np.isnan(value).sum()))
+            r[head.index("pos_inf_count")] = str(int(np.isposinf(value).sum()))
+            r[head.index("neg_inf_count")] = str(int(np.isneginf(value).sum()))
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)

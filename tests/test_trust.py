@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import precision_tool as pt
+from harness import recorded_as
 from precision_tool import hooks
 from precision_tool.analysis.comparing.metrics import compare_tensors
 from precision_tool.cli import cli
@@ -144,6 +145,32 @@ def test_deleted_tensor_files_are_counted_and_never_sound(built, tmp_path):
     result = invoke(root, "ac", "-c", "-s", "0")
     assert result.exit_code == 2 and "sound" not in result.stdout
     assert "could not be compared" in result.stdout and "incomplete" in result.stderr
+
+
+def test_an_inf_written_into_a_golden_file_is_damage_not_the_model(built, tmp_path):
+    """A golden tensor file with an inf the NPU does not hold, written after the dump: the
+    index recorded none, so the file was changed or damaged since. It decides nothing: not
+    compared (exit 2, naming the file), never "the data or the model" with exit 0."""
+    root = copy(built, "clean", tmp_path)
+    ws = Workspace(str(root))
+    golden = ws.run("cpu")
+    t = ws.index(golden, 0)
+    code, data = as_json(root, "vc", "-s", "0")
+    compared = pd.read_csv(data["result_file"]).GoldenTensor
+    row = t[(t.io == "output") & t.tensor.isin(compared) & (t.op_type == "Relu")].iloc[0]
+    path = os.path.join(ws.step_path(golden, 0), row.file)
+    value = np.load(path)
+    value.flat[0] = np.inf
+    np.save(path, value)
+    code, data = as_json(root, "vc", "-s", "0")
+    assert code == 2
+    assert "unreadable (nan/inf not those the dump recorded)" in data["coverage"]["missing"]
+    result = invoke(root, "ac", "-c", "-s", "0")
+    assert result.exit_code == 2, result.output
+    assert "data or the model" not in result.stdout and "sound" not in result.stdout
+    csv = pd.read_csv(data["result_file"])
+    reason = csv[csv.GoldenTensor == row.tensor].CompareFailReason.iloc[0]
+    assert f"{row.file} holds 1 nan/inf, its dump recorded 0" in reason
 
 
 def test_an_origin_whose_input_file_is_gone_is_named_as_far_as_the_compare_saw(built, tmp_path):
@@ -543,7 +570,9 @@ def test_special_values_never_crash_and_show_the_same_metrics_everywhere(one_op,
         table = ws.index(run, 0)
         row = table[(table.op_name == "act") & (table.io == "output")].iloc[0]
         paths[target] = os.path.join(ws.step_path(run, 0), row.file)
-        np.save(paths[target], np.array(data, np.float32).reshape(2, 4))
+        value = np.array(data, np.float32).reshape(2, 4)
+        np.save(paths[target], value)
+        recorded_as(ws.step_path(run, 0), row.file, value)
     want = compare_tensors(np.load(paths["npu"]), np.load(paths["cpu"]))
     code, vc = as_json(root, "vc")
     assert code in (0, 1)

@@ -32,7 +32,8 @@ from .mapping import TensorMap
 from .matching import align_calls
 from .metrics import METRICS
 from .sums import sum_kind
-from .verdicts import NO_COUNTERPART, NOT_IN_INDEX, STATS_ONLY, Criteria, element_count, judge
+from .verdicts import (NO_COUNTERPART, NOT_IN_INDEX, STATS_ONLY, UNREADABLE, Criteria,
+                       element_count, judge)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,6 +85,34 @@ def compare_stats(npu: dict, golden: dict) -> dict:
         out["CompareFailReason"] += " (md5 equal: the same bits)" if crc == golden_crc \
             else " (md5 differs: not the same bits)"
     return out
+
+
+def _nonfinite_recorded(index_row, path: str, ours: bool) -> tuple:
+    """(path, nan + inf count the dump's index recorded for the file's tensor, or -1 where it
+    recorded none). Only our dumps count them; msprobe's records no count (its reader infers
+    flags from Max and Min, which msprobe computes leaving nan and inf out): its md5 mode's
+    CRC32 is the check there."""
+    counts = [index_row.get(k) for k in ("nan_count", "pos_inf_count", "neg_inf_count")]
+    if not ours or any(c is None or c != c for c in counts):
+        return path, -1
+    return path, int(sum(counts))
+
+
+def _changed_since_dumped(row: dict, recorded) -> dict:
+    """A tensor file whose nan/inf are not those its dump recorded was changed or damaged
+    since (a golden inf written in by hand, a bit flipped): it decides nothing, and its row
+    is unreadable rather than a cause ("the golden holds inf: the data or the model")."""
+    if not recorded or str(row.get("CompareFailReason") or "").startswith(UNREADABLE):
+        return {}
+    for (path, want), side in zip(recorded, ("Npu", "Golden")):
+        got = row.get(f"{side}NanCount", 0) + row.get(f"{side}InfCount", 0)
+        if want >= 0 and got == got and int(got) != want:
+            return {**{name: np.nan for name in (*METRICS, "NpuNanCount", "NpuInfCount",
+                                                 "GoldenNanCount", "GoldenInfCount")},
+                    "CompareFailReason": f"{UNREADABLE}tensor file {path} holds {int(got)} "
+                                         f"nan/inf, its dump recorded {want} (changed or "
+                                         f"damaged since)"}
+    return {}
 
 
 def _undumped_ops(graph: Optional[GraphView], tmap: TensorMap, indexed: set,
@@ -352,6 +381,9 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                              _data_bytes(element_count(grow["shape"]), grow["dtype"]),
                              grow.get("md5") or "")))
                 row["_pair"] = pair_of[key]
+                row["_recorded"] = (
+                    _nonfinite_recorded(r, npu_dir + r["file"], npu_run.ours),
+                    _nonfinite_recorded(grow, gold_dir + grow["file"], golden_run.ours))
         rows.append(row)
     fetched = bundle_fetches(ws.bundle_path(npu_run, step)) \
         if step in npu_run.bundles else None
@@ -371,8 +403,10 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         engine.close()
     for row in rows:
         p = row.pop("_pair", None)
+        recorded = row.pop("_recorded", None)
         if p is not None:
             row.update(results[p])
+            row.update(_changed_since_dumped(row, recorded))
             row["NormRelativeDiff"] = norm_relative_diff(row["NpuNorm"], row["GoldenNorm"])
     table = Table.from_rows(rows, COLUMNS)
     judged = judge(table, threshold)

@@ -89,7 +89,8 @@ def _gap(reason: str) -> str:
                            ("not a numeric", "not a numeric tensor"), ("directory", "not a file"),
                            ("is refused", "pickle refused: it asks for more than a tensor"),
                            ("does not hold what was dumped", "CRC32 differs from the dump's"),
-                           ("cut off", "file cut off")):
+                           ("cut off", "file cut off"),
+                           ("damaged since", "nan/inf not those the dump recorded")):
             if word in detail:
                 return f"unreadable ({kind})"
         return "unreadable"
