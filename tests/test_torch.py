@@ -198,11 +198,17 @@ def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     assert result["origin"]["call_site"] == f"{__file__}:{_MATMUL_LINE} in forward"
     ws = Workspace(str(tmp_path))
     assert int(ws.step_history(ws.run("npu")).status.iloc[0]) != 0
-    # scaled before the product, nothing overflows at the same inputs
-    clean = tmp_path / "scaled"
-    for target in ("golden", "npu"):
-        _train(Attention, str(clean), target, steps=1, scale=100.0, optimizer="sgd",
-               precision_mode="force_fp16", overflow_mode="inf_nan")
+    # scaled before the product, the matmul holds at the same inputs; the fused kernels
+    # overflow (in fp16 the softmax skips the max subtraction, the layer norm's one-pass
+    # variance squares values over 255.9), and with fusion off nothing does
+    scaled = tmp_path / "scaled"
+    _train(Attention, str(scaled), "npu", steps=1, scale=100.0, optimizer="sgd",
+           precision_mode="force_fp16", overflow_mode="inf_nan")
+    out = CliRunner().invoke(cli, ["--data-dir", str(scaled), "--json", "ac"])
+    assert json.loads(out.stdout)["first_overflow"]["op_name"] == "Torch.softmax.0.forward"
+    clean = tmp_path / "unfused"
+    _train(Attention, str(clean), "npu", steps=1, scale=100.0, optimizer="sgd",
+           precision_mode="force_fp16", overflow_mode="inf_nan", fusion_switch="off")
     ws = Workspace(str(clean))
     assert int(ws.step_history(ws.run("npu")).status.iloc[0]) == 0
 
@@ -329,6 +335,92 @@ def test_bad_settings_are_refused_in_one_line(tmp_path):
         PrecisionDebugger(str(tmp_path), dump_mode="everything")
     with pytest.raises(layout.DumpConfigError):
         PrecisionDebugger(str(tmp_path), dump_step="x")
+
+
+def _on_npu(fn, *xs, mode="force_fp32", fusion=None, overflow="saturation"):
+    """fn(*xs) on the simulated NPU: its output and the device (its status word)."""
+    from precision_tool.runtime.config import SessionConfig
+    from precision_tool.torch.simulate import SimulatedNPU
+    npu = SimulatedNPU(SessionConfig(precision_mode=mode, overflow_mode=overflow,
+                                     fusion_switch=fusion))
+    with npu:
+        out = fn(*xs)
+    return out, npu
+
+
+def test_fused_kernels_compute_as_the_devices_and_unfused_as_the_ops_they_fuse():
+    """Each fused kernel against a float64 numpy reference of the device's formula, and
+    with its pass off against the formula of the ops it fuses."""
+    import math
+    x = torch.linspace(-5, 5, 101)
+    xd = x.double().numpy()
+    tanh_gelu = 0.5 * xd * (1 + np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3)))
+    erf_gelu = 0.5 * xd * (1 + np.array([math.erf(v / math.sqrt(2)) for v in xd]))
+    fused, npu = _on_npu(F.gelu, x)
+    assert np.abs(fused.double().numpy() - tanh_gelu).max() < 1e-6     # GeluFusionPass
+    assert np.abs(fused.double().numpy() - erf_gelu).max() > 1e-4
+    assert npu.fired == {"GeluFusionPass"}
+    unfused, npu = _on_npu(F.gelu, x, fusion="off")
+    assert np.abs(unfused.double().numpy() - erf_gelu).max() < 1e-6
+    assert npu.fired == set()
+
+    # layer norm: the fused kernel's one-pass variance E[x^2] - E[x]^2 cancels when
+    # |mean| >> std, even in fp32; the unfused ops' two-pass variance does not
+    g = torch.Generator().manual_seed(0)
+    x = 1000 + 0.01 * torch.randn(4, 64, generator=g)
+    xd = x.double().numpy()
+    ref = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5)
+    fused, _ = _on_npu(lambda t: F.layer_norm(t, (64,)), x)
+    unfused, _ = _on_npu(lambda t: F.layer_norm(t, (64,)), x, fusion="off")
+    assert np.abs(unfused.double().numpy() - ref).max() < 0.05
+    err = np.abs(fused.double().numpy() - ref)
+    assert not np.all(err < 0.5)                # nan or far off: the cancellation
+
+    # softmax in fp16: the fused kernel skips the max subtraction, so a logit over
+    # ln(65504) = 11.09 overflows; unfused it is the float64 softmax on fp16's grid
+    x = torch.tensor([[12.0, 0.0, -1.0], [1.0, 2.0, 3.0]])
+    xd = x.double().numpy()
+    ref = np.exp(xd - xd.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    fused, npu = _on_npu(lambda t: torch.softmax(t, -1), x, mode="force_fp16",
+                         overflow="inf_nan")
+    assert torch.isnan(fused[0, 0]) and npu.status != 0          # inf / inf
+    assert np.abs(fused[1].double().numpy() - ref[1]).max() < 1e-3
+    unfused, npu = _on_npu(lambda t: torch.softmax(t, -1), x, mode="force_fp16",
+                           overflow="inf_nan", fusion="off")
+    assert np.abs(unfused.double().numpy() - ref).max() < 1e-3 and npu.status == 0
+    # over another axis than the last the pass does not fuse it
+    other, npu = _on_npu(lambda t: torch.softmax(t, 0), x.T.contiguous(), mode="force_fp16",
+                         overflow="inf_nan")
+    assert torch.isfinite(other).all() and npu.fired == set()
+
+    # a matmul with its bias in fp16: fused, the bias is added in the fp32 accumulator and
+    # the sum rounded once; unfused, the product is rounded before the add
+    a, b, bias = torch.tensor([[512.0, 0.25]]), torch.tensor([[2.0], [1.25]]), torch.tensor([0.375])
+    product = a.double().numpy() @ b.double().numpy()          # 1024.3125, exact
+    once = np.float16(product[0, 0] + 0.375)
+    twice = np.float16(np.float64(np.float16(product[0, 0])) + 0.375)
+    assert once != twice
+    fused, _ = _on_npu(torch.addmm, bias, a, b, mode="force_fp16")
+    unfused, _ = _on_npu(torch.addmm, bias, a, b, mode="force_fp16", fusion="off")
+    assert fused.item() == float(once) and unfused.item() == float(twice)
+
+
+def test_a_switch_turns_one_pass_off_and_bad_switches_are_refused(tmp_path):
+    switch = {"Switch": {"GraphFusion": {"SoftmaxFusionPass": "off"}}}
+    x = torch.tensor([[12.0, 0.0, -1.0]])
+    out, npu = _on_npu(lambda t: F.gelu(torch.softmax(t, -1)), x, mode="force_fp16",
+                       overflow="inf_nan", fusion=switch)
+    assert torch.isfinite(out).all() and npu.fired == {"GeluFusionPass"}
+    with pytest.raises(TorchFrontEndError, match="unknown GraphFusion pass"):
+        PrecisionDebugger(str(tmp_path), fusion_switch={"Switch": {"GraphFusion": {"Nope": "off"}}})
+    with pytest.raises(TorchFrontEndError, match="setting of the simulated NPU"):
+        PrecisionDebugger(str(tmp_path), target="golden", fusion_switch="off")
+    bad = tmp_path / "switch.cfg"
+    bad.write_text("{not json")
+    out = _torch_run(tmp_path, "--fusion-switch", str(bad), "--", "python", "train.py")
+    assert out.returncode == 2 and "fusion switch" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
 SCRIPT = textwrap.dedent("""
@@ -496,8 +588,8 @@ PLANTED = textwrap.dedent("""
 def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
     """A planted cause (attention scores unscaled, under force_fp16 with inf/nan
     overflow): ac -c names the matmul and offers fix; fix reruns the script keeping the
-    calls the finding names in fp32, finds the fewest that pass (the matmul and the
-    softmax that reads its scores) over every step of the script, keeps the fixed run and
+    calls the finding names in fp32, finds the fewest that pass (the matmul, the
+    softmax that reads its scores and the fused layer norm after them) over every step of the script, keeps the fixed run and
     deletes the other reruns, and writes config/fix.json. torch-run --fix applies it to a
     fresh run, which ac -c calls sound."""
     script = tmp_path / "attn.py"
@@ -511,15 +603,18 @@ def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
     advice = " ".join(json.loads(out.stdout)["advice"])
     assert "torch-run --keep-fp32 Torch.matmul" in advice and "precision-tool fix -s 0" in advice
     fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
-                            "--json", "fix"], capture_output=True, text=True, timeout=900)
+                            "--json", "fix", "-b", "16"], capture_output=True, text=True,
+                           timeout=900)
     assert fixed.returncode == 0, fixed.stderr
     result = json.loads(fixed.stdout)
-    assert result["config"] == {"precision_mode": "force_fp16",
-                                "keep_fp32": ["Torch.matmul", "Torch.softmax"]}
+    # the matmul and the softmax that reads its scores; under force_fp16 the fused layer
+    # norm after them too (its one-pass variance in fp16 squares the residual's values)
+    kept = result["config"]["keep_fp32"]
+    assert result["config"]["precision_mode"] == "force_fp16"
+    assert kept == ["Torch.matmul", "Torch.softmax", "Functional.layer_norm"]
     assert result["minimal"] and result["verified"]
-    # every rerun that kept both passed, every one without either failed
-    assert all(t["passed"] == ({"Torch.matmul", "Torch.softmax"} <= set(t["keep_fp32"]))
-               for t in result["trials"])
+    # every rerun that kept them all passed, every one without one of them failed
+    assert all(t["passed"] == (set(kept) <= set(t["keep_fp32"])) for t in result["trials"])
     runs = [r.label for r in Workspace(str(ws_dir)).runs("npu")]
     assert runs == ["npu/debug_0", result["fix"]["run"]]        # the other reruns are gone
     fix_file = ws_dir / "config" / "fix.json"
@@ -528,8 +623,7 @@ def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
                        "--", str(script))
     assert again.returncode == 0, again.stderr
     fresh = [r.label for r in Workspace(str(ws_dir)).runs("npu")][-1]
-    assert Workspace(str(ws_dir)).run("npu", fresh.split("/")[1]).info["keep_fp32"] == \
-        ["Torch.matmul", "Torch.softmax"]
+    assert Workspace(str(ws_dir)).run("npu", fresh.split("/")[1]).info["keep_fp32"] == kept
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "ac", "-c", "-lt", fresh])
     assert out.exit_code == 0, out.output
     # a graph run's fix is not a script's: refused in one line
@@ -541,15 +635,85 @@ def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
     assert "Traceback" not in refused.stderr
 
 
+# the planted script with its scores scaled before the product and smaller inputs: q.k
+# fits fp16, but the scores still pass ln(65504)
+FUSED_SOFTMAX = PLANTED.replace("q, k, v = self.q(x), ", "q, k, v = self.q(x) / 4.0, ") \
+    .replace("300 * torch.randn", "30 * torch.randn")
+
+
+def test_fo_reruns_a_script_with_fusion_off_and_names_the_pass(tmp_path):
+    """Scaled attention scores over large inputs, force_fp16 with inf/nan: the scores fit
+    fp16 but pass ln(65504), so the fused softmax (no max subtraction in fp16) overflows.
+    The run records which calls each pass fused (fusion_result.json, the index's pass);
+    fo reruns the script with fusion off and bisects to SoftmaxFusionPass (exit 1), keeping
+    only the fusion-off rerun; fix finds that pass off is enough, and with it switched off
+    in a fresh run (by hand, or by fix's config) nothing overflows."""
+    assert "self.q(x) / 4.0" in FUSED_SOFTMAX and "= 30 * torch.randn" in FUSED_SOFTMAX
+    script = tmp_path / "attn.py"
+    script.write_text(FUSED_SOFTMAX)
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--precision-mode", "force_fp16", "--overflow-mode", "inf_nan",
+                      "--", str(script))
+    assert done.returncode == 0, done.stderr
+    ws = Workspace(str(ws_dir))
+    npu = ws.run("npu")
+    fired = ws.fusion_result(npu)
+    assert fired["SoftmaxFusionPass"] == ["Torch.softmax.0.forward"]
+    assert fired["MatMulBiasAddFusionPass"] == [f"Functional.linear.{k}.forward" for k in range(4)]
+    t = ws.index(npu, 0)
+    assert set(t[t.op_name == "Torch.softmax.0.forward"].pass_name) == {"SoftmaxFusionPass"}
+    # ac names the fused kernel's pass and offers to switch it off
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac"])
+    result = json.loads(out.stdout)
+    assert result["first_overflow"]["op_name"] == "Torch.softmax.0.forward"
+    assert result["first_overflow"]["pass_name"] == "SoftmaxFusionPass"
+    assert "SoftmaxFusionPass off in fusion_switch.cfg (torch-run --fusion-switch" in \
+        " ".join(result["advice"])
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "fo"])
+    assert out.exit_code == 1, out.output
+    verdict = json.loads(out.stdout)
+    assert verdict["fusion_to_blame"] and verdict["culprits"] == ["SoftmaxFusionPass"]
+    assert verdict["fused_nodes"] == {"SoftmaxFusionPass": ["Torch.softmax.0.forward"]}
+    runs = [r.label for r in Workspace(str(ws_dir)).runs("npu")]
+    assert runs == ["npu/debug_0", f"npu/{verdict['kept'][0]}"]      # the others deleted
+    unfused = Workspace(str(ws_dir)).run("npu", verdict["kept"][0])
+    assert unfused.info["fusion_passes"] == [] and ws.fusion_result(unfused) == {}
+    # a rerun is a replay of the run: commands still take the original by default
+    assert unfused.info["replay_of"] == "npu/debug_0"
+    assert Workspace(str(ws_dir)).run("npu").label == "npu/debug_0"
+    # fix tries the pass off before any call in fp32, and that alone is the fix
+    fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
+                            "--json", "fix", "-lt", "npu/debug_0"], capture_output=True,
+                           text=True, timeout=900)
+    assert fixed.returncode == 0, fixed.stderr
+    result = json.loads(fixed.stdout)
+    assert result["candidates"][0] == "fusion:SoftmaxFusionPass"
+    assert result["config"]["keep_fp32"] == [] and \
+        result["config"]["fusion_off"] == ["SoftmaxFusionPass"] and result["minimal"]
+    switch = tmp_path / "switch.cfg"
+    switch.write_text(json.dumps({"Switch": {"GraphFusion": {"SoftmaxFusionPass": "off"}}}))
+    for how in (["--fusion-switch", str(switch)], ["--fix", str(ws_dir / "config" / "fix.json")]):
+        again = _torch_run(ws_dir, "--target", "npu", "--precision-mode", "force_fp16",
+                           "--overflow-mode", "inf_nan", *how, "--", str(script))
+        assert again.returncode == 0, again.stderr
+        fresh = Workspace(str(ws_dir)).runs("npu")[-1]
+        assert "SoftmaxFusionPass" not in fresh.info["fusion_passes"]
+        assert "GeluFusionPass" in fresh.info["fusion_passes"]
+        assert (Workspace(str(ws_dir)).step_history(fresh).status == 0).all()
+
+
 def test_fix_says_why_it_cannot_rerun_a_script_it_did_not_start(tmp_path):
     """A run the debugger made inside a script (no torch-run) names no script to rerun:
-    fix says so and how, exit 2."""
+    fix and fo say so and how, exit 2."""
     for target in ("golden", "npu"):
         _train(lambda: Attention(scaled=False), str(tmp_path), target, steps=1, scale=100.0,
                optimizer="sgd", precision_mode="force_fp16", overflow_mode="inf_nan")
-    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "fix"])
-    assert out.exit_code == 2
-    assert "was not made by torch-run" in out.output and "precision-tool torch-run" in out.output
+    for command in ("fix", "fo"):
+        out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), command])
+        assert out.exit_code == 2, out.output
+        assert "was not made by torch-run" in out.output and \
+            "precision-tool torch-run" in out.output
+        assert len(out.output.strip().splitlines()) <= 2 and "Traceback" not in out.output
 
 
 NANOGPT = os.path.join(os.path.dirname(__file__), "..", "examples", "nanogpt.py")

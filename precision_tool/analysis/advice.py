@@ -259,8 +259,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(f"Or let the tool find and prove the smallest fix: precision-tool fix -s "
                      f"{r.step} ({how}).")
     if first is not None and r.golden_run is None:
-        lines.append(f"Dump the golden run too ({_golden_dump(r)}) and add -c: the compare "
-                     f"says whether the overflow has an effect and where the divergence starts.")
+        lines.append(f"{_with_golden(r)}: the compare says whether the overflow has an "
+                     f"effect and where the divergence starts.")
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
         return lines + ([unchecked] if unchecked else []) + infinities
     # nothing found (in the steps compared, where some were not: that line leads)
@@ -274,8 +274,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
             f"inputs already differ from values this dump does not show (a feed, or state). "
             f"{how}."]
     if r.golden_run is None:
-        return [f"Nothing overflowed. Dump the golden run too ({_golden_dump(r)}) and add -c "
-                f"to compare every op."]
+        return [f"Nothing overflowed. {_with_golden(r)} to compare every op."]
     return lines + _sound_text(r) + ([unchecked] if unchecked else []) + infinities
 
 
@@ -351,7 +350,9 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
             opts.keep(op, mode)) + "." + later]
     choices = [opts.keep(op, mode)]
     if op.get("pass_name"):
-        choices.insert(0, opts.tag(f"switch {op['pass_name']} off in fusion_switch.cfg",
+        how = " (torch-run --fusion-switch; precision-tool fo reruns the script to confirm)" \
+            if op.get("api_call") else ""
+        choices.insert(0, opts.tag(f"switch {op['pass_name']} off in fusion_switch.cfg{how}",
                                    [Change("fusion", op["pass_name"])]))
     if not op.get("inserted"):
         choices.append(opts.tag("scale what feeds it down"))
@@ -541,6 +542,13 @@ def _scales(history: Optional[dict]) -> set:
     if not history or history["first_scale"] != history["first_scale"]:
         return set()
     return {history["first_scale"]} | {m[1] for m in history["moves"]}
+
+
+def _with_golden(r) -> str:
+    """How to compare with a golden run: add -c when one is dumped, else dump it first."""
+    if getattr(r, "golden_dumped", False):
+        return "Add -c (a golden run is dumped)"
+    return f"Dump the golden run too ({_golden_dump(r)}) and add -c"
 
 
 def _golden_dump(r) -> str:

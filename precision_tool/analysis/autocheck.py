@@ -64,6 +64,8 @@ class AutoCheck:
     # steps of either run that a compare of every step could not look at: interrupted
     # (a killed dump's .N.partial) or dumped in one run only; a clean verdict needs them
     unseen_steps: Dict[str, List[int]] = field(default_factory=dict)
+    # without the compare: a golden run the compare could take is in the workspace already
+    golden_dumped: bool = False
     criteria: Optional[dict] = None
     coverage: Optional[Coverage] = None            # what the compare of `step` saw
     diverging: List[OpSummary] = field(default_factory=list)   # the ops shown (summarize)
@@ -160,6 +162,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                        npu_run.config.effective_mode, criteria=criteria.to_dict())
     if compare and step is None:
         result.unseen_steps = result_unseen
+    if not compare:
+        result.golden_dumped = any(r.complete_steps for r in ws.runs("cpu"))
     result.fusion = _fusion(ws, npu_run)
     history = loss_scale_history(ws, npu_run)
     if history.steps:
@@ -205,6 +209,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.first_overflow.update(_facts(report.first.op_name, report.first.op_type,
                                             TensorMap(ws.compiled_graph(npu_run)), peak),
                                      api_call=result.front_end == "pytorch")
+        _call_pass(ws, npu_run, steps[0], result.first_overflow)
     replays: Dict[int, Optional[StepReplay]] = {}
 
     def replay() -> Optional[StepReplay]:
@@ -449,6 +454,7 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
     if origin is not None:
         result.origin = dict(dataclasses.asdict(origin), **_facts(
             origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
+        _call_pass(ws, npu_run, step, result.origin)
         # a front-end's call site (module path, the script's line), where it wrote one
         site = ws.call_sites(npu_run, step).get(origin.op_name, {})
         imported = bool(npu_run.info.get("source"))        # another tool's dump
@@ -515,6 +521,20 @@ def _facts(op_name: str, op_type: str, tmap: TensorMap, input_peak: Optional[flo
             "update": bool(registry.updated_inputs(op_type)),
             "pass_name": attrs.get("pass_name", "") or "",
             "compute_dtype": attrs.get("compute_dtype", ""), "policy_types": placed}
+
+
+def _call_pass(ws: Workspace, run: Run, step: int, facts: dict) -> None:
+    """A graphless run's call names its fusion pass in the index (a script's fused kernel),
+    not in a compiled node."""
+    if facts.get("pass_name") or ws.compiled_graph(run) is not None:
+        return
+    t = ws.index_table(run, step)
+    if "pass_name" not in t.columns:        # a format without the column
+        return
+    names = [p for op, p in zip(t["op_name"].tolist(), t["pass_name"].tolist())
+             if op == facts["op_name"] and isinstance(p, str) and p]
+    if names:
+        facts["pass_name"] = names[0]
 
 
 def _input_peak(table: pd.DataFrame, op_name: str) -> Optional[float]:

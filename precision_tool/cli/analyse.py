@@ -2,6 +2,7 @@
 renders; --json prints the analysis result itself."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -531,14 +532,18 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
     """Replay the dumped step from its bundle with every fusion pass off (into the next
     npu/debug_<k>), compare both runs with the golden run and say whether fusion is to blame
     for a divergence or an overflow; if it is, bisect over the passes that fired to name the
-    pass(es) and their fused nodes.
+    pass(es) and their fused nodes. A PyTorch script's run (torch-run) has no bundle: the
+    script is rerun instead, its settings kept, its fused kernels (layer norm, softmax, GELU,
+    matmul with bias) run as the ops they fuse, a few seconds per rerun.
 
     Exit code 1 when fusion is to blame."""
     npu = app.run(left, "npu")
     golden = app.reference(right, npu)
     step = app.step(npu, step)
     app.step(golden, step)
-    app.info(f"replaying step {step} of {npu.label} with fusion off, then bisecting...")
+    script = npu.info.get("front_end") == "pytorch"
+    app.info(f"{'rerunning the script of' if script else 'replaying'} step {step} of "
+             f"{npu.label} with fusion off, then bisecting...")
     verdict = analysis.bisect_fusion(app.ws, npu, golden, step,
                                      _criteria(cosine, norm, flushed, rel_error), keep_replays)
     app.refresh()
@@ -549,6 +554,10 @@ def fusion_off_cmd(app: App, step, left, right, cosine, norm, flushed, rel_error
                      f"fusion on ({', '.join(verdict.new_failures[:3])}"
                      f"{', ...' if len(verdict.new_failures) > 3 else ''})."]
             lines += [f"{p}: {', '.join(verdict.fused_nodes.get(p, []))}" for p in verdict.culprits]
+            if script:
+                lines.append("Run the script with these passes off: torch-run --fusion-switch "
+                             "FILE, FILE a fusion_switch.cfg: " + json.dumps(
+                                 {"Switch": {"GraphFusion": {p: "off" for p in verdict.culprits}}}))
         elif verdict.unfused_failures:
             lines = [f"Fusion is not to blame: with every pass off the same "
                      f"{len(verdict.unfused_failures)} failure(s) remain.",

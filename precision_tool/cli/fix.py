@@ -103,10 +103,12 @@ def _fix_script(app: App, npu, golden, step, criteria, budget, rtol, dry_run) ->
                 lines.append(f"Fix: {f.describe()}" + ("" if r.minimal else
                                                        " (not proven minimal)"))
                 keep = ",".join(f.keep_fp32)
+                by_hand = ([f"--keep-fp32 {keep} (PrecisionDebugger(keep_fp32="
+                            f"{f.keep_fp32!r}))"] if keep else []) + \
+                    ([f"--fusion-switch with {', '.join(f.fusion_off)} off"]
+                     if f.fusion_off else [])
                 lines.append("train with: torch-run --fix config/fix.json, or "
-                             + (f"--keep-fp32 {keep}" if keep else
-                                f"--precision-mode {f.precision_mode}")
-                             + (f" (PrecisionDebugger(keep_fp32={f.keep_fp32!r}))" if keep else ""))
+                             + (" and ".join(by_hand) or f"--precision-mode {f.precision_mode}"))
                 steps = len([x for x in r.golden_losses if x == x])
                 if steps:
                     lines.append(f"proof: the rerun's {steps} step(s), the loss within "

@@ -2,6 +2,7 @@
 both (precision_tool.torch.run in a child process each), into one workspace."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -11,6 +12,7 @@ import click
 
 from ..dump import layout
 from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
+from ..runtime.npu.fusion import enabled_passes, switch_for
 from .app import EXIT_OK, App, CommandError, command
 from ..torch.fixfile import read_fix
 from ..torch.run import ENV, ENV_SEED
@@ -54,12 +56,18 @@ class TorchRuns:
               help="float64: the golden computes every call in float64 (what the script "
                    "creates, and its parameters, keep their dtype): what float32 itself "
                    "loses is then seen too.")
+@click.option("--fusion-switch", "fusion_switch", type=click.Path(dir_okay=False), default=None,
+              help="NPU only: a fusion_switch.cfg saying which fusion passes are on; a fused "
+                   "kernel (layer norm, softmax, GELU, matmul with bias) whose pass is off "
+                   "runs as the ops it fuses.")
+@click.option("--fusion-off", is_flag=True,
+              help="NPU only: every fusion pass off (what fo reruns the script with).")
 @click.option("--fix", "fix_file", type=click.Path(dir_okay=False), default=None,
-              help="Apply what fix wrote (config/fix.json): its precision mode and the calls "
-                   "it keeps in fp32.")
+              help="Apply what fix wrote (config/fix.json): its precision mode, the calls "
+                   "it keeps in fp32 and the fusion passes it switches off.")
 @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
 def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
-                  keep_fp32, golden_dtype, fix_file, script):
+                  keep_fp32, golden_dtype, fusion_switch, fusion_off, fix_file, script):
     """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
     call of its training steps (an optimizer step ends a step, or GradScaler's update; in a
     script that neither steps nor calls backward, each forward of its model is a step)
@@ -71,13 +79,25 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     Exit code: the script's when it fails; 2 for a setting or fix file that cannot be
     used; 0 otherwise."""
     layout.parse_steps(dump_step)            # a bad value before anything runs
+    if fusion_off and fusion_switch:
+        raise click.UsageError("give --fusion-switch or --fusion-off, not both")
+    if fusion_switch is not None:
+        enabled_passes(fusion_switch)        # a file that cannot be used, before any run
+        fusion_switch = os.path.abspath(fusion_switch)
     if fix_file is not None:
         fixed = read_fix(fix_file)
         precision_mode = fixed.get("precision_mode", precision_mode)
         keep_fp32 = ",".join([*(keep_fp32.split(",") if keep_fp32 else []),
                               *fixed.get("keep_fp32", [])]) or None
+        fix_off = fixed.get("fusion_off", [])
         app.info(f"applying {fix_file}: precision mode {precision_mode}"
-                 + (f", kept in fp32: {keep_fp32}" if keep_fp32 else ""))
+                 + (f", kept in fp32: {keep_fp32}" if keep_fp32 else "")
+                 + (f", fusion passes off: {', '.join(fix_off)}" if fix_off else ""))
+    else:
+        fix_off = []
+    fusion = "off" if fusion_off else fusion_switch
+    if fix_off and not fusion_off:      # the fix's passes off, on top of any switch given
+        fusion = json.dumps(switch_for(set(enabled_passes(fusion_switch)) - set(fix_off)))
     args = list(script)
     if args and os.path.basename(args[0]).startswith("python"):
         args = args[1:]
@@ -92,6 +112,7 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
                     ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
                     ENV["keep_fp32"]: keep_fp32 if which == "npu" else None,
                     ENV["golden_dtype"]: golden_dtype if which == "golden" else None,
+                    ENV["fusion_switch"]: fusion if which == "npu" else None,
                     # under torchrun: the script's process is this one's child, so the
                     # ranks' shared launch is this process's
                     layout.ENV_RANK_GROUP: layout.launch_group() if distributed else None}

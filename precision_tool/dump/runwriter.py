@@ -334,6 +334,11 @@ class RunWriter:
             write_text_atomic(os.path.join(self.run_dir, "run.json"), run_json(self._info),
                               durable=False)
 
+    def fusion(self, record: dict) -> None:
+        """fusion_result.json rewritten (a script's run learns its fused calls as it goes)."""
+        write_text_atomic(os.path.join(self.run_dir, "fusion_result.json"), run_json(record),
+                          durable=False)
+
     def stopped(self, step: Optional[int], error: str) -> None:
         """run.json records that the dump stopped at `step` (a write failure) and why, with
         the steps that are on disk, and the history observed so far is written."""

@@ -197,13 +197,8 @@ class Session:
         compiled = self.compiled
         if compiled is None:
             return {}
-        from .npu.fusion import PASSES
-        out = {"graph_fusion": {}, "ub_fusion": {}}
-        for name, c in compiled.fusion.items():
-            kind = "graph_fusion" if PASSES[name].kind == "GraphFusion" else "ub_fusion"
-            out[kind][name] = {"match_times": c.match_times, "effect_times": c.effect_times,
-                               "fused_nodes": list(c.fused_nodes)}
-        return {self.graph.name: out}
+        from .npu.fusion import fusion_record
+        return fusion_record(self.graph.name, compiled.fusion)
 
     # -- state --------------------------------------------------------------------------------
     def variables(self, copy: bool = True) -> Mapping[str, np.ndarray]:

@@ -35,7 +35,9 @@ from torch.overrides import TorchFunctionMode
 from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
 from ..dump.writer import DumpWriteError, write_error
+from ..errors import PrecisionToolError
 from ..runtime.config import SessionConfig
+from ..runtime.npu.fusion import enabled_passes, fusion_record, switch_for
 from .backward import call_graph, where_from
 from .collectives import CollectiveWatch, rank_info
 from .scaler import ScalerWatch
@@ -66,6 +68,15 @@ _OVERWRITES = frozenset({"uniform_", "normal_", "zero_", "fill_", "random_", "be
 
 class TorchFrontEndError(ValueError):
     """A debugger setting that cannot be used."""
+
+
+def _switch_text(text: str) -> dict:
+    """A fusion switch given as its JSON text."""
+    import json
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise TorchFrontEndError(f"fusion switch: not JSON: {e}") from None
 
 
 def _keep_list(keep) -> tuple:
@@ -144,6 +155,7 @@ class _Recorder(TorchFunctionMode):
         if npu is not None:
             npu.status = 0              # the call's own status word, then the step's again
             npu.fp32 += kept
+            npu.fired.clear()
         try:
             out = d.run(func, args, kwargs)
         finally:
@@ -154,7 +166,7 @@ class _Recorder(TorchFunctionMode):
             npu.status = held | status
         outs = tensors_in(out)
         if outs and d.recording:
-            d._record(api, before, outs, status)
+            d._record(api, before, outs, status, sorted(npu.fired) if npu is not None else ())
         if grads and outs:
             d.watch_backward(api, origins, read, outs, kept)
         return out
@@ -242,13 +254,17 @@ class PrecisionDebugger:
     amp_level, modify_mixlist and overflow_mode). dump_step: "0|5|10" or "0|3-5" or "all"
     (default "0"); dump_mode: tensor (files) or statistics (index rows only); scope: dump
     only the calls whose name holds one of these strings (every call still runs simulated).
-    golden_dtype: float32 (the script as written) or float64 (every call computed in it)."""
+    golden_dtype: float32 (the script as written) or float64 (every call computed in it).
+    fusion_switch: the NPU's fused kernels (simulate.FUSED): "on" (default), "off", or a
+    fusion_switch.cfg (its path or dict) naming the passes on and off. replay_of: the run
+    this one reruns (fix's and fo's reruns of the script say so, as a graph's replays do)."""
 
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
                  overflow_mode: str = "saturation", modify_mixlist=None,
                  dump_step: str = "0", dump_mode: str = "tensor", scope=None,
-                 keep_fp32=None, golden_dtype: str = "float32"):
+                 keep_fp32=None, golden_dtype: str = "float32", fusion_switch=None,
+                 replay_of: Optional[str] = None):
         if target not in TARGETS:
             raise TorchFrontEndError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         if dump_mode not in DUMP_MODES:
@@ -256,8 +272,18 @@ class PrecisionDebugger:
                                      f"got {dump_mode!r}")
         self.root = layout.resolve_root(data_dir)
         self.target = target
+        if fusion_switch not in (None, "on") and target != "npu":
+            raise TorchFrontEndError("fusion_switch is a setting of the simulated NPU (target "
+                                     "npu): the golden runs no fused kernel")
+        if isinstance(fusion_switch, str) and fusion_switch.lstrip().startswith("{"):
+            fusion_switch = _switch_text(fusion_switch)      # from the runner's environment
+        try:
+            passes = enabled_passes(fusion_switch)
+        except PrecisionToolError as e:
+            raise TorchFrontEndError(str(e)) from None
         self.config = SessionConfig(precision_mode=precision_mode, amp_level=amp_level,
-                                    overflow_mode=overflow_mode, modify_mixlist=modify_mixlist)
+                                    overflow_mode=overflow_mode, modify_mixlist=modify_mixlist,
+                                    fusion_switch=switch_for(passes))
         self.steps = layout.parse_steps(dump_step)
         self.dump_mode = dump_mode
         self.scope = tuple(scope) if scope else ()
@@ -266,6 +292,7 @@ class PrecisionDebugger:
             raise TorchFrontEndError(f"golden_dtype must be one of {', '.join(GOLDEN_DTYPES)}, "
                                      f"got {golden_dtype!r}")
         self.golden_dtype = golden_dtype
+        self.replay_of = replay_of
         if self.keep_fp32 and target != "npu":
             raise TorchFrontEndError("keep_fp32 is a setting of the simulated NPU (target "
                                      "npu): the golden computes everything in fp32")
@@ -290,6 +317,7 @@ class PrecisionDebugger:
         self.optimizer_seen = False
         self._forwards, self._backward_since = 0, False   # since the step began
         self._calls: Dict[str, dict] = {}      # op name -> its module and source line
+        self._fused: Dict[str, set] = {}       # pass -> the dumped calls its kernels made
         self._last: Optional[tuple] = None     # the call just recorded: (name, call site)
         # a forward tensor's name -> the backward outputs that are its gradient this step
         self._grad_of: Dict[str, List[str]] = {}
@@ -452,7 +480,7 @@ class PrecisionDebugger:
                 **rank_info(),
                 "actions": ["dump"], "dump_step": "all" if self.steps is None else sorted(self.steps),
                 "dump_mode": "all", "dump_data": "stats" if self.dump_mode == "statistics" else "tensor",
-                "replay_of": None, "values_from": None}
+                "replay_of": self.replay_of, "values_from": None}
         if self.target == "npu":
             from .simulate import SimulatedNPU
             self.npu = SimulatedNPU(self.config)
@@ -460,6 +488,7 @@ class PrecisionDebugger:
             info.update(precision_mode=cfg.precision_mode, amp_level=cfg.amp_level,
                         overflow_mode=cfg.overflow_mode, mode="pynative",
                         keep_fp32=list(self.keep_fp32),
+                        fusion_passes=sorted(self.npu.passes),
                         numerics="simulated at the kernel level: the policy's dtypes, fp32 "
                                  "accumulation, rounding per kernel")
             target = layout.NPU
@@ -479,7 +508,8 @@ class PrecisionDebugger:
                                  "float16/bfloat16 or autocast computes in float32)")
             target = layout.GOLDEN
         try:
-            self._writer = RunWriter(self.root, target, info)
+            self._writer = RunWriter(self.root, target, info, fusion_result=None if
+                                     self.npu is None else fusion_record("torch", {}))
         except DumpWriteError as e:         # no run directory: the script runs undumped
             self._stop(e)
             return
@@ -500,7 +530,7 @@ class PrecisionDebugger:
     def _name_of(self, t: torch.Tensor) -> Optional[str]:
         return self._names.get(t)
 
-    def _record(self, api: str, before, outs, status: int = 0) -> None:
+    def _record(self, api: str, before, outs, status: int = 0, fused=()) -> None:
         k = self._counts.get(api, 0)
         self._counts[api] = k + 1
         name = f"{api}.{k}.forward"
@@ -524,7 +554,12 @@ class PrecisionDebugger:
             out_values.append(self._snapshot(t))
             out_specs.append(TensorSpec(self._dtype(t)))
             self._names[t] = f"{name}:{i}"
-        spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs))
+        # the fusion pass(es) whose fused kernel the call ran, as a graph's fused node names
+        # its pass
+        spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs),
+                      "+".join(fused))
+        for p in fused:
+            self._fused.setdefault(p, set()).add(name)
         site = {"module": self._modules.current if self._modules else "",
                 "source": _call_site(sys._getframe(2))}
         self._calls[name] = dict(site, **self._kernels(outs))
@@ -723,6 +758,8 @@ class PrecisionDebugger:
         if self._records and (self.steps is None or self.step_number in self.steps):
             self._writer.write_step(self.step_number, self._records,
                                     files=self.dump_mode == "tensor", calls=self._calls)
+            if self._fused:
+                self._writer.fusion(fusion_record("torch", self._fused))
         if self.npu is not None:
             self.npu.status = 0
             if self.npu.unclassified:

@@ -1,11 +1,12 @@
 """What `fix` wrote for a PyTorch script (config/fix.json), read back by torch-run --fix and
-the debugger: the precision mode and the calls kept in fp32. A graph run's fix.json (op
+the debugger: the precision mode, the calls kept in fp32 and the fusion passes off. A graph run's fix.json (op
 types, fusion switches) is refused with the reason. Needs no torch."""
 from __future__ import annotations
 
 from ..errors import PrecisionToolError
 from ..fileio import load_json
 from ..runtime.config import PRECISION_MODES
+from ..runtime.npu.fusion import PASSES
 
 
 class FixFileError(PrecisionToolError, ValueError):
@@ -13,7 +14,8 @@ class FixFileError(PrecisionToolError, ValueError):
 
 
 def read_fix(path: str) -> dict:
-    """{"precision_mode": ..., "keep_fp32": [...]} from a fix.json (the config it holds)."""
+    """{"precision_mode": ..., "keep_fp32": [...], "fusion_off": [...]} from a fix.json (the
+    config it holds)."""
     data = load_json(path, FixFileError, "fix file")
     config = data.get("config") if isinstance(data, dict) else None
     if not isinstance(config, dict):
@@ -31,7 +33,11 @@ def read_fix(path: str) -> dict:
         raise FixFileError(f"fix file {path} is a graph run's fix (op types, fusion "
                            f"switches): train that graph with it; a PyTorch script takes "
                            f"the fix that `fix` writes for its own run")
-    out = {"keep_fp32": list(keep)}
+    off = config.get("fusion_off", [])
+    if not isinstance(off, list) or not all(isinstance(p, str) and p in PASSES for p in off):
+        raise FixFileError(f"fix file {path}: fusion_off must be a list of fusion passes "
+                           f"({', '.join(PASSES)})")
+    out = {"keep_fp32": list(keep), "fusion_off": list(off)}
     if mode is not None:
         out["precision_mode"] = mode
     return out

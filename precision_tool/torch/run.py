@@ -14,7 +14,9 @@ ENV = {"target": "PRECISION_TOOL_TORCH_TARGET", "precision_mode": "PRECISION_TOO
        "overflow_mode": "PRECISION_TOOL_TORCH_OVERFLOW", "dump_step": "PRECISION_TOOL_DUMP_STEP",
        "dump_mode": "PRECISION_TOOL_TORCH_DUMP_MODE", "data_dir": "PRECISION_TOOL_DATA",
        "keep_fp32": "PRECISION_TOOL_TORCH_KEEP_FP32",
-       "golden_dtype": "PRECISION_TOOL_TORCH_GOLDEN_DTYPE"}
+       "golden_dtype": "PRECISION_TOOL_TORCH_GOLDEN_DTYPE",
+       "fusion_switch": "PRECISION_TOOL_TORCH_FUSION",
+       "replay_of": "PRECISION_TOOL_TORCH_REPLAY_OF"}
 ENV_SEED = "PRECISION_TOOL_TORCH_SEED"
 
 

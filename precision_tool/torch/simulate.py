@@ -9,7 +9,15 @@ set as the executor sets it (kernels.round_result, the executor's own rounding).
 stay float32 holding the device's values, as the graph executor holds them; `dtype_of`
 says which dtype a tensor has on the device. View and shape ops compute nothing and pass;
 an op the table below does not classify runs as the script asked and is listed once in
-`unclassified` (run.json's "not simulated")."""
+`unclassified` (run.json's "not simulated").
+
+Kernels the device runs as one fused kernel of a fusion pass (`FUSED`: layer norm, softmax,
+GELU, a matmul with its bias) use that kernel's numerics, the graph executor's own
+(ops.fused_ops: the one-pass variance, softmax without the max subtraction in fp16, the tanh
+GELU, the bias added in the accumulator), while the pass is on in the fusion switch; with it
+off, the op the pass would have fused runs instead: torch's own decomposition, each of its
+kernels through the policy, or the unfused op itself (erf GELU, softmax). `fired` names the
+passes a call's kernels used, for its fusion record."""
 from __future__ import annotations
 
 import math
@@ -22,6 +30,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import numerics
 from ..kernels import round_result
+from ..ops import REGISTRY
+from ..ops.registry import KernelContext
+from ..runtime.npu.fusion import enabled_passes
 from ..runtime.npu.policy import make_policy
 
 # aten op (its overload packet's name) -> the graph IR's op type the policy decides by: one
@@ -67,7 +78,21 @@ PASSIVE = frozenset({
     "constant_pad_nd", "new_empty_strided", "empty_strided", "repeat", "roll", "flip",
     "index_put_", "_unsafe_index", "split_with_sizes_copy", "select_backward",
     "slice_backward", "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
+    "to",
 })
+# aten kernel -> (the fusion pass that makes it one fused kernel on the device, the fused
+# op type whose kernel (ops.fused_ops) computes it while the pass is on: None where torch's
+# own kernel already computes as the fused one does, one rounding at the end). With the pass
+# off: torch's decomposition where `UNFUSED` says so, else the op as torch computes it.
+FUSED: Dict[str, tuple] = {
+    "native_layer_norm": ("LayerNormFusionPass", "LayerNorm"),
+    "native_layer_norm_backward": ("LayerNormFusionPass", None),
+    "_softmax": ("SoftmaxFusionPass", "SoftmaxV2"),
+    "gelu": ("GeluFusionPass", "FastGelu"),
+    "gelu_backward": ("GeluFusionPass", None),     # the tanh GELU's own gradient
+    "addmm": ("MatMulBiasAddFusionPass", None),    # the bias added in the fp32 accumulator
+}
+UNFUSED = frozenset({"native_layer_norm", "native_layer_norm_backward", "addmm"})
 _LOW = (torch.float16, torch.bfloat16)
 _ATEN = torch.ops.aten
 
@@ -102,6 +127,8 @@ class SimulatedNPU(TorchDispatchMode):
     def __init__(self, config):
         super().__init__()
         self.policy = make_policy(config.precision_mode, config.amp_level, config.modify_mixlist)
+        self.passes = frozenset(enabled_passes(config.fusion_switch_spec))
+        self.fired: Set[str] = set()   # passes whose fused kernels ran since the last clear
         self.saturation = config.overflow_mode == "saturation"
         self.status = 0
         self.unclassified: Set[str] = set()
@@ -127,6 +154,20 @@ class SimulatedNPU(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = packet_name(func)
+        fused = FUSED.get(name)
+        if name == "_softmax" and args[1] % args[0].dim() != args[0].dim() - 1:
+            fused = None            # the pass fuses a softmax over the last axis only
+        if fused is not None:
+            if fused[0] not in self.passes:
+                if name in UNFUSED and func in _DECOMPOSED:
+                    # its decomposition's kernels come back through this mode one by one
+                    with self:
+                        return _DECOMPOSED[func](*args, **kwargs)
+                fused = None
+            else:
+                self.fired.add(fused[0])
+                if name == "gelu_backward":
+                    kwargs = dict(kwargs, approximate="tanh")
         # an in-place variant (add_, the optimizer's) is its op, as an update
         op_type = OP_TYPES.get(name) or OP_TYPES.get(name.rstrip("_"))
         if op_type is None:
@@ -163,7 +204,8 @@ class SimulatedNPU(TorchDispatchMode):
         given, held = (args, kwargs), self.status
         if compute in ("float16", "bfloat16"):
             args, kwargs = _on_grid((args, kwargs), compute)
-        out = func(*args, **kwargs)
+        kernel = fused[1] if fused is not None else None
+        out = self._fused(kernel, compute, args) if kernel else func(*args, **kwargs)
         if output in ("float16", "bfloat16"):
             out = self._round(out, output, op_type in CUBE)
         elif declared in ("float16", "bfloat16") or not update:
@@ -179,6 +221,41 @@ class SimulatedNPU(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     self._kernels[t] = op_type
         return out
+
+    def _fused(self, op_type: str, compute: str, args):
+        """A fused kernel of ops.fused_ops on the call's arguments (already on the compute
+        dtype's grid), its inner steps rounded to that dtype as on the device."""
+        c = KernelContext(device=True, saturation=self.saturation)
+        c.low = compute if compute in ("float16", "bfloat16") else None
+        op = REGISTRY[op_type]
+        x = args[0].detach().to(torch.float32)
+        if op_type == "LayerNorm":
+            shape, weight, bias, eps = args[1], args[2], args[3], args[4]
+            n = math.prod(shape)
+            ones = np.ones(n, np.float32)
+            inputs = [x.reshape(-1, n).numpy(),
+                      weight.detach().float().reshape(n).numpy() if weight is not None else ones,
+                      bias.detach().float().reshape(n).numpy() if bias is not None else 0 * ones]
+            attrs = {"epsilon": float(eps), "roles": ["y", "mean", "inv"]}
+        else:
+            inputs, attrs = [x.numpy()], dict(op.attrs, roles=["y"])
+            if op_type == "SoftmaxV2":
+                attrs["axis"] = args[1]
+        c.kernel_inputs = inputs
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            values = op.kernel(inputs, attrs, c)
+        self.status |= c.status
+        out = [torch.from_numpy(np.ascontiguousarray(v, np.float32)) for v in values]
+        if op_type == "LayerNorm":
+            rows = tuple(x.shape[:x.dim() - len(args[1])]) + (1,) * len(args[1])
+            # the dtypes torch's CPU kernel gives: mean and rstd in the input's, or in
+            # float32 when the weight's dtype is another (its meta kernel says otherwise)
+            dtype = args[0].dtype
+            stats = dtype if weight is None or weight.dtype == dtype else torch.float32
+            return (out[0].reshape(x.shape).to(dtype), out[1].reshape(rows).to(stats),
+                    out[2].reshape(rows).to(stats))
+        half_to_float = op_type == "SoftmaxV2" and len(args) > 2 and args[2]
+        return out[0].reshape(x.shape).to(torch.float32 if half_to_float else args[0].dtype)
 
     def _round(self, out, dtype: str, cube: bool):
         def one(t):
@@ -206,6 +283,16 @@ class SimulatedNPU(TorchDispatchMode):
                     numerics.STATUS_FLOAT_OVERFLOW
             return t
         _map(one, out)
+
+
+def _decompositions() -> dict:
+    from torch._decomp import decomposition_table
+    return {f: decomposition_table[f] for f in (_ATEN.native_layer_norm.default,
+                                                 _ATEN.native_layer_norm_backward.default,
+                                                 _ATEN.addmm.default)}
+
+
+_DECOMPOSED = _decompositions()
 
 
 def _nonfinite_given(tree) -> bool:

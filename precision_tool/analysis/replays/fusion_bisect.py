@@ -34,7 +34,16 @@ class FusionReplayError(PrecisionToolError, ValueError):
 def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[str]) -> Run:
     """Rerun the step's bundle on the NPU with only `passes_on` fused, dumped into the next
     debug_<k>; returns that run (the one this replay wrote, whatever else writes into the
-    workspace meanwhile)."""
+    workspace meanwhile). A PyTorch script's run has no bundle: the script is rerun."""
+    if npu_run.info.get("front_end") == "pytorch":
+        from .script_rerun import rerun_script
+        run, why, made = rerun_script(ws, npu_run, step, lambda s: None,
+                                      fusion_passes=set(passes_on))
+        if run is None:
+            for path in made:
+                shutil.rmtree(path, ignore_errors=True)
+            raise FusionReplayError(f"the rerun of {npu_run.label}'s script failed: {why}")
+        return run
     bundle = load_bundle(ws.bundle_path(npu_run, step))
     config = bundle.config(fusion_switch=switch_for(passes_on))
     config = hooks.session_dump_config(config, action="dump", dump_step=str(step),

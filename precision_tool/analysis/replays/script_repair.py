@@ -19,28 +19,25 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, List, Optional
 
 from ...dump import Workspace
 from ...dump.run import Run
-from ...dump.scriptrun import run_dumping
-from ...errors import PrecisionToolError, WorkspaceError
+from ...errors import WorkspaceError
+from ...runtime.npu.fusion import PASSES
 from ...fileio import jsonable, write_text_atomic
-from ...torch.run import ENV, ENV_SEED
 from ..autocheck import judge_step
 from ..diagnosis.steps import check_steps
 from .fusion_bisect import failing
+from .script_rerun import ScriptRerunError, rerun_script
 
 CONFIG_DIR = "config"
 ALL_FP32 = "force_fp32"
 
 
-class ScriptRepairError(PrecisionToolError, ValueError):
+class ScriptRepairError(ScriptRerunError):
     """A script's run that fix cannot rerun (not made by torch-run, no golden...)."""
 
 
@@ -61,11 +58,15 @@ class Trial:
     def passed(self) -> bool:
         return not self.error and not self.failing and self.drift_step is None
 
+    fusion_off: List[str] = field(default_factory=list)    # passes switched off
+
     def describe(self) -> str:
         kept = ", ".join(self.keep_fp32)
         if self.precision_mode == ALL_FP32:
             return "every kernel in fp32 (force_fp32)"
-        return f"keep {kept} in fp32" if kept else "as it ran"
+        parts = ([f"keep {kept} in fp32"] if kept else []) + \
+            ([f"switch {', '.join(self.fusion_off)} off"] if self.fusion_off else [])
+        return " and ".join(parts) or "as it ran"
 
 
 @dataclass
@@ -103,6 +104,15 @@ class ScriptRepair:
         return jsonable(d)
 
 
+FUSION = "fusion:"      # a candidate that switches a fusion pass off, not a call kept in fp32
+
+
+def split_items(items: List[str]) -> tuple:
+    """A trial's candidates as (calls kept in fp32, passes switched off)."""
+    return ([i for i in items if not i.startswith(FUSION)],
+            [i[len(FUSION):] for i in items if i.startswith(FUSION)])
+
+
 def _api(op_name: str) -> str:
     """Torch.matmul.0.forward -> Torch.matmul."""
     parts = op_name.split(".")
@@ -123,8 +133,14 @@ def candidates(ws: Workspace, npu: Run, c, step: int) -> List[str]:
                if side == "input" and t.rpartition(":")[0] + ":" in made]
     low = [op for op, side, dt in zip(ops, io, dtypes)
            if side == "output" and dt in ("float16", "bfloat16")]
+    # a fused kernel of those calls unfused first: it changes no dtype (the device's
+    # fusion switch), where keeping calls in fp32 costs speed
+    passes = dict(zip(ops, table["pass_name"].tolist())) if "pass_name" in table.columns \
+        else {}
+    unfuse = [FUSION + p for op in [*firsts, *readers]
+              for p in str(passes.get(op) or "").split("+") if p]
     # not autograd's sums, the state, nor torch's own (GradScaler's Torch._amp_...)
-    names = [_api(op) for op in [*firsts, *readers, *low]
+    names = unfuse + [_api(op) for op in [*firsts, *readers, *low]
              if not op.startswith(("Autograd.", "Variable", "Torch._")) and
              ".grad_sum." not in op]
     first = c.cause.first_origin
@@ -155,37 +171,25 @@ class _Rerun:
 
     def __init__(self, ws: Workspace, npu: Run, golden: Run, step: int, criteria, rtol: float,
                  progress: Callable[[str], None]):
-        info = npu.info
         self.ws, self.npu, self.golden, self.step = ws, npu, golden, step
         self.criteria, self.rtol, self.progress = criteria, rtol, progress
-        self.script = list(info["script"])
-        self.cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
-        self.base = {ENV["target"]: "npu", ENV["overflow_mode"]: info.get("overflow_mode"),
-                     ENV["dump_step"]: str(step), ENV["dump_mode"]: "tensor",
-                     ENV_SEED: str(info.get("seed", 0))}
         self.golden_losses = _losses(ws, golden)
         self.made: List[str] = []
 
-    def __call__(self, keep: List[str], mode: str) -> Trial:
-        trial = Trial(list(keep), mode)
+    def __call__(self, items: List[str], mode: str) -> Trial:
+        keep, off = split_items(items)
+        trial = Trial(keep, mode, fusion_off=off)
         self.progress(f"rerunning the script: {trial.describe()}...")
-        settings = dict(self.base, **{ENV["precision_mode"]: mode,
-                                      ENV["keep_fp32"]: ",".join(keep) or None})
-        with tempfile.TemporaryFile() as err:
-            rc, runs = run_dumping(self.ws.results_dir(), settings,
-                                   [sys.executable, "-m", "precision_tool.torch.run",
-                                    *self.script], stdout=subprocess.DEVNULL, stderr=err,
-                                   cwd=self.cwd)
-            self.made += runs
-            if rc != 0 or not runs:
-                err.seek(0)
-                tail = [line for line in err.read().decode("utf-8", "replace").splitlines()
-                        if line.strip()][-1:]
-                trial.error = f"the script exited with status {rc}" + \
-                    (f": {tail[0]}" if tail else "") if rc else "the script dumped nothing"
-                return trial
+        passes = self.npu.info.get("fusion_passes")
+        changes = {} if not off else \
+            {"fusion_passes": set(passes if passes is not None else PASSES) - set(off)}
+        run, why, made = rerun_script(self.ws, self.npu, self.step, self.progress,
+                                      precision_mode=mode, keep_fp32=keep, **changes)
+        self.made += made
+        if run is None:
+            trial.error = why
+            return trial
         ws = self.ws.reopened()
-        run = ws.run("npu", os.path.basename(os.path.normpath(runs[-1])))
         trial.run = run.label
         trial.failing = failing(ws, run, self.golden, self.step, self.criteria).names()
         fixed = _losses(ws, run)
@@ -263,7 +267,8 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
         fresh = ws.reopened()
         result.fixed_losses = _losses(fresh, fresh.run("npu", found.run.split("/")[-1]))
         result.config = {"precision_mode": found.precision_mode,
-                         "keep_fp32": list(found.keep_fp32)}
+                         "keep_fp32": list(found.keep_fp32),
+                         "fusion_off": list(found.fusion_off)}
         if write:
             try:
                 result.files = write_fix(ws, result)
@@ -291,16 +296,20 @@ def _search(cands: List[str], trial: Callable, budget: int,
             found, hi = t, mid
         else:
             lo = mid + 1
-    keep = list(found.keep_fp32)
+    keep = _items(found)
     # the prefix's last is needed (the prefix one shorter fails); the others may not be
     for name in keep[:-1]:
         if len(result.trials) >= budget:
             return found
         t = trial([k for k in keep if k != name])
         if t.passed:
-            keep, found = list(t.keep_fp32), t
+            keep, found = _items(t), t
     result.minimal = lo >= hi
     return found
+
+
+def _items(trial: Trial) -> List[str]:
+    return [FUSION + p for p in trial.fusion_off] + list(trial.keep_fp32)
 
 
 def write_fix(ws: Workspace, result: ScriptRepair) -> List[str]:

@@ -110,6 +110,20 @@ class PassCounts:
     fused_nodes: List[str] = field(default_factory=list)
 
 
+def fusion_record(graph_name: str, counts: Dict[str, "PassCounts | set"]) -> dict:
+    """fusion_result.json's content, in the shape of Ascend's: per pass that ran, its match
+    and effect counts and the fused nodes. counts: PassCounts, or the set of nodes a pass
+    fused (a script's calls, each a match with an effect)."""
+    out = {"graph_fusion": {}, "ub_fusion": {}}
+    for name, c in counts.items():
+        if not isinstance(c, PassCounts):
+            c = PassCounts(len(c), len(c), sorted(c))
+        kind = "graph_fusion" if PASSES[name].kind == GRAPH else "ub_fusion"
+        out[kind][name] = {"match_times": c.match_times, "effect_times": c.effect_times,
+                           "fused_nodes": list(c.fused_nodes)}
+    return {graph_name: out}
+
+
 def run_passes(graph: Graph, names: List[str], kind: str, counts: Dict[str, PassCounts]):
     for name in names:
         p = PASSES[name]

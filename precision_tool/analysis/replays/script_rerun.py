@@ -1,0 +1,66 @@
+"""A PyTorch script's run made again: the script torch-run ran, rerun by the same runner in a
+child process, on the simulated NPU with the run's own settings but for what a caller
+changes (fix: the calls kept in fp32; fo: the fusion passes), its analysed step dumped. A
+script's step is the script's own loop body, which nothing here can call on its own, so a
+rerun of the script is the one way to run it again. Needs no torch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Callable
+
+from ...dump import Workspace
+from ...dump.run import Run
+from ...dump.scriptrun import run_dumping
+from ...errors import PrecisionToolError
+from ...fileio import write_text_atomic
+from ...runtime.npu.fusion import switch_for
+from ...torch.run import ENV, ENV_SEED
+
+
+class ScriptRerunError(PrecisionToolError, ValueError):
+    """A script's run that cannot be rerun (not made by torch-run)."""
+
+
+def rerun_script(ws: Workspace, npu: Run, step: int, progress: Callable[[str], None],
+                 **changes) -> tuple:
+    """One rerun of the script `npu` was made by (torch-run's runner, the NPU target, with
+    npu's seed, overflow mode, precision mode, calls kept in fp32 and fusion passes unless
+    `changes` say otherwise: precision_mode, keep_fp32 (a list), fusion_passes (a set)),
+    dumping `step` into the next npu/debug_<k>. Returns (the run, or None; why not; every
+    run directory it wrote)."""
+    info = npu.info
+    if not info.get("script"):
+        raise ScriptRerunError(f"{npu.label} was not made by torch-run (its run.json names no "
+                                f"script): this reruns the script; run it with "
+                                f"precision-tool torch-run")
+    cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
+    keep = changes.get("keep_fp32", info.get("keep_fp32") or [])
+    passes = changes.get("fusion_passes", info.get("fusion_passes"))
+    settings = {ENV["target"]: "npu", ENV["overflow_mode"]: info.get("overflow_mode"),
+                ENV["dump_step"]: str(step), ENV["dump_mode"]: "tensor",
+                ENV_SEED: str(info.get("seed", 0)),
+                ENV["precision_mode"]: changes.get("precision_mode",
+                                                   info.get("precision_mode")),
+                ENV["keep_fp32"]: ",".join(keep) or None, ENV["replay_of"]: npu.label}
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as err:
+        if passes is not None:       # a run from before fused kernels: every pass on
+            switch = os.path.join(tmp, "fusion_switch.cfg")
+            write_text_atomic(switch, json.dumps(switch_for(set(passes))))
+            settings[ENV["fusion_switch"]] = switch
+        rc, runs = run_dumping(ws.results_dir(), settings,
+                               [sys.executable, "-m", "precision_tool.torch.run",
+                                *info["script"]], stdout=subprocess.DEVNULL, stderr=err,
+                               cwd=cwd)
+        if rc != 0 or not runs:
+            err.seek(0)
+            tail = [line for line in err.read().decode("utf-8", "replace").splitlines()
+                    if line.strip()][-1:]
+            why = f"the script exited with status {rc}" + \
+                (f": {tail[0]}" if tail else "") if rc else "the script dumped nothing"
+            return None, why, runs
+    run = ws.reopened().run("npu", os.path.basename(os.path.normpath(runs[-1])))
+    return run, "", runs
