@@ -635,6 +635,56 @@ def test_fix_reruns_the_script_and_its_fix_makes_a_fresh_run_match(tmp_path):
     assert "Traceback" not in refused.stderr
 
 
+class _Planted(nn.Module):
+    """An MLP with two faults check can see in a script's dumps: a weight initialised to
+    zero and a parameter no loss depends on (its gradient is zero)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+        self.gate = nn.Parameter(torch.ones(4))
+        with torch.no_grad():
+            self.fc2.weight.zero_()
+
+    def forward(self, x):
+        return (self.fc2(torch.relu(self.fc1(x))) + 0 * self.gate).mean(1)
+
+
+def test_check_reads_a_scripts_dumped_steps(tmp_path):
+    """check on a script's runs (no bundle to replay): a healthy MLP gets only the advice to
+    scale its fp16 gradients (exit 0) and says which checks a script cannot have; planted
+    faults are each named from the dumped steps: inputs beyond fp16, a zero weight, the
+    parameters that never change, golden values beyond 65504 in a call the NPU computes in
+    fp16 (exit 1)."""
+    healthy = tmp_path / "healthy"
+    for target in ("golden", "npu"):
+        _train(_mlp, str(healthy), target, steps=3)
+    out = CliRunner().invoke(cli, ["--data-dir", str(healthy), "--json", "check"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.stdout)
+    assert report["run"] == "npu/debug_0" and report["golden_steps"] == 3
+    assert [f["check"] for f in report["findings"]] == ["hyperparameter.loss_scale"]
+    assert "determinism" in report["notes"][0] and "data.nonfinite" in report["checks"]
+    planted = tmp_path / "planted"
+    for target in ("golden", "npu"):
+        _train(_Planted, str(planted), target, steps=2, scale=5e4)
+    out = CliRunner().invoke(cli, ["--data-dir", str(planted), "--json", "check"])
+    assert out.exit_code == 1, out.output
+    findings = json.loads(out.stdout)["findings"]
+    found = {(f["check"], f["severity"]): f for f in findings}
+    assert "reaches" in found["data.fp16_range", "error"]["message"]
+    assert found["init.scale", "error"]["evidence"]["variable"] == "fc2.weight"
+    # the gate, and fc1 behind the zero weight: no gradient reaches either
+    assert {f["evidence"]["variable"] for f in findings if f["check"] == "graph.never_updated"} \
+        == {"gate", "fc1.weight", "fc1.bias"}
+    assert {f["evidence"]["op"] for f in findings if f["check"] == "graph.fp16_range"} == \
+        {"Functional.linear.0.forward", "Torch.relu.0.forward"}
+    # a golden run checked: the NPU run beside it says where fp16 is
+    golden = CliRunner().invoke(cli, ["--data-dir", str(planted), "--json", "check", "-r",
+                                      "cpu/debug_0"])
+    assert golden.exit_code == 1 and json.loads(golden.stdout)["run"] == "cpu/debug_0"
+
+
 # the planted script with its scores scaled before the product and smaller inputs: q.k
 # fits fp16, but the scores still pass ln(65504)
 FUSED_SOFTMAX = PLANTED.replace("q, k, v = self.q(x), ", "q, k, v = self.q(x) / 4.0, ") \

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..analysis.replays import checks as checking
+from ..analysis.replays.script_checks import is_script_run
 from ..dump import layout, watch
 from ..runtime.config import AMP_LEVELS, PRECISION_MODES
 from .app import EXIT_FINDINGS, EXIT_OK, App, command
@@ -43,7 +44,9 @@ def check_cmd(app: App, run_label, step, golden_steps, precision_mode, only, dif
     fp16), the initialisation (all zero, constant, a scale off the fan-in) and determinism
     (two golden replays bit for bit). Each finding has its evidence and its fix.
 
-    On a workspace, the checks read a run's replay bundle. With a script
+    On a workspace, the checks read a run's replay bundle; a PyTorch script's run (torch-run)
+    has none, and the checks its dumped steps answer read them instead (its golden run's
+    inputs and weights over its consecutive dumped steps, the NPU run's fp16 calls). With a script
     (check -- python train.py), the script runs with step 0 dumped and stops once it is
     written, then its run is checked. With --diff RUN RUN, the configuration differences of
     two runs are listed.
@@ -64,22 +67,26 @@ def check_cmd(app: App, run_label, step, golden_steps, precision_mode, only, dif
         run = app.run(run_label, "npu")
     else:
         ws = app.ws
-        newest = [[r for r in ws.runs(target) if r.bundles and not r.info.get("replay_of")]
+        # a run with a replay bundle, else a PyTorch script's run (its dumped steps)
+        newest = [[r for r in ws.runs(target) if (r.bundles or is_script_run(r))
+                   and not r.info.get("replay_of") and r.complete_steps]
                   for target in ("npu", "cpu")]
-        bundled = newest[0] or newest[1]
-        if not bundled:
-            raise checking.CheckError(f"no run in {ws.root} has a replay bundle: dump a step "
-                                      f"(npu-dump or cpu-dump), or give a script: check -- "
-                                      f"python train.py")
-        run = app.noting(bundled[-1])
+        checkable = newest[0] or newest[1]
+        if not checkable:
+            raise checking.CheckError(f"no run in {ws.root} has a replay bundle or is a "
+                                      f"PyTorch script's: dump a step (npu-dump or cpu-dump, "
+                                      f"or torch-run), or give a script: check -- python "
+                                      f"train.py")
+        run = app.noting(checkable[-1])
     app.info(f"checking {run.label}...")
     with app.progress("golden steps") as progress:
         report = checking.run_checks(app.ws, run, step, golden_steps, precision_mode, only,
                                      progress)
 
     def render():
+        how = "dumped" if is_script_run(run) else "replayed"
         app.line(f"{report.run} step {report.step}, {report.golden_steps} golden step(s) "
-                 f"replayed, precision mode {report.precision_mode}: {len(report.checks)} checks")
+                 f"{how}, precision mode {report.precision_mode}: {len(report.checks)} checks")
         for note in report.notes:
             app.line(note)
         if not report.findings:

@@ -238,19 +238,22 @@ def _finding(name: str, severity: str, message: str, evidence: dict, fix: str) -
 
 @check("data.nonfinite", "data", "every float feed: nan and inf")
 def _data_nonfinite(ctx: CheckContext) -> List[Finding]:
-    out = []
-    for name, v in ctx.bundle.feeds.items():
-        v = np.asarray(v)
-        if dtypes.category(v.dtype) != "float":
-            continue
-        bad = np.asarray(~np.isfinite(v.astype(np.float64)))
-        if bad.any():
-            out.append(_finding("data.nonfinite", ERROR,
-                                f"feed {name} holds {int(bad.sum())} nan/inf of {v.size}",
-                                {"feed": name, "nonfinite": int(bad.sum()), "elements": int(v.size)},
-                                "clean or filter the data before it is fed (a nan input makes "
-                                "every result downstream nan)"))
-    return out
+    return [f for name, v in ctx.bundle.feeds.items() for f in feed_nonfinite(name, v)]
+
+
+def feed_nonfinite(name: str, v) -> List[Finding]:
+    """data.nonfinite of one feed (a graph's, or a script's input from outside the step)."""
+    v = np.asarray(v)
+    if dtypes.category(v.dtype) != "float":
+        return []
+    bad = np.asarray(~np.isfinite(v.astype(np.float64)))
+    if not bad.any():
+        return []
+    return [_finding("data.nonfinite", ERROR,
+                     f"feed {name} holds {int(bad.sum())} nan/inf of {v.size}",
+                     {"feed": name, "nonfinite": int(bad.sum()), "elements": int(v.size)},
+                     "clean or filter the data before it is fed (a nan input makes every "
+                     "result downstream nan)")]
 
 
 @check("data.label_range", "data",
@@ -285,29 +288,32 @@ def _label_range(ctx: CheckContext) -> List[Finding]:
 
 @check("data.fp16_range", "data", "float feeds' magnitude against fp16's range")
 def _data_range(ctx: CheckContext) -> List[Finding]:
-    out = []
-    for name, v in ctx.bundle.feeds.items():
-        v = np.asarray(v)
-        if dtypes.category(v.dtype) != "float" or not v.size:
-            continue
-        x = v.astype(np.float64)
-        x = x[np.isfinite(x)]
-        if not x.size:
-            continue
-        peak, mean, std = float(np.abs(x).max()), float(x.mean()), float(x.std())
-        evidence = {"feed": name, "max_abs": _f(peak), "mean": _f(mean), "std": _f(std)}
-        if peak > FP16_MAX:
-            out.append(_finding("data.fp16_range", ERROR,
-                                f"feed {name} reaches {peak:.6g}, beyond fp16's 65504: an fp16 op "
-                                f"reading it overflows (inf, or 65504 under saturation)",
-                                evidence, "normalise or scale the input (e.g. to mean 0, std 1)"))
-        elif peak > 1e3 or abs(mean) > 10 * max(std, 1e-30) and abs(mean) > 10:
-            out.append(_finding("data.fp16_range", WARNING,
-                                f"feed {name} is unnormalised (mean {mean:.4g}, std {std:.4g}, "
-                                f"|max| {peak:.4g}): fp16 keeps 11 significant bits, and products "
-                                f"of such values leave its range",
-                                evidence, "normalise the input (mean 0, std 1)"))
-    return out
+    return [f for name, v in ctx.bundle.feeds.items() for f in feed_range(name, v)]
+
+
+def feed_range(name: str, v) -> List[Finding]:
+    """data.fp16_range of one feed."""
+    v = np.asarray(v)
+    if dtypes.category(v.dtype) != "float" or not v.size:
+        return []
+    x = v.astype(np.float64)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return []
+    peak, mean, std = float(np.abs(x).max()), float(x.mean()), float(x.std())
+    evidence = {"feed": name, "max_abs": _f(peak), "mean": _f(mean), "std": _f(std)}
+    if peak > FP16_MAX:
+        return [_finding("data.fp16_range", ERROR,
+                         f"feed {name} reaches {peak:.6g}, beyond fp16's 65504: an fp16 op "
+                         f"reading it overflows (inf, or 65504 under saturation)",
+                         evidence, "normalise or scale the input (e.g. to mean 0, std 1)")]
+    if peak > 1e3 or abs(mean) > 10 * max(std, 1e-30) and abs(mean) > 10:
+        return [_finding("data.fp16_range", WARNING,
+                         f"feed {name} is unnormalised (mean {mean:.4g}, std {std:.4g}, "
+                         f"|max| {peak:.4g}): fp16 keeps 11 significant bits, and products "
+                         f"of such values leave its range",
+                         evidence, "normalise the input (mean 0, std 1)")]
+    return []
 
 
 @check("hyperparameter.epsilon_fp16", "hyperparameter",
@@ -359,8 +365,15 @@ def _learning_rate(ctx: CheckContext) -> List[Finding]:
                                 {"op": node.name, "lr": lr, "dtype": dtype},
                                 f"declare {var} float32 (master weights), or scale the rate"))
     _, states = ctx.golden
+    return out + update_too_large(ctx.trainable, states, range(len(states)))
+
+
+def update_too_large(trainable, states: Sequence[dict], steps: Sequence[int]) -> List[Finding]:
+    """hyperparameter.learning_rate's update size: a golden step that changes a weight by more
+    than its norm. states: each variable's value before each of `steps` (consecutive) and
+    after the last."""
     worst = None
-    for var in ctx.trainable:
+    for var in trainable:
         before = np.asarray(states[0][var], np.float64)
         if before.ndim < 2:
             continue
@@ -370,15 +383,15 @@ def _learning_rate(ctx: CheckContext) -> List[Finding]:
                                         np.asarray(states[k - 1][var], np.float64)))
             ratio = step / norm if norm > 0 else (math.inf if step > 0 else 0.0)
             if worst is None or ratio > worst[0]:
-                worst = (ratio, var, k - 1)
-    if worst is not None and worst[0] > 1.0:
-        ratio, var, k = worst
-        out.append(_finding("hyperparameter.learning_rate", ERROR,
-                            f"the golden step {k} changes {var} by {ratio:.3g}x its norm: the "
-                            f"learning rate is too high for these weights",
-                            {"variable": var, "relative_update": _f(ratio), "golden_step": k},
-                            "lower the learning rate (or add warm-up)"))
-    return out
+                worst = (ratio, var, steps[k - 1])
+    if worst is None or worst[0] <= 1.0:
+        return []
+    ratio, var, k = worst
+    return [_finding("hyperparameter.learning_rate", ERROR,
+                     f"the golden step {k} changes {var} by {ratio:.3g}x its norm: the "
+                     f"learning rate is too high for these weights",
+                     {"variable": var, "relative_update": _f(ratio), "golden_step": k},
+                     "lower the learning rate (or add warm-up)")]
 
 
 @check("hyperparameter.loss_scale", "hyperparameter",
@@ -430,26 +443,34 @@ def _init(ctx: CheckContext) -> List[Finding]:
             continue
         fan_in = int(np.prod(w.shape[1:])) if w.ndim == 4 else int(w.shape[0]) if w.ndim == 2 \
             else int(np.prod(w.shape[:-1]))
-        std = float(w.std())
-        expected = 1.0 / math.sqrt(max(fan_in, 1))
-        evidence = {"variable": var, "shape": list(w.shape), "fan_in": fan_in, "std": _f(std),
-                    "expected_std": _f(expected)}
-        if not np.any(w):
-            out.append(_finding("init.scale", ERROR, f"{var} is all zero: every unit of the layer "
-                                f"gets the same gradient and stays the same", evidence,
-                                "initialise it randomly (glorot_uniform, he_normal)"))
-        elif std == 0:
-            out.append(_finding("init.scale", ERROR, f"{var} is constant ({float(w.flat[0]):.4g}): "
-                                f"its units never differ", evidence, "initialise it randomly"))
-        elif var not in tables and not expected / 10 <= std <= expected * 10:
-            out.append(_finding("init.scale", WARNING,
-                                f"{var} has std {std:.3g}, {std / expected:.3g}x the 1/sqrt(fan_in) "
-                                f"= {expected:.3g} of its fan-in {fan_in}: activations "
-                                + ("grow" if std > expected else "shrink") + " layer by layer",
-                                evidence, "use glorot_uniform or he_normal (scaled by the fan-in)"))
+        out += weight_scale(var, w, fan_in, var in tables)
     if ctx.bundle.meta.get("session_step", 0):
         for f in out:
             f.message += f" (at step {ctx.bundle.meta['session_step']}, not the initialisation)"
+    return out
+
+
+def weight_scale(var: str, w: np.ndarray, fan_in: int, table: bool) -> List[Finding]:
+    """init.scale of one weight: all zero, constant, or (not an embedding table) a std 10x
+    off 1/sqrt(fan_in)."""
+    out: List[Finding] = []
+    std = float(w.std())
+    expected = 1.0 / math.sqrt(max(fan_in, 1))
+    evidence = {"variable": var, "shape": list(w.shape), "fan_in": fan_in, "std": _f(std),
+                "expected_std": _f(expected)}
+    if not np.any(w):
+        out.append(_finding("init.scale", ERROR, f"{var} is all zero: every unit of the layer "
+                            f"gets the same gradient and stays the same", evidence,
+                            "initialise it randomly (glorot_uniform, he_normal)"))
+    elif std == 0:
+        out.append(_finding("init.scale", ERROR, f"{var} is constant ({float(w.flat[0]):.4g}): "
+                            f"its units never differ", evidence, "initialise it randomly"))
+    elif not table and not expected / 10 <= std <= expected * 10:
+        out.append(_finding("init.scale", WARNING,
+                            f"{var} has std {std:.3g}, {std / expected:.3g}x the 1/sqrt(fan_in) "
+                            f"= {expected:.3g} of its fan-in {fan_in}: activations "
+                            + ("grow" if std > expected else "shrink") + " layer by layer",
+                            evidence, "use glorot_uniform or he_normal (scaled by the fan-in)"))
     return out
 
 
@@ -463,14 +484,21 @@ def _never_updated(ctx: CheckContext) -> List[Finding]:
             out.append(_finding("graph.never_updated", WARNING,
                                 f"{var} is trainable but no optimizer update writes it",
                                 {"variable": var}, "pass it to the optimizer, or make it non-trainable"))
-        elif len(states) > 1 and all(np.array_equal(states[k][var], states[0][var])
-                                     for k in range(1, len(states))):
-            out.append(_finding("graph.never_updated", WARNING,
-                                f"{var} does not change over {len(states) - 1} golden step(s): its "
-                                f"gradient is zero (not connected to the loss, or a dead ReLU)",
-                                {"variable": var, "golden_steps": len(states) - 1},
-                                "check that the loss depends on it"))
+        else:
+            out += never_changed(var, states)
     return out
+
+
+def never_changed(var: str, states: Sequence[dict]) -> List[Finding]:
+    """graph.never_updated of a variable an update writes: unchanged over the golden steps."""
+    if len(states) < 2 or not all(np.array_equal(states[k][var], states[0][var])
+                                  for k in range(1, len(states))):
+        return []
+    return [_finding("graph.never_updated", WARNING,
+                     f"{var} does not change over {len(states) - 1} golden step(s): its "
+                     f"gradient is zero (not connected to the loss, or a dead ReLU)",
+                     {"variable": var, "golden_steps": len(states) - 1},
+                     "check that the loss depends on it")]
 
 
 @check("api.inference_mode", "api", "BatchNorm in inference mode inside a training graph")
@@ -587,6 +615,9 @@ def run_checks(ws: Workspace, run: Run, step: Optional[int] = None, golden_steps
     policy the fp16 checks assume (default allow_mix_precision). progress(k, n): told as the
     golden steps replay."""
     bundled = sorted(run.bundles)
+    from .script_checks import is_script_run, run_script_checks
+    if is_script_run(run):
+        return run_script_checks(ws, run, step, precision_mode, only)
     if not bundled:
         raise CheckError(f"{run.label} has no replay bundle: dump a step with action='dump' "
                          f"(or run check -- python train.py)")
