@@ -515,6 +515,20 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     assert run.complete_steps == [0, 1]
     assert run.info["script_failed"]["step"] == 2
     assert "planted failure" in run.info["script_failed"]["error"]
+    # every command reading the run says so
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "ni", "-r",
+                                   "cpu/debug_0", "Functional.linear.0.forward"])
+    assert "the script ended in step 2 (RuntimeError: planted failure)" in out.stderr
+    # a script a signal kills says nothing itself: the runner records it
+    killed = tmp_path / "killed.py"
+    killed.write_text(SCRIPT.replace('raise RuntimeError("planted failure")',
+                                     'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'))
+    done = _torch_run(tmp_path / "ws", "--target", "golden", "--dump-step", "all", "--",
+                      str(killed), "5", "3")
+    assert done.returncode != 0 and "the script exited with status -9" in done.stderr
+    run = Workspace(str(tmp_path / "ws")).runs("cpu")[-1]
+    assert run.complete_steps == [0, 1, 2]
+    assert run.info["script_failed"] == {"step": 3, "error": "killed by SIGKILL"}
 
 
 SCALED = textwrap.dedent("""

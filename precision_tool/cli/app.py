@@ -249,7 +249,11 @@ class App:
         return [self.noting(run) for run in self.ws.runs(target)]
 
     def noting(self, run: Run) -> Run:
-        """The run, its interrupted steps named on stderr once per command."""
+        """The run, its interrupted steps (and a script that ended early) named on stderr
+        once per command."""
+        if run.ended_early and (run.path, "ended") not in self.noted:
+            self.noted.add((run.path, "ended"))
+            self.warn(f"{run.label}: {run.ended_early}")
         if run.interrupted and run.path not in self.noted:
             self.noted.add(run.path)
             # an imported dump is another tool's: clean leaves it as it is

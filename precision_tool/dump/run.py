@@ -63,6 +63,17 @@ class Run:
         return "the dump was killed or failed while writing them"
 
     @property
+    def ended_early(self) -> str:
+        """How the script that made the run ended before its end ("" when it did not): its
+        error and the step it was in (run.json's script_failed: the front-end's, or the
+        runner's for a script a signal killed). That step is not dumped; the others are."""
+        failed = self.info.get("script_failed")
+        if not isinstance(failed, dict):
+            return ""
+        return f"the script ended in step {failed.get('step')} ({failed.get('error')}): " \
+               f"that step is not dumped, the steps before it are"
+
+    @property
     def ours(self) -> bool:
         return self.info.get("writer") == "precision_tool"
 

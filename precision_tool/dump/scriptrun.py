@@ -3,12 +3,16 @@ code and the runs its dumps wrote (each front-end names its run in the runner's 
 runwriter). What the script runners and fix's reruns of a PyTorch script share."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import tempfile
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from ..fileio import write_text_atomic
 from . import layout
+from .runwriter import run_json
 
 
 def runs_written(path: str) -> List[str]:
@@ -18,6 +22,35 @@ def runs_written(path: str) -> List[str]:
             return list(dict.fromkeys(line.strip() for line in f if line.strip()))
     except OSError:
         return []
+
+
+def record_killed(run_dir: str, signum: int) -> None:
+    """run.json of a run whose script a signal killed (SIGKILL: nothing in the script could
+    say so) records it as the script's failure, in the step after the last it observed."""
+    path = os.path.join(run_dir, "run.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return                  # no run to record it in: readers say what they cannot read
+    if not isinstance(info, dict) or info.get("script_failed"):
+        return
+    try:
+        with open(os.path.join(run_dir, layout.HISTORY_FILE), encoding="utf-8") as f:
+            steps = [int(s) for s in (line.split(",", 1)[0] for line in f.read().splitlines()[1:])
+                     if s.isdigit()]
+    except OSError:
+        steps = []
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    info["script_failed"] = {"step": max(steps) + 1 if steps else 0,
+                             "error": f"killed by {name}"}
+    try:
+        write_text_atomic(path, run_json(info))
+    except OSError:
+        pass                    # the answer then says less; the run is as it was
 
 
 def run_dumping(root: str, settings: Mapping[str, Optional[str]], command: Sequence[str],
@@ -33,6 +66,10 @@ def run_dumping(root: str, settings: Mapping[str, Optional[str]], command: Seque
     env[layout.ENV_RUNS_FILE] = runs_file
     try:
         rc = subprocess.call(list(command), env=env, stdout=stdout, stderr=stderr, cwd=cwd)
-        return rc, runs_written(runs_file)
+        runs = runs_written(runs_file)
+        if rc < 0:
+            for run_dir in runs:
+                record_killed(run_dir, -rc)
+        return rc, runs
     finally:
         os.unlink(runs_file)
