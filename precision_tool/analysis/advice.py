@@ -547,7 +547,7 @@ def _scales(history: Optional[dict]) -> set:
 def _with_golden(r) -> str:
     """How to compare with a golden run: add -c when one is dumped, else dump it first."""
     if getattr(r, "golden_dumped", False):
-        return "Add -c (a golden run is dumped)"
+        return "A golden run is dumped, so add -c"
     return f"Dump the golden run too ({_golden_dump(r)}) and add -c"
 
 
