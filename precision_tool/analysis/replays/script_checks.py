@@ -12,6 +12,7 @@ mode, determinism) are not run, and the report says so."""
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -128,7 +129,7 @@ class _ScriptContext:
                 out[row.op_name] = value
         return out
 
-    @property
+    @cached_property
     def feeds(self) -> Dict[str, np.ndarray]:
         step = self.steps[0]
         t = self.ws.index(self.golden, step)
@@ -144,13 +145,12 @@ class _ScriptContext:
                 out[row.tensor] = value
         return out
 
-    @property
+    @cached_property
     def states(self) -> List[Dict[str, np.ndarray]]:
-        if not hasattr(self, "_states"):
-            self._states = [self._variables(s) for s in self.steps]
-        return self._states
+        """The Variables at the start of each step."""
+        return [self._variables(s) for s in self.steps]
 
-    @property
+    @cached_property
     def trainable(self) -> List[str]:
         first = self.states[0]
         return [v for v in first if v.rsplit(".", 1)[-1] not in _NOT_TRAINED and
