@@ -318,6 +318,7 @@ class PrecisionDebugger:
         self._forwards, self._backward_since = 0, False   # since the step began
         self._calls: Dict[str, dict] = {}      # op name -> its module and source line
         self._fused: Dict[str, set] = {}       # pass -> the dumped calls its kernels made
+        self._fusion_changed = False           # ... with calls fusion_result.json lacks
         self._last: Optional[tuple] = None     # the call just recorded: (name, call site)
         # a forward tensor's name -> the backward outputs that are its gradient this step
         self._grad_of: Dict[str, List[str]] = {}
@@ -559,7 +560,9 @@ class PrecisionDebugger:
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs),
                       "+".join(fused))
         for p in fused:
-            self._fused.setdefault(p, set()).add(name)
+            calls = self._fused.setdefault(p, set())
+            self._fusion_changed |= name not in calls
+            calls.add(name)
         site = {"module": self._modules.current if self._modules else "",
                 "source": _call_site(sys._getframe(2))}
         self._calls[name] = dict(site, **self._kernels(outs))
@@ -758,8 +761,9 @@ class PrecisionDebugger:
         if self._records and (self.steps is None or self.step_number in self.steps):
             self._writer.write_step(self.step_number, self._records,
                                     files=self.dump_mode == "tensor", calls=self._calls)
-            if self._fused:
+            if self._fusion_changed:       # a step's calls are the last step's, mostly
                 self._writer.fusion(fusion_record("torch", self._fused))
+                self._fusion_changed = False
         if self.npu is not None:
             self.npu.status = 0
             if self.npu.unclassified:

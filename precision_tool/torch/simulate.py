@@ -83,7 +83,7 @@ PASSIVE = frozenset({
 # aten kernel -> (the fusion pass that makes it one fused kernel on the device, the fused
 # op type whose kernel (ops.fused_ops) computes it while the pass is on: None where torch's
 # own kernel already computes as the fused one does, one rounding at the end). With the pass
-# off: torch's decomposition where `UNFUSED` says so, else the op as torch computes it.
+# off: torch's decomposition where `_DECOMPOSED` has one, else the op as torch computes it.
 FUSED: Dict[str, tuple] = {
     "native_layer_norm": ("LayerNormFusionPass", "LayerNorm"),
     "native_layer_norm_backward": ("LayerNormFusionPass", None),
@@ -92,7 +92,6 @@ FUSED: Dict[str, tuple] = {
     "gelu_backward": ("GeluFusionPass", None),     # the tanh GELU's own gradient
     "addmm": ("MatMulBiasAddFusionPass", None),    # the bias added in the fp32 accumulator
 }
-UNFUSED = frozenset({"native_layer_norm", "native_layer_norm_backward", "addmm"})
 _LOW = (torch.float16, torch.bfloat16)
 _ATEN = torch.ops.aten
 
@@ -159,7 +158,7 @@ class SimulatedNPU(TorchDispatchMode):
             fused = None            # the pass fuses a softmax over the last axis only
         if fused is not None:
             if fused[0] not in self.passes:
-                if name in UNFUSED and func in _DECOMPOSED:
+                if func in _DECOMPOSED:
                     # its decomposition's kernels come back through this mode one by one
                     with self:
                         return _DECOMPOSED[func](*args, **kwargs)

@@ -37,8 +37,7 @@ def replay_with_passes(ws: Workspace, npu_run: Run, step: int, passes_on: Set[st
     workspace meanwhile). A PyTorch script's run has no bundle: the script is rerun."""
     if npu_run.info.get("front_end") == "pytorch":
         from .script_rerun import rerun_script
-        run, why, made = rerun_script(ws, npu_run, step, lambda s: None,
-                                      fusion_passes=set(passes_on))
+        run, why, made = rerun_script(ws, npu_run, step, fusion_passes=set(passes_on))
         if run is None:
             for path in made:
                 shutil.rmtree(path, ignore_errors=True)

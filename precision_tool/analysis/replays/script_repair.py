@@ -183,8 +183,7 @@ class _Rerun:
         passes = self.npu.info.get("fusion_passes")
         changes = {} if not off else \
             {"fusion_passes": set(passes if passes is not None else PASSES) - set(off)}
-        run, why, made = rerun_script(self.ws, self.npu, self.step, self.progress,
-                                      precision_mode=mode, keep_fp32=keep, **changes)
+        run, why, made = rerun_script(self.ws, self.npu, self.step, precision_mode=mode, keep_fp32=keep, **changes)
         self.made += made
         if run is None:
             trial.error = why

@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Callable
-
 from ...dump import Workspace
 from ...dump.run import Run
 from ...dump.scriptrun import run_dumping
@@ -25,8 +23,7 @@ class ScriptRerunError(PrecisionToolError, ValueError):
     """A script's run that cannot be rerun (not made by torch-run)."""
 
 
-def rerun_script(ws: Workspace, npu: Run, step: int, progress: Callable[[str], None],
-                 **changes) -> tuple:
+def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
     """One rerun of the script `npu` was made by (torch-run's runner, the NPU target, with
     npu's seed, overflow mode, precision mode, calls kept in fp32 and fusion passes unless
     `changes` say otherwise: precision_mode, keep_fp32 (a list), fusion_passes (a set)),
