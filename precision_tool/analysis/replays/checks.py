@@ -382,6 +382,8 @@ def update_too_large(trainable, states: Sequence[dict], steps: Sequence[int]) ->
             step = float(np.linalg.norm(np.asarray(states[k][var], np.float64) -
                                         np.asarray(states[k - 1][var], np.float64)))
             ratio = step / norm if norm > 0 else (math.inf if step > 0 else 0.0)
+            if ratio != ratio:      # nan in the weights: data.nonfinite's, not the rate's
+                continue
             if worst is None or ratio > worst[0]:
                 worst = (ratio, var, steps[k - 1])
     if worst is None or worst[0] <= 1.0:
