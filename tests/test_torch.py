@@ -699,6 +699,49 @@ def test_check_reads_a_scripts_dumped_steps(tmp_path):
     assert golden.exit_code == 1 and json.loads(golden.stdout)["run"] == "cpu/debug_0"
 
 
+def _data_in_step(root, nan=False, scale=1.0):
+    """A golden run whose data the step makes, as a script under torch-run does (its
+    `torch.randn` at the top is a call of step 0): the batch, scaled, with a nan written
+    into it by indexing (no call records it), and a mask of 0 and -inf added to the
+    logits."""
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 4, (8,), generator=g)
+
+    def loss_of():
+        x = torch.randn(8, 16, generator=g) * scale
+        if nan:
+            x[3, 5] = float("nan")
+        mask = torch.zeros(8, 4)
+        mask[:, 3] = float("-inf")
+        return F.cross_entropy(model(x) + mask, y)
+    _steps(model, loss_of, opt, PrecisionDebugger(root, target="golden", dump_step="all"), 2)
+
+
+@pytest.mark.parametrize("planted", ["healthy", "nan", "scaled"])
+def test_check_finds_the_data_a_step_makes(tmp_path, planted):
+    """Data made inside the step is data all the same: the tensor the model reads beside its
+    weights is the feed, whatever call made it; a nan written by indexing is seen (the
+    name of what randn made ends with the write); the mask is not data."""
+    _data_in_step(str(tmp_path), nan=planted == "nan", scale=1e5 if planted == "scaled" else 1)
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "check", "-r",
+                                   "cpu/debug_0"])
+    findings = [(f["check"], f["severity"], f["evidence"].get("feed")) for f in
+                json.loads(out.stdout)["findings"] if f["check"].startswith("data.")]
+    if planted == "healthy":
+        assert out.exit_code == 0 and findings == [], out.output
+    elif planted == "nan":
+        # the write ends randn's name: the linear reads an input from outside, as dumped
+        assert out.exit_code == 1 and findings == [
+            ("data.nonfinite", "error", "Functional.linear.0.forward.input:0")], out.output
+    else:
+        assert out.exit_code == 1 and findings == [
+            ("data.fp16_range", "error",
+             "Tensor.mul.0.forward:0 (read by Functional.linear.0.forward)")], out.output
+
+
 # the planted script with its scores scaled before the product and smaller inputs: q.k
 # fits fp16, but the scores still pass ln(65504)
 FUSED_SOFTMAX = PLANTED.replace("q, k, v = self.q(x), ", "q, k, v = self.q(x) / 4.0, ") \
@@ -959,6 +1002,12 @@ def test_real_models_golden_is_the_script_and_every_kernel_is_classified(tmp_pat
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["verdict"] == "sound"
+    # check finds nothing wrong with the data (the attention masks the models make in the
+    # step are not data) and no error
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "check"])
+    findings = json.loads(out.stdout)["findings"]
+    assert out.exit_code == 0 and not [f for f in findings if f["check"].startswith("data.")], \
+        out.output
 
 
 FULL_DISK = textwrap.dedent("""

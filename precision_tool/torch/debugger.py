@@ -149,7 +149,7 @@ class _Recorder(TorchFunctionMode):
         if api.rsplit(".", 1)[-1] in _OVERWRITES or \
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
-        before = [(t, d._snapshot(t)) for t in ins] if d.recording else []
+        before = d._before(ins) if d.recording else []
         npu = d.npu
         held = npu.status if npu is not None else 0
         if npu is not None:
@@ -304,7 +304,7 @@ class PrecisionDebugger:
         self._modes: List = []
         self._records: List[Record] = []
         self._counts: Dict[str, int] = {}
-        self._names = ByIdentity()          # tensor -> the call output it is (op:k)
+        self._names = ByIdentity()          # tensor -> (the call output it is (op:k), version)
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
@@ -439,7 +439,7 @@ class PrecisionDebugger:
         recorded as a call of the step, what the rank handed in and what it got back."""
         if not self.recording:
             return call()[0]
-        before = [(t, self._snapshot(t)) for t in ins]
+        before = self._before(ins)
         result, outs = call()
         for t in outs:
             # the process group writes its result without bumping the tensor's version:
@@ -528,8 +528,20 @@ class PrecisionDebugger:
         self._copies[t] = (key, value)
         return value
 
+    def _before(self, ins) -> list:
+        """What a call reads, as it is before the call (an in-place call changes it): each
+        input with its copy, its name and its version."""
+        return [(t, self._snapshot(t), self._name_of(t), t._version) for t in ins]
+
     def _name_of(self, t: torch.Tensor) -> Optional[str]:
-        return self._names.get(t)
+        """The call output t is, while its value is that output's: a write no call records
+        (`x[3] = nan`, a kernel writing an input) bumps its version and ends the name (what
+        reads it then reads an input from outside, dumped as it is)."""
+        held = self._names.get(t)
+        return held[0] if held is not None and held[1] == t._version else None
+
+    def _name(self, t: torch.Tensor, name: str) -> None:
+        self._names[t] = (name, t._version)
 
     def _record(self, api: str, before, outs, status: int = 0, fused=()) -> None:
         k = self._counts.get(api, 0)
@@ -538,15 +550,15 @@ class PrecisionDebugger:
         if self.scope and not any(s in name for s in self.scope):
             return
         inputs, in_specs, in_values = [], [], []
-        for i, (t, value) in enumerate(before):
+        for i, (t, value, named, version) in enumerate(before):
             known = None
             var = self._modules.variables.get(t) if self._modules is not None else None
             if var is not None and self._vars_read.get(t) is None:
                 # state, read the first time this step: a Variable (whatever made it earlier
                 # in the step: an initialiser whose value a .data write has changed since)
                 self._vars_read[t] = True
-                known = self._variable(var, t, value)
-            known = known or self._name_of(t)
+                known = self._variable(var, t, value, version)
+            known = known or named
             inputs.append(known or f"{name}.input:{i}")
             in_specs.append(TensorSpec(self._dtype(t)))
             in_values.append(value)
@@ -554,7 +566,7 @@ class PrecisionDebugger:
         for i, t in enumerate(outs):
             out_values.append(self._snapshot(t))
             out_specs.append(TensorSpec(self._dtype(t)))
-            self._names[t] = f"{name}:{i}"
+            self._name(t, f"{name}:{i}")
         # the fusion pass(es) whose fused kernel the call ran, as a graph's fused node names
         # its pass
         spec = OpSpec(api, name, tuple(inputs), tuple(in_specs), tuple(out_specs),
@@ -687,14 +699,14 @@ class PrecisionDebugger:
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
 
-    def _variable(self, var: str, t, value) -> str:
+    def _variable(self, var: str, t, value, version: int) -> str:
         """A parameter, buffer or optimizer state as the step first reads it: a `Variable`
         op of its own (its name the parameter's: the same in every step and on both
         targets), as a graph run's state is; what reads it reads `<name>:0` until an
         in-place call changes it."""
         spec = OpSpec("Variable", var, (), (), (TensorSpec(self._dtype(t)),))
         self._append(spec, [], [value])
-        self._names[t] = f"{var}:0"
+        self._names[t] = (f"{var}:0", version)
         return f"{var}:0"
 
     def _leaf_grad(self, leaf, name: str) -> None:
@@ -711,7 +723,7 @@ class PrecisionDebugger:
         def accumulated(param):
             made = self._leaf_made.get(param)
             if made and param.grad is not None:
-                self._names[param.grad] = made
+                self._name(param.grad, made)
         leaf.register_post_accumulate_grad_hook(accumulated)
 
     def _kernels(self, outs) -> dict:

@@ -2,8 +2,8 @@
 replay (a script's step is the script's own loop body: nothing here can replay it), from the
 golden run's dumps and, for where the NPU computes in fp16, the NPU run's index.
 
-What stands for a graph's parts: the feeds are the float tensors a step reads from outside
-it (`<call>.input:<k>`, made before the step: the data), the variables are the step's
+What stands for a graph's parts: the feeds are the float tensors the forward pass reads
+beside what derives from the weights (the data, wherever the script made it), the variables are the step's
 `Variable` ops (parameters, buffers and optimizer state as the debugger names them), the
 trainable ones those that are neither optimizer state (`<param>.exp_avg`) nor a norm's
 running statistics, the golden steps the run's consecutive dumped steps. The checks that
@@ -32,6 +32,7 @@ SCRIPT_CHECKS = ("data.nonfinite", "data.fp16_range", "hyperparameter.learning_r
 _NOT_TRAINED = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step",
                 "square_avg", "acc_delta", "sum", "running_mean", "running_var",
                 "num_batches_tracked")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
 # a torch-run call's fusion pass -> the fused kernel whose inner step has a limit
 _FUSED_KERNEL = {"SoftmaxFusionPass": "SoftmaxV2", "LayerNormFusionPass": "LayerNorm"}
 
@@ -107,6 +108,23 @@ def run_script_checks(ws: Workspace, run: Run, step: Optional[int] = None,
     return report
 
 
+def _elements(shape) -> int:
+    """The element count of an index row's shape ("[8, 16]"; "[]" is one)."""
+    dims = [int(d) for d in str(shape).strip("[]()").replace(",", " ").split() if d]
+    return int(np.prod(dims)) if dims else 1
+
+
+def _is_mask(value: np.ndarray) -> bool:
+    """At most two distinct values, one of them 0 and none nan (0 and -inf, 0 and
+    finfo.min, 0 and 1)."""
+    flat = np.asarray(value).ravel()
+    if not flat.size or flat.size > 1 << 24:
+        return False
+    distinct = np.unique(flat)
+    return distinct.size <= 2 and bool((distinct == 0).any()) and \
+        not np.isnan(distinct.astype(np.float64)).any()
+
+
 class _ScriptContext:
     def __init__(self, ws: Workspace, golden: Run, npu: Optional[Run], steps: List[int],
                  mode: str):
@@ -131,18 +149,42 @@ class _ScriptContext:
 
     @cached_property
     def feeds(self) -> Dict[str, np.ndarray]:
+        """The data: float tensors the forward pass reads beside what the weights feed. A
+        tensor derives from the weights when a Variable is among its ancestors in the step;
+        a feed is one that does not, read by a call that also reads one that does, before
+        the step's first backward (the optimizer's own numbers are not data). What the
+        script made in the step (a batch a DataLoader stacks, `torch.randn` at its top under
+        torch-run, `x / 255`) counts as it is read, not as it was made; a mask (at most two
+        values, one of them 0: an attention mask of 0 and -inf) and a single number are
+        not data."""
         step = self.steps[0]
         t = self.ws.index(self.golden, step)
-        rows = t[(t.io == "input") & t.tensor.str.contains(r"\.input:\d+$", regex=True)
-                 & t.dtype.isin(["float16", "bfloat16", "float32", "float64"])]
+        derived = set(t.tensor[(t.op_type == "Variable") & (t.io == "output")])
+        reads: Dict[str, str] = {}              # feed tensor -> the first call reading it
+        files: Dict[str, object] = {}
+        for op, rows in t[t.op_type != "Variable"].groupby("op_name", sort=False):
+            if op.endswith(".backward"):
+                break
+            ins = rows[rows.io == "input"]
+            if not ins.tensor.isin(derived).any():
+                continue
+            derived.update(rows.tensor[rows.io == "output"])
+            for row in ins.itertuples():
+                # one number is a constant (GradScaler's scale, a temperature), not data
+                if row.tensor not in derived and row.dtype in _FLOATS and \
+                        _elements(row.shape) > 1:
+                    reads.setdefault(row.tensor, op)
+                    files.setdefault(row.tensor, row)
         out, seen = {}, set()
-        for row in rows.itertuples():
+        for tensor, op in reads.items():
+            row = files[tensor]
             if row.file in seen:
                 continue
             seen.add(row.file)
             value = self._load(step, row)
-            if value is not None:
-                out[row.tensor] = value
+            if value is not None and not _is_mask(value):
+                mine = tensor.startswith(f"{op}.input:")     # made before the step
+                out[tensor if mine else f"{tensor} (read by {op})"] = value
         return out
 
     @cached_property
