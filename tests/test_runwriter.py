@@ -171,6 +171,29 @@ def test_an_op_name_reused_with_other_inputs_is_indexed_with_its_own(tmp_path):
         assert row.tensor == f"{producer}:0"
 
 
+@pytest.mark.parametrize("files", [True, False])
+def test_a_steps_plan_is_reused_only_for_the_same_ops_shapes_and_dtypes(tmp_path, files):
+    """write_step reuses the last step's plan (its index lines and file names) when the
+    records are the same ops over values of the same shapes and dtypes: each step's index
+    then holds its own values' statistics; a step whose shape or dtype differs is planned
+    again and indexed as it is."""
+    writer = RunWriter(str(tmp_path), GPU, {"graph": "script"})
+    op = OpSpec("Torch.randn", "Torch.randn.0.forward", (), (), (TensorSpec("float32"),))
+    values = [np.full(3, 1.0, np.float32), np.full(3, 2.0, np.float32),
+              np.full((2, 4), 3.0, np.float32), np.full((2, 4), 4.0, np.float64)]
+    for number, value in enumerate(values):
+        writer.write_step(number, [Record(op, [], [value], None, 1)], files=files)
+    writer.finish()
+    ws = Workspace(str(tmp_path))
+    run = ws.run("gpu")
+    for number, value in enumerate(values):
+        row = ws.index(run, number).iloc[0]
+        assert (row["max"], row["shape"], row["dtype"]) == \
+            (value.max(), " ".join(map(str, value.shape)), value.dtype.name)
+        if files:
+            assert np.array_equal(ws.load(run, number, row.file), value)
+
+
 def test_a_pytorch_call_in_place_overwrites_its_tensor():
     """PyTorch's convention: Tensor.<op>_ and the in-place operators write into input 0;
     other calls, dunders and unknown names update nothing."""

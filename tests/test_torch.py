@@ -180,6 +180,29 @@ def test_a_clean_run_is_called_sound(tmp_path):
     assert json.loads(out.stdout)["verdict"] == "sound"
 
 
+@pytest.mark.parametrize("target", ["golden", "npu"])
+def test_a_statistics_dump_holds_the_tensor_dumps_statistics(tmp_path, target):
+    """A statistics dump keeps each value's statistics as it is made, not a copy: its
+    index is the tensor dump's line for line, with the same numbers (the weights Adam
+    updates in place read as they were when read; the backward's summed gradients), and
+    no files; ac -c over statistics dumps of both targets calls the clean run sound."""
+    for mode in ("tensor", "statistics"):
+        _train(Attention, str(tmp_path / mode), target, steps=2, dump_mode=mode)
+    runs = [Workspace(str(tmp_path / mode)).run("npu" if target == "npu" else "cpu")
+            for mode in ("tensor", "statistics")]
+    columns = ["op_name", "io", "index", "tensor", "dtype", "shape", "max", "min", "mean",
+               "l2norm", "nan_count", "pos_inf_count", "neg_inf_count"]
+    for step in (0, 1):
+        held, summed = (Workspace(str(r.path).rsplit("/", 2)[0]).index(r, step) for r in runs)
+        assert len(held) > 50 and held[columns].equals(summed[columns])
+        assert summed.file.fillna("").eq("").all() and held.file.astype(bool).all()
+    assert not [f for f in os.listdir(runs[1].path) if f.endswith(".npy")]
+    other = "npu" if target == "golden" else "golden"
+    _train(Attention, str(tmp_path / "statistics"), other, steps=2, dump_mode="statistics")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "statistics"), "ac", "-c"])
+    assert out.exit_code == 0, out.output
+
+
 def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     """A planted cause: attention scores left unscaled, on inputs large enough that q·k
     passes 65504, under force_fp16 with inf/nan overflow: ac -c names the matmul that made

@@ -31,7 +31,7 @@ from ..table import csv_field
 from .writer import write_error
 from ..version import __version__
 from . import layout
-from .stepplan import Row, StepPlan, disk_dtype
+from .stepplan import Row, StepPlan, Summary, disk_dtype
 
 _STATS = list(kernels.STAT_FIELDS)
 # a device run's index (Ascend's names and tasks) and a reference run's
@@ -111,7 +111,8 @@ def op_spec(graph, node) -> OpSpec:
 
 class Record(NamedTuple):
     """One op of a step: its OpSpec, its input and output values (record[1] and record[2]:
-    Row.side indexes them; inputs None, or an input None, where they are not written), its
+    Row.side indexes them; inputs None, or an input None, where they are not written; a
+    step's values all stepplan.Summary for a statistics dump that kept no copy), its
     task on a device (task_id and stream_id; None on a reference) and its timestamp."""
     op: OpSpec
     inputs: object
@@ -131,6 +132,16 @@ class _Static(NamedTuple):
     q_pass: str
     ins: list
     outs: list
+
+
+def _values_key(values) -> Optional[tuple]:
+    """What of a record's values its index lines and files depend on."""
+    return None if values is None else \
+        tuple(None if v is None else (v.shape, v.dtype) for v in values)
+
+
+def _task_key(task) -> Optional[tuple]:
+    return None if task is None else (task.task_id, task.stream_id)
 
 
 def _dims(shape) -> str:
@@ -163,6 +174,7 @@ class RunWriter:
         # (a script's Tensor.__getitem__.1 in two steps), and a name's cache would keep
         # the first step's inputs
         self._static: Dict[OpSpec, _Static] = {}
+        self._last_plan: Optional[StepPlan] = None     # write_step's, for the next step
         self._dirty = False                # run.json has facts not yet written (record)
         self._info = {"writer": "precision_tool", "version": __version__,
                       "target": target.name, "kind": target.kind, "started": self.started,
@@ -284,6 +296,17 @@ class RunWriter:
         header = ",".join(NPU_COLUMNS if self.device else CPU_COLUMNS)
         return StepPlan(key, header, rows, [records[r.record][r.side][r.k] for r in rows], files)
 
+    def _step_plan(self, records: Sequence[Record], mode: str, files: bool) -> StepPlan:
+        """The last step's plan when this step's records are the same ops, tasks and value
+        shapes and dtypes (a training loop's steps are), else a new one: its rows are the
+        most of a small step's cost."""
+        key = (mode, files, tuple((r.op, _task_key(r.task), _values_key(r.inputs),
+                                   _values_key(r.outputs)) for r in records))
+        if self._last_plan is None or self._last_plan.key != key:
+            with collector_paused():    # thousands of rows and no cycles: see collector
+                self._last_plan = self.plan(key, records, mode, files)
+        return self._last_plan
+
     def partial_dir(self, number: int) -> str:
         """The hidden directory a step is written into before it is renamed into place."""
         return f"{self.steps_dir()}.{number}{PARTIAL}"
@@ -294,11 +317,14 @@ class RunWriter:
         files and (calls) its ops' call sites (op name -> {"module", "source"}, calls.json);
         returns its directory. The dump observer writes its steps on a thread from plans it
         reuses (dumper.py); this is the way for values handed over once."""
-        with collector_paused():    # thousands of rows and no cycles: see collector
-            plan = self.plan(None, records, mode, files)
+        plan = self._step_plan(records, mode, files)
         stamps = [r.timestamp for r in records]
         partial, path = self.partial_dir(number), self.steps_dir() + str(number)
-        filled = plan.fill(partial, stamps, plan.gather(records))
+        values = plan.gather(records)
+        if values and isinstance(values[0], Summary):       # statistics taken as it ran
+            filled = plan.fill_stats(partial, stamps, np.array([v.stats for v in values]))
+        else:
+            filled = plan.fill(partial, stamps, values)
         # a device task that overflowed (a status word) gets its Opdebug record
         more = [(os.path.join(partial, layout.opdebug_file_name(r.task.task_id, r.task.stream_id,
                                                                 r.timestamp)),

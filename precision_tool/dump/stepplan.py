@@ -41,6 +41,18 @@ class Row(NamedTuple):
                            # padding (numerics.logical_view), 0 for any other format
 
 
+class Summary:
+    """A value given by its statistics, for a statistics dump that keeps no copy of it:
+    what a plan reads of a value (its shape, dtype and size) and kernels.stats_row's eight
+    numbers, taken when it is made (the tensor may change in place after)."""
+    __slots__ = ("shape", "dtype", "size", "stats")
+
+    def __init__(self, value: np.ndarray):
+        self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
+        self.stats = np.empty(8)
+        kernels.stats_row(value, self.stats)
+
+
 def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
     """What the dump stores: fp16 as fp16 (the NPU holds its fp16 values in float32); bf16,
     which .npy cannot name, as its exact float32 values (the index says 'bfloat16')."""

@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
+from ..dump.stepplan import Summary
 from ..dump.writer import DumpWriteError, write_error
 from ..errors import PrecisionToolError
 from ..runtime.config import SessionConfig
@@ -115,11 +116,17 @@ def _api_name(func) -> Optional[str]:
     return f"Torch.{name}"
 
 
-def _copy(t: torch.Tensor) -> np.ndarray:
+def _view(t: torch.Tensor) -> np.ndarray:
+    """t's values as numpy sees them: its own memory where it can (bfloat16, which numpy
+    cannot hold, as a float32 copy)."""
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float32)
-    return t.cpu().numpy().copy()
+    return t.cpu().numpy()
+
+
+def _copy(t: torch.Tensor) -> np.ndarray:
+    return _view(t).copy()
 
 
 class _Recorder(TorchFunctionMode):
@@ -286,6 +293,7 @@ class PrecisionDebugger:
                                     fusion_switch=switch_for(passes))
         self.steps = layout.parse_steps(dump_step)
         self.dump_mode = dump_mode
+        self.summaries = dump_mode == "statistics"     # records keep statistics, not copies
         self.scope = tuple(scope) if scope else ()
         self.keep_fp32 = _keep_list(keep_fp32)
         if golden_dtype not in GOLDEN_DTYPES:
@@ -524,7 +532,9 @@ class PrecisionDebugger:
         held = self._copies.get(t)
         if held is not None and held[0] == key:
             return held[1]
-        value = _copy(t)
+        # a statistics dump keeps the statistics, not a copy (a step's every activation
+        # twice over, for big models)
+        value = Summary(_view(t)) if self.summaries else _copy(t)
         self._copies[t] = (key, value)
         return value
 
@@ -672,6 +682,7 @@ class PrecisionDebugger:
         spec = OpSpec(api, back, tuple(inputs),
                       tuple(TensorSpec(self._dtype(g)) for _, g in gin),
                       tuple(TensorSpec(self._dtype(g)) for _, g, _ in outs))
+        outs = [(k, g, self._kept(v)) for k, g, v in outs]
         for m, (_, g, v) in enumerate(outs):
             self._grad_values[f"{back}:{m}"] = (v, self._dtype(g))
         self._append(spec, values, [v for _, _, v in outs], state["status"])
@@ -694,10 +705,16 @@ class PrecisionDebugger:
     def _append(self, spec: OpSpec, inputs, outputs, status: int = 0) -> None:
         """One record of the step: on the NPU with its task (the status word its kernels
         set: an Opdebug record when not 0)."""
+        if self.summaries:
+            inputs, outputs = [self._kept(v) for v in inputs], [self._kept(v) for v in outputs]
         self._records.append(Record(spec, inputs, outputs,
                                     _Task(len(self._records), status)
                                     if self.target == "npu" else None,
                                     int(time.time() * 1e6)))
+
+    def _kept(self, value):
+        """What a record keeps of a value: the value, or (a statistics dump) its Summary."""
+        return Summary(value) if self.summaries and isinstance(value, np.ndarray) else value
 
     def _variable(self, var: str, t, value, version: int) -> str:
         """A parameter, buffer or optimizer state as the step first reads it: a `Variable`
