@@ -371,6 +371,44 @@ def _on_npu(fn, *xs, mode="force_fp32", fusion=None, overflow="saturation"):
     return out, npu
 
 
+def test_scaled_dot_product_attention_is_one_fused_kernel_in_fp16():
+    """F.scaled_dot_product_attention is one fused Cube kernel on the device: fp16 inputs,
+    float32 inside, its output rounded once (within half an fp16 ulp of float64 attention
+    on the same inputs), its log-sum-exp kept in float32 for the backward (whose gradients
+    are then within 2e-3 of float64's; rounded, they are off by 6e-3). Scores beyond 65504
+    overflow nothing inside it, where the same attention written as matmul and softmax
+    overflows in the fp16 product."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = ((3 * torch.randn(2, 2, 8, 16, generator=g)).half().float() for _ in range(3))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    weights = torch.linspace(-1, 1, 16)
+
+    def attention(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (out * weights).sum().backward()
+        return out
+    out, npu = _on_npu(attention, q, k, v, mode="allow_mix_precision")
+    assert npu.unclassified == set() and npu.status == 0 and npu.dtype_of(out) == "float16"
+    wide = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*wide, is_causal=True)
+    (ref * weights.double()).sum().backward()
+    r, o = ref.detach().numpy(), out.detach().double().numpy()
+    assert np.array_equal(o, o.astype(np.float16))                  # on fp16's grid
+    assert np.all(np.abs(o - r) <= 0.5 * np.spacing(np.abs(r).astype(np.float16)))
+    for t, w in zip((q, k, v), wide):
+        assert torch.equal(t.grad, t.grad.half().float())
+        assert float((t.grad.double() - w.grad).abs().max() / w.grad.abs().max()) < 2e-3
+
+    big = [200 * t.detach() for t in (q, k, v)]       # scores up to about 1.6e5
+    fused, npu = _on_npu(lambda *t: F.scaled_dot_product_attention(*t), *big,
+                         mode="allow_mix_precision")
+    assert npu.status == 0 and torch.isfinite(fused).all()
+    written, npu = _on_npu(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v,
+                           *big, mode="allow_mix_precision", overflow="inf_nan")
+    assert npu.status != 0 and not torch.isfinite(written).all()
+
+
 def test_fused_kernels_compute_as_the_devices_and_unfused_as_the_ops_they_fuse():
     """Each fused kernel against a float64 numpy reference of the device's formula, and
     with its pass off against the formula of the ops it fuses."""

@@ -60,14 +60,26 @@ OP_TYPES: Dict[str, str] = {
     "max_pool2d_with_indices": "MaxPool", "max_pool2d_with_indices_backward": "MaxPoolGrad",
     "avg_pool2d": "AvgPool", "avg_pool2d_backward": "AvgPoolGrad", "reciprocal": "Reciprocal",
     "_adaptive_avg_pool2d": "AvgPool", "_adaptive_avg_pool2d_backward": "AvgPoolGrad",
+    # F.scaled_dot_product_attention: one fused Cube kernel on the device (Ascend's
+    # FlashAttentionScore), placed as the white list's BatchMatMul; inside it computes in
+    # float32 (torch's CPU flash kernel: the scores, their softmax and the product in
+    # float32), one rounding of its output at the end
+    "_scaled_dot_product_flash_attention_for_cpu": "BatchMatMul",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "BatchMatMul",
 }
+# kernels whose outputs (by position) or arguments stay float32 on the device whatever the
+# policy places: the fused attention's log-sum-exp (its softmax statistics, which its
+# backward reads back)
+FP32_OUTPUTS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu": (1,)}
+FP32_ARGS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu_backward": (5,)}
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
 # ops that compute nothing: views, copies, shape and creation ops keep their inputs' values
 PASSIVE = frozenset({
     "t", "view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "squeeze",
     "unsqueeze", "detach", "clone", "contiguous", "slice", "select", "split", "split_with_sizes",
     "chunk", "unbind", "as_strided", "alias", "lift_fresh", "ones_like", "zeros_like",
-    "empty_like", "full_like", "zeros", "ones", "empty", "full", "arange", "copy_", "_to_copy",
+    "empty_like", "full_like", "zeros", "ones", "empty", "full", "arange", "linspace", "copy_",
+    "_to_copy",
     "fill_", "zero_", "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor",
     "_record_function_enter_new", "_record_function_exit", "expand_as", "view_as", "flatten",
     "is_nonzero", "item", "_local_scalar_dense", "eq", "ne", "lt", "le", "gt", "ge", "argmax",
@@ -202,11 +214,14 @@ class SimulatedNPU(TorchDispatchMode):
             compute, output = decided["compute"], decided["output"]
         given, held = (args, kwargs), self.status
         if compute in ("float16", "bfloat16"):
+            kept = FP32_ARGS.get(name, ())
             args, kwargs = _on_grid((args, kwargs), compute)
+            if kept:
+                args = tuple(given[0][i] if i in kept else a for i, a in enumerate(args))
         kernel = fused[1] if fused is not None else None
         out = self._fused(kernel, compute, args) if kernel else func(*args, **kwargs)
         if output in ("float16", "bfloat16"):
-            out = self._round(out, output, op_type in CUBE)
+            out = self._round(out, output, op_type in CUBE, FP32_OUTPUTS.get(name, ()))
         elif declared in ("float16", "bfloat16") or not update:
             self._check(out, op_type in CUBE)
         if self.status != held and _nonfinite_given(given):
@@ -256,7 +271,13 @@ class SimulatedNPU(TorchDispatchMode):
         half_to_float = op_type == "SoftmaxV2" and len(args) > 2 and args[2]
         return out[0].reshape(x.shape).to(torch.float32 if half_to_float else args[0].dtype)
 
-    def _round(self, out, dtype: str, cube: bool):
+    def _round(self, out, dtype: str, cube: bool, kept=()):
+        """out rounded to dtype's grid (kept: positions of a tuple's outputs left as they
+        are), the status word set where a finite value leaves its range."""
+        if kept and isinstance(out, (tuple, list)):
+            return type(out)(t if i in kept else self._round(t, dtype, cube)
+                             for i, t in enumerate(out))
+
         def one(t):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
                 return t
