@@ -12,8 +12,14 @@ same step without it, measured side by side in one process, blocks interleaved, 
   statistics of every step, in a child process against its own plain step: our statistics
   dump's overhead against its.
 
-Models: Hugging Face GPT-2 and BERT built from small configs (random weights, no download)
-when transformers is installed, and an attention block in plain PyTorch.
+Models, in two sizes (`--size small|realistic|all`, all by default):
+- small: an attention block in plain PyTorch, Hugging Face GPT-2 and BERT of 2 layers 64
+  wide: steps of a few milliseconds, where what each call costs the tool shows most;
+- realistic: torchvision's ResNet-18 on 8 images of 224x224, GPT-2 and BERT of 6 layers
+  384 wide and the examples' nanoGPT at that size, on 8 sequences of 128 tokens: steps of
+  a second or more, where what each tensor's bytes cost shows.
+Hugging Face models are built from configs (random weights, no download) when
+transformers is installed, ResNet-18 when torchvision is.
 """
 from __future__ import annotations
 
@@ -31,7 +37,9 @@ import torch.nn.functional as F
 
 from precision_tool.torch import PrecisionDebugger
 
-BLOCKS, STEPS = 7, 6
+# (blocks, steps per block) by size: a realistic step takes seconds
+REPEATS = {"small": (7, 6), "realistic": (3, 2)}
+SIZES = ("small", "realistic")
 
 
 class Attention(nn.Module):
@@ -46,27 +54,58 @@ class Attention(nn.Module):
         return self.out(h).mean(1)
 
 
-def models():
-    """name -> (model, step function)."""
-    out = {}
-    torch.manual_seed(0)
-    m = Attention()
-    x, y = torch.randn(16, 32, 64), torch.randint(0, 8, (16,))
-    out["attention block (plain PyTorch)"] = (m, lambda m=m: F.cross_entropy(m(x), y))
+def _transformers(width, layers, tokens):
+    """Hugging Face GPT-2 and BERT of that size: name -> (model, step function)."""
     try:
         from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
     except ImportError:
-        return out
-    ids = torch.randint(0, 1000, (8, 32))
-    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4,
-                                     n_positions=64))
-    out["GPT-2 (2 layers, 64 wide)"] = (gpt, lambda m=gpt: m(input_ids=ids, labels=ids).loss)
+        return {}
+    heads = max(4, width // 64)
+    ids = torch.randint(0, 1000, (8, tokens))
+    gpt = GPT2LMHeadModel(GPT2Config(vocab_size=1000, n_embd=width, n_layer=layers,
+                                     n_head=heads, n_positions=max(64, tokens)))
     bert = BertForSequenceClassification(BertConfig(
-        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, max_position_embeddings=64, num_labels=4))
+        vocab_size=1000, hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=2 * width if width < 128 else 4 * width,
+        max_position_embeddings=max(64, tokens), num_labels=4))
     labels = torch.randint(0, 4, (8,))
-    out["BERT (2 layers, 64 wide)"] = (bert, lambda m=bert: m(input_ids=ids, labels=labels).loss)
-    return out
+    return {f"GPT-2 ({layers} layers, {width} wide)":
+            (gpt, lambda m=gpt: m(input_ids=ids, labels=ids).loss),
+            f"BERT ({layers} layers, {width} wide)":
+            (bert, lambda m=bert: m(input_ids=ids, labels=labels).loss)}
+
+
+def _nanogpt(width, layers, tokens):
+    """The examples' nanoGPT (plain PyTorch) at that size, on random tokens."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "nanogpt.py")
+    spec = importlib.util.spec_from_file_location("nanogpt_example", path)
+    nanogpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nanogpt)
+    model = nanogpt.GPT(1000, tokens, d=width, heads=width // 64, layers=layers)
+    x, y = torch.randint(0, 1000, (8, tokens)), torch.randint(0, 1000, (8, tokens))
+    return {f"nanoGPT ({layers} layers, {width} wide)": (model, lambda m=model: m(x, y))}
+
+
+def models(size: str = "small"):
+    """name -> (model, step function) of a size (see the module)."""
+    torch.manual_seed(0)
+    if size == "small":
+        m = Attention()
+        x, y = torch.randn(16, 32, 64), torch.randint(0, 8, (16,))
+        return {"attention block (plain PyTorch)": (m, lambda m=m: F.cross_entropy(m(x), y)),
+                **_transformers(64, 2, 32)}
+    out = {}
+    try:
+        import torchvision
+        resnet = torchvision.models.resnet18(num_classes=10)
+        images, classes = torch.randn(8, 3, 224, 224), torch.randint(0, 10, (8,))
+        out["ResNet-18 (8 images of 224x224)"] = (
+            resnet, lambda m=resnet: F.cross_entropy(m(images), classes))
+    except ImportError:
+        pass
+    return {**out, **_transformers(384, 6, 128), **_nanogpt(384, 6, 128)}
 
 
 def _block(model, loss_fn, opt, debugger, steps):
@@ -95,26 +134,27 @@ VARIANTS = {
 }
 
 
-def measure(model, loss_fn, where):
+def measure(model, loss_fn, where, repeats=REPEATS["small"]):
     """variant -> median step time ÷ the plain step's, blocks interleaved."""
+    blocks, steps = repeats
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = {name: [] for name in ["plain", *VARIANTS]}
     root = tempfile.mkdtemp(prefix="bench-torch-", dir=where)
     try:
         _block(model, loss_fn, opt, None, 2)            # warm up
-        for _ in range(BLOCKS):
+        for _ in range(blocks):
             for name in times:
                 if name == "plain":
-                    times[name].append(_block(model, loss_fn, opt, None, STEPS))
+                    times[name].append(_block(model, loss_fn, opt, None, steps))
                     continue
                 made = VARIANTS[name](root)
                 if made == "installed":
                     PrecisionDebugger(root)
-                    times[name].append(_block(model, loss_fn, opt, None, STEPS))
+                    times[name].append(_block(model, loss_fn, opt, None, steps))
                     continue
                 dump_step = made.pop("dump_step", "all")
                 d = PrecisionDebugger(root, dump_step=dump_step, **made)
-                times[name].append(_block(model, loss_fn, opt, d, STEPS))
+                times[name].append(_block(model, loss_fn, opt, d, steps))
                 shutil.rmtree(root, ignore_errors=True)
                 os.makedirs(root, exist_ok=True)
         plain = statistics.median(times["plain"])
@@ -137,13 +177,14 @@ def _msprobe_block(model, loss_fn, opt, debugger, steps):
     return (time.perf_counter() - start) / steps
 
 
-def measure_msprobe(name, where) -> float:
+def measure_msprobe(name, size, where) -> float:
     """msprobe's L1 statistics dump of every step ÷ the plain step, blocks interleaved, in
     this process (msprobe wraps torch's APIs for good once its debugger is made: a child
     of its own, so that nothing else is measured under its wrappers)."""
     import json
     from msprobe.pytorch import PrecisionDebugger as MsprobeDebugger
-    model, loss_fn = models()[name]
+    model, loss_fn = models(size)[name]
+    blocks, steps = REPEATS[size]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     root = tempfile.mkdtemp(prefix="bench-msprobe-", dir=where)
     try:
@@ -156,9 +197,9 @@ def measure_msprobe(name, where) -> float:
         debugger = MsprobeDebugger(config_path=config)
         _block(model, loss_fn, opt, None, 2)
         plain, probed = [], []
-        for _ in range(BLOCKS):
-            plain.append(_block(model, loss_fn, opt, None, STEPS))
-            probed.append(_msprobe_block(model, loss_fn, opt, debugger, STEPS))
+        for _ in range(blocks):
+            plain.append(_block(model, loss_fn, opt, None, steps))
+            probed.append(_msprobe_block(model, loss_fn, opt, debugger, steps))
             shutil.rmtree(os.path.join(root, "dump"), ignore_errors=True)
         return statistics.median(probed) / statistics.median(plain)
     finally:
@@ -180,14 +221,14 @@ def install() -> int:
     return 0
 
 
-def _msprobe_ratio(name) -> Optional[float]:
+def _msprobe_ratio(name, size) -> Optional[float]:
     """msprobe's ratio for a model, from a child process in its environment; None where
     it is not installed or fails."""
     import subprocess
     python = os.path.join(MSPROBE_VENV, "bin", "python")
     if not os.path.exists(python):
         return None
-    done = subprocess.run([python, os.path.abspath(__file__), "--msprobe", name],
+    done = subprocess.run([python, os.path.abspath(__file__), "--msprobe", name, size],
                           capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("ratio ")]
     return float(lines[-1].split()[1]) if done.returncode == 0 and lines else None
@@ -200,22 +241,27 @@ def main(argv=None):
     if argv[:1] == ["--install"]:
         return install()
     if argv[:1] == ["--msprobe"]:
-        print(f"ratio {measure_msprobe(argv[1], where)}")
+        print(f"ratio {measure_msprobe(argv[1], argv[2], where)}")
         return 0
-    for name, (model, loss_fn) in models().items():
-        ratios, plain = measure(model, loss_fn, where)
-        print(f"{name}: plain step {plain * 1e3:.1f} ms")
-        for variant, r in ratios.items():
-            print(f"  {variant} ÷ plain: {r:.2f}")
-        peer = _msprobe_ratio(name)
-        if peer is None:
-            print(f"  msprobe L1 statistics dump: not measured (python {sys.argv[0]} "
-                  f"--install, once)")
-            continue
-        ours = ratios["golden, statistics dump"]
-        print(f"  msprobe L1 statistics dump ÷ plain: {peer:.2f}")
-        print(f"  our statistics dump's overhead ÷ msprobe's: {(ours - 1) / (peer - 1):.2f} "
-              f"(ratio of ratios {ours / peer:.2f})")
+    size = argv[argv.index("--size") + 1] if "--size" in argv[:-1] else "all"
+    if size not in (*SIZES, "all"):
+        print(f"--size: one of {', '.join(SIZES)}, all; got {size!r}", file=sys.stderr)
+        return 2
+    for each in SIZES if size == "all" else (size,):
+        for name, (model, loss_fn) in models(each).items():
+            ratios, plain = measure(model, loss_fn, where, REPEATS[each])
+            print(f"{name}: plain step {plain * 1e3:.1f} ms", flush=True)
+            for variant, r in ratios.items():
+                print(f"  {variant} ÷ plain: {r:.2f}")
+            peer = _msprobe_ratio(name, each)
+            if peer is None:
+                print(f"  msprobe L1 statistics dump: not measured (python {sys.argv[0]} "
+                      f"--install, once)")
+                continue
+            ours = ratios["golden, statistics dump"]
+            print(f"  msprobe L1 statistics dump ÷ plain: {peer:.2f}")
+            print(f"  our statistics dump's overhead ÷ msprobe's: {(ours - 1) / (peer - 1):.2f} "
+                  f"(ratio of ratios {ours / peer:.2f})", flush=True)
     return 0
 
 
