@@ -194,6 +194,36 @@ def test_a_steps_plan_is_reused_only_for_the_same_ops_shapes_and_dtypes(tmp_path
             assert np.array_equal(ws.load(run, number, row.file), value)
 
 
+def test_ranks_launched_apart_are_compared_rank_with_rank(tmp_path):
+    """The golden of two ranks launched apart from their NPU run (torchrun ... --target
+    golden, then --target npu): each launch's ranks take run directories in the order they
+    start, so rank 0 may be npu/debug_1 beside cpu/debug_0. Each NPU rank is compared with
+    the golden run of its own rank, never with the newest golden (another rank's data)."""
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    values = {"rank0": np.linspace(-1, 1, 8, dtype=np.float32),
+              "rank1": np.linspace(3, 5, 8, dtype=np.float32)}
+    op = OpSpec("Functional.linear", "Functional.linear.0.forward", (), (),
+                (TensorSpec("float32"),))
+    for target, group, order in ((layout.GOLDEN, "golden-launch", ("rank0", "rank1")),
+                                 (layout.NPU, "npu-launch", ("rank1", "rank0"))):
+        for rank in order:
+            writer = RunWriter(str(tmp_path), target, {
+                "graph": "script", "front_end": "pytorch", "rank": rank,
+                "rank_number": int(rank[-1]), "world_size": 2, "rank_group": group})
+            task = type("Task", (), {"task_id": 0, "stream_id": 0, "status": 0})() \
+                if target.kind == layout.DEVICE else None
+            writer.write_step(0, [Record(op, [], [values[rank]], task, 1)])
+            writer.finish()
+    ws = Workspace(str(tmp_path))
+    for npu in ws.runs("npu"):
+        assert ws.reference_for(npu).info["rank"] == npu.info["rank"]
+    assert ws.run("npu").info["rank"] == "rank0" and ws.run("cpu").info["rank"] == "rank1"
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["golden_run"] == "cpu/debug_0"
+
+
 def test_a_pytorch_call_in_place_overwrites_its_tensor():
     """PyTorch's convention: Tensor.<op>_ and the in-place operators write into input 0;
     other calls, dunders and unknown names update nothing."""

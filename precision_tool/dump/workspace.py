@@ -204,8 +204,10 @@ class Workspace:
     def reference_for(self, run: Run, among: Optional[List[Run]] = None) -> Optional[Run]:
         """run's own rank's reference: of `among` (the ranks of a reference dump), the one
         of run's rank (else the first); without it, for one rank of a distributed launch
-        (run.json's rank_group), the newest reference run of the same launch and rank;
-        None for any other run."""
+        (run.json's rank_group), the newest reference run of the same launch and rank, else
+        (the golden launched apart from the NPU run) the newest original reference run of
+        the same rank of a launch as wide; None for any other run (a rank's run is never
+        compared with another rank's by default: their data differ)."""
         rank = run.info.get("rank")
         if among is not None:
             same = [r for r in among if r.info.get("rank") == rank]
@@ -213,9 +215,14 @@ class Workspace:
         group = run.info.get("rank_group")
         if not group:
             return None
-        same = [r for r in self.runs() if r.kind == layout.REFERENCE and
-                r.info.get("rank_group") == group and r.info.get("rank") == rank]
-        return same[-1] if same else None
+        references = [r for r in self.runs() if r.kind == layout.REFERENCE and
+                      r.info.get("rank") == rank]
+        same = [r for r in references if r.info.get("rank_group") == group]
+        if same:
+            return same[-1]
+        apart = [r for r in references if r.info.get("world_size") == run.info.get("world_size")
+                 and not r.info.get("replay_of") and r.complete_steps]
+        return apart[-1] if apart else None
 
     def resolve_step(self, run: Run, step: Optional[int] = None) -> int:
         """The step asked for, checked to be dumped whole in the run (the error names the
