@@ -151,7 +151,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     criteria = Criteria.of(threshold)
     npu_run = npu_run or ws.run("npu")
     if compare:
-        golden_run = golden_run or ws.reference_for(npu_run) or ws.run("cpu")
+        golden_run = golden_run or ws.default_reference(npu_run)
         steps = check_steps(ws, npu_run, golden_run, step)
         if step is None:
             result_unseen = _unseen_steps(npu_run, golden_run, steps)

@@ -216,12 +216,10 @@ class App:
     def reference(self, spec: Optional[str], run: Run) -> Run:
         """The reference run to compare `run` with: the one named, else the same rank's of
         the same launch where run is one rank of several (Workspace.reference_for), else
-        the newest golden run."""
+        the newest golden run (Workspace.default_reference)."""
         if spec is None:
-            found = self.ws.reference_for(run)
-            if found is not None:
-                return self.noting(found)
-        elif is_dump(spec):            # a dump's ranks: the one of the compared run's rank
+            return self.noting(self.ws.default_reference(run))
+        if is_dump(spec):            # a dump's ranks: the one of the compared run's rank
             return self.noting(self.ws.reference_for(run, self.imported(spec, "cpu")))
         return self.run(spec, "cpu")
 

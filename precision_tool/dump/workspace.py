@@ -224,6 +224,11 @@ class Workspace:
                  and not r.info.get("replay_of") and r.complete_steps]
         return apart[-1] if apart else None
 
+    def default_reference(self, run: Run) -> Run:
+        """The reference a run is compared with when none is named: its own rank's
+        (reference_for), else the newest golden run."""
+        return self.reference_for(run) or self.run("cpu")
+
     def resolve_step(self, run: Run, step: Optional[int] = None) -> int:
         """The step asked for, checked to be dumped whole in the run (the error names the
         runs that have it), or the run's first complete step."""

@@ -293,7 +293,7 @@ def build_report(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optio
     write_csv=True, or made here) and what the plots draw."""
     criteria = Criteria.of(criteria)
     npu_run = npu_run or ws.run("npu")
-    golden_run = golden_run or ws.reference_for(npu_run) or ws.run("cpu")
+    golden_run = golden_run or ws.default_reference(npu_run)
     if check is None:
         check = auto_check(ws, npu_run, golden_run, step, compare=True, threshold=criteria,
                            write_csv=True)

@@ -109,9 +109,8 @@ def run_script_checks(ws: Workspace, run: Run, step: Optional[int] = None,
 
 
 def _elements(shape) -> int:
-    """The element count of an index row's shape ("[8, 16]"; "[]" is one)."""
-    dims = [int(d) for d in str(shape).strip("[]()").replace(",", " ").split() if d]
-    return int(np.prod(dims)) if dims else 1
+    """The element count of an index row's shape ("8 16"; "" is a scalar's)."""
+    return math.prod(int(d) for d in str(shape).split())
 
 
 def _is_mask(value: np.ndarray) -> bool:
