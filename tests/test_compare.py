@@ -390,3 +390,43 @@ def test_a_compare_pauses_the_cyclic_collector_and_restores_it(tmp_path):
     with pytest.raises(Exception):
         compare_step(ws, npu_run, cpu_run, 99)
     assert gc.isenabled()
+
+
+def test_only_a_narrow_float_flushes_and_a_float32_row_carries_what_it_reads():
+    """A zero in a float32 NPU tensor where the golden holds 4e-6 is cancellation (two
+    ranks' +-0.0149 all-reduced), not underflow: it passes. A float32 row holding the same
+    golden tensor as a flushed fp16 row (its cast), or made by an op that reads one, carries
+    the flush and fails; a table that gives no dtype keeps the old rule."""
+    from precision_tool.analysis.comparing.verdicts import judge
+    from precision_tool.table import Table
+    rows = [  # (op, tensor index, golden tensor, dtype, flushed share)
+        ("all_reduce", "all_reduce:input:0", "grad", "float32", 0.0),
+        ("all_reduce", "all_reduce:output:0", "reduced", "float32", 0.0625),
+        ("mm", "mm:output:0", "g16", "float16", 0.077),
+        ("cast", "cast:input:0", "g16", "float16", 0.077),
+        ("cast", "cast:output:0", "g16", "float32", 0.077),
+        ("unscale", "unscale:input:0", "g16", "float32", 0.077),
+        ("unscale", "unscale:output:0", "unscaled", "float32", 0.077),
+        ("sgd", "sgd:input:0", "unscaled", "float32", 0.077),
+        ("sgd", "sgd:output:0", "w", "float32", 0.0),
+        ("hand", "hand:output:0", "h", "", 0.0625),
+    ]
+    n = len(rows)
+    table = Table({"Index": np.arange(n), "NPUDump": np.array([r[0] for r in rows], dtype=object),
+                   "TensorIndex": np.array([r[1] for r in rows], dtype=object),
+                   "GoldenTensor": np.array([r[2] for r in rows], dtype=object),
+                   "NpuDataType": np.array([r[3] for r in rows], dtype=object),
+                   "FlushedToZeroRatio": np.array([r[4] for r in rows]),
+                   "CosineSimilarity": np.full(n, 0.9999), "NpuNorm": np.ones(n),
+                   "GoldenNorm": np.ones(n), "Elements": np.full(n, 16.0)})
+    got = dict(zip([r[1] for r in rows], judge(table)["Verdict"].tolist()))
+    assert got == {"all_reduce:input:0": "pass", "all_reduce:output:0": "pass",
+                   "mm:output:0": "fail", "cast:input:0": "fail", "cast:output:0": "fail",
+                   "unscale:input:0": "fail", "unscale:output:0": "fail", "sgd:input:0": "fail",
+                   "sgd:output:0": "pass", "hand:output:0": "fail"}
+    # the same rows in another order are walked in execution order all the same
+    shuffled = Table({k: np.asarray(table[k])[::-1] for k in table.columns})
+    assert judge(shuffled)["Verdict"].tolist() == judge(table)["Verdict"].tolist()[::-1]
+    # without the tensors' names nothing says what a float32 row carries: its holes pass
+    bare = Table({k: np.asarray(table[k]) for k in table.columns if k != "GoldenTensor"})
+    assert judge(bare)["Verdict"].tolist()[4:7] == ["pass", "pass", "pass"]

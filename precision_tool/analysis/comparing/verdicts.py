@@ -11,7 +11,13 @@ diverges when any of these holds (Criteria, each a documented option):
 - at max: an fp16 NPU tensor holds elements at 65504 (or beyond) where the golden stays under
   it: saturation clipped them (in inf_nan mode they would be inf: nonfinite);
 - flushed: of a tensor of more than `small_size` elements, the NPU holds as zero more than
-  `flushed` of the elements the golden holds as non-zero (underflow);
+  `flushed` of the elements the golden holds as non-zero (underflow). Only a narrow float
+  (fp16, bf16, or a dtype the table does not give) flushes: a zero a float32 NPU tensor holds
+  where the golden holds 4e-6 is a sum's terms cancelling in another order, rounding that the
+  cosine and the norm judge (two ranks' gradients of +-0.0149 all-reduced). A float32 tensor
+  carries the holes of a flush it reads, though (an fp16 gradient cast to float32 for the
+  update): where the table names the tensors, a float32 row holding flushed elements fails
+  when it holds a flushed tensor (the same golden tensor) or its op reads one;
 - relative error: a tensor of at most `small_size` elements, whose cosine says little, is
   more than `rel_error` away from the golden (relative Euclidean distance);
 - one side all zero and not the other.
@@ -33,7 +39,7 @@ from typing import Optional
 import numpy as np
 
 from ... import numerics
-from ...table import Table, numbers as _numbers, texts as _text
+from ...table import Table, column, numbers as _numbers, texts as _text
 
 UNREADABLE = "unreadable: "       # a result row's reason when a tensor file could not be read
 STATS_ONLY = "statistics only"
@@ -44,6 +50,8 @@ ERROR_REASONS = ("shape mismatch", "no golden", UNREADABLE, NOT_IN_INDEX, NO_COU
 # verdicts of a row: the first two diverge; error rows were not compared (coverage)
 FAIL, NONFINITE, PASS, ERROR, NPU_ONLY = "fail", "nonfinite", "pass", "error", "npu-only"
 DIVERGING = frozenset({FAIL, NONFINITE})
+# NPU dtypes whose zeros are not underflow (see "flushed" in the module doc)
+WIDE_FLOATS = ("float32", "float64")
 _VERDICTS = np.array([PASS, FAIL, NONFINITE, ERROR, NPU_ONLY], dtype=object)
 
 
@@ -161,7 +169,9 @@ def evaluate(table, criteria=None) -> Judged:
     # NpuAtFp16Max counts inf too, which the non-finite test speaks for: finite 65504s here
     at_max = np.maximum(np.nan_to_num(_numbers(table, "NpuAtFp16Max")) - np.nan_to_num(counts[1]), 0)
     golden_abs_max = _numbers(table, "GoldenAbsMax")
-    fp16 = _text(table, "NpuDataType") == "float16"
+    npu_dtype = _text(table, "NpuDataType")
+    fp16 = npu_dtype == "float16"
+    wide = np.isin(npu_dtype, WIDE_FLOATS)
 
     tests = {
         "cosine": ~stats & (cos < c.cosine),
@@ -169,7 +179,7 @@ def evaluate(table, criteria=None) -> Judged:
         # a golden that holds exactly 65504 may hold it by design (an attention mask's
         # -65504): there the cosine and the norm decide; beyond it, the NPU clipped
         "at max": fp16 & (at_max > 0) & ~(golden_abs_max == numerics.FP16_MAX),
-        "flushed": ~small & (flushed > c.flushed),
+        "flushed": _flushes(table, ~small & (flushed > c.flushed), wide),
         "relative error": small & (red > c.rel_error),
         "zero": (nx == 0) != (ny == 0),
     }
@@ -192,6 +202,32 @@ def evaluate(table, criteria=None) -> Judged:
     tests = {"nonfinite": nonfinite, **tests}
     return Judged(verdicts, tests, shown, (cos, norm_diff, at_max, flushed, red, nx, ny, counts),
                   stats)
+
+
+def _flushes(table, holes: np.ndarray, wide: np.ndarray) -> np.ndarray:
+    """The rows that fail as flushed: the narrow floats' rows with holes, and the wide
+    floats' rows with holes that carry a flush (see the module doc), walked in execution
+    order (Index: an op's inputs come before its outputs) so that a carrier carries on."""
+    narrow, candidates = holes & ~wide, np.flatnonzero(holes & wide)
+    if not len(candidates) or "GoldenTensor" not in table or "TensorIndex" not in table:
+        return narrow
+    out = narrow.copy()
+    golden = column(table, "GoldenTensor", "")
+    flushed = {g for g in golden[narrow].tolist() if isinstance(g, str) and g}
+    names = column(table, "NPUDump", "")
+    is_input = np.char.find(_text(table, "TensorIndex").astype(str), ":output:") < 0
+    # each op's input tensors, for the ops of candidate output rows only
+    ops = set(names[candidates].tolist())
+    read: dict = {}
+    for i in np.flatnonzero(is_input & np.isin(names, list(ops))).tolist():
+        read.setdefault(names[i], []).append(golden[i])
+    for i in candidates[np.argsort(_numbers(table, "Index")[candidates], kind="stable")].tolist():
+        g = golden[i]
+        if g in flushed or not is_input[i] and any(r in flushed for r in read.get(names[i], ())):
+            out[i] = True
+            if isinstance(g, str) and g:
+                flushed.add(g)
+    return out
 
 
 def _joined(pieces) -> np.ndarray:
