@@ -316,3 +316,42 @@ def test_a_pynative_runs_bundle_is_checked_and_replayed(tmp_path):
     assert out.exit_code == 0 and "replayed into npu/debug_1" in out.output, out.output
     with pytest.raises(pt.PrecisionToolError, match="only mean something in graph mode"):
         pt.SessionConfig(mode="pynative", fusion_switch={"Switch": {"GraphFusion": {"ALL": "on"}}})
+
+
+def test_feed_figures_from_statistics_are_those_of_the_values():
+    """A statistics dump's feed is judged on figures rebuilt from its index row (max, min,
+    mean and L2 norm over the finite elements, the nan/inf counts): they equal, to
+    rounding, what float64 numpy gives on the values, and a mask is told from data by
+    them as by its distinct values."""
+    from precision_tool.analysis.replays.script_checks import _is_mask, _stats_of_mask
+    from precision_tool.kernels import tensor_stats
+    rng = np.random.default_rng(0)
+    data = rng.normal(3.0, 2.0, (64, 9)).astype(np.float32)
+    holed = data.copy()
+    holed[1, 2], holed[5, 5], holed[7, 0] = np.nan, np.inf, -np.inf
+    lowest = np.where(rng.random((8, 4)) < 0.3, np.finfo(np.float32).min, 0).astype(np.float32)
+    cases = {"data": data, "holed": holed, "big": data * 1e5, "lowest": lowest,
+             "ones": (rng.random((8, 4)) < 0.5).astype(np.float32),
+             "minus_inf": np.where(rng.random((8, 4)) < 0.3, -np.inf, 0).astype(np.float32),
+             "zeros": np.zeros((3, 3), np.float32), "all_nan": np.full(4, np.nan, np.float32),
+             "three_values": np.array([0, 1, 2, 0], np.float32),
+             "two_not_zero": np.array([1, 2, 1, 2], np.float32)}
+    for name, v in cases.items():
+        stats = tensor_stats(v)
+        assert _stats_of_mask(v.size, stats) == _is_mask(v), name
+        x = v.astype(np.float64).ravel()
+        finite = x[np.isfinite(x)]
+        got = ck.FeedFigures.from_stats(v.size, stats)
+        assert got.elements == v.size and got.nonfinite == x.size - finite.size, name
+        if finite.size:
+            assert got.peak == np.abs(finite).max(), name
+            assert got.mean == pytest.approx(finite.mean(), rel=1e-9, abs=1e-300), name
+            assert got.std == pytest.approx(finite.std(), rel=1e-6, abs=1e-9 * abs(got.peak)), name
+        else:
+            assert np.isnan(got.peak) and np.isnan(got.mean), name
+        # the findings are the same from either (their std may differ in the last digits)
+        assert ck.feed_nonfinite(name, got) == ck.feed_nonfinite(name, v), name
+        assert [(f.check, f.severity) for f in ck.feed_range(name, got)] == \
+            [(f.check, f.severity) for f in ck.feed_range(name, v)], name
+    assert [f.severity for f in ck.feed_range("big", cases["big"])] == ["error"]
+    assert ck.feed_nonfinite("holed", cases["holed"])[0].evidence["nonfinite"] == 3

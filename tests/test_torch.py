@@ -760,11 +760,11 @@ def test_check_reads_a_scripts_dumped_steps(tmp_path):
     assert golden.exit_code == 1 and json.loads(golden.stdout)["run"] == "cpu/debug_0"
 
 
-def _data_in_step(root, nan=False, scale=1.0):
+def _data_in_step(root, nan=False, scale=1.0, dump_mode="tensor"):
     """A golden run whose data the step makes, as a script under torch-run does (its
     `torch.randn` at the top is a call of step 0): the batch, scaled, with a nan written
-    into it by indexing (no call records it), and a mask of 0 and -inf added to the
-    logits."""
+    into it by indexing (no call records it), a mask of 0 and -inf added to the logits and
+    one of 0 and finfo.min to their sum."""
     torch.manual_seed(0)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -777,16 +777,22 @@ def _data_in_step(root, nan=False, scale=1.0):
             x[3, 5] = float("nan")
         mask = torch.zeros(8, 4)
         mask[:, 3] = float("-inf")
-        return F.cross_entropy(model(x) + mask, y)
-    _steps(model, loss_of, opt, PrecisionDebugger(root, target="golden", dump_step="all"), 2)
+        lowest = torch.zeros(8, 4)
+        lowest[:, 2] = torch.finfo(torch.float32).min
+        return F.cross_entropy(model(x) + mask + lowest, y)
+    _steps(model, loss_of, opt, PrecisionDebugger(root, target="golden", dump_step="all",
+                                                  dump_mode=dump_mode), 2)
 
 
+@pytest.mark.parametrize("dump_mode", ["tensor", "statistics"])
 @pytest.mark.parametrize("planted", ["healthy", "nan", "scaled"])
-def test_check_finds_the_data_a_step_makes(tmp_path, planted):
+def test_check_finds_the_data_a_step_makes(tmp_path, planted, dump_mode):
     """Data made inside the step is data all the same: the tensor the model reads beside its
     weights is the feed, whatever call made it; a nan written by indexing is seen (the
-    name of what randn made ends with the write); the mask is not data."""
-    _data_in_step(str(tmp_path), nan=planted == "nan", scale=1e5 if planted == "scaled" else 1)
+    name of what randn made ends with the write); the masks are not data. A statistics
+    dump's feeds are checked by the index's numbers, masks told apart by them too."""
+    _data_in_step(str(tmp_path), nan=planted == "nan", scale=1e5 if planted == "scaled" else 1,
+                  dump_mode=dump_mode)
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "check", "-r",
                                    "cpu/debug_0"])
     findings = [(f["check"], f["severity"], f["evidence"].get("feed")) for f in

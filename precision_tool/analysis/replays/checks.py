@@ -241,17 +241,55 @@ def _data_nonfinite(ctx: CheckContext) -> List[Finding]:
     return [f for name, v in ctx.bundle.feeds.items() for f in feed_nonfinite(name, v)]
 
 
+@dataclass(frozen=True)
+class FeedFigures:
+    """What the feed checks read of a float tensor: its element count, how many are nan/inf,
+    and over the finite ones the largest magnitude, the mean and the standard deviation
+    (nan without finite elements). Taken from the values, or from a statistics dump's index
+    row, whose max, min, mean and L2 norm are over the finite elements too."""
+    elements: int
+    nonfinite: int
+    peak: float
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, v) -> Optional["FeedFigures"]:
+        """The figures of an array; None where it holds no floats."""
+        v = np.asarray(v)
+        if dtypes.category(v.dtype) != "float":
+            return None
+        x = v.astype(np.float64).ravel()
+        finite = x[np.isfinite(x)]
+        if not finite.size:
+            return cls(int(v.size), int(x.size), math.nan, math.nan, math.nan)
+        return cls(int(v.size), int(x.size - finite.size), float(np.abs(finite).max()),
+                   float(finite.mean()), float(finite.std()))
+
+    @classmethod
+    def from_stats(cls, elements: int, stats) -> "FeedFigures":
+        """From tensor statistics (kernels.tensor_stats' fields): the variance is the mean
+        square (the L2 norm's square over the finite count) less the squared mean, clipped
+        at 0 where rounding takes it below."""
+        nonfinite = int(sum(stats[k] for k in ("nan_count", "pos_inf_count", "neg_inf_count")))
+        finite = elements - nonfinite
+        if finite <= 0 or not math.isfinite(stats["max"]):
+            return cls(elements, nonfinite, math.nan, math.nan, math.nan)
+        mean = float(stats["mean"])
+        var = float(stats["l2norm"]) ** 2 / finite - mean * mean
+        return cls(elements, nonfinite, max(abs(float(stats["max"])), abs(float(stats["min"]))),
+                   mean, math.sqrt(max(var, 0.0)))
+
+
 def feed_nonfinite(name: str, v) -> List[Finding]:
-    """data.nonfinite of one feed (a graph's, or a script's input from outside the step)."""
-    v = np.asarray(v)
-    if dtypes.category(v.dtype) != "float":
-        return []
-    bad = np.asarray(~np.isfinite(v.astype(np.float64)))
-    if not bad.any():
+    """data.nonfinite of one feed (a graph's, or a script's input from outside the step): its
+    values or its FeedFigures."""
+    f = v if isinstance(v, FeedFigures) else FeedFigures.of(v)
+    if f is None or not f.nonfinite:
         return []
     return [_finding("data.nonfinite", ERROR,
-                     f"feed {name} holds {int(bad.sum())} nan/inf of {v.size}",
-                     {"feed": name, "nonfinite": int(bad.sum()), "elements": int(v.size)},
+                     f"feed {name} holds {f.nonfinite} nan/inf of {f.elements}",
+                     {"feed": name, "nonfinite": f.nonfinite, "elements": f.elements},
                      "clean or filter the data before it is fed (a nan input makes every "
                      "result downstream nan)")]
 
@@ -292,15 +330,11 @@ def _data_range(ctx: CheckContext) -> List[Finding]:
 
 
 def feed_range(name: str, v) -> List[Finding]:
-    """data.fp16_range of one feed."""
-    v = np.asarray(v)
-    if dtypes.category(v.dtype) != "float" or not v.size:
+    """data.fp16_range of one feed: its values or its FeedFigures."""
+    f = v if isinstance(v, FeedFigures) else FeedFigures.of(v)
+    if f is None or not f.peak == f.peak:          # no floats, or no finite element
         return []
-    x = v.astype(np.float64)
-    x = x[np.isfinite(x)]
-    if not x.size:
-        return []
-    peak, mean, std = float(np.abs(x).max()), float(x.mean()), float(x.std())
+    peak, mean, std = f.peak, f.mean, f.std
     evidence = {"feed": name, "max_abs": _f(peak), "mean": _f(mean), "std": _f(std)}
     if peak > FP16_MAX:
         return [_finding("data.fp16_range", ERROR,

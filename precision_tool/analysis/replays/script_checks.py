@@ -19,8 +19,9 @@ import numpy as np
 
 from ...dump import Workspace, layout
 from ...dump.workspace import Run
+from ...kernels import STAT_FIELDS
 from .checks import (CHECKS, ERROR, FP16_MAX, INNER_LIMITS, LOW, SCALED_MODES, WARNING,
-                     CheckError, CheckReport, Finding, _f, _finding, feed_nonfinite,
+                     CheckError, CheckReport, FeedFigures, Finding, _f, _finding, feed_nonfinite,
                      feed_range, never_changed, update_too_large, weight_scale)
 
 # what a script's dumped steps answer; the others read a graph or replay a step
@@ -103,14 +104,37 @@ def run_script_checks(ws: Workspace, run: Run, step: Optional[int] = None,
         report.notes.append("no NPU run of the script: where it computes in fp16 is not "
                             "known (torch-run --target npu)")
     if ctx.undumped:
-        report.notes.append(f"{golden.label} dumped statistics only: values not checked "
-                            f"for {ctx.undumped} tensor(s) (torch-run --dump-mode tensor)")
+        report.notes.append(f"{golden.label} dumped statistics only: the feeds were checked "
+                            f"by their statistics, but {ctx.undumped} weight and optimizer "
+                            f"value(s) were not dumped, so the update size, the "
+                            f"initialisation and weights never updated went unchecked "
+                            f"(torch-run --dump-mode tensor)")
     return report
 
 
 def _elements(shape) -> int:
     """The element count of an index row's shape ("8 16"; "" is a scalar's)."""
     return math.prod(int(d) for d in str(shape).split())
+
+
+def _stats_of_mask(elements: int, stats) -> bool:
+    """_is_mask from a statistics dump's numbers: no nan, and either every finite element
+    is 0 beside infinities of one sign (0 and -inf), or the finite ones span [m, 0] or
+    [0, m] with a sum of squares of exactly |m| times the sum of magnitudes, which only
+    values all 0 or m reach (0 and finfo.min, 0 and 1)."""
+    if stats["nan_count"] or stats["pos_inf_count"] and stats["neg_inf_count"]:
+        return False
+    hi, lo = float(stats["max"]), float(stats["min"])
+    finite = elements - int(stats["pos_inf_count"] + stats["neg_inf_count"])
+    if not finite:
+        return False
+    if hi == 0 and lo == 0:
+        return True
+    if stats["pos_inf_count"] or stats["neg_inf_count"] or not (hi == 0 or lo == 0):
+        return False
+    m = lo if hi == 0 else hi
+    squares, total = float(stats["l2norm"]) ** 2, float(stats["mean"]) * finite
+    return math.isclose(squares, m * total, rel_tol=1e-6)
 
 
 def _is_mask(value: np.ndarray) -> bool:
@@ -147,7 +171,7 @@ class _ScriptContext:
         return out
 
     @cached_property
-    def feeds(self) -> Dict[str, np.ndarray]:
+    def feeds(self) -> Dict[str, FeedFigures]:
         """The data: float tensors the forward pass reads beside what the weights feed. A
         tensor derives from the weights when a Variable is among its ancestors in the step;
         a feed is one that does not, read by a call that also reads one that does, before
@@ -155,7 +179,7 @@ class _ScriptContext:
         script made in the step (a batch a DataLoader stacks, `torch.randn` at its top under
         torch-run, `x / 255`) counts as it is read, not as it was made; a mask (at most two
         values, one of them 0: an attention mask of 0 and -inf) and a single number are
-        not data."""
+        not data. A statistics dump's feeds are checked by their index rows' numbers."""
         step = self.steps[0]
         t = self.ws.index(self.golden, step)
         derived = set(t.tensor[(t.op_type == "Variable") & (t.io == "output")])
@@ -177,13 +201,20 @@ class _ScriptContext:
         out, seen = {}, set()
         for tensor, op in reads.items():
             row = files[tensor]
-            if row.file in seen:
-                continue
-            seen.add(row.file)
-            value = self._load(step, row)
-            if value is not None and not _is_mask(value):
+            if isinstance(row.file, str) and row.file:
+                if row.file in seen:
+                    continue
+                seen.add(row.file)
+                value = self._load(step, row)
+                figures = None if value is None or _is_mask(value) else FeedFigures.of(value)
+            else:          # a statistics dump: the index's statistics are the figures
+                stats = {k: getattr(row, k) for k in STAT_FIELDS}
+                elements = _elements(row.shape)
+                figures = None if _stats_of_mask(elements, stats) else \
+                    FeedFigures.from_stats(elements, stats)
+            if figures is not None:
                 mine = tensor.startswith(f"{op}.input:")     # made before the step
-                out[tensor if mine else f"{tensor} (read by {op})"] = value
+                out[tensor if mine else f"{tensor} (read by {op})"] = figures
         return out
 
     @cached_property
