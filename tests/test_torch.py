@@ -199,8 +199,12 @@ def test_a_statistics_dump_holds_the_tensor_dumps_statistics(tmp_path, target):
     assert not [f for f in os.listdir(runs[1].path) if f.endswith(".npy")]
     other = "npu" if target == "golden" else "golden"
     _train(Attention, str(tmp_path / "statistics"), other, steps=2, dump_mode="statistics")
-    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "statistics"), "ac", "-c"])
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "statistics"), "--json", "ac",
+                                   "-c"])
     assert out.exit_code == 0, out.output
+    # what a statistics dump cannot show is said, with the option of this front-end
+    advice = " ".join(json.loads(out.stdout)["advice"])
+    assert "only by their statistics" in advice and "torch-run --dump-mode tensor" in advice
 
 
 def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):

@@ -227,7 +227,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_drift_advice(r.drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates, opts))
-    unchecked = _unchecked_updates(r.update_check)
+    unchecked = _unchecked_updates(r.update_check, r.front_end)
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
     if o is not None and (first is None or o["op_name"] != first["op_name"]) and not flushed \
@@ -282,7 +282,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     return lines + sound + ([unchecked] if unchecked else []) + infinities
 
 
-def _unchecked_updates(u: Optional[dict]) -> str:
+def _unchecked_updates(u: Optional[dict], front_end: str = "") -> str:
     """What the update check could not see ("" when it saw every update's change)."""
     if not u or not (u["by_statistics"] or u["unseen_count"]):
         return ""
@@ -297,7 +297,12 @@ def _unchecked_updates(u: Optional[dict]) -> str:
     return (f"What each update changed was compared with the golden's change element by "
             f"element for {u['checked'] - u['by_statistics']} of {total} updated variable(s); "
             + " and ".join(parts) + ": an update lost below its weight's ulp may not show. "
-            "Dump tensors of a step (--dump-data tensor) to check every element.")
+            f"Dump tensors of a step ({_tensor_dump_option(front_end)}) to check every element.")
+
+
+def _tensor_dump_option(front_end: str) -> str:
+    """The option that dumps tensors, in the runner the run came from."""
+    return "torch-run --dump-mode tensor" if front_end == "pytorch" else "--dump-data tensor"
 
 
 def _sound_text(r) -> List[str]:
