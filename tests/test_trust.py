@@ -147,6 +147,20 @@ def test_deleted_tensor_files_are_counted_and_never_sound(built, tmp_path):
     assert "could not be compared" in result.stdout and "incomplete" in result.stderr
 
 
+def test_a_later_step_compared_in_part_withholds_the_clean_verdict(built, tmp_path):
+    """Plain ac -c finds step 0 sound and looks on: step 1, with a file deleted, was
+    compared in part, so no clean verdict (exit 2) and the step is named."""
+    root = copy(built, "clean", tmp_path)
+    later = step_dir(root, step=1)
+    os.remove(os.path.join(later, sorted(f for f in os.listdir(later) if f.endswith(".npy"))[3]))
+    code, data = as_json(root, "ac", "-c")
+    assert code == 2 and data["verdict"] == "incomplete" and data["step"] == 0
+    assert list(data["unseen_steps"].values()) == [[1]]
+    result = invoke(root, "ac", "-c")
+    assert "looks sound in the steps compared" in " ".join(result.stdout.split())
+    assert "no clean verdict" in result.stderr
+
+
 def test_an_inf_written_into_a_golden_file_is_damage_not_the_model(built, tmp_path):
     """A golden tensor file with an inf the NPU does not hold, written after the dump: the
     index recorded none, so the file was changed or damaged since. It decides nothing: not

@@ -140,6 +140,9 @@ class AutoCheck:
         return out
 
 
+PARTLY_COMPARED = "tensors missing or unreadable, listed under the steps looked at"
+
+
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
                write_csv: bool = False, rank: Optional[bool] = None,
@@ -188,6 +191,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         s = next((x for x in steps if reports[x].tasks), steps[0])
     report = reports[s]
     result.step = s
+    # a step looked at on the way whose compare left tensors out: no clean verdict over it
+    # (the step reported says so through its own coverage)
+    partial = [x for x in compared if x != s and not compared[x].coverage.complete]
+    if partial:
+        result.unseen_steps[PARTLY_COMPARED] = partial
     # a graph run's step replays from its bundle; a script's run reruns its script
     result.front_end = str(npu_run.info.get("front_end") or "")
     result.imported = bool(npu_run.info.get("source"))
