@@ -28,14 +28,18 @@ class OutputVerdict:
     reason: str
 
 
-def judge_outputs(pairs: Mapping[str, tuple]) -> List[OutputVerdict]:
-    """Each output's (golden, NPU) values compared and judged by the default criteria."""
+def judge_outputs(pairs: Mapping[str, tuple],
+                  device_dtypes: Optional[Mapping[str, str]] = None) -> List[OutputVerdict]:
+    """Each output's (golden, NPU) values compared and judged by the default criteria, as
+    the dtype the device made it in (device_dtypes; else the NPU value's own): an fp16
+    softmax's output fetched as float32 still flushed in fp16."""
     rows, metrics = [], []
     for name, (golden, npu) in pairs.items():
         m = compare_tensors(npu, golden)
         finite = np.abs(np.asarray(golden, dtype=np.float64))
         finite = finite[np.isfinite(finite)]
-        rows.append(dict(m, Elements=float(np.size(golden)), NpuDataType=np.asarray(npu).dtype.name,
+        dtype = (device_dtypes or {}).get(name) or np.asarray(npu).dtype.name
+        rows.append(dict(m, Elements=float(np.size(golden)), NpuDataType=dtype,
                          GoldenAbsMax=float(finite.max()) if finite.size else float("nan")))
         metrics.append((name, list(np.shape(golden)), m))
     if not rows:
@@ -102,4 +106,5 @@ def model_report(model: str, imported, result, given: List[str],
                        sorted(set(imported.inputs) - set(given)), precision_mode,
                        _label(result.npu_run), _label(result.golden_run),
                        _label(result.reference_run) if result.reference_run else None,
-                       result.float_status, judge_outputs(result.outputs), reference)
+                       result.float_status, judge_outputs(result.outputs, result.device_dtypes),
+                       reference)

@@ -13,6 +13,7 @@ import numpy as np
 from ..dump import hooks, layout
 from ..dump.runwriter import Record, RunWriter, op_spec
 from ..runtime import Session, SessionConfig
+from ..errors import GraphError
 from .importer import ImportedModel
 
 ATC_DEFAULT_MODE = "force_fp16"
@@ -23,13 +24,16 @@ REFERENCES = ("onnxruntime",)
 class ModelRun:
     """npu_run / golden_run / reference_run: the run directories written. outputs: each model
     output's (golden, NPU) values. reference: the golden executor against ONNX Runtime, node
-    by node (reference.NodeDiff), when asked. float_status: the NPU's status word."""
+    by node (reference.NodeDiff), when asked. float_status: the NPU's status word.
+    device_dtypes: the dtype each output has on the device (fp16 where the kernel that made
+    it computed in fp16, whatever dtype the fetch hands back)."""
     npu_run: str
     golden_run: str
     reference_run: Optional[str]
     outputs: Dict[str, tuple]
     float_status: int
     reference: List = field(default_factory=list)
+    device_dtypes: Dict[str, str] = field(default_factory=dict)
 
 
 def write_reference_run(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarray],
@@ -108,8 +112,18 @@ def dump_model(imported: ImportedModel, root: str, feeds: Mapping[str, np.ndarra
     imported.load_weights(npu)
     npu_out = npu.run(fetches, fed)
     status = npu.float_status()
+    device_dtypes = {name: _device_dtype(npu.compiled.graph, fetch)
+                     for name, fetch in imported.outputs.items()}
     npu.close()
     outputs = {name: (g, n) for name, g, n in zip(imported.outputs, golden_out, npu_out)}
     return ModelRun(npu_run=hooks.dump_dirs(npu)[0], golden_run=hooks.dump_dirs(golden)[0],
                     reference_run=reference_run, outputs=outputs, float_status=status,
-                    reference=diffs)
+                    reference=diffs, device_dtypes=device_dtypes)
+
+
+def _device_dtype(graph, fetch) -> str:
+    """The dtype of a fetched tensor in the compiled graph ("" where the compiler renamed it)."""
+    try:
+        return str(graph.tensor(getattr(fetch, "name", fetch)).dtype)
+    except GraphError:
+        return ""
