@@ -813,6 +813,35 @@ def test_check_finds_the_data_a_step_makes(tmp_path, planted, dump_mode):
              "Tensor.mul.0.forward:0 (read by Functional.linear.0.forward)")], out.output
 
 
+@pytest.mark.parametrize("masked", ["other class", "target class"])
+def test_infinities_both_runs_hold_decide_nothing_unless_they_reach_the_loss(tmp_path, masked):
+    """A -inf mask on the logits is held by both runs and decides nothing; the same mask on
+    the class every label names makes the loss inf in both runs: the training is broken
+    (not the NPU), and ac -c says the golden's inf reaches the loss (exit 1), never
+    "precision looks sound"."""
+    column = 0 if masked == "target class" else 3
+    for target in ("golden", "npu"):
+        torch.manual_seed(0)
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 16, generator=g), torch.zeros(8, dtype=torch.long)
+        mask = torch.zeros(8, 4)
+        mask[:, column] = float("-inf")
+        losses = _steps(model, lambda: F.cross_entropy(model(x) + mask, y), opt,
+                        PrecisionDebugger(str(tmp_path), target=target, dump_step="all"), 2)
+        assert np.isinf(losses).all() == (masked == "target class")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    advice = " ".join(json.loads(out.stdout)["advice"])
+    if masked == "target class":
+        assert out.exit_code == 1, out.output
+        assert "reaches Functional.cross_entropy.0.forward:0" in advice
+        assert "looks sound" not in advice and "decide nothing" not in advice
+    else:
+        assert out.exit_code == 0, out.output
+        assert "decide nothing" in advice and "reaches" not in advice
+
+
 # the planted script with its scores scaled before the product and smaller inputs: q.k
 # fits fp16, but the scores still pass ln(65504)
 FUSED_SOFTMAX = PLANTED.replace("q, k, v = self.q(x), ", "q, k, v = self.q(x) / 4.0, ") \

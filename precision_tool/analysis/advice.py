@@ -235,7 +235,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    if g and not data_first and (g.get("matched") or (g.get("held") and not r.has_findings)):
+    if g and not data_first and not g.get("reaches") and \
+            (g.get("matched") or (g.get("held") and not r.has_findings)):
         # infinities only, held by the NPU too (as inf, or saturated to 65504 where nothing
         # reading them differs): made on purpose (a mask's -inf); no cause to look for
         held = "and the NPU holds them too" if g.get("matched") else \
@@ -319,10 +320,12 @@ def _sound_text(r) -> List[str]:
 
 
 def _golden_nonfinite_advice(g: dict) -> str:
+    reaches = f", and it reaches {g['reaches']}, which nothing in the step reads (the loss, " \
+              f"an output or an update)" if g.get("reaches") else ""
     return (f"The golden run itself holds nan/inf: {g['tensors']} tensor(s), the first "
-            f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)). That is the data "
-            f"or the model, not the NPU: precision-tool check names it (nan/inf in a feed, a "
-            f"learning rate too high).")
+            f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)){reaches}. That "
+            f"is the data or the model, not the NPU: precision-tool check names it (nan/inf in "
+            f"a feed, a learning rate too high).")
 
 
 def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Options) -> List[str]:

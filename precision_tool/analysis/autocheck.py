@@ -119,11 +119,13 @@ class AutoCheck:
     @property
     def has_findings(self) -> bool:
         """An overflow, an op that diverges and is not cancellation noise, underflow, state
-        that came in diverging, or a training watchpoint hit."""
+        that came in diverging, a training watchpoint hit, or nan/inf in the golden that
+        reaches the loss, an output or an update (the training itself is broken)."""
         return bool(self.overflows) and not self.overflow_without_effect or \
             self.diverging_count > 0 or self.lost_updates is not None or \
             self.drift is not None or \
             self.underflow is not None or bool(self.watchpoints) or \
+            self.golden_nonfinite is not None and bool(self.golden_nonfinite.get("reaches")) or \
             self.carried is not None and not self.carried["writers_noise"] or \
             self.ranks is not None and bool(self.ranks["origin"] or self.ranks["received"]
                                             or self.ranks["disagree"])
@@ -313,7 +315,26 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[di
             # ...or held saturated, at ±65504 (saturation mode): where nothing reading them
             # differs, no cause either
             "held": _held(rows),
-            "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin])}
+            "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin]),
+            # the first that nothing in the step reads (the loss, an output, an update): a
+            # mask's -inf that reaches it is no mask (None: none does, or no input rows say)
+            "reaches": _sink(table, rows)}
+
+
+def _sink(table: pd.DataFrame, rows: pd.DataFrame) -> Optional[str]:
+    """The first of these rows (golden nan/inf) that is an output nothing in the step reads,
+    where the table has input rows to tell (a foreign dump's may not)."""
+    index = table.get("TensorIndex")
+    golden = table.get("GoldenTensor")
+    if index is None or golden is None:
+        return None
+    is_input = ~index.astype(str).str.contains(":output:", regex=False)
+    if not is_input.any():
+        return None
+    read = set(golden[is_input].dropna())
+    outs = rows[rows.TensorIndex.astype(str).str.contains(":output:", regex=False)]
+    sinks = outs[~outs.GoldenTensor.isin(read)]
+    return str(sinks.iloc[0].GoldenTensor or sinks.iloc[0].TensorIndex) if len(sinks) else None
 
 
 def _held(rows: pd.DataFrame) -> bool:
