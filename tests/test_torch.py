@@ -411,6 +411,54 @@ def test_scaled_dot_product_attention_is_one_fused_kernel_in_fp16():
     written, npu = _on_npu(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v,
                            *big, mode="allow_mix_precision", overflow="inf_nan")
     assert npu.status != 0 and not torch.isfinite(written).all()
+    # with FlashAttentionFusionPass off the call is the ops it fuses: they overflow as the
+    # written attention does
+    unfused, npu = _on_npu(lambda *t: F.scaled_dot_product_attention(*t), *big,
+                           mode="allow_mix_precision", overflow="inf_nan", fusion=_FLASH_OFF)
+    assert npu.status != 0 and not torch.isfinite(unfused).all()
+    assert "FlashAttentionFusionPass" not in npu.fired and npu.unclassified == set()
+
+
+_FLASH_OFF = {"Switch": {"GraphFusion": {"FlashAttentionFusionPass": "off"}, "UBFusion": {}}}
+
+
+@pytest.mark.parametrize("case", ["causal", "float mask", "grouped heads"])
+def test_attention_with_its_pass_off_is_the_ops_it_fuses_forward_and_backward(case):
+    """FlashAttentionFusionPass off: the attention runs as torch's math attention, kernel by
+    kernel, and its backward as the unfused ops' (the weights again, P^T dO, dO V^T,
+    softmax's backward, the products with the scale), written here by hand: in float32
+    both match float64 autograd; in fp16 the output is on fp16's grid and the pass is not
+    among those that fired, while with the pass on it is."""
+    g = torch.Generator().manual_seed(1)
+    heads = 2 if case == "grouped heads" else 4
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = (torch.randn(2, heads, 6, 8, generator=g) for _ in range(2))
+    mask = torch.randn(6, 6, generator=g) if case == "float mask" else None
+    kw = dict(is_causal=case == "causal", attn_mask=mask, enable_gqa=case == "grouped heads")
+    w = torch.linspace(-1, 1, 8)
+
+    def attention(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, **kw)
+        (out * w).sum().backward()
+        return out
+    wide = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*wide, **dict(kw, attn_mask=None if mask is None
+                                                        else mask.double()))
+    (ref * w.double()).sum().backward()
+    for mode in ("force_fp32", "allow_mix_precision"):
+        ins = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, npu = _on_npu(attention, *ins, mode=mode, fusion=_FLASH_OFF)
+        assert "FlashAttentionFusionPass" not in npu.fired and npu.unclassified == set()
+        if mode == "force_fp32":
+            assert float((out.double() - ref).abs().max().detach()) < 1e-5
+            for t, r in zip(ins, wide):
+                assert float((t.grad.double() - r.grad).abs().max()) < 1e-5
+        else:
+            assert npu.dtype_of(out) == "float16" and torch.equal(out, out.half().float())
+            assert float((out.double() - ref).abs().max().detach()) < 2e-2
+    _, npu = _on_npu(attention, *[t.clone().requires_grad_(True) for t in (q, k, v)],
+                     mode="allow_mix_precision")
+    assert "FlashAttentionFusionPass" in npu.fired
 
 
 def test_fused_kernels_compute_as_the_devices_and_unfused_as_the_ops_they_fuse():

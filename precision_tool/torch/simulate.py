@@ -12,12 +12,13 @@ an op the table below does not classify runs as the script asked and is listed o
 `unclassified` (run.json's "not simulated").
 
 Kernels the device runs as one fused kernel of a fusion pass (`FUSED`: layer norm, softmax,
-GELU, a matmul with its bias) use that kernel's numerics, the graph executor's own
+GELU, a matmul with its bias, attention) use that kernel's numerics, the graph executor's own
 (ops.fused_ops: the one-pass variance, softmax without the max subtraction in fp16, the tanh
 GELU, the bias added in the accumulator), while the pass is on in the fusion switch; with it
 off, the op the pass would have fused runs instead: torch's own decomposition, each of its
-kernels through the policy, or the unfused op itself (erf GELU, softmax). `fired` names the
-passes a call's kernels used, for its fusion record."""
+kernels through the policy, or the unfused op itself (erf GELU, softmax); attention (the
+flash kernel) as torch's math attention, its backward as the unfused ops'. `fired` names
+the passes a call's kernels used, for its fusion record."""
 from __future__ import annotations
 
 import math
@@ -103,6 +104,9 @@ FUSED: Dict[str, tuple] = {
     "gelu": ("GeluFusionPass", "FastGelu"),
     "gelu_backward": ("GeluFusionPass", None),     # the tanh GELU's own gradient
     "addmm": ("MatMulBiasAddFusionPass", None),    # the bias added in the fp32 accumulator
+    # attention: the scores, their softmax and the product inside one kernel, in float32
+    "_scaled_dot_product_flash_attention_for_cpu": ("FlashAttentionFusionPass", None),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": ("FlashAttentionFusionPass", None),
 }
 _LOW = (torch.float16, torch.bfloat16)
 _ATEN = torch.ops.aten
@@ -183,6 +187,12 @@ class SimulatedNPU(TorchDispatchMode):
         op_type = OP_TYPES.get(name) or OP_TYPES.get(name.rstrip("_"))
         if op_type is None:
             if name not in PASSIVE:
+                if torch._C._dispatch_has_kernel_for_dispatch_key(
+                        func.name(), "CompositeImplicitAutograd"):
+                    # a composite op a decomposition here called (the unfused attention's
+                    # matmul): its pieces are the kernels
+                    with self:
+                        return func.decompose(*args, **kwargs)
                 self.unclassified.add(f"aten.{name}")
                 return func(*args, **kwargs)
             out = func(*args, **kwargs)
@@ -307,9 +317,70 @@ class SimulatedNPU(TorchDispatchMode):
 
 def _decompositions() -> dict:
     from torch._decomp import decomposition_table
-    return {f: decomposition_table[f] for f in (_ATEN.native_layer_norm.default,
-                                                 _ATEN.native_layer_norm_backward.default,
-                                                 _ATEN.addmm.default)}
+    out = {f: decomposition_table[f] for f in (_ATEN.native_layer_norm.default,
+                                                _ATEN.native_layer_norm_backward.default,
+                                                _ATEN.addmm.default)}
+    out[_ATEN._scaled_dot_product_flash_attention_for_cpu.default] = _attention
+    out[_ATEN._scaled_dot_product_flash_attention_for_cpu_backward.default] = \
+        _attention_backward
+    return out
+
+
+def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+               scale=None):
+    """The flash kernel's (output, logsumexp) as the ops it fuses compute them: torch's math
+    attention (scaled q and k, their product, the mask, softmax, the product with v), each
+    a kernel of its own. The log-sum-exp, which only the fused backward reads, is taken
+    from the scores as they are, outside the device."""
+    groups = query.size(1) // key.size(1)
+    out, _ = _math_attention(query, key, value, dropout_p, is_causal, attn_mask, scale, groups)
+    with torch.utils._python_dispatch._disable_current_modes():
+        scores = _scores(query, key, is_causal, attn_mask, scale, groups)
+        lse = torch.logsumexp(scores, -1)
+    # the layout the flash kernel gives (N, H, L, E viewed from (N, L, H, E))
+    return out.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), lse
+
+
+def _math_attention(query, key, value, dropout_p, is_causal, attn_mask, scale, groups):
+    """torch's math attention; the mode takes its composite ops apart into their kernels."""
+    return _ATEN._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+        scale=scale, enable_gqa=groups > 1)
+
+
+def _scores(query, key, is_causal, attn_mask, scale, groups):
+    """float32 scores of attention, masked as the kernel masks them."""
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    key = key.repeat_interleave(groups, 1) if groups > 1 else key
+    s = (query.float() @ key.float().transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else s + attn_mask.float()
+    return s
+
+
+def _attention_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                        *, attn_mask=None, scale=None):
+    """The flash kernel's gradients as the unfused ops' backward computes them: the
+    attention weights again (the math attention's kernels), then dV = P^T dO, dP = dO V^T,
+    softmax's backward and the two products with the scale, each a kernel of its own."""
+    groups = query.size(1) // key.size(1)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    _, p = _math_attention(query, key, value, dropout_p, is_causal, attn_mask, scale, groups)
+    k, v = (t.repeat_interleave(groups, 1) for t in (key, value)) if groups > 1 \
+        else (key, value)
+    grad_v = torch.matmul(p.transpose(-2, -1), grad_out)
+    grad_p = torch.matmul(grad_out, v.transpose(-2, -1))
+    grad_s = _ATEN._softmax_backward_data.default(grad_p, p, -1, p.dtype)
+    grad_q = torch.matmul(grad_s, k) * scale
+    grad_k = torch.matmul(grad_s.transpose(-2, -1), query) * scale
+    if groups > 1:              # each key and value head served `groups` query heads
+        grad_k, grad_v = (g.unflatten(1, (key.size(1), groups)).sum(2)
+                          for g in (grad_k, grad_v))
+    return grad_q, grad_k, grad_v
 
 
 _DECOMPOSED = _decompositions()

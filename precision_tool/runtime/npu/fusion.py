@@ -288,6 +288,14 @@ def _gelu(graph, node, consumers):
     return Match([node], list(node.inputs), "FastGelu", {}, {"y": f"{node.name}:0"})
 
 
+@fusion_pass("FlashAttentionFusionPass", GRAPH)
+def _flash_attention(graph, node, consumers):
+    """Attention as one kernel (Ascend's FlashAttentionScore): a PyTorch script's
+    F.scaled_dot_product_attention, whose scores stay inside the kernel in float32. The
+    graph IR has no attention op to fuse: in a graph it matches nothing."""
+    return None
+
+
 @fusion_pass("ConvBatchNormFusionPass", GRAPH)
 def _conv_batch_norm(graph, node, consumers):
     """Conv2D followed by an inference-mode BatchNorm -> Conv2DBatchNorm (folded weights)."""
