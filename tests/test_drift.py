@@ -2,7 +2,6 @@
 side, each variable's distance from the golden's. References are hand computations on
 made-up histories and tables; the end-to-end cases are the scenarios state_drift and
 loss_drift_undumped."""
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -405,7 +405,6 @@ def test_pickled_or_outside_files_are_refused(tmp_path):
 def test_tensor_files_read_back_exactly_mapped_or_not(tmp_path, monkeypatch, mapped):
     """Small files are read whole, large ones memory-mapped (the threshold lowered here):
     the same values, shapes and orders, empty ones included; a mapped one is read-only."""
-    from precision_tool.dump import workspace
     from precision_tool.dump.formats import npy
     if mapped:
         monkeypatch.setattr(npy, "MMAP_BYTES", 0)

@@ -19,7 +19,7 @@ from precision_tool.cli import cli  # noqa: E402
 from precision_tool.dump import Workspace  # noqa: E402
 from precision_tool.onnx import OnnxImportError, UnsupportedModelError, load  # noqa: E402
 from precision_tool.onnx.job import dump_model  # noqa: E402
-from precision_tool.onnx.reference import against_onnxruntime, compare_nodes, golden_values  # noqa: E402
+from precision_tool.onnx.reference import against_onnxruntime, compare_nodes  # noqa: E402
 
 import onnx_models as om  # noqa: E402
 
