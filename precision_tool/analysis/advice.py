@@ -324,8 +324,9 @@ def _golden_nonfinite_advice(g: dict) -> str:
               f"an output or an update)" if g.get("reaches") else ""
     return (f"The golden run itself holds nan/inf: {g['tensors']} tensor(s), the first "
             f"{g['golden_tensor'] or g['tensor']} ({g['nonfinite']} element(s)){reaches}. That "
-            f"is the data or the model, not the NPU: precision-tool check names it (nan/inf in "
-            f"a feed, a learning rate too high).")
+            f"is the data or the model, not the NPU: precision-tool check names it where it "
+            f"comes from a feed or a learning rate too high; else follow it from that first "
+            f"tensor (vc's CSV has each golden tensor's nan/inf counts).")
 
 
 def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Options) -> List[str]:
