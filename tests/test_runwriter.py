@@ -222,6 +222,11 @@ def test_ranks_launched_apart_are_compared_rank_with_rank(tmp_path):
     out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["golden_run"] == "cpu/debug_0"
+    # vcs summarises the result vc wrote for the same pair: current, not "run vc again"
+    for args in (["vc"], ["vcs", "-c", "0.98", "-l", "10"]):
+        out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), *args])
+        assert out.exit_code == 0, out.output
+    assert "npu/debug_1 against cpu/debug_0" in out.output
 
 
 def test_a_pytorch_call_in_place_overwrites_its_tensor():

@@ -295,14 +295,16 @@ class StaleResultError(WorkspaceError):
 
 
 def current_result(ws: Workspace) -> Optional[tuple]:
-    """(path, provenance) of the newest result that compares the default NPU run with the
-    default golden run as they are now; None when the workspace holds no result at all.
+    """(path, provenance) of the newest result that compares the default NPU run with its
+    default reference (Workspace.default_reference) as they are now; None when the workspace holds no result at all.
     Results exist but none is current: StaleResultError, saying what the newest one holds
     and why it does not do."""
     files = result_files(ws)
     if not files:
         return None
-    npu, golden = ws.run("npu").label, ws.run("cpu").label
+    npu_run = ws.run("npu")
+    # the golden `vc` compares it with by default: its own rank's, else the newest
+    npu, golden = npu_run.label, ws.default_reference(npu_run).label
     for path in files:
         p = read_provenance(path)
         if p is not None and p.npu_run == npu and p.golden_run == golden and \
