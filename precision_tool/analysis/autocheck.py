@@ -34,7 +34,7 @@ from .comparing.mapping import TensorMap, placed_types
 from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
 from .comparing.result import Coverage, coverage, write_failure, write_result
-from .diagnosis.rootcause import RootCause, root_cause, written_variables
+from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
 from .diagnosis.ranks import divergence_origin, look_across_ranks, sibling_ranks
@@ -296,7 +296,8 @@ def _unseen_steps(npu_run: Run, golden_run: Run, compared: List[int]) -> Dict[st
     return out
 
 
-def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[dict]:
+def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
+                      t: OpRows) -> Optional[dict]:
     """The first row (execution order) whose golden tensor holds nan or inf, how many rows
     do, and whether the origin's own rows (its inputs or outputs) are among them: only then
     does the golden's nan/inf reach where the divergence starts."""
@@ -318,22 +319,16 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str]) -> Optional[di
             "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin]),
             # the first that nothing in the step reads (the loss, an output, an update): a
             # mask's -inf that reaches it is no mask (None: none does, or no input rows say)
-            "reaches": _sink(table, rows)}
+            "reaches": _sink(t, rows)}
 
 
-def _sink(table: pd.DataFrame, rows: pd.DataFrame) -> Optional[str]:
-    """The first of these rows (golden nan/inf) that is an output nothing in the step reads,
-    where the table has input rows to tell (a foreign dump's may not)."""
-    index = table.get("TensorIndex")
-    golden = table.get("GoldenTensor")
-    if index is None or golden is None:
+def _sink(t: OpRows, rows: pd.DataFrame) -> Optional[str]:
+    """The first of these rows (golden nan/inf) that is an output nothing in the step reads
+    (OpRows.read), where the table has input rows to tell (a foreign dump's may not)."""
+    if not t.has_golden or all(t.is_out):
         return None
-    is_input = ~index.astype(str).str.contains(":output:", regex=False)
-    if not is_input.any():
-        return None
-    read = set(golden[is_input].dropna())
     outs = rows[rows.TensorIndex.astype(str).str.contains(":output:", regex=False)]
-    sinks = outs[~outs.GoldenTensor.isin(read)]
+    sinks = outs[~outs.GoldenTensor.isin(t.read)]
     return str(sinks.iloc[0].GoldenTensor or sinks.iloc[0].TensorIndex) if len(sinks) else None
 
 
@@ -506,7 +501,8 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
     if c.trace is not None:
         result.carried = dict(dataclasses.asdict(c.trace), command=c.trace.dump_command())
     result.underflow = c.underflow
-    result.golden_nonfinite = _golden_nonfinite(c.table, origin.op_name if origin else None)
+    result.golden_nonfinite = _golden_nonfinite(c.table, origin.op_name if origin else None,
+                                                cause.rows)
     first = result.first_overflow
     if first is not None and origin is not None and first["op_name"] != origin.op_name and \
             first["op_name"] in {d.op_name for d in cause.propagators}:

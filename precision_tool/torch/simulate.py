@@ -330,13 +330,12 @@ def _attention(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=N
                scale=None):
     """The flash kernel's (output, logsumexp) as the ops it fuses compute them: torch's math
     attention (scaled q and k, their product, the mask, softmax, the product with v), each
-    a kernel of its own. The log-sum-exp, which only the fused backward reads, is taken
-    from the scores as they are, outside the device."""
+    a kernel of its own. The log-sum-exp is for the fused backward, which does not run
+    while the pass is off (_attention_backward recomputes the weights): zeros of its shape."""
     groups = query.size(1) // key.size(1)
     out, _ = _math_attention(query, key, value, dropout_p, is_causal, attn_mask, scale, groups)
     with torch.utils._python_dispatch._disable_current_modes():
-        scores = _scores(query, key, is_causal, attn_mask, scale, groups)
-        lse = torch.logsumexp(scores, -1)
+        lse = torch.zeros(query.shape[:3], dtype=torch.float32)
     # the layout the flash kernel gives (N, H, L, E viewed from (N, L, H, E))
     return out.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), lse
 
@@ -346,20 +345,6 @@ def _math_attention(query, key, value, dropout_p, is_causal, attn_mask, scale, g
     return _ATEN._scaled_dot_product_attention_math.default(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
         scale=scale, enable_gqa=groups > 1)
-
-
-def _scores(query, key, is_causal, attn_mask, scale, groups):
-    """float32 scores of attention, masked as the kernel masks them."""
-    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
-    key = key.repeat_interleave(groups, 1) if groups > 1 else key
-    s = (query.float() @ key.float().transpose(-2, -1)) * scale
-    if is_causal:
-        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else s + attn_mask.float()
-    return s
 
 
 def _attention_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,

@@ -50,6 +50,7 @@ over the batch what each reader absorbed), which the compare alone cannot tell a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, List, Optional, Set
 
 import numpy as np
@@ -119,6 +120,12 @@ class OpRows:
         with np.errstate(invalid="ignore"):
             self.golden_nonfinite = (np.nan_to_num(numbers(table, "GoldenNanCount")) +
                                      np.nan_to_num(numbers(table, "GoldenInfCount")) > 0)
+
+    @cached_property
+    def read(self) -> Set[str]:
+        """The golden tensors some op of the step reads (an input row's); what is not among
+        them is read by nothing: the loss, a fetched output, an update's result."""
+        return {self.golden_tensor[i] for i, out in enumerate(self.is_out) if not out}
 
     def kind_of(self, i: int) -> str:
         """The row's SumKind, or (a table without the column) what its op type says."""
@@ -341,7 +348,7 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
             flushed_from[t.golden_tensor[i]] = sources
     if not members:
         return set()
-    read = {t.golden_tensor[i] for i, out in enumerate(t.is_out) if not out}
+    read = t.read
     # a gradient an update reads: its change, not the weight it lands on, is what the flush
     # loses (a weight of 0.25 hides a step of 1e-7 whether or not it was taken)
     for i, out in enumerate(t.is_out):
