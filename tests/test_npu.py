@@ -2,6 +2,7 @@
 formats, fusion passes and their kernels, faithfulness to the golden run."""
 import json
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -627,3 +628,43 @@ def test_tensor_stats_stream_in_blocks_and_match_a_float64_reference(monkeypatch
     assert got["l2norm"] == pytest.approx(np.sqrt((f * f).sum()), rel=1e-12, abs=0)
     empty = kernels.tensor_stats(np.array([np.nan, np.inf], F32))
     assert np.isnan(empty["mean"]) and empty["nan_count"] == 1 and empty["pos_inf_count"] == 1
+
+
+@pytest.mark.parametrize("mode, data, want", [
+    # the modes lower float32 ops: data declared in the other low dtype keeps it
+    ("allow_mix_precision", "bfloat16", {"MatMul": "bfloat16", "Mul": "bfloat16", "Exp": "float32"}),
+    ("allow_mix_precision_bf16", "float16", {"MatMul": "float16", "Mul": "float16", "Exp": "float32"}),
+    ("allow_fp32_to_fp16", "bfloat16", {"MatMul": "bfloat16", "Mul": "bfloat16", "Exp": "bfloat16"}),
+    # and lower what is float32 as before
+    ("allow_mix_precision", "float32", {"MatMul": "float16", "Mul": "float16", "Exp": "float32"}),
+    ("allow_fp32_to_fp16", "float32", {"MatMul": "float16", "Mul": "float32", "Exp": "float32"}),
+])
+def test_a_mixed_mode_never_moves_one_low_dtype_to_the_other(mode, data, want):
+    """allow_mix_precision lowers float32 ops to fp16 (its _bf16 variant to bf16), and
+    allow_fp32_to_fp16 float32 Cube ops: an op a graph (a script's .bfloat16()) declares in
+    the other low dtype keeps it, white list and gray list alike; the black list stays fp32.
+    The product is then on that dtype's grid: float64 numpy's, rounded once."""
+    g = pt.Graph("low")
+    with g.as_default():
+        a = pt.placeholder("a", [4, 8], data)
+        b = pt.placeholder("b", [8, 4], data)
+        y = pt.ops.matmul(a, b)
+        z = pt.ops.exp(pt.ops.mul(y, 0.5))
+    sess = npu(g, precision_mode=mode, fusion_switch="off")
+    got = {n.type: n.attrs["compute_dtype"] for n in sess.compiled.graph.nodes
+           if n.type in want and not n.attrs.get("inserted_by")}
+    assert got == want
+    rng = np.random.default_rng(3)
+    grid = np.dtype(data if data != "bfloat16" else ml_dtypes.bfloat16)
+    av = rng.normal(size=(4, 8)).astype(grid)
+    bv = rng.normal(size=(8, 4)).astype(grid)
+    compute = np.dtype(want["MatMul"] if want["MatMul"] != "bfloat16" else ml_dtypes.bfloat16)
+    # the inputs on the compute dtype's grid, the product in float64, rounded once to the
+    # output's dtype (allow_fp32_to_fp16 writes a float32 op's product in float32)
+    out = np.dtype(np.float32) if mode == "allow_fp32_to_fp16" and data == "float32" else compute
+    ref = av.astype(compute).astype(np.float64) @ bv.astype(compute).astype(np.float64)
+    yv, zv = sess.run([y, z], {a: av, b: bv})
+    # (a float32 product may differ from float64's in its last bit: fp32 accumulation)
+    np.testing.assert_allclose(np.asarray(yv, np.float32), ref.astype(out).astype(np.float32),
+                               rtol=2 ** -22 if out == np.float32 else 0, atol=0)
+    assert np.all(np.isfinite(np.asarray(zv, np.float32)))

@@ -288,6 +288,47 @@ def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     assert out["dtype"] == ("bfloat16" if cast == "autocast" else "float16")
 
 
+def test_a_scripts_cast_to_float32_is_float32_on_the_device():
+    """`.float()` of a bf16 tensor is a float32 tensor on the device: what reads it
+    computes in float32 even under allow_mix_precision_bf16, whose gray list would follow
+    bf16 inputs down (float64 numpy's product, rounded once to float32)."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(2))
+
+    def script(x):
+        c = (x.bfloat16() * 1.5).float()
+        return c, c * (1 + 2 ** -10)
+    (c, d), npu = _on_npu(script, x, mode="allow_mix_precision_bf16")
+    assert npu.dtype_of(c) == "float32" and npu.dtype_of(d) == "float32"
+    want = (c.double() * (1 + 2 ** -10)).float()
+    assert torch.equal(d, want)
+    assert not torch.equal(d, d.bfloat16().float())          # off bf16's grid
+
+
+def test_a_cast_only_the_npu_run_makes_stands_for_what_it_casts(tmp_path):
+    """The halved script's `out.float()`: on the NPU a real cast with a backward; in the
+    golden, whose tensors are float32 already, a call that returns its input and records no
+    backward. The NPU's cast backward and what reads it are compared with the gradient it
+    casts, as a Cast the compiler inserts is: the compare is complete."""
+    from precision_tool.analysis import vector_compare
+    _low_precision(str(tmp_path), "golden", "half")
+    _low_precision(str(tmp_path), "npu", "half")
+    ws = Workspace(str(tmp_path))
+    npu, cpu = ws.run("npu"), ws.run("cpu")
+    t = ws.index(npu, 0)
+    assert "Tensor.float.0.backward" in set(t.op_name)
+    assert "Tensor.float.0.backward" not in set(ws.index(cpu, 0).op_name)
+    res = vector_compare(ws, npu, cpu, 0)
+    failed = res[res.Verdict.isin(["error", "npu-only"])]
+    assert failed.empty, failed[["TensorIndex", "CompareFailReason"]].to_string()
+    cast = res[res.NPUDump == "Tensor.float.0.backward"]
+    reader = res[res.TensorIndex == "Functional.linear.1.backward:input:0"]
+    assert set(cast.GoldenTensor) == set(reader.GoldenTensor) == \
+        {"Functional.cross_entropy.0.backward:0"}
+    assert cast.CosineSimilarity.min() > 0.999 and reader.CosineSimilarity.min() > 0.999
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert json.loads(out.stdout)["verdict"] != "incomplete", out.output
+
+
 def test_keep_fp32_keeps_a_calls_kernels_in_fp32_forward_and_backward(tmp_path):
     """keep_fp32 names an API (every call of it) or a module path (every call made in it):
     those calls' kernels compute and keep fp32, their backward's too; the others stay as the

@@ -196,14 +196,16 @@ class SimulatedNPU(TorchDispatchMode):
                 self.unclassified.add(f"aten.{name}")
                 return func(*args, **kwargs)
             out = func(*args, **kwargs)
-            # a view or copy holds its input's values: and its dtype on the device
+            # a view or copy holds its input's values: and its dtype on the device, where it
+            # keeps the input's torch dtype
             first = next((a for a in tensors_in(args, kwargs) if a.is_floating_point()), None)
             low = self._dtypes.get(first) if first is not None else None
             made = self._kernels.get(first) if first is not None else None
             if low is not None or made is not None:
                 def tag(t):
                     if isinstance(t, torch.Tensor) and t.is_floating_point():
-                        if low is not None:
+                        # (a cast, `.float()` of a bf16 tensor, is a tensor of its own dtype)
+                        if low is not None and t.dtype == first.dtype:
                             self._dtypes[t] = low
                         if made is not None:
                             self._kernels[t] = made

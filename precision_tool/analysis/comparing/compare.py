@@ -21,6 +21,7 @@ import numpy as np
 from ... import numerics
 from ...dump import Workspace
 from ...dump.bundle import bundle_fetches
+from ...dump.formats.msprobe import CAST_APIS
 from ...dump.formats.ours import skipped_steps
 from ...dump.layout import DEVICE
 from ...dump.workspace import Run
@@ -236,6 +237,34 @@ def _golden_rows(ws: Workspace, run: Run, step: int):
     return table, exact, original_of, by_original, by_position
 
 
+def _cast_sources(table) -> dict:
+    """Each output of a cast call (msprobe.CAST_APIS) -> the tensor it casts."""
+    types = table["op_type"].tolist()
+    if not CAST_APIS.intersection(types):
+        return {}
+    inputs, out = {}, {}
+    for t, name, io, index, tensor in zip(types, table["op_name"].tolist(), table["io"].tolist(),
+                                          table["index"].tolist(), table["tensor"].tolist()):
+        if t in CAST_APIS:
+            if io == "input" and index == 0:
+                inputs[name] = tensor
+            elif io == "output" and index == 0:
+                out[tensor] = name
+    return {tensor: inputs[name] for tensor, name in out.items() if name in inputs}
+
+
+def _through_casts(tensor: str, casts: dict, gold_exact: dict):
+    """(the reference's row, the tensor) of the first tensor up a chain of casts that the
+    reference holds, (None, None) where none does."""
+    for _ in range(64):                  # a malformed index must not loop forever
+        tensor = casts.get(tensor)
+        if tensor is None:
+            break
+        if tensor in gold_exact:
+            return gold_exact[tensor], tensor
+    return None, None
+
+
 @functools.lru_cache(maxsize=256)
 def _itemsize(dtype: str) -> int:
     try:
@@ -312,6 +341,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
     pair_of = {}    # (npu file, golden file) -> pair index: a tensor read by several ops once
     # a run without a compiled graph may name the kernel that made each output of its calls
     # (a script's: a bias gradient is a ReduceSum): their sum kinds are the kernels'
+    casts = _cast_sources(npu)
     kernels = {name: site["kernels"].split(",")
                for name, site in ws.call_sites(npu_run, step).items() if site.get("kernels")} \
         if graph is None else {}
@@ -341,18 +371,25 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         elif counterpart != r["op_name"] and counterpart is not None:
             # its counterpart's output (GoldenTensor keeps this run's name: the data flow)
             g = gold_exact.get(f"{counterpart}:{r['index']}")
-        if paired is not None and counterpart is None:
+        if g is None and counterpart == r["op_name"]:     # (a renamed call's are its own)
+            g = gold_exact.get(r["tensor"])
+            if g is None or golden_tensor is None or \
+                    gold_original.get(r["tensor"]) != golden_tensor:
+                g = gold_by_original.get(golden_tensor) if golden_tensor else None
+        if g is None and counterpart in (None, r["op_name"]) and r["tensor"] in casts:
+            # a cast only this run made (its backward, where the reference's tensor already
+            # had the dtype, so that the reference recorded no call): it stands for the
+            # tensor it casts, as a Cast the compiler inserted does
+            g, source = _through_casts(r["tensor"], casts, gold_exact)
+            if g is not None:
+                row["GoldenTensor"] = source
+        if paired is not None and counterpart is None and g is None:
             row.update({name: np.nan for name in METRICS}, Verdict="error",
                        CompareFailReason=f"{NO_COUNTERPART}: the reference made no call "
                                          f"that stands for it (its API, direction and shapes "
                                          f"at that place)")
             rows.append(row)
             continue
-        if g is None and counterpart == r["op_name"]:     # (a renamed call's are its own)
-            g = gold_exact.get(r["tensor"])
-            if g is None or golden_tensor is None or \
-                    gold_original.get(r["tensor"]) != golden_tensor:
-                g = gold_by_original.get(golden_tensor) if golden_tensor else None
         if g is None:
             row.update({name: np.nan for name in METRICS},
                        CompareFailReason="no golden tensor: NPU-only" if golden_tensor is None

@@ -182,6 +182,13 @@ def _gradient_from(call: str, k: int, reads: dict, outputs: dict) -> Optional[st
     return None
 
 
+# the APIs that change a tensor's dtype and compute nothing else: where one run's tensor is
+# already in the target dtype (a golden that computes in float32 whatever the script casts
+# to), the call returns its input and records no backward there
+CAST_APIS = frozenset({"Tensor.float", "Tensor.half", "Tensor.bfloat16", "Tensor.double",
+                       "Tensor.to", "Tensor.type", "Tensor.type_as"})
+
+
 def call_type(call: str) -> str:
     """What a call is, as the op type column says: Functional.linear for
     Functional.linear.0.forward, Module.Linear for a module's call."""

@@ -4,12 +4,14 @@
 
 - force_fp32: every float op in fp32.
 - must_keep_origin_dtype (O0): every op in the dtype the graph declares.
-- allow_fp32_to_fp16: cube ops read fp16 and write fp32 (fp32 accumulation kept); vector
-  ops keep fp32.
+- allow_fp32_to_fp16: fp32 cube ops read fp16 and write fp32 (fp32 accumulation kept);
+  vector ops, and cube ops declared fp16 or bf16, keep their dtype.
 - force_fp16 (O3): every float op in fp16.
 - allow_mix_precision / allow_mix_precision_bf16: white-list ops in fp16 (bf16), black-list
   ops in fp32, gray-list ops follow their inputs: low precision when every float input that
-  is data (not a variable or constant) is low precision, fp32 otherwise.
+  is data (not a variable or constant) is low precision, fp32 otherwise. Both lower float32
+  ops: a white- or gray-list op declared in the other low dtype (bf16 under the fp16 mode)
+  keeps it.
 - O1: white-list ops in fp16, every other op in fp32.
 - O2: every float op in fp16 except the BatchNorm/LayerNorm family.
 
@@ -47,6 +49,7 @@ WHITE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput",
 BLACK = frozenset({"Exp", "Log", "Pow", "Sqrt", "Rsqrt", "SqrtGrad", "RsqrtGrad", "ReduceSum",
                    "ReduceMean", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits",
                    "BatchNorm", "BatchNormGrad"})
+LOW = ("float16", "bfloat16")
 NORM_FAMILY = frozenset({"BatchNorm", "BatchNormGrad", "LayerNorm"})
 # state updates and status ops: fixed dtypes whatever the mode
 FIXED = frozenset({"Placeholder", "Variable", "Const", "NoOp", "Cast", "OneHot", "TransData",
@@ -77,7 +80,7 @@ class Policy:
         elif mode == "force_fp32":
             dt = fp32
         elif mode == "allow_fp32_to_fp16":
-            if is_cube:
+            if is_cube and declared == fp32:
                 return {"compute": "float16", "output": fp32}
             dt = declared
         elif mode in ("force_fp16", "O3"):
@@ -87,10 +90,14 @@ class Policy:
         elif mode == "O1":
             dt = self.low if op_type in self.white else fp32
         else:  # allow_mix_precision(_bf16)
-            if op_type in self.white:
-                dt = self.low
-            elif op_type in self.black:
+            if op_type in self.black:
                 dt = fp32
+            elif declared in LOW and declared != self.low:
+                # the mode lowers float32 ops: one the graph (a script's cast) declares in
+                # the other low dtype keeps it, never moved from bf16 to fp16 or back
+                dt = declared
+            elif op_type in self.white:
+                dt = self.low
             else:
                 votes = list(input_votes)
                 dt = self.low if votes and all(v == self.low for v in votes) else fp32
