@@ -430,3 +430,30 @@ def test_only_a_narrow_float_flushes_and_a_float32_row_carries_what_it_reads():
     # without the tensors' names nothing says what a float32 row carries: its holes pass
     bare = Table({k: np.asarray(table[k]) for k in table.columns if k != "GoldenTensor"})
     assert judge(bare)["Verdict"].tolist()[4:7] == ["pass", "pass", "pass"]
+
+
+def test_golden_infinities_held_saturated_are_no_clip_but_one_more_65504_is():
+    """An fp16 NPU row whose 65504s are as many as the golden's infinities the NPU does not
+    hold (a mask's -inf held at -65504 in saturation mode) passes: inf_nan mode would hold
+    -inf and pass too. One 65504 more is a finite value clipped: it fails "at max", and so
+    does a clip where the golden has no infinity at all."""
+    from precision_tool.analysis.comparing.verdicts import evaluate
+    from precision_tool.table import Table
+    cases = [  # (golden inf, npu inf, npu at or beyond 65504) -> verdict
+        (64, 0, 64, "pass"), (64, 4, 60, "pass"), (64, 4, 61, "fail"), (64, 0, 65, "fail"),
+        (0, 0, 1, "fail"),
+        (0, 0, 0, "pass")]
+    n = len(cases)
+    table = Table({"Index": np.arange(n), "NPUDump": np.array(["fill"] * n, dtype=object),
+                   "TensorIndex": np.array([f"fill:output:{k}" for k in range(n)], dtype=object),
+                   "NpuDataType": np.array(["float16"] * n, dtype=object),
+                   "GoldenInfCount": np.array([c[0] for c in cases], dtype=float),
+                   "NpuInfCount": np.array([c[1] for c in cases], dtype=float),
+                   "NpuAtFp16Max": np.array([c[1] + c[2] for c in cases], dtype=float),
+                   "GoldenNanCount": np.zeros(n), "NpuNanCount": np.zeros(n),
+                   "GoldenAbsMax": np.full(n, 3.0), "CosineSimilarity": np.ones(n),
+                   "NpuNorm": np.ones(n), "GoldenNorm": np.ones(n),
+                   "Elements": np.full(n, 256.0)})
+    judged = evaluate(table)
+    assert judged.verdicts.tolist() == [c[3] for c in cases]
+    assert judged.only("at max").tolist() == [c[3] == "fail" for c in cases]

@@ -16,6 +16,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+from precision_tool.analysis import vector_compare  # noqa: E402
+from precision_tool.analysis.comparing.verdicts import evaluate  # noqa: E402
 from precision_tool.cli import cli  # noqa: E402
 from precision_tool.dump import Workspace, layout  # noqa: E402
 from precision_tool.torch import PrecisionDebugger, TorchFrontEndError  # noqa: E402
@@ -309,7 +311,6 @@ def test_a_cast_only_the_npu_run_makes_stands_for_what_it_casts(tmp_path):
     golden, whose tensors are float32 already, a call that returns its input and records no
     backward. The NPU's cast backward and what reads it are compared with the gradient it
     casts, as a Cast the compiler inserts is: the compare is complete."""
-    from precision_tool.analysis import vector_compare
     _low_precision(str(tmp_path), "golden", "half")
     _low_precision(str(tmp_path), "npu", "half")
     ws = Workspace(str(tmp_path))
@@ -929,6 +930,60 @@ def test_infinities_both_runs_hold_decide_nothing_unless_they_reach_the_loss(tmp
     else:
         assert out.exit_code == 0, out.output
         assert "decide nothing" in advice and "reaches" not in advice
+
+
+HALF_ADAM = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).half()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 16).half()
+    y = torch.randint(0, 3, (64,))
+    mask = torch.zeros(4, dtype=torch.bool)
+    mask[3] = True                     # class 3 never occurs: masked out
+    for step in range(2):
+        logits = model(x).masked_fill(mask, float("-inf"))
+        loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def test_a_half_model_under_adam_is_named_in_its_update_and_the_mask_decides_nothing(tmp_path):
+    """A cause nobody planted: a model cast with .half() and trained by AdamW. Its second
+    moment (grad**2 / 1000) flushes to zero in fp16, eps (1e-8) too, and the update divides
+    by zero. The golden's -inf mask, which the NPU holds at -65504 (saturation), comes
+    first in the step and is read by nothing that differs: it is no lead, and its rows
+    pass. The origin is the moment's addcmul_; the advice never offers --keep-fp32 for a
+    call in place (it computes in its tensor's dtype), and fix, finding that even
+    force_fp32 fails, says that the failing tensors are the script's own fp16."""
+    script = tmp_path / "half_adam.py"
+    script.write_text(HALF_ADAM)
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    assert result["origin"]["op_name"].startswith("Tensor.addcmul_.")
+    advice = " ".join(result["advice"])
+    assert "--keep-fp32 Tensor.addcmul_" not in advice
+    assert "which --keep-fp32 does not change" in advice
+    assert "decide nothing" in advice and "The golden run itself holds" not in advice
+    table = vector_compare(Workspace(str(ws_dir)), Workspace(str(ws_dir)).run("npu"),
+                           Workspace(str(ws_dir)).run("cpu"), 0)
+    fill = table[table.TensorIndex == "Tensor.masked_fill.0.forward:output:0"]
+    assert (fill.GoldenInfCount == 64).all() and (fill.NpuAtFp16Max == 64).all()
+    assert set(evaluate(fill).verdicts) == {"pass"}
+    fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
+                            "--json", "fix", "-b", "3"], capture_output=True, text=True,
+                           timeout=900)
+    assert fixed.returncode == 1, fixed.stderr
+    notes = " ".join(json.loads(fixed.stdout)["notes"])
+    assert "the script's own dtype" in notes and "fp32 master weights" in notes
 
 
 # the planted script with its scores scaled before the product and smaller inputs: q.k

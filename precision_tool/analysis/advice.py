@@ -46,6 +46,11 @@ def keep_in_fp32(op: dict, mode: str) -> str:
                 f"no list moves it), or run under precision_mode force_fp32 to confirm")
     if op.get("api_call"):          # a script's call: kept in fp32 by its API's name
         api = op.get("op_type", "")
+        if op.get("update"):        # in place: it computes in its tensor's dtype, as asked
+            return (f"keep the tensor {api} writes in float32 in the script (a parameter or "
+                    f"an optimizer's state: fp32 master weights, the model in float32 and its "
+                    f"compute cast down by autocast): a call in place computes in its "
+                    f"tensor's dtype, which --keep-fp32 does not change")
         if op.get("imported"):      # a device's dump: the fix is in the script
             return (f"keep {api} in fp32 in the script (its inputs .float(), or outside "
                     f"autocast), and see the effect on the simulated NPU first: torch-run "
@@ -236,7 +241,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
     if g and not data_first and not g.get("reaches") and \
-            (g.get("matched") or (g.get("held") and not r.has_findings)):
+            (g.get("matched") or (g.get("held") and g.get("quiet", not r.has_findings))):
         # infinities only, held by the NPU too (as inf, or saturated to 65504 where nothing
         # reading them differs): made on purpose (a mask's -inf); no cause to look for
         held = "and the NPU holds them too" if g.get("matched") else \

@@ -303,7 +303,8 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
     does the golden's nan/inf reach where the divergence starts."""
     bad = sum(pd.to_numeric(table.get(c, 0), errors="coerce").fillna(0)
               for c in ("GoldenNanCount", "GoldenInfCount"))
-    rows = table[bad > 0].sort_values("Index")
+    flagged = np.flatnonzero(np.asarray(bad) > 0)
+    rows = table.iloc[flagged].sort_values("Index")
     if rows.empty:
         return None
     first = rows.iloc[0]
@@ -316,6 +317,8 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
             # ...or held saturated, at ±65504 (saturation mode): where nothing reading them
             # differs, no cause either
             "held": _held(rows),
+            # and no row holding them diverges (a reader's input is such a row)
+            "quiet": not any(t.bad[i] for i in flagged.tolist()),
             "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin]),
             # the first that nothing in the step reads (the loss, an output, an update): a
             # mask's -inf that reaches it is no mask (None: none does, or no input rows say)

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from ..analysis.replays import repair as repairing
 from .analyse import LEFT, RIGHT, _criteria, criteria_options
-from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, panel
+from .app import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, Finite, command, fmt, panel, prose
 
 
 @command("fix", "repair", short_help="Find, verify and write the smallest precision fix.")
@@ -116,7 +116,7 @@ def _fix_script(app: App, npu, golden, step, criteria, budget, rtol, dry_run) ->
                                  f"error {fmt(f.loss_error)}; last {fmt(r.fixed_losses[-1])} vs "
                                  f"{fmt(r.golden_losses[-1])}); the fixed run is {f.run}")
         lines += r.notes
-        app.console.print(panel(escape("\n".join(lines)), title="Precision fix",
+        app.console.print(panel(escape(prose(lines)), title="Precision fix",
                                 title_align="left"))
         for path in r.files:
             app.line(f"wrote {path}")

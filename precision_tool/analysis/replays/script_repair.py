@@ -59,6 +59,8 @@ class Trial:
         return not self.error and not self.failing and self.drift_step is None
 
     fusion_off: List[str] = field(default_factory=list)    # passes switched off
+    # under force_fp32: the failing tensors still fp16 or bf16 (the script's own dtype)
+    script_low: List[str] = field(default_factory=list)
 
     def describe(self) -> str:
         kept = ", ".join(self.keep_fp32)
@@ -191,6 +193,8 @@ class _Rerun:
         ws = self.ws.reopened()
         trial.run = run.label
         trial.failing = failing(ws, run, self.golden, self.step, self.criteria).names()
+        if mode == ALL_FP32 and trial.failing:
+            trial.script_low = _low_tensors(ws, run, self.step, trial.failing)
         fixed = _losses(ws, run)
         pairs = [(g, f) for g, f in zip(self.golden_losses, fixed) if not math.isnan(g)]
         if pairs:
@@ -208,6 +212,14 @@ class _Rerun:
         for path in self.made:
             if keep is None or os.path.basename(os.path.normpath(path)) != keep.split("/")[-1]:
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _low_tensors(ws: Workspace, run: Run, step: int, tensors: List[str]) -> List[str]:
+    """Those of the tensors (golden names) the run's step holds in fp16 or bf16."""
+    t = ws.index(run, step)
+    low = t[(t.io == "output") & t.dtype.isin(["float16", "bfloat16"])
+            & t.tensor.isin(set(tensors))]
+    return sorted(set(low.tensor), key=tensors.index)
 
 
 def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], criteria=None,
@@ -258,6 +270,13 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
             found = t
             result.notes.append("only every kernel in fp32 passes: precision is the cause, "
                                 "but keeping the calls the finding names was not enough")
+        elif t.script_low:
+            result.notes.append(
+                f"under force_fp32 {len(t.script_low)} failing tensor(s) are still fp16 or "
+                f"bf16, the first {t.script_low[0]}: the script's own dtype (its .half() or "
+                f".bfloat16() model, state or casts), which no device setting changes; fix it "
+                f"in the script (fp32 master weights: the model in float32, its compute cast "
+                f"down by autocast)")
     if found is None and len(result.trials) >= budget:
         result.notes.append(f"the budget of {budget} reruns is spent (-b gives more)")
     rerun.clean(found.run if found is not None else None)
