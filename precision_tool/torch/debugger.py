@@ -125,8 +125,14 @@ def _view(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def _values(v) -> np.ndarray:
+    """A value held as an array, or as autograd's tensor (numpy's view of it)."""
+    return _view(v) if isinstance(v, torch.Tensor) else v
+
+
 def _copy(t: torch.Tensor) -> np.ndarray:
-    return _view(t).copy()
+    # (a bfloat16 tensor's view is a float32 copy already)
+    return _view(t) if t.dtype == torch.bfloat16 else _view(t).copy()
 
 
 class _Recorder(TorchFunctionMode):
@@ -638,9 +644,14 @@ class PrecisionDebugger:
             for i, k in edges.get(node_id, ()):
                 g = grad_inputs[i]
                 if isinstance(g, torch.Tensor):
-                    value = _copy(g)
                     held = state["out"].get(k)
-                    state["out"][k] = (g, value if held is None else held[1] + value)
+                    if held is None:
+                        # a statistics dump reads the gradient's statistics when the record
+                        # is made, without a copy: autograd leaves a tensor that another
+                        # reference holds as it is
+                        state["out"][k] = (g, g if self.summaries else _copy(g))
+                    else:                   # the call read the input twice: their sum
+                        state["out"][k] = (g, _values(held[1]) + _copy(g))
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
                         self._leaf_grad(leaf, f"{back}:{reached.index(k)}")
@@ -667,7 +678,8 @@ class PrecisionDebugger:
         whether it sums in place, is not)."""
         gin = sorted(state["in"], key=lambda jg: jg[0])
         outs = [(k, *state["out"][k]) for k in sorted(state["out"])]
-        inputs, values = [], [_copy(g) for _, g in gin]
+        inputs, values = [], [Summary(_view(g)) if self.summaries else _copy(g)
+                              for _, g in gin]
         for i, (j, g) in enumerate(gin):
             made = self._grad_of.get(f"{forward}:{j}", ())
             if len(made) > 1:               # autograd summed them: that sum is an op too
@@ -713,8 +725,11 @@ class PrecisionDebugger:
                                     int(time.time() * 1e6)))
 
     def _kept(self, value):
-        """What a record keeps of a value: the value, or (a statistics dump) its Summary."""
-        return Summary(value) if self.summaries and isinstance(value, np.ndarray) else value
+        """What a record keeps of a value: the value, or (a statistics dump) its Summary (of
+        a gradient held as autograd's tensor: its values)."""
+        if self.summaries and isinstance(value, (np.ndarray, torch.Tensor)):
+            return Summary(_values(value))
+        return value
 
     def _variable(self, var: str, t, value, version: int) -> str:
         """A parameter, buffer or optimizer state as the step first reads it: a `Variable`
