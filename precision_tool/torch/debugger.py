@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -337,6 +338,8 @@ class PrecisionDebugger:
         # a forward tensor's name -> the backward outputs that are its gradient this step
         self._grad_of: Dict[str, List[str]] = {}
         self._grad_values: Dict[str, tuple] = {}   # a backward output's (copy, dtype), this step
+        # ...and the tensor it is (a weak reference) and its version, where not a sum
+        self._grad_held: Dict[str, tuple] = {}
         self._leaf_made = ByIdentity()      # a parameter -> its gradient's name, "" if several
         self._vars_read = ByIdentity()      # the state read so far this step
         self._leaf_hooked: set = set()      # the parameters whose accumulation is watched
@@ -649,9 +652,9 @@ class PrecisionDebugger:
                         # a statistics dump reads the gradient's statistics when the record
                         # is made, without a copy: autograd leaves a tensor that another
                         # reference holds as it is
-                        state["out"][k] = (g, g if self.summaries else _copy(g))
+                        state["out"][k] = (g, g if self.summaries else _copy(g), False)
                     else:                   # the call read the input twice: their sum
-                        state["out"][k] = (g, _values(held[1]) + _copy(g))
+                        state["out"][k] = (g, _values(held[1]) + _copy(g), True)
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
                         self._leaf_grad(leaf, f"{back}:{reached.index(k)}")
@@ -677,9 +680,9 @@ class PrecisionDebugger:
         from the forward's, the same on both targets (which tensor autograd hands on, and
         whether it sums in place, is not)."""
         gin = sorted(state["in"], key=lambda jg: jg[0])
-        outs = [(k, *state["out"][k]) for k in sorted(state["out"])]
-        inputs, values = [], [Summary(_view(g)) if self.summaries else _copy(g)
-                              for _, g in gin]
+        outs = [(k, *state["out"][k][:2]) for k in sorted(state["out"])]
+        summed = {k for k, (_, _, twice) in state["out"].items() if twice}
+        inputs, values = [], [self._gradient_value(forward, j, g) for j, g in gin]
         for i, (j, g) in enumerate(gin):
             made = self._grad_of.get(f"{forward}:{j}", ())
             if len(made) > 1:               # autograd summed them: that sum is an op too
@@ -695,9 +698,23 @@ class PrecisionDebugger:
                       tuple(TensorSpec(self._dtype(g)) for _, g in gin),
                       tuple(TensorSpec(self._dtype(g)) for _, g, _ in outs))
         outs = [(k, g, self._kept(v)) for k, g, v in outs]
-        for m, (_, g, v) in enumerate(outs):
+        for m, (k, g, v) in enumerate(outs):
             self._grad_values[f"{back}:{m}"] = (v, self._dtype(g))
+            if k not in summed:     # the value is the tensor autograd hands on
+                self._grad_held[f"{back}:{m}"] = (weakref.ref(g), g._version)
         self._append(spec, values, [v for _, _, v in outs], state["status"])
+
+    def _gradient_value(self, forward: str, j: int, g: torch.Tensor):
+        """The gradient of the call's output j as its backward's record keeps it: the value
+        the record of the backward that made it kept, where g is that very tensor and
+        unchanged since (a gradient is read twice a step: as one call's backward output
+        and as the next one's input), else its own copy or Summary."""
+        made = self._grad_of.get(f"{forward}:{j}", ())
+        if len(made) == 1:
+            held = self._grad_held.get(made[0])
+            if held is not None and held[0]() is g and held[1] == g._version:
+                return self._grad_values[made[0]][0]
+        return Summary(_view(g)) if self.summaries else _copy(g)
 
     def _record_sum(self, name: str, made, g, value, site) -> str:
         """Autograd's sum of the gradients several calls handed one tensor, as its own op
@@ -818,6 +835,7 @@ class PrecisionDebugger:
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
         self._calls, self._scale_row, self._grad_of, self._grad_values = {}, None, {}, {}
+        self._grad_held = {}
         self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
         self._names, self._copies = ByIdentity(), ByIdentity()
         self._writer.finish()
