@@ -363,6 +363,8 @@ def test_a_calls_backward_record_is_the_gradients_of_its_inputs(tmp_path):
     model = Attention()
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))
     y = torch.tensor([0, 1])
+    received = []
+    model.out.register_full_backward_hook(lambda m, gin, gout: received.append(gout[0]))
     F.cross_entropy(model(x), y).backward()
     want = [model.out.weight.grad.numpy(), model.out.bias.grad.numpy()]
     torch.manual_seed(0)
@@ -379,6 +381,46 @@ def test_a_calls_backward_record_is_the_gradients_of_its_inputs(tmp_path):
     got = [ws.load(run, 0, f) for f in rows.sort_values("index").file]
     assert [g.shape for g in got] == [(2, 6, 16), (4, 16), (4,)]
     assert np.array_equal(got[1], want[0]) and np.array_equal(got[2], want[1])
+    # its input is the gradient its output received, named as the backward output that
+    # made it (the mean's), and holds autograd's values: the value that record kept
+    (given,) = t[(t.op_name == "Functional.linear.3.backward") & (t.io == "input")].itertuples()
+    assert given.tensor == "Tensor.mean.0.backward:0"
+    assert np.array_equal(ws.load(run, 0, given.file), received[0].numpy())
+
+
+@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+def test_a_view_of_a_kept_tensor_is_kept_once_until_a_write(tmp_path, mode):
+    """A view, reshape or flatten of a contiguous tensor is its memory in the same order:
+    what was kept of it serves (one copy; a statistics dump's numbers), in the view's
+    shape, until a write in place changes the memory. A tensor on the same buffer that
+    is no view of it (its own version counter, which the other's writes do not bump) gets
+    its own."""
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_mode=mode)
+    base = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+    kept = d._snapshot(base)
+    flat = base.view(24)
+    seen = d._snapshot(flat)
+    assert seen.shape == (24,)
+    if mode == "tensor":
+        assert np.shares_memory(seen, kept) and np.array_equal(seen, base.numpy().reshape(24))
+    else:
+        assert seen.stats is kept.stats
+    base.add_(1.0)                                  # the view's memory changes
+    fresh = d._snapshot(base.reshape(6, 4))
+    if mode == "tensor":
+        assert not np.shares_memory(fresh, kept)
+        assert np.array_equal(fresh, base.numpy().reshape(6, 4))
+    else:
+        assert fresh.stats[2] == pytest.approx(float(base.double().mean()))
+    buffer = np.arange(6, dtype=np.float32)
+    one, other = torch.from_numpy(buffer), torch.from_numpy(buffer)
+    d._snapshot(one)
+    buffer += 1.0                       # a write neither counter sees; other is read after
+    other_seen = d._snapshot(other)
+    if mode == "tensor":
+        assert np.array_equal(other_seen, buffer)
+    else:
+        assert other_seen.stats[2] == pytest.approx(float(buffer.mean()))
 
 
 def test_what_the_policy_does_not_classify_is_listed(tmp_path):

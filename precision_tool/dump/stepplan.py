@@ -52,6 +52,13 @@ class Summary:
         self.stats = np.empty(8)
         kernels.stats_row(value, self.stats)
 
+    def reshaped(self, shape: tuple) -> "Summary":
+        """The same elements in another shape (a view's): the same statistics."""
+        other = Summary.__new__(Summary)
+        other.shape, other.dtype, other.size, other.stats = shape, self.dtype, self.size, \
+            self.stats
+        return other
+
 
 def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
     """What the dump stores: fp16 as fp16 (the NPU holds its fp16 values in float32); bf16,

@@ -126,6 +126,11 @@ def _view(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def _root(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory t views (t itself when it is no view)."""
+    return t._base if t._base is not None else t
+
+
 def _values(v) -> np.ndarray:
     """A value held as an array, or as autograd's tensor (numpy's view of it)."""
     return _view(v) if isinstance(v, torch.Tensor) else v
@@ -321,6 +326,8 @@ class PrecisionDebugger:
         self._counts: Dict[str, int] = {}
         self._names = ByIdentity()          # tensor -> (the call output it is (op:k), version)
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
+        # (address, size, dtype) of a contiguous tensor -> (it, its version, its copy)
+        self._memory: Dict[tuple, tuple] = {}
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
@@ -460,8 +467,11 @@ class PrecisionDebugger:
         result, outs = call()
         for t in outs:
             # the process group writes its result without bumping the tensor's version:
-            # the copy taken before the call is not its value now
+            # the copy taken before the call is not its value now, nor that of any view of
+            # its memory (a bucket's slices)
             self._copies[t] = None
+        if outs:
+            self._memory.clear()
         if outs:
             self._record(api, before, outs)
         return result
@@ -541,11 +551,31 @@ class PrecisionDebugger:
         held = self._copies.get(t)
         if held is not None and held[0] == key:
             return held[1]
-        # a statistics dump keeps the statistics, not a copy (a step's every activation
-        # twice over, for big models)
-        value = Summary(_view(t)) if self.summaries else _copy(t)
+        value = self._same_memory(t)
+        if value is None:
+            # a statistics dump keeps the statistics, not a copy (a step's every activation
+            # twice over, for big models)
+            value = Summary(_view(t)) if self.summaries else _copy(t)
+            if t.numel() and t.is_contiguous():
+                self._memory[(t.data_ptr(), t.numel(), t.dtype)] = \
+                    (weakref.ref(t), t._version, value)
         self._copies[t] = (key, value)
         return value
+
+    def _same_memory(self, t: torch.Tensor):
+        """The value kept of a live tensor whose memory t is, element for element in the
+        same order and unchanged since (a view, reshape or flatten of a contiguous tensor:
+        one copy for both), in t's shape; None where there is none."""
+        if not t.numel() or not t.is_contiguous():
+            return None
+        held = self._memory.get((t.data_ptr(), t.numel(), t.dtype))
+        other = held[0]() if held is not None else None
+        # a live tensor's memory is its own: at the same address only a view of it, which
+        # shares its version counter, is (two tensors made from one buffer are not)
+        if other is None or held[1] != t._version or _root(other) is not _root(t):
+            return None
+        shape = tuple(t.shape)
+        return held[2].reshaped(shape) if self.summaries else held[2].reshape(shape)
 
     def _before(self, ins) -> list:
         """What a call reads, as it is before the call (an in-place call changes it): each
@@ -837,5 +867,5 @@ class PrecisionDebugger:
         self._calls, self._scale_row, self._grad_of, self._grad_values = {}, None, {}, {}
         self._grad_held = {}
         self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
-        self._names, self._copies = ByIdentity(), ByIdentity()
+        self._names, self._copies, self._memory = ByIdentity(), ByIdentity(), {}
         self._writer.finish()
