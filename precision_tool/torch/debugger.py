@@ -472,7 +472,6 @@ class PrecisionDebugger:
             self._copies[t] = None
         if outs:
             self._memory.clear()
-        if outs:
             self._record(api, before, outs)
         return result
 
