@@ -1015,8 +1015,8 @@ def test_a_half_model_under_adam_is_named_in_its_update_and_the_mask_decides_not
     assert "--keep-fp32 Tensor.addcmul_" not in advice
     assert "which --keep-fp32 does not change" in advice
     assert "decide nothing" in advice and "The golden run itself holds" not in advice
-    table = vector_compare(Workspace(str(ws_dir)), Workspace(str(ws_dir)).run("npu"),
-                           Workspace(str(ws_dir)).run("cpu"), 0)
+    ws = Workspace(str(ws_dir))
+    table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)
     fill = table[table.TensorIndex == "Tensor.masked_fill.0.forward:output:0"]
     assert (fill.GoldenInfCount == 64).all() and (fill.NpuAtFp16Max == 64).all()
     assert set(evaluate(fill).verdicts) == {"pass"}

@@ -550,24 +550,24 @@ class PrecisionDebugger:
         held = self._copies.get(t)
         if held is not None and held[0] == key:
             return held[1]
-        value = self._same_memory(t)
+        # a contiguous tensor's memory, in order: what a view of it shares
+        memory = (t.data_ptr(), t.numel(), t.dtype) if t.numel() and t.is_contiguous() \
+            else None
+        value = self._same_memory(t, memory) if memory is not None else None
         if value is None:
             # a statistics dump keeps the statistics, not a copy (a step's every activation
             # twice over, for big models)
             value = Summary(_view(t)) if self.summaries else _copy(t)
-            if t.numel() and t.is_contiguous():
-                self._memory[(t.data_ptr(), t.numel(), t.dtype)] = \
-                    (weakref.ref(t), t._version, value)
+            if memory is not None:
+                self._memory[memory] = (weakref.ref(t), t._version, value)
         self._copies[t] = (key, value)
         return value
 
-    def _same_memory(self, t: torch.Tensor):
-        """The value kept of a live tensor whose memory t is, element for element in the
-        same order and unchanged since (a view, reshape or flatten of a contiguous tensor:
-        one copy for both), in t's shape; None where there is none."""
-        if not t.numel() or not t.is_contiguous():
-            return None
-        held = self._memory.get((t.data_ptr(), t.numel(), t.dtype))
+    def _same_memory(self, t: torch.Tensor, memory: tuple):
+        """The value kept of a live tensor whose memory (address, size, dtype) t is, element
+        for element in the same order and unchanged since (a view, reshape or flatten of a
+        contiguous tensor: one copy for both), in t's shape; None where there is none."""
+        held = self._memory.get(memory)
         other = held[0]() if held is not None else None
         # a live tensor's memory is its own: at the same address only a view of it, which
         # shares its version counter, is (two tensors made from one buffer are not)
