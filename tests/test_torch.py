@@ -707,7 +707,8 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
                       str(script), "5", "2")
     assert done.returncode == 1
     assert "RuntimeError: planted failure" in done.stderr
-    assert "the script exited with status 1 on the golden; kept: cpu/debug_0" in done.stderr
+    assert "the script exited with status 1 on the golden; kept: cpu/debug_0 (step(s) 0, 1 " \
+        "complete; it ended in step 2, not dumped)" in done.stderr
     run = Workspace(str(tmp_path / "ws")).run("cpu")
     assert run.complete_steps == [0, 1]
     assert run.info["script_failed"]["step"] == 2
@@ -723,6 +724,7 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     done = _torch_run(tmp_path / "ws", "--target", "golden", "--dump-step", "all", "--",
                       str(killed), "5", "3")
     assert done.returncode != 0 and "the script exited with status -9" in done.stderr
+    assert "(step(s) 0, 1, 2 complete; it ended in step 3, not dumped)" in done.stderr
     run = Workspace(str(tmp_path / "ws")).runs("cpu")[-1]
     assert run.complete_steps == [0, 1, 2]
     assert run.info["script_failed"] == {"step": 3, "error": "killed by SIGKILL"}

@@ -11,6 +11,7 @@ from typing import List
 import click
 
 from ..dump import layout
+from ..errors import PrecisionToolError
 from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
 from ..runtime.npu.fusion import enabled_passes, switch_for
 from .app import EXIT_OK, App, CommandError, command
@@ -128,8 +129,33 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
         runs += ["/".join(os.path.normpath(p).split(os.sep)[-2:]) for p in made]
         if rc != 0:
             raise CommandError(f"error: the script exited with status {rc} on the {which}"
-                               + (f"; kept: {', '.join(runs)}" if runs else ""), rc)
+                               + (f"; kept: {_kept(app, runs)}" if runs else ""), rc)
     result = TorchRuns(args, runs)
     app.emit(result, lambda: app.line(f"dumped: {', '.join(runs)}; next: "
                                       f"{app.command('ac -c')} compares them"))
     return EXIT_OK
+
+
+def _kept(app: App, runs: List[str]) -> str:
+    """The runs a failed script left, each with its steps complete and left partial."""
+    ws = app.ws.reopened()
+    out = []
+    for label in runs:
+        target, name = label.split("/", 1)
+        try:
+            run = ws.run(target, name)
+        except PrecisionToolError:        # unreadable: named as it is
+            out.append(label)
+            continue
+        said = []
+        if run.complete_steps:
+            said.append(f"step(s) {', '.join(map(str, run.complete_steps))} complete")
+        if run.interrupted:
+            said.append(f"step(s) {', '.join(map(str, run.interrupted))} partial")
+        failed = run.info.get("script_failed")
+        if isinstance(failed, dict) and failed.get("step") is not None:
+            step = failed["step"]
+            said.append(f"it ended in step {step}" + (
+                "" if step in run.interrupted or step in run.complete_steps else ", not dumped"))
+        out.append(f"{label} ({'; '.join(said) or 'no step complete'})")
+    return ", ".join(out)
