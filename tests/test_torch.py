@@ -1,11 +1,13 @@
 """The PyTorch front-end: PrecisionDebugger on real PyTorch training loops, golden (bit for bit
 the script without the tool) and simulated NPU (the policy's dtypes at the kernel level), and
 torch-run on an unchanged script; every run read by the analysis."""
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -421,6 +423,43 @@ def test_a_view_of_a_kept_tensor_is_kept_once_until_a_write(tmp_path, mode):
         assert np.array_equal(other_seen, buffer)
     else:
         assert other_seen.stats[2] == pytest.approx(float(buffer.mean()))
+
+
+def test_the_heap_before_start_is_left_out_of_the_collector_until_stop(tmp_path):
+    """While started, what was alive at start() is frozen (full collections would scan it
+    each time the dump's objects set them off); cyclic garbage made while started is still
+    collected; stop() gives the heap back. A heap the script froze itself is left alone."""
+    assert gc.get_freeze_count() == 0
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_mode="statistics")
+    d.start()
+    try:
+        assert gc.get_freeze_count() > 0
+        d.start()                           # resumed: frozen once
+        frozen = gc.get_freeze_count()
+        cycle = [0]
+        cycle[0] = cycle
+        gone = weakref.ref(_Cycle(cycle))
+        del cycle
+        gc.collect()
+        assert gone() is None and gc.get_freeze_count() == frozen
+    finally:
+        d.stop()
+    assert gc.get_freeze_count() == 0
+    gc.freeze()                             # the script's own
+    try:
+        mine = gc.get_freeze_count()
+        d2 = PrecisionDebugger(str(tmp_path), target="golden", dump_mode="statistics")
+        d2.start()
+        d2.stop()
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
+
+
+class _Cycle:
+    def __init__(self, other):
+        self.other = other
+        other.append(self)
 
 
 def test_what_the_policy_does_not_classify_is_listed(tmp_path):
