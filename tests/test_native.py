@@ -85,6 +85,29 @@ def test_stats_match_float64_reference(dtype):
         assert row[4:].tolist() == ref[4:]
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64,
+                                   np.int64, np.bool_])
+def test_a_strided_arrays_stats_are_its_contiguous_copys_without_the_copy(dtype):
+    """A transpose, a step slice, a reversed axis, a broadcast and a column are read where
+    they lie, in C order, block for block as their contiguous copy is: the same numbers bit
+    for bit, and the float64 reference's. Rows span the 1024-element blocks unevenly."""
+    a = _hostile(300 * 517, np.float64, seed=5).reshape(300, 517)
+    a = (a > 0) if dtype is np.bool_ else \
+        (np.nan_to_num(a, posinf=0, neginf=0) * 100).astype(dtype) if dtype is np.int64 \
+        else a.astype(dtype)
+    b = a[:60].reshape(6, 10, 517)
+    views = [a.T, a[::3, 1::2], a[:, ::-1], np.broadcast_to(a[0], (40, 517)), a[:, 5],
+             b.transpose(2, 0, 1), b[:, ::2, 3:].transpose(1, 2, 0)]
+    assert not any(v.flags.c_contiguous for v in views)
+    rows = native.stats(views)
+    for v, row in zip(views, rows):
+        copy = native.stats([np.ascontiguousarray(v)])[0]
+        assert np.array_equal(row, copy, equal_nan=True), v.shape
+        ref = refs.tensor_stats(v)
+        assert row[0] == ref[0] and row[1] == ref[1] and row[4:].tolist() == ref[4:]
+        np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-13)
+
+
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
               np.bool_]
 

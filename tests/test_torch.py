@@ -425,6 +425,41 @@ def test_a_view_of_a_kept_tensor_is_kept_once_until_a_write(tmp_path, mode):
         assert other_seen.stats[2] == pytest.approx(float(buffer.mean()))
 
 
+@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+def test_a_gradient_is_kept_once_for_its_backward_and_for_the_update(tmp_path, mode):
+    """A gradient's value (a copy, or its statistics) is kept once: a view's backward
+    hands on its input gradient reshaped, and that is the same value; the update that reads
+    a parameter's .grad reads the value its backward kept (the weight's, made by a node of
+    the call after the bias's); the numbers are autograd's."""
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_mode=mode, dump_step="all")
+    d.start(lin)
+    try:
+        lin(torch.randn(3, 6)).view(12).pow(2).sum().backward()
+        grads = [lin.weight.grad.clone(), lin.bias.grad.clone()]
+        opt.step()
+        records = {r.op.name: r for r in d._records}
+    finally:
+        d.stop()
+    backward = records["Functional.linear.0.backward"]
+    for k, name in enumerate(("Tensor.add_.0.forward", "Tensor.add_.1.forward")):
+        update = records[name]
+        assert update.op.inputs[1] == f"Functional.linear.0.backward:{k}"
+        assert update.inputs[1] is backward.outputs[k]
+        held = backward.outputs[k]
+        if mode == "tensor":
+            assert np.array_equal(held, grads[k].numpy())
+        else:
+            assert held.stats[2] == pytest.approx(float(grads[k].double().mean()), rel=1e-12)
+    view = records["Tensor.view.0.backward"]
+    if mode == "tensor":
+        assert np.shares_memory(view.inputs[0], view.outputs[0])
+    else:
+        assert view.inputs[0].stats is view.outputs[0].stats
+
+
 def test_the_heap_before_start_is_left_out_of_the_collector_until_stop(tmp_path):
     """While started, what was alive at start() is frozen (full collections would scan it
     each time the dump's objects set them off); cyclic garbage made while started is still

@@ -101,7 +101,9 @@ def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
     (every array must have a stats_kind), into out (C-contiguous) when given."""
     if out is None:
         out = np.empty((len(arrays), 7))
-    _reduce.stats([flat(a) for a in arrays], "".join(stats_kind(a) for a in arrays), out)
+    # strided arrays are read where they lie, in C order (the numbers of a contiguous copy)
+    _reduce.stats([a if a.dtype.kind in "fiub" else a.view(np.uint16) for a in arrays],
+                  "".join(stats_kind(a) for a in arrays), out)
     return out
 
 

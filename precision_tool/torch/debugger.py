@@ -137,6 +137,11 @@ def _values(v) -> np.ndarray:
     return _view(v) if isinstance(v, torch.Tensor) else v
 
 
+def _key(t: torch.Tensor) -> tuple:
+    """What a value kept of t holds for: t's version, dtype and shape."""
+    return int(t._version), t.dtype, tuple(t.shape)
+
+
 def _copy(t: torch.Tensor) -> np.ndarray:
     # (a bfloat16 tensor's view is a float32 copy already)
     return _view(t) if t.dtype == torch.bfloat16 else _view(t).copy()
@@ -566,7 +571,7 @@ class PrecisionDebugger:
         """t's value now, copied once per version: an output read by the next call (and a
         parameter read by several) is one copy; torch's version counter says when an
         in-place call changed it since."""
-        key = (int(t._version), t.dtype, tuple(t.shape))
+        key = _key(t)
         held = self._copies.get(t)
         if held is not None and held[0] == key:
             return held[1]
@@ -698,15 +703,17 @@ class PrecisionDebugger:
                 if isinstance(g, torch.Tensor):
                     held = state["out"].get(k)
                     if held is None:
-                        # a statistics dump reads the gradient's statistics when the record
-                        # is made, without a copy: autograd leaves a tensor that another
-                        # reference holds as it is
-                        state["out"][k] = (g, g if self.summaries else _copy(g), False)
+                        # kept now, while it is in the cache (autograd may sum into it
+                        # later): one copy, or statistics, per tensor and version
+                        state["out"][k] = (g, self._snapshot(g), False)
                     else:                   # the call read the input twice: their sum
-                        state["out"][k] = (g, _values(held[1]) + _copy(g), True)
+                        so_far = held[1] if held[2] or not self.summaries else \
+                            _values(held[0])
+                        state["out"][k] = (g, so_far + _copy(g), True)
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
-                        self._leaf_grad(leaf, f"{back}:{reached.index(k)}")
+                        self._leaf_grad(leaf, f"{back}:{reached.index(k)}",
+                                        state["out"][k][1])
             state["left"].discard(node_id)
             if not state["left"] and state["out"]:
                 self._record_backward(api, back, site, state, name, read)
@@ -763,7 +770,7 @@ class PrecisionDebugger:
             held = self._grad_held.get(made[0])
             if held is not None and held[0]() is g and held[1] == g._version:
                 return self._grad_values[made[0]][0]
-        return Summary(_view(g)) if self.summaries else _copy(g)
+        return self._snapshot(g)
 
     def _record_sum(self, name: str, made, g, value, site) -> str:
         """Autograd's sum of the gradients several calls handed one tensor, as its own op
@@ -807,13 +814,14 @@ class PrecisionDebugger:
         self._names[t] = (f"{var}:0", version)
         return f"{var}:0"
 
-    def _leaf_grad(self, leaf, name: str) -> None:
-        """A leaf's gradient is the backward output `name` when it is the only one that
-        reaches it this step and its .grad was empty (zeroed): the update that reads .grad
-        then reads that output. Named when autograd has accumulated it (a hook per leaf)."""
+    def _leaf_grad(self, leaf, name: str, value) -> None:
+        """A leaf's gradient is the backward output `name` (its value kept: value) when it
+        is the only one that reaches it this step and its .grad was empty (zeroed): the
+        update that reads .grad then reads that output, and that value (autograd took the
+        tensor or copied it). Named when autograd has accumulated it (a hook per leaf)."""
         fresh = leaf.grad is None
         made = self._leaf_made.get(leaf)
-        self._leaf_made[leaf] = name if fresh and made is None else ""
+        self._leaf_made[leaf] = (name, value) if fresh and made is None else ""
         if id(leaf) in self._leaf_hooked:
             return
         self._leaf_hooked.add(id(leaf))
@@ -821,7 +829,8 @@ class PrecisionDebugger:
         def accumulated(param):
             made = self._leaf_made.get(param)
             if made and param.grad is not None:
-                self._name(param.grad, made)
+                self._name(param.grad, made[0])
+                self._copies[param.grad] = (_key(param.grad), made[1])
         leaf.register_post_accumulate_grad_hook(accumulated)
 
     def _kernels(self, outs) -> dict:

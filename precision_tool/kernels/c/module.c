@@ -117,7 +117,7 @@ static PyMethodDef methods[] = {
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,
-     "stats(arrays, kinds, out): per array max, min, mean, l2norm over the finite elements "
+     "stats(arrays, kinds, out): per array (strided or not) max, min, mean, l2norm over the finite elements "
      "and its nan, +inf, -inf counts, into out (7 float64 per array)."},
     {"compare", py_compare, METH_VARARGS,
      "compare(x, y, kinds, start, stop, ranges): the comparison totals of one range "

@@ -72,23 +72,91 @@ CLONES static void stats_block(const double *v, Py_ssize_t n, Stats *st)
     st->neg += (int64_t)neg;
 }
 
+/* one block of m elements, back to back, into st: the vector loop where it takes them, else
+ * each converted to double in buf */
+static void stats_of(const char *block, char kind, Py_ssize_t m, int simd, double *buf, Stats *st)
+{
+    if (simd && m % 16 == 0 && stats_simd(simd, block, kind, m, st)) return;
+    to_double(block, kind, m, buf);
+    stats_block(buf, m, st);
+}
+
+static void stats_out(const Stats *st, double *out)
+{
+    if (st->n) {
+        out[0] = st->hi; out[1] = st->lo; out[2] = st->sum / (double)st->n;
+        out[3] = sqrt(st->squares);
+    } else {
+        out[0] = out[1] = out[2] = out[3] = NAN;
+    }
+    out[4] = (double)st->nan; out[5] = (double)st->pos; out[6] = (double)st->neg;
+}
+
+static int simd_for(char kind) { return is_float(kind) && kind != 'd' ? simd_level() : SIMD_NONE; }
+
 void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
     double buf[BLOCK];
     Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
-    int size = itemsize(kind), simd = is_float(kind) && kind != 'd' ? simd_level() : SIMD_NONE;
+    int size = itemsize(kind), simd = simd_for(kind);
+    for (Py_ssize_t start = 0; start < n; start += BLOCK)
+        stats_of(data + start * size, kind, n - start < BLOCK ? n - start : BLOCK, simd, buf, &st);
+    stats_out(&st, out);
+}
+
+/* run elements of size bytes, stride bytes apart, back to back into dst */
+static void gather_run(const char *src, Py_ssize_t stride, int size, Py_ssize_t run, char *dst)
+{
+    Py_ssize_t i;
+    if (stride == size) {               /* a row of a slice: one copy */
+        memcpy(dst, src, (size_t)(run * size));
+        return;
+    }
+    switch (size) {
+#define RUN(T) { T *d = (T *)dst; for (i = 0; i < run; i++, src += stride) memcpy(d + i, src, sizeof(T)); } break;
+    case 1: RUN(uint8_t)
+    case 2: RUN(uint16_t)
+    case 4: RUN(uint32_t)
+    default: RUN(uint64_t)
+#undef RUN
+    }
+}
+
+/* A strided tensor's statistics (a transpose, a slice, a broadcast): its elements in C order
+ * gathered BLOCK at a time, so that the blocks, and so the numbers, are those of its
+ * contiguous copy, without making the copy (a fresh buffer of the tensor's size a call,
+ * faulted in page by page: strided tensors summed at a quarter of the others' rate). */
+static void strided_stats(const char *data, char kind, int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides, double *out)
+{
+    double buf[BLOCK];
+    uint64_t gathered[BLOCK];             /* BLOCK elements of up to 8 bytes */
+    Py_ssize_t idx[PyBUF_MAX_NDIM] = {0}, n = 1;
+    Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
+    int size = itemsize(kind), simd = simd_for(kind), last = ndim - 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    const char *at = data;
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
-        Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
-        if (simd && m % 16 == 0 && stats_simd(simd, data + start * size, kind, m, &st)) continue;
-        to_double(data + start * size, kind, m, buf);
-        stats_block(buf, m, &st);
+        Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK, filled = 0;
+        while (filled < m) {
+            Py_ssize_t run = MIN(m - filled, shape[last] - idx[last]);
+            gather_run(at, strides[last], size, run, (char *)gathered + filled * size);
+            at += run * strides[last];
+            idx[last] += run;
+            filled += run;
+            if (idx[last] < shape[last]) continue;
+            at -= shape[last] * strides[last];           /* carry into the outer indices */
+            idx[last] = 0;
+            for (int d = last - 1; d >= 0; d--) {
+                at += strides[d];
+                if (++idx[d] < shape[d]) break;
+                at -= shape[d] * strides[d];
+                idx[d] = 0;
+            }
+        }
+        stats_of((const char *)gathered, kind, m, simd, buf, &st);
     }
-    if (st.n) {
-        out[0] = st.hi; out[1] = st.lo; out[2] = st.sum / (double)st.n; out[3] = sqrt(st.squares);
-    } else {
-        out[0] = out[1] = out[2] = out[3] = NAN;
-    }
-    out[4] = (double)st.nan; out[5] = (double)st.pos; out[6] = (double)st.neg;
+    stats_out(&st, out);
 }
 
 PyObject *py_stats(PyObject *self, PyObject *args)
@@ -109,12 +177,28 @@ PyObject *py_stats(PyObject *self, PyObject *args)
     }
     views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
     if (!views) { PyErr_NoMemory(); goto done; }
-    for (got = 0; got < n; got++)
-        if (get_buffer(PySequence_Fast_GET_ITEM(seq, got), kinds[got], -1, &views[got]) < 0) goto done;
+    for (got = 0; got < n; got++) {
+        Py_buffer *v = &views[got];
+        if (!itemsize(kinds[got])) {
+            PyErr_Format(PyExc_ValueError, "unknown element kind %c", kinds[got]);
+            goto done;
+        }
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), v, PyBUF_STRIDES) < 0) goto done;
+        if (v->itemsize != itemsize(kinds[got])) {
+            PyBuffer_Release(v);
+            PyErr_SetString(PyExc_ValueError, "buffer size does not match its element kind");
+            goto done;
+        }
+    }
     double *o = (double *)out.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (k = 0; k < n; k++)
-        tensor_stats(views[k].buf, kinds[k], views[k].len / itemsize(kinds[k]), o + 7 * k);
+    for (k = 0; k < n; k++) {
+        Py_buffer *v = &views[k];
+        if (PyBuffer_IsContiguous(v, 'C'))
+            tensor_stats(v->buf, kinds[k], v->len / v->itemsize, o + 7 * k);
+        else
+            strided_stats(v->buf, kinds[k], v->ndim, v->shape, v->strides, o + 7 * k);
+    }
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;
