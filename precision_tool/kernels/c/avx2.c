@@ -280,6 +280,7 @@ AVX2 int stats_avx2(const char *data, char kind, Py_ssize_t n, Stats *st)
     F16 hi = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)};
     D8 sum0 = d8_zero(), sum1 = sum0, sq0 = sum0, sq1 = sum0;
     for (Py_ssize_t i = 0; i < n; i += 16) {
+        fetch_ahead(data, kind, i);
         F16 v = load16(data, kind, i);
         lo.lo = _mm256_min_ps(lo.lo, v.lo); lo.hi = _mm256_min_ps(lo.hi, v.hi);
         hi.lo = _mm256_max_ps(hi.lo, v.lo); hi.hi = _mm256_max_ps(hi.hi, v.hi);

@@ -225,13 +225,16 @@ AVX512 int compare_avx512(const char *x, char xk, const char *y, char yk, Py_ssi
  * (exact), the sums in double. n a multiple of 16; returns 0, leaving st alone, when the
  * block holds an inf or nan (stats_block counts them): the sums then are inf or nan, which
  * finite float32 values cannot make them (16 * 1024 squares of FLT_MAX are far below
- * DBL_MAX). float32 is converted to double straight from memory, half a vector at a time. */
+ * DBL_MAX). float32 is converted to double straight from memory, half a vector at a time.
+ * It asks for lines ahead (fetch_ahead): a training step's tensors are mostly beyond the
+ * caches when summarised, and 8 MB ones read so at 12.5 GB/s, not 10. */
 AVX512 int stats_avx512(const char *data, char kind, Py_ssize_t n, Stats *st)
 {
     __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
     __m512d sum0 = _mm512_setzero_pd(), sum1 = sum0, sq0 = sum0, sq1 = sum0;
     const float *f = (const float *)data;
     for (Py_ssize_t i = 0; i < n; i += 16) {
+        fetch_ahead(data, kind, i);
         __m512 v = load16(data, kind, i);
         lo = _mm512_min_ps(lo, v);
         hi = _mm512_max_ps(hi, v);
