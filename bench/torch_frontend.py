@@ -1,6 +1,9 @@
-"""The PyTorch front-end's cost (python bench/torch_frontend.py; bench/run.py runs it when
-torch is installed): a training step of a real PyTorch model with the debugger against the
-same step without it, measured side by side in one process, blocks interleaved, medians.
+"""The PyTorch front-end's cost (python bench/torch_frontend.py, torch installed): a training
+step of a real PyTorch model with the debugger against the same step without it, measured
+side by side in one process, blocks interleaved, medians. A block measures the steady
+state: its first step runs untimed (what a run pays once, its hooks and the first dumped
+step's plan of the index, is printed apart as "its first step"), then its steps and the
+stop() that writes the last one are timed.
 
 - installed: PrecisionDebugger made but not started (what a script pays for the import and
   the object);
@@ -108,19 +111,31 @@ def models(size: str = "small"):
     return {**out, **_transformers(384, 6, 128), **_nanogpt(384, 6, 128)}
 
 
-def _block(model, loss_fn, opt, debugger, steps):
+def _step(model, loss_fn, opt, debugger):
+    loss = loss_fn()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if debugger is not None:
+        debugger.step()
+
+
+def _block(model, loss_fn, opt, debugger, steps, first=None):
+    """Seconds a step, steady state: one step run first, untimed (what a run pays once:
+    its hooks, the first dumped step's plan of the index; its seconds go to `first`, a
+    list, when given), then `steps` timed, and stop() (the last step's files are on disk
+    only then)."""
     if debugger is not None:
         debugger.start(model)
     start = time.perf_counter()
+    _step(model, loss_fn, opt, debugger)
+    if first is not None:
+        first.append(time.perf_counter() - start)
+    start = time.perf_counter()
     for _ in range(steps):
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if debugger is not None:
-            debugger.step()
+        _step(model, loss_fn, opt, debugger)
     if debugger is not None:
-        debugger.stop()          # timed: the last step's files are on disk only then
+        debugger.stop()
     return (time.perf_counter() - start) / steps
 
 
@@ -134,10 +149,12 @@ VARIANTS = {
 
 
 def measure(model, loss_fn, where, repeats=REPEATS["small"]):
-    """variant -> median step time ÷ the plain step's, blocks interleaved."""
+    """(variant -> median step time ÷ the plain step's, blocks interleaved; the plain step in
+    seconds; variant -> its first step ÷ the plain step)."""
     blocks, steps = repeats
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = {name: [] for name in ["plain", *VARIANTS]}
+    firsts = {name: [] for name in VARIANTS}
     root = tempfile.mkdtemp(prefix="bench-torch-", dir=where)
     try:
         _block(model, loss_fn, opt, None, 2)            # warm up
@@ -149,23 +166,24 @@ def measure(model, loss_fn, where, repeats=REPEATS["small"]):
                 made = VARIANTS[name](root)
                 if made == "installed":
                     PrecisionDebugger(root)
-                    times[name].append(_block(model, loss_fn, opt, None, steps))
+                    times[name].append(_block(model, loss_fn, opt, None, steps, firsts[name]))
                     continue
                 dump_step = made.pop("dump_step", "all")
                 d = PrecisionDebugger(root, dump_step=dump_step, **made)
-                times[name].append(_block(model, loss_fn, opt, d, steps))
+                times[name].append(_block(model, loss_fn, opt, d, steps, firsts[name]))
                 shutil.rmtree(root, ignore_errors=True)
                 os.makedirs(root, exist_ok=True)
         plain = statistics.median(times["plain"])
-        return {name: statistics.median(v) / plain for name, v in times.items() if name != "plain"}, plain
+        return ({name: statistics.median(v) / plain for name, v in times.items() if name != "plain"},
+                plain, {name: statistics.median(v) / plain for name, v in firsts.items()})
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def _msprobe_block(model, loss_fn, opt, debugger, steps):
-    """Steps under msprobe's debugger as its guide has them: start, the step, stop, step."""
-    start = time.perf_counter()
-    for _ in range(steps):
+    """Steps under msprobe's debugger as its guide has them (start, the step, stop, step),
+    steady state as _block's: one untimed first."""
+    def one():
         debugger.start(model)
         loss = loss_fn()
         loss.backward()
@@ -173,6 +191,10 @@ def _msprobe_block(model, loss_fn, opt, debugger, steps):
         opt.zero_grad()
         debugger.stop()
         debugger.step()
+    one()
+    start = time.perf_counter()
+    for _ in range(steps):
+        one()
     return (time.perf_counter() - start) / steps
 
 
@@ -248,10 +270,10 @@ def main(argv=None):
         return 2
     for each in SIZES if size == "all" else (size,):
         for name, (model, loss_fn) in models(each).items():
-            ratios, plain = measure(model, loss_fn, where, REPEATS[each])
+            ratios, plain, firsts = measure(model, loss_fn, where, REPEATS[each])
             print(f"{name}: plain step {plain * 1e3:.1f} ms", flush=True)
             for variant, r in ratios.items():
-                print(f"  {variant} ÷ plain: {r:.2f}")
+                print(f"  {variant} ÷ plain: {r:.2f} (its first step {firsts[variant]:.2f})")
             peer = _msprobe_ratio(name, each)
             if peer is None:
                 print(f"  msprobe L1 statistics dump: not measured (python {sys.argv[0]} "
