@@ -2,10 +2,12 @@
 the debugger's lines are the only change a script needs to be dumped by msprobe.
 
     python examples/msprobe_attention.py DUMP_DIR [--task tensor|statistics|md5]
-        [--level L1|mix|L0] [--steps N] [--plant unscaled-scores]
+        [--level L1|mix|L0] [--steps N] [--plant unnormalised-inputs] [--bf16]
 
 --plant unnormalised-inputs feeds the model its inputs unnormalised (times 2000): in fp16 the
-attention scores overflow. Run it as it is for a baseline, and under
+attention scores overflow. --bf16 trains the model in bfloat16 as a device script would
+(`.bfloat16()` on the model and the inputs, the logits `.float()` for the loss): its dump
+holds cast calls a float32 baseline's does not. Run it as it is for a baseline, and under
 `precision-tool torch-run --target npu` for the simulated NPU's dump (both need
 mindstudio-probe: pip install -e .[msprobe])."""
 import argparse
@@ -37,6 +39,7 @@ def main():
     p.add_argument("--level", default="L1", choices=["L0", "L1", "mix"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--plant", choices=["unnormalised-inputs"])
+    p.add_argument("--bf16", action="store_true")
     args = p.parse_args()
     task = "statistics" if args.task == "md5" else args.task
     config = {"task": task, "dump_path": args.dump_dir, "rank": [], "step": [],
@@ -49,7 +52,7 @@ def main():
         json.dump(config, f)
 
     torch.manual_seed(0)
-    model = Attention()
+    model = Attention().bfloat16() if args.bf16 else Attention()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     debugger = PrecisionDebugger(config_path=config_path)
     data = torch.Generator().manual_seed(1)
@@ -57,7 +60,8 @@ def main():
         x = torch.randn(8, 16, 32, generator=data) * (2000.0 if args.plant else 4.0)
         y = torch.randint(0, 4, (8,), generator=data)
         debugger.start(model)
-        loss = F.cross_entropy(model(x), y)
+        logits = model(x.bfloat16()).float() if args.bf16 else model(x)
+        loss = F.cross_entropy(logits, y)
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -291,7 +292,6 @@ def test_a_damaged_dump_json_is_one_line_and_exit_2(tmp_path, damage, message):
         json.dump(dump, open(path, "w"))
     out = invoke("vc", "-lt", tmp_path / "n", "-rt", tmp_path / "g", data_dir=tmp_path / "ws")
     assert out.exit_code == 2, out.output
-    import re
     assert re.search(message, out.output), out.output
     assert "Traceback" not in out.output
 
@@ -409,7 +409,6 @@ def _msprobe_first_error(target, golden, out):
     import pandas as pd
     table = pd.read_csv(glob.glob(os.path.join(out, "compare_result_*.csv"))[0])
     worst = table[table["Result"] != "pass"]["NPU Name"].iloc[0]
-    import re
     return re.sub(r"\.(input|output)\.\d+$", "", worst)
 
 
@@ -429,6 +428,29 @@ def test_real_planted_dumps_name_the_api_msprobes_compare_ranks_worst(real_dumps
     # the source line in ni, from stack.json
     ni = invoke("ni", "Tensor.__matmul__.0.forward", data_dir=tmp_path / "ws")
     assert ni.exit_code == 0 and f"source: {EXAMPLE}:" in ni.output
+
+
+def test_a_real_bf16_scripts_dump_pairs_call_for_call_with_its_fp32_baseline(tmp_path):
+    """A device script in bfloat16 (the model and its inputs .bfloat16(), the logits
+    .float()) dumped by msprobe, against the same script in float32: msprobe dumps no cast
+    call (Tensor.float, Tensor.bfloat16), so the calls pair name for name with nothing
+    left over, every tensor of every step is compared, and three healthy steps are sound
+    (the key bias's gradient, zero in exact arithmetic, diverges with no effect)."""
+    _msprobe()
+    bf16 = _dump(tmp_path / "bf16", "--bf16")
+    fp32 = _dump(tmp_path / "fp32")
+    with open(glob.glob(os.path.join(bf16, "step0", "*", "dump.json"))[0]) as f:
+        calls = json.load(f)["data"]
+    assert not [c for c in calls if c.split(".")[1] in ("float", "bfloat16", "to")]
+    out = invoke("ac", "-c", "-lt", bf16, "-rt", fp32, data_dir=tmp_path / "ws")
+    assert out.exit_code == 0, out.output
+    assert "Precision looks sound" in out.output
+    compared = re.findall(r"(\d+) of (\d+) tensors compared", out.output)
+    assert len(compared) == 3 and all(a == b and int(a) > 200 for a, b in compared), compared
+    table = Workspace(str(tmp_path / "ws")).index_table(
+        Workspace(str(tmp_path / "ws")).run("npu"), 0)
+    assert {r["dtype"] for r in table.records() if r["op_name"] == "Functional.linear.0.forward"
+            and r["io"] == "output"} == {"bfloat16"}
 
 
 def test_real_tensor_files_read_as_torch_reads_them(real_dumps):

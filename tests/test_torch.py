@@ -1076,7 +1076,8 @@ def test_a_half_model_under_adam_is_named_in_its_update_and_the_mask_decides_not
     by zero. The golden's -inf mask, which the NPU holds at -65504 (saturation), comes
     first in the step and is read by nothing that differs: it is no lead, and its rows
     pass. The origin is the moment's addcmul_; the advice never offers --keep-fp32 for a
-    call in place (it computes in its tensor's dtype), and fix, finding that even
+    call in place (it computes in its tensor's dtype), nor scaling what feeds a moment
+    up (it is kept in fp32), and fix, finding that even
     force_fp32 fails, says that the failing tensors are the script's own fp16."""
     script = tmp_path / "half_adam.py"
     script.write_text(HALF_ADAM)
@@ -1090,6 +1091,7 @@ def test_a_half_model_under_adam_is_named_in_its_update_and_the_mask_decides_not
     advice = " ".join(result["advice"])
     assert "--keep-fp32 Tensor.addcmul_" not in advice
     assert "which --keep-fp32 does not change" in advice
+    assert "scale what feeds them up" not in advice      # an optimizer's moment: kept, not scaled
     assert "decide nothing" in advice and "The golden run itself holds" not in advice
     ws = Workspace(str(ws_dir))
     table = vector_compare(ws, ws.run("npu"), ws.run("cpu"), 0)

@@ -402,8 +402,9 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict], 
     if not u.get("gradients"):
         keep = opts.keep(origin, mode) if origin is not None else \
             opts.tag("keep those ops in fp32")
-        # a value cast in (data, a constant) is what to change; an op's inputs can be scaled
-        how = keep[1] if origin is not None and origin.get("inserted") \
+        # a value cast in (data, a constant) is what to change, and an update's state (an
+        # optimizer's moment) is kept in fp32, not scaled; an op's inputs can be scaled
+        how = keep[1] if origin is not None and (origin.get("inserted") or origin.get("update")) \
             else opts.either(opts.tag("scale what feeds them up"), keep)
         return text.replace("Gradients underflow", "Values underflow") + f" {_capital(how)}."
     new = suggested_scale(scale, u.get("peak"))
