@@ -204,10 +204,10 @@ _LIBRARY = (os.path.dirname(torch.__file__) + os.sep,
 def _freeze_heap() -> bool:
     """Leave the objects alive now out of Python's cyclic collector until stop() (gc.freeze):
     a dump makes thousands of objects a step, enough to set off full collections, and each
-    scans the whole heap (with a Hugging Face model's imports: 0.1 to 0.2 s, beside a
-    0.8 s step). What the script makes from here on is
-    collected as before; cyclic garbage made before start() waits for stop(). A heap the
-    script froze itself, or a collector it turned off, is left as it is. Whether it froze."""
+    scans the whole heap (with a Hugging Face model's imports: 0.1 to 0.2 s, beside a 0.8 s
+    step). What the script makes from here on is collected as before; cyclic garbage made
+    before start() waits for stop(). A heap the script froze itself, or a collector it
+    turned off, is left as it is. Whether it froze."""
     if not gc.isenabled() or gc.get_freeze_count():
         return False
     gc.freeze()

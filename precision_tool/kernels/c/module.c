@@ -117,8 +117,8 @@ static PyMethodDef methods[] = {
     {"stats_text", py_stats_text, METH_VARARGS,
      "stats_text(rows): per row of 7 float64 (as stats writes them) its CSV text."},
     {"stats", py_stats, METH_VARARGS,
-     "stats(arrays, kinds, out): per array (strided or not) max, min, mean, l2norm over the finite elements "
-     "and its nan, +inf, -inf counts, into out (7 float64 per array)."},
+     "stats(arrays, kinds, out): per array (strided or not) max, min, mean, l2norm over the "
+     "finite elements and its nan, +inf, -inf counts, into out (7 float64 per array)."},
     {"compare", py_compare, METH_VARARGS,
      "compare(x, y, kinds, start, stop, ranges): the comparison totals of one range "
      "(KL sums too when ranges = (lo_x, hi_x, lo_y, hi_y), else nan)."},
