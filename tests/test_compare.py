@@ -318,6 +318,43 @@ def test_compare_from_statistics_only(tmp_path):
     assert verdict(compare_stats(dict(a, l2norm=0.0), dict(a, l2norm=0.0))) == "pass"
 
 
+def test_a_statistics_row_takes_the_goldens_infinities_as_the_npus_saturated_values():
+    """A mask's -inf that saturation mode holds at -65504: by statistics alone (no element
+    count) the golden's k infinities are taken as the NPU's k -65504s and left out of its
+    norm, as a tensor compare leaves them out; the norm then is the float64 norm of the
+    other elements and the row passes. Where the NPU clipped more than those (a real
+    overflow), or its extreme is not 65504, or its norm cannot hold k of them, the row is
+    judged as it is."""
+    from precision_tool import kernels
+    from precision_tool.analysis.comparing.compare import compare_stats
+    from precision_tool.analysis.comparing.verdicts import verdict
+    rng = np.random.default_rng(4)
+    golden = rng.normal(size=(8, 32, 32)).astype(np.float32)
+    mask = np.triu(np.ones((32, 32), bool), 1)
+    golden[:, mask] = -np.inf
+    npu = golden.astype(np.float16)
+    npu[:, mask] = -65504.0
+    k = int(mask.sum()) * 8
+
+    def stats(a):
+        return kernels.tensor_stats(a)
+    row = compare_stats(stats(npu), stats(golden))
+    rest = npu[:, ~mask].astype(np.float64)
+    assert row["NpuAtFp16Max"] == k and row["GoldenInfCount"] == k and row["NpuInfCount"] == 0
+    # the subtraction cancels: its error is about 2**-52 of k * 65504**2 (0.015 of 4117)
+    assert row["NpuNorm"] == pytest.approx(float(np.sqrt((rest ** 2).sum())), rel=1e-6)
+    assert "taken as the NPU's ±65504" in row["CompareFailReason"]
+    assert verdict(row) == "pass"
+    beyond, clipped = golden.copy(), npu.copy()
+    beyond[0, 5, 3], clipped[0, 5, 3] = -9e4, -65504.0      # a real overflow besides the mask
+    more = compare_stats(stats(clipped), stats(beyond))
+    assert more["NpuAtFp16Max"] == k and verdict(more) == "fail"
+    other = compare_stats(stats(np.where(mask, np.float16(-6e4), npu)), stats(golden))
+    assert other["NpuAtFp16Max"] == 0 and verdict(other) == "fail"
+    small = dict(stats(npu), l2norm=1.0)        # cannot hold k values of 65504
+    assert compare_stats(small, stats(golden))["NpuNorm"] == 1.0
+
+
 def test_compare_step_is_vector_compare_without_pandas(tmp_path):
     """The Table vc works on and the DataFrame of vector_compare hold the same rows, their
     CSVs are the same bytes as pandas writes them, and `vc` itself never imports pandas."""

@@ -1190,22 +1190,25 @@ def test_fix_says_why_it_cannot_rerun_a_script_it_did_not_start(tmp_path):
 NANOGPT = os.path.join(os.path.dirname(__file__), "..", "examples", "nanogpt.py")
 
 
-def _nanogpt(root, mode, *plant, overflow="inf_nan"):
+def _nanogpt(root, mode, *plant, overflow="inf_nan", dump_mode="tensor"):
     """examples/nanogpt.py (a plain PyTorch nanoGPT on real text, GradScaler) under
     torch-run, every step dumped on both targets; ac -c's JSON and exit code."""
     done = _torch_run(root, "--precision-mode", mode, "--overflow-mode", overflow,
-                      "--dump-step", "all", "--", NANOGPT, *plant)
+                      "--dump-step", "all", "--dump-mode", dump_mode, "--", NANOGPT, *plant)
     assert done.returncode == 0, done.stderr
     out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
     return json.loads(out.stdout), out.exit_code
 
 
-@pytest.mark.parametrize("overflow", ["saturation", "inf_nan"])
-def test_a_nanogpt_script_trained_healthy_is_called_sound(tmp_path, overflow):
+@pytest.mark.parametrize("overflow,dump_mode", [("saturation", "tensor"), ("inf_nan", "tensor"),
+                                                ("saturation", "statistics")])
+def test_a_nanogpt_script_trained_healthy_is_called_sound(tmp_path, overflow, dump_mode):
     """The nanoGPT script as written, as the README runs it: four steps, every one dumped,
     ac -c says sound (exit 0). The attention mask's -inf (which the NPU holds as -inf, or
-    saturating as -65504) is said to decide nothing, not blamed on the data."""
-    result, code = _nanogpt(tmp_path, "allow_mix_precision", overflow=overflow)
+    saturating as -65504) is said to decide nothing, not blamed on the data: in a
+    statistics dump too, where no element count says how many -65504s there are."""
+    result, code = _nanogpt(tmp_path, "allow_mix_precision", overflow=overflow,
+                            dump_mode=dump_mode)
     assert code == 0 and result["verdict"] == "sound", result["advice"]
     advice = " ".join(result["advice"])
     assert "a mask's -inf" in advice and "the data or the model" not in advice

@@ -13,6 +13,7 @@ most of its time on a small dump); vector_compare is the same as a pandas DataFr
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -78,14 +79,40 @@ def compare_stats(npu: dict, golden: dict) -> dict:
                if npu["max"] == npu["max"] else 0,
                FlushedToZeroRatio=float("nan"), NpuNorm=float(npu["l2norm"]),
                GoldenNorm=float(golden["l2norm"]))
+    out["CompareFailReason"] = STATS_ONLY
+    held = _held_saturated(npu, golden)
+    if held:
+        out.update(NpuNorm=held[1], NpuAtFp16Max=held[0])
+        out["CompareFailReason"] += (f" (the golden's {held[0]} ±inf taken as the NPU's ±65504: "
+                                     f"its norm without them)")
     out["NormRelativeDiff"] = norm_relative_diff(out["NpuNorm"], out["GoldenNorm"])
     out.update({f"{k.capitalize()}Diff": float(npu[k]) - float(golden[k]) for k in ("max", "min", "mean")})
-    out["CompareFailReason"] = STATS_ONLY
     crc, golden_crc = npu.get("md5") or "", golden.get("md5") or ""
     if crc and golden_crc:      # msprobe's md5 summary (a CRC32 of the data): bit for bit?
         out["CompareFailReason"] += " (md5 equal: the same bits)" if crc == golden_crc \
             else " (md5 differs: not the same bits)"
     return out
+
+
+def _held_saturated(npu: dict, golden: dict) -> Optional[tuple]:
+    """Statistics of a golden holding infinities the NPU does not, where the NPU's extreme on
+    that side is ±65504 (saturation mode holds a mask's -inf so): (k, the NPU's norm less k
+    elements of 65504), k the golden's infinities the NPU lacks, as if those were the
+    saturated ones; a tensor dump counts them (NpuAtFp16Max) and leaves them out of every
+    metric, as the golden's statistics leave its infinities out. The subtraction cancels:
+    the squares left are exact to about 2^-52 of k * 65504^2 (a relative 1e-7 on a mask's
+    row, far below any threshold). None where the NPU's extremes do not reach 65504, or its
+    norm cannot hold k of them (then more differs than the infinities, and the row is judged
+    as it is)."""
+    k = 0
+    for side, extreme, sign in (("pos_inf_count", "max", 1.0), ("neg_inf_count", "min", -1.0)):
+        lacking = int(golden[side]) - int(npu[side])
+        if lacking > 0 and float(npu[extreme]) == sign * numerics.FP16_MAX:
+            k += lacking
+    squares = float(npu["l2norm"]) ** 2 - k * numerics.FP16_MAX ** 2
+    if not k or not squares >= 0:
+        return None
+    return k, math.sqrt(squares)
 
 
 def _nonfinite_recorded(index_row, path: str, ours: bool) -> tuple:
