@@ -1214,6 +1214,18 @@ def test_a_nanogpt_script_trained_healthy_is_called_sound(tmp_path, overflow, du
     assert "a mask's -inf" in advice and "the data or the model" not in advice
 
 
+def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tmp_path):
+    """A cause nobody planted: GradScaler started at 2**24 under saturation mode. The scaled
+    backward overflows in fp16 (a linear's backward first); the advice for a script's
+    backward call (named .backward, not under gradients/) leads with the loss scale."""
+    result, code = _nanogpt(tmp_path, "allow_mix_precision", "--steps", "2", "--init-scale",
+                            str(2.0 ** 24), overflow="saturation", dump_mode="statistics")
+    assert code == 1
+    assert result["first_overflow"]["op_name"].endswith(".backward")
+    advice = " ".join(result["advice"])
+    assert "It is in the backward pass under loss scaling: lower the loss scale to" in advice
+
+
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):
     """A planted cause: an RMSNorm over activations of 1e-4, under force_fp16: the squares
     flush to zero and 1/sqrt(0 + eps) overflows (eps 1e-8 is zero in fp16 too). ac -c names

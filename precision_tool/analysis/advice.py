@@ -359,7 +359,9 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                     opts.tag(f"switch {p} off in fusion_switch.cfg", [Change("fusion", p)]),
                     opts.keep(origin, mode), opts.tag("normalise what feeds it")) + "."]
     later = _later_overflows(r)
-    if op["op_name"].startswith("gradients/") and scales:
+    # a graph's gradient ops are under gradients/; a script's backward calls end .backward
+    if (op["op_name"].startswith("gradients/") or op["op_name"].endswith(".backward")) \
+            and scales:
         lower = _lower_scale(_scale_at(r.loss_scale, r.step), peak)
         return [text + " It is in the backward pass under loss scaling: " + opts.either(
             opts.tag(f"lower the loss scale to {lower:g} (or let a dynamic manager shrink it)",
