@@ -819,16 +819,19 @@ SCALED = textwrap.dedent("""
 """)
 
 
-def test_gradscalers_decisions_are_the_step_history(tmp_path):
+@pytest.mark.parametrize("overflow", ["inf_nan", "saturation"])
+def test_gradscalers_decisions_are_the_step_history(tmp_path, overflow):
     """A script under torch.amp.GradScaler, started at 2**20 (beyond fp16): on the NPU each
     step's scaled loss overflows and the scaler halves the scale and skips the step, until
-    it fits. The history holds every decision (scale, next scale, finite), one row per
-    iteration, skipped or not, and the loss before scaling; ac -c compares the skipped step
-    whole (the update the NPU skipped is no gap) and says to start the scaler lower."""
+    it fits. In saturation mode no inf reaches the gradients: the scaler finds the overflow
+    in the step's status word, as torch_npu's reads the device's flag. The history holds
+    every decision (scale, next scale, finite), one row per iteration, skipped or not, and
+    the loss before scaling; ac -c compares the skipped step whole (the update the NPU
+    skipped is no gap) and says to start the scaler lower."""
     script = tmp_path / "train.py"
     script.write_text(SCALED)
     done = _torch_run(tmp_path / "ws", "--precision-mode", "force_fp16", "--overflow-mode",
-                      "inf_nan", "--", str(script))
+                      overflow, "--", str(script))
     assert done.returncode == 0, done.stderr
     ws = Workspace(str(tmp_path / "ws"))
     npu, cpu = ws.step_history(ws.run("npu")), ws.step_history(ws.run("cpu"))
@@ -844,6 +847,25 @@ def test_gradscalers_decisions_are_the_step_history(tmp_path):
     result = json.loads(out.stdout)
     assert result["coverage"]["tensors"] == result["coverage"]["compared"]
     assert "torch.amp.GradScaler(init_scale=2**15) or less" in " ".join(result["advice"])
+
+
+def test_the_scalers_unscale_reads_the_status_word_only_while_started_on_the_npu(tmp_path):
+    """GradScaler's unscale is wrapped on the simulated NPU while the debugger runs, and
+    given back at stop(); the golden leaves the scaler as it is."""
+    own = torch.amp.GradScaler._unscale_grads_
+    npu = PrecisionDebugger(str(tmp_path / "n"), target="npu")
+    npu.start()
+    try:
+        assert torch.amp.GradScaler._unscale_grads_ is not own
+    finally:
+        npu.stop()
+    assert torch.amp.GradScaler._unscale_grads_ is own
+    golden = PrecisionDebugger(str(tmp_path / "g"), target="golden")
+    golden.start()
+    try:
+        assert torch.amp.GradScaler._unscale_grads_ is own
+    finally:
+        golden.stop()
 
 
 PLANTED = textwrap.dedent("""

@@ -383,7 +383,8 @@ class PrecisionDebugger:
         if self._modules is None:
             self._modules = _Modules(model, self._root_forward)
         if self._scaler is None:
-            self._scaler = ScalerWatch(self._scaled, self._scaler_updated)
+            self._scaler = ScalerWatch(self._scaled, self._scaler_updated,
+                                       None if self.npu is None else self._overflowed)
         if self._collectives is None and torch.distributed.is_available():
             self._collectives = CollectiveWatch(self._collective)
         if not self._optimizer_hooks:
@@ -443,6 +444,8 @@ class PrecisionDebugger:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._forwards, self._backward_since = 0, False
         self._end_step()
+        if self.npu is not None:        # the status word is the step's, dumped or not
+            self.npu.status = 0
         self.step_number += 1
         self.recording = self._wants(self.step_number)
 
@@ -504,6 +507,10 @@ class PrecisionDebugger:
         self.scaling = True
         if self._loss is None:
             self._loss = float(loss.detach())
+
+    def _overflowed(self) -> bool:
+        """Whether a kernel of this step set the simulated device's status word."""
+        return bool(self.npu.status)
 
     def _scaler_updated(self, scale: float, after: float, finite: bool) -> None:
         """GradScaler.update: the step's loss scale decision; under the runner it ends the

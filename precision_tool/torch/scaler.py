@@ -22,12 +22,28 @@ def _found_inf(scaler) -> Optional[bool]:
 
 class ScalerWatch:
     """Wraps GradScaler.scale and .update: on_scale(loss tensor) before a scalar loss is
-    scaled, on_update(scale used, next scale, finite) after each update."""
+    scaled, on_update(scale used, next scale, finite) after each update. overflowed (the
+    simulated NPU's): whether the step's status word is set; the scaler's unscale then
+    finds an overflow whatever the gradients hold, as torch_npu's reads the device's flag
+    (in saturation mode an overflow leaves no inf in them to find)."""
 
-    def __init__(self, on_scale: Callable, on_update: Callable):
+    def __init__(self, on_scale: Callable, on_update: Callable,
+                 overflowed: Optional[Callable[[], bool]] = None):
         cls = self.cls = torch.amp.GradScaler
         self.scale0, self.update0 = cls.scale, cls.update
         scale0, update0 = self.scale0, self.update0
+        self.unscale0 = getattr(cls, "_unscale_grads_", None)
+        unscale0 = self.unscale0
+
+        def unscale_grads(scaler, *args, **kwargs):
+            found = unscale0(scaler, *args, **kwargs)
+            if overflowed() and isinstance(found, dict):
+                with torch._C.DisableTorchFunction():      # the tool's write: no API call
+                    for flag in found.values():
+                        flag.fill_(1.0)
+            return found
+        if overflowed is not None and unscale0 is not None:
+            cls._unscale_grads_ = unscale_grads
 
         def scale(scaler, outputs):
             if scaler.is_enabled() and isinstance(outputs, torch.Tensor) and \
@@ -46,3 +62,5 @@ class ScalerWatch:
 
     def remove(self) -> None:
         self.cls.scale, self.cls.update = self.scale0, self.update0
+        if self.unscale0 is not None:
+            self.cls._unscale_grads_ = self.unscale0
