@@ -364,8 +364,6 @@ class PrecisionDebugger:
         # a forward tensor's name -> the backward outputs that are its gradient this step
         self._grad_of: Dict[str, List[str]] = {}
         self._grad_values: Dict[str, tuple] = {}   # a backward output's (copy, dtype), this step
-        # ...and the tensor it is (a weak reference) and its version, where not a sum
-        self._grad_held: Dict[str, tuple] = {}
         self._leaf_made = ByIdentity()      # a parameter -> its gradient's name, "" if several
         self._vars_read = ByIdentity()      # the state read so far this step
         self._leaf_hooked: set = set()      # the parameters whose accumulation is watched
@@ -444,8 +442,6 @@ class PrecisionDebugger:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._forwards, self._backward_since = 0, False
         self._end_step()
-        if self.npu is not None:        # the status word is the step's, dumped or not
-            self.npu.status = 0
         self.step_number += 1
         self.recording = self._wants(self.step_number)
 
@@ -744,8 +740,9 @@ class PrecisionDebugger:
         whether it sums in place, is not)."""
         gin = sorted(state["in"], key=lambda jg: jg[0])
         outs = [(k, *state["out"][k][:2]) for k in sorted(state["out"])]
-        summed = {k for k, (_, _, twice) in state["out"].items() if twice}
-        inputs, values = [], [self._gradient_value(forward, j, g) for j, g in gin]
+        # a gradient is read twice a step (one call's backward output, the next one's
+        # input): where autograd hands on that very tensor unchanged, the value kept of it
+        inputs, values = [], [self._snapshot(g) for _, g in gin]
         for i, (j, g) in enumerate(gin):
             made = self._grad_of.get(f"{forward}:{j}", ())
             if len(made) > 1:               # autograd summed them: that sum is an op too
@@ -763,21 +760,7 @@ class PrecisionDebugger:
         outs = [(k, g, self._kept(v)) for k, g, v in outs]
         for m, (k, g, v) in enumerate(outs):
             self._grad_values[f"{back}:{m}"] = (v, self._dtype(g))
-            if k not in summed:     # the value is the tensor autograd hands on
-                self._grad_held[f"{back}:{m}"] = (weakref.ref(g), g._version)
         self._append(spec, values, [v for _, _, v in outs], state["status"])
-
-    def _gradient_value(self, forward: str, j: int, g: torch.Tensor):
-        """The gradient of the call's output j as its backward's record keeps it: the value
-        the record of the backward that made it kept, where g is that very tensor and
-        unchanged since (a gradient is read twice a step: as one call's backward output
-        and as the next one's input), else its own copy or Summary."""
-        made = self._grad_of.get(f"{forward}:{j}", ())
-        if len(made) == 1:
-            held = self._grad_held.get(made[0])
-            if held is not None and held[0]() is g and held[1] == g._version:
-                return self._grad_values[made[0]][0]
-        return self._snapshot(g)
 
     def _record_sum(self, name: str, made, g, value, site) -> str:
         """Autograd's sum of the gradients several calls handed one tensor, as its own op
@@ -870,12 +853,13 @@ class PrecisionDebugger:
                 pass
 
     def _end_step(self, tail: bool = False) -> None:
-        if self._writer is None:
-            return
         try:
-            self._write_step(tail)
+            if self._writer is not None:
+                self._write_step(tail)
         except (DumpWriteError, OSError) as e:
             self._stop(e)
+        if self.npu is not None:        # the status word is the step's, dumped or not
+            self.npu.status = 0
 
     def _write_step(self, tail: bool = False) -> None:
         status = self.npu.status if self.npu is not None else 0
@@ -890,17 +874,14 @@ class PrecisionDebugger:
             if self._fusion_changed:       # a step's calls are the last step's, mostly
                 self._writer.fusion(fusion_record("torch", self._fused))
                 self._fusion_changed = False
-        if self.npu is not None:
-            self.npu.status = 0
-            if self.npu.unclassified:
-                self._writer.record(not_simulated=sorted(self.npu.unclassified))
+        if self.npu is not None and self.npu.unclassified:
+            self._writer.record(not_simulated=sorted(self.npu.unclassified))
         if self.golden is not None and self.golden.lifted:
             self._writer.record(lifted_to_float32=sorted(self.golden.lifted))
         # names are the step's: a tensor made in an earlier step is an input from outside it
         # (its call's name would collide with this step's call of the same name and index)
         self._records, self._counts, self._loss, self.touched = [], {}, None, False
         self._calls, self._scale_row, self._grad_of, self._grad_values = {}, None, {}, {}
-        self._grad_held = {}
         self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
         self._names, self._copies, self._memory = ByIdentity(), ByIdentity(), {}
         self._writer.finish()
