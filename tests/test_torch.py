@@ -797,7 +797,9 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
                                      'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'))
     done = _torch_run(tmp_path / "ws", "--target", "golden", "--dump-step", "all", "--",
                       str(killed), "5", "3")
-    assert done.returncode != 0 and "the script exited with status -9" in done.stderr
+    # exit statuses are 8 bits: a signal's death is the shell's 128 + 9, not -9 (247)
+    assert done.returncode == 137
+    assert "the script was killed by SIGKILL (status -9)" in done.stderr
     assert "(step(s) 0, 1, 2 complete; it ended in step 3, not dumped)" in done.stderr
     run = Workspace(str(tmp_path / "ws")).runs("cpu")[-1]
     assert run.complete_steps == [0, 1, 2]

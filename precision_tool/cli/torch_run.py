@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict, dataclass
 from typing import List
@@ -77,8 +78,9 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     (ac -c, vc, vcs, ni, pt...). The script's output, traceback and exit code pass through;
     what it dumped before it failed is kept, the step it was in is not.
 
-    Exit code: the script's when it fails; 2 for a setting or fix file that cannot be
-    used; 0 otherwise."""
+    Exit code: the script's when it fails (128 + the signal's number when a signal killed
+    it, as a shell reports it); 2 for a setting or fix file that cannot be used; 0
+    otherwise."""
     layout.parse_steps(dump_step)            # a bad value before anything runs
     if fusion_off and fusion_switch:
         raise click.UsageError("give --fusion-switch or --fusion-off, not both")
@@ -128,12 +130,22 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
                                [sys.executable, "-m", "precision_tool.torch.run", *args])
         runs += ["/".join(os.path.normpath(p).split(os.sep)[-2:]) for p in made]
         if rc != 0:
-            raise CommandError(f"error: the script exited with status {rc} on the {which}"
-                               + (f"; kept: {_kept(app, runs)}" if runs else ""), rc)
+            # a signal's death is -N here; exit statuses are 8 bits: the shell's 128 + N
+            how, code = (f"was killed by {_signal_name(-rc)} (status {rc})", 128 - rc) \
+                if rc < 0 else (f"exited with status {rc}", rc)
+            raise CommandError(f"error: the script {how} on the {which}"
+                               + (f"; kept: {_kept(app, runs)}" if runs else ""), code)
     result = TorchRuns(args, runs)
     app.emit(result, lambda: app.line(f"dumped: {', '.join(runs)}; next: "
                                       f"{app.command('ac -c')} compares them"))
     return EXIT_OK
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:              # a real-time signal has no name of its own
+        return f"signal {number}"
 
 
 def _kept(app: App, runs: List[str]) -> str:
