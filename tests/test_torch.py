@@ -1238,6 +1238,33 @@ def test_a_nanogpt_script_trained_healthy_is_called_sound(tmp_path, overflow, du
     assert "a mask's -inf" in advice and "the data or the model" not in advice
 
 
+@pytest.mark.parametrize("spread", [False, True])
+def test_a_golden_inf_after_the_mask_is_named_not_the_mask(tmp_path, spread):
+    """A healthy nanoGPT step (statistics, saturation), its golden index then given 3 +inf
+    in the first GELU's output (and, spread, in what the next linear makes of it). The
+    mask's -inf comes first in execution order, but the NPU holds it too and the softmax
+    reading it comes out finite: no effect. The GELU's inf is the one the advice names."""
+    import csv
+    _nanogpt(tmp_path, "allow_mix_precision", "--steps", "1", overflow="saturation",
+             dump_mode="statistics")
+    index = tmp_path / "cpu" / "debug_0" / "dump" / "0" / "index.csv"
+    with open(index, newline="") as f:
+        rows = list(csv.reader(f))
+    head = rows[0]
+    edited = {"Functional.gelu.0.forward:0"} | ({"Functional.linear.3.forward:0"} if spread
+                                                 else set())
+    for row in rows[1:]:
+        if row[head.index("tensor")] in edited:
+            row[head.index("pos_inf_count")] = "3"
+    with open(index, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    assert result["golden_nonfinite"]["golden_tensor"] == "Functional.gelu.0.forward:0"
+    advice = " ".join(result["advice"])
+    assert "the first Functional.gelu.0.forward:0 (3 element(s))" in advice, advice
+    assert "masked_fill" not in advice
+
 def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tmp_path):
     """A cause nobody planted: GradScaler started at 2**24 under saturation mode. The scaled
     backward overflows in fp16 (a linear's backward first); the advice for a script's

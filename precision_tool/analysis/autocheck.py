@@ -307,10 +307,10 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
     rows = table.iloc[flagged].sort_values("Index")
     if rows.empty:
         return None
-    first = rows.iloc[0]
+    first = rows.loc[_lead(table, rows)]
     nan = pd.to_numeric(table.get("GoldenNanCount", 0), errors="coerce").fillna(0)
     return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
-            "nonfinite": int(bad[rows.index[0]]), "tensors": len(rows), "order": int(first.Index),
+            "nonfinite": int(bad[first.name]), "tensors": len(rows), "order": int(first.Index),
             "nan_tensors": int((nan > 0).sum()),
             # only infinities, each held by the NPU as well (a mask's -inf): no cause
             "matched": not _unmatched_nonfinite(rows),
@@ -323,6 +323,28 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
             # the first that nothing in the step reads (the loss, an output, an update): a
             # mask's -inf that reaches it is no mask (None: none does, or no input rows say)
             "reaches": _sink(t, rows)}
+
+
+def _lead(table: pd.DataFrame, rows: pd.DataFrame):
+    """The row (label) to name first among these (golden nan/inf, in execution order): the
+    first whose nan/inf has an effect. A tensor whose infinities the NPU holds too (as inf
+    or saturated) and whose every reader comes out finite in the golden (a mask's -inf that
+    the softmax turns to 0) has none: it is passed over while a later row may have one.
+    Where no row's readers can be told (a dump without input rows), the first row."""
+    if "GoldenTensor" not in table:
+        return rows.index[0]
+    is_in = table.TensorIndex.astype(str).str.contains(":input:", regex=False)
+    bad = sum(pd.to_numeric(table.get(c, 0), errors="coerce").fillna(0)
+              for c in ("GoldenNanCount", "GoldenInfCount"))
+    readers = table[is_in].groupby("GoldenTensor").NPUDump.agg(set)
+    out = ~is_in & table.TensorIndex.astype(str).str.contains(":output:", regex=False)
+    # ops with an output holding nan/inf in the golden
+    spreading = set(table.NPUDump[out & (bad > 0)])
+    for label, row in rows.iterrows():
+        by = readers.get(row.GoldenTensor)
+        if not by or by & spreading or not _held(rows.loc[[label]]):
+            return label
+    return rows.index[0]
 
 
 def _sink(t: OpRows, rows: pd.DataFrame) -> Optional[str]:
