@@ -1268,13 +1268,25 @@ def test_a_golden_inf_after_the_mask_is_named_not_the_mask(tmp_path, spread):
 def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tmp_path):
     """A cause nobody planted: GradScaler started at 2**24 under saturation mode. The scaled
     backward overflows in fp16 (a linear's backward first); the advice for a script's
-    backward call (named .backward, not under gradients/) leads with the loss scale."""
-    result, code = _nanogpt(tmp_path, "allow_mix_precision", "--steps", "2", "--init-scale",
+    backward call (named .backward, not under gradients/) leads with the loss scale. Steps
+    0-6 are skipped while GradScaler halves the scale, and step 7 runs clean at 2**17: the
+    advice starts the scale there, a scale the run proved, not one guessed from a peak
+    that saturation clipped (two steps, none clean: the guess is all there is)."""
+    result, code = _nanogpt(tmp_path, "allow_mix_precision", "--steps", "8", "--init-scale",
                             str(2.0 ** 24), overflow="saturation", dump_mode="statistics")
     assert code == 1
     assert result["first_overflow"]["op_name"].endswith(".backward")
     advice = " ".join(result["advice"])
-    assert "It is in the backward pass under loss scaling: lower the loss scale to" in advice
+    assert "It is in the backward pass, and the loss scale starts too high: step(s) 0-6 " \
+        "overflowed and skipped their update while the dynamic manager brought the scale " \
+        "down from 16777216 to 131072, where step 7 ran clean. Start the loss scale at " \
+        "131072 and no step is lost" in advice, advice
+    short, code = _nanogpt(tmp_path / "short", "allow_mix_precision", "--steps", "2",
+                           "--init-scale", str(2.0 ** 24), overflow="saturation",
+                           dump_mode="statistics")
+    assert code == 1
+    assert "It is in the backward pass under loss scaling: lower the loss scale to" in \
+        " ".join(short["advice"])
 
 
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):

@@ -224,7 +224,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     skipped = _skipped_before(r.loss_scale, r.step)
     if skipped:
         lines.append(skipped + " " + _capital(opts.tag(
-            f"start the loss scale at {_scale_at(r.loss_scale, r.step):g}, where the manager "
+            f"start the loss scale at {_scale_at(r.loss_scale, r.step):.10g}, where the manager "
             f"settled, and fewer updates are lost")[1]) + ".")
     if r.carried is not None:
         lines.append(_carried_advice(r.carried))
@@ -362,6 +362,17 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
     # a graph's gradient ops are under gradients/; a script's backward calls end .backward
     if (op["op_name"].startswith("gradients/") or op["op_name"].endswith(".backward")) \
             and scales:
+        settled = _settled_from(r.loss_scale, r.step)
+        if settled:
+            skipped, clean, scale = settled
+            start = opts.tag(f"start the loss scale at {scale:.10g} and no step is lost",
+                             [Change("loss_scale", "loss_scale", scale)])
+            return [text + f" It is in the backward pass, and the loss scale starts too high: "
+                    f"step(s) {format_steps(skipped)} overflowed and skipped their update while "
+                    f"the dynamic manager brought the scale down from "
+                    f"{_scale_at(r.loss_scale, r.step):.10g} to {scale:.10g}, where step {clean} "
+                    f"ran clean. " + _capital(opts.either(start, opts.keep(op, mode))) + "." +
+                    later]
         lower = _lower_scale(_scale_at(r.loss_scale, r.step), peak)
         return [text + " It is in the backward pass under loss scaling: " + opts.either(
             opts.tag(f"lower the loss scale to {lower:g} (or let a dynamic manager shrink it)",
@@ -535,8 +546,25 @@ def _skipped_before(history: Optional[dict], step: int) -> str:
         return ""
     return (f"{len(skipped)} of the {step} steps before step {step} overflowed and skipped "
             f"their update ({format_steps(skipped)}) while the dynamic loss scale came down "
-            f"from {history['first_scale']:g} to {_scale_at(history, step):g}: the golden "
+            f"from {history['first_scale']:.10g} to {_scale_at(history, step):.10g}: the golden "
             f"took those updates, so the state differs from it from step {skipped[0]} on.")
+
+
+def _settled_from(history: Optional[dict], step: int) -> Optional[tuple]:
+    """The steps from `step` on that a dynamic loss scale skipped before one ran clean, that
+    step and its scale, where the history shows both (some skipped, then one not); else
+    None. The scale a step ran clean at is proven; one worked out from a peak is not."""
+    scale = _scale_at(history, step)
+    if scale is None:
+        return None
+    skipped = set(history["skipped_steps"])
+    if step not in skipped:
+        return None
+    clean = next((s for s in sorted(history.get("scaled_steps", ())) if s > step and
+                  s not in skipped), None)
+    if clean is None:
+        return None
+    return sorted(s for s in skipped if step <= s < clean), clean, _scale_at(history, clean)
 
 
 def _scale_at(history: Optional[dict], step: int) -> Optional[float]:

@@ -20,6 +20,7 @@ class LossScaleHistory:
     first_scale: float = float("nan")
     last_scale: float = float("nan")            # the scale after the last observed step
     status_bits: List[str] = field(default_factory=list)   # every bit seen, decoded
+    scaled_steps: List[int] = field(default_factory=list)  # observed with a loss scale
 
     @property
     def scaled(self) -> bool:
@@ -39,6 +40,7 @@ def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
         result.first_scale = float(scaled.loss_scale.iloc[0])
         result.last_scale = float(scaled.next_loss_scale.iloc[-1])
         result.skipped_steps = scaled.step[scaled.finite == 0].tolist()
+        result.scaled_steps = scaled.step.tolist()
         moved = scaled[scaled.loss_scale != scaled.next_loss_scale]
         result.moves = [(int(r.step), float(r.loss_scale), float(r.next_loss_scale))
                         for r in moved.itertuples()]
