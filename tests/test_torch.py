@@ -211,6 +211,57 @@ def test_a_statistics_dump_holds_the_tensor_dumps_statistics(tmp_path, target):
     assert "only by their statistics" in advice and "torch-run --dump-mode tensor" in advice
 
 
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "gradscaler"])
+def test_gradients_written_in_place_by_list_kernels_are_dumped_as_written(tmp_path, scaled):
+    """clip_grad_norm_ scales the gradients in place with torch._foreach_mul_, which under
+    the simulated NPU's dispatch mode leaves their version counters alone, and GradScaler's
+    unscale (torch._amp_foreach_non_finite_check_and_unscale_) leaves them alone always
+    (torch's doing): the dump took the clipped gradients for the unclipped ones (norm
+    +3858%), and the unscaled for the scaled. The unscale's gradients are now its outputs,
+    the clip reads them, and each clipped gradient is dumped as clipped, against a float64
+    reference; the clean run compares sound."""
+    def train(target):
+        torch.manual_seed(0)
+        model = _mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=scaled)
+        debugger = PrecisionDebugger(str(tmp_path), target=target, dump_step="all",
+                                     dump_mode="statistics")
+        debugger.start(model)
+        for _ in range(2):
+            scaler.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
+            grads = [p.grad.double() / (1024.0 if scaled else 1.0) for p in model.parameters()]
+            total = torch.cat([g.flatten() for g in grads]).norm()
+            clipped = [g * min(1.0, 0.01 / (float(total) + 1e-6)) for g in grads]
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            debugger.step()
+        debugger.stop()
+        return [float(g.norm()) for g in grads], [float(g.norm()) for g in clipped]
+    unscale = "Torch._amp_foreach_non_finite_check_and_unscale_.0.forward"
+    for target in ("golden", "npu"):
+        unclipped, clipped = train(target)
+        ws = Workspace(str(tmp_path))
+        table = ws.index(ws.run("npu" if target == "npu" else "cpu"), 1)
+
+        def norms(op, io):
+            return table[(table.op_name == op) & (table.io == io)].l2norm.astype(float)
+        mul = norms("Torch._foreach_mul_.0.forward", "output")
+        assert np.allclose(mul, clipped, rtol=2e-3), (target, mul.tolist(), clipped)
+        norm_in = table[(table.op_name == "Torch._foreach_norm.0.forward") &
+                        (table.io == "input")]
+        assert np.allclose(norm_in.l2norm.astype(float), unclipped, rtol=2e-3)
+        if scaled:
+            assert norm_in.tensor.str.startswith(unscale + ":").all(), norm_in.tensor.tolist()
+            assert np.allclose(norms(unscale, "output")[:len(unclipped)], unclipped, rtol=2e-3)
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["verdict"] == "sound"
+
+
 def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     """A planted cause: attention scores left unscaled, on inputs large enough that q·k
     passes 65504, under force_fp16 with inf/nan overflow: ac -c names the matmul that made
@@ -246,8 +297,10 @@ def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
 
 def _low_precision(root=None, target=None, cast=None, steps=2, **kw):
     """The MLP trained with the script asking for low precision: cast="autocast" (bf16
-    autocast around the forward), "half" (the model and inputs cast with .half() after the
-    debugger starts) or None (the same script in fp32). Its losses and parameters."""
+    autocast around the forward), "checkpoint" (that forward under activation
+    checkpointing: recomputed inside the backward), "half" (the model and inputs cast with
+    .half() after the debugger starts) or None (the same script in fp32). Its losses and
+    parameters."""
     torch.manual_seed(0)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -262,17 +315,23 @@ def _low_precision(root=None, target=None, cast=None, steps=2, **kw):
             inputs["x"] = inputs["x"].half()
 
     def loss_of():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast == "autocast"):
-            out = model(inputs["x"])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cast in AUTOCAST):
+            out = model(inputs["x"]) if cast != "checkpoint" else \
+                torch.utils.checkpoint.checkpoint(model, inputs["x"], use_reentrant=False)
         return F.cross_entropy(out.float(), y)
     losses = _steps(model, loss_of, opt, debugger, steps, halve)
     return losses, [p.detach().float().clone() for p in model.parameters()]
 
 
+AUTOCAST = ("autocast", "checkpoint")
+
+
 @pytest.mark.parametrize("cast", ["autocast", "half"])
 def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     """A script that runs under autocast or halves its model: its golden is the same script
-    in fp32, bit for bit (every kernel in fp32 whatever the script asked), and run.json
+    in fp32, bit for bit (every kernel in fp32 whatever the script asked; a checkpointed
+    forward too, which the backward recomputes under the autocast state it saved: torch
+    refused the golden's float32 against the recompute's bfloat16), and run.json
     says which kernels asked; the NPU run honours the script's casts on top of the precision
     mode (must_keep_origin_dtype keeps what the script asked for: bf16 or fp16 linears)."""
     fp32 = _low_precision()
@@ -283,13 +342,13 @@ def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     assert all(torch.equal(a, b) for a, b in zip(golden[1], fp32[1]))
     ws = Workspace(str(tmp_path))
     cpu = ws.run("cpu")
-    assert cpu.info["lifted_to_float32"] == (["autocast"] if cast == "autocast" else ["Tensor.half"])
+    assert cpu.info["lifted_to_float32"] == (["autocast"] if cast in AUTOCAST else ["Tensor.half"])
     assert set(ws.index(cpu, 0).dtype) == {"float32", "int64"}
     _low_precision(str(tmp_path), "npu", cast, precision_mode="must_keep_origin_dtype")
     ws = Workspace(str(tmp_path))
     t = ws.index(ws.run("npu"), 0)
     out = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "output")].iloc[0]
-    assert out["dtype"] == ("bfloat16" if cast == "autocast" else "float16")
+    assert out["dtype"] == ("bfloat16" if cast in AUTOCAST else "float16")
 
 
 def test_a_scripts_cast_to_float32_is_float32_on_the_device():

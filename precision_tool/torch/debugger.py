@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.autograd.graph import increment_version
 
 from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
@@ -67,6 +68,19 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
 _OVERWRITES = frozenset({"uniform_", "normal_", "zero_", "fill_", "random_", "bernoulli_",
                          "exponential_", "geometric_", "log_normal_", "cauchy_", "copy_",
                          "set_", "resize_"})
+
+
+def _written_list(api: str, args) -> list:
+    """The tensors an in-place call on a list writes (its first argument: a `_foreach_*_`
+    op's, GradScaler's unscale), else []. Torch's kernels for them leave the version
+    counters as they were (the unscale always; `_foreach_mul_`, which clip_grad_norm_
+    scales gradients with, under the simulated NPU's dispatch mode): what keys copies and
+    names by version would take the old value for the new. The unscale returns nothing:
+    what it writes are its outputs."""
+    if not api.endswith("_") or api.endswith("__") or not args or \
+            not isinstance(args[0], (list, tuple)):
+        return []
+    return [t for t in args[0] if isinstance(t, torch.Tensor)]
 
 
 class TorchFrontEndError(ValueError):
@@ -175,6 +189,8 @@ class _Recorder(TorchFunctionMode):
                 getattr(func, "__module__", None) == "torch.nn.init":
             ins = ins[1:]           # an initialiser fills its tensor: nothing read from it
         before = d._before(ins) if d.recording else []
+        written = _written_list(api, args)
+        versions = [t._version for t in written]
         npu = d.npu
         held = npu.status if npu is not None else 0
         if npu is not None:
@@ -189,7 +205,10 @@ class _Recorder(TorchFunctionMode):
         status = npu.status if npu is not None else 0
         if npu is not None:
             npu.status = held | status
-        outs = tensors_in(out)
+        for t, version in zip(written, versions):
+            if t._version == version:
+                increment_version(t)
+        outs = tensors_in(out) or written
         if outs and d.recording:
             d._record(api, before, outs, status, sorted(npu.fired) if npu is not None else ())
         if grads and outs:
