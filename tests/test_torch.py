@@ -326,7 +326,7 @@ def _low_precision(root=None, target=None, cast=None, steps=2, **kw):
 AUTOCAST = ("autocast", "checkpoint")
 
 
-@pytest.mark.parametrize("cast", ["autocast", "half"])
+@pytest.mark.parametrize("cast", ["autocast", "checkpoint", "half"])
 def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     """A script that runs under autocast or halves its model: its golden is the same script
     in fp32, bit for bit (every kernel in fp32 whatever the script asked; a checkpointed
@@ -337,7 +337,9 @@ def test_a_script_asking_for_low_precision_gets_an_fp32_golden(tmp_path, cast):
     fp32 = _low_precision()
     as_written = _low_precision(cast=cast)
     assert as_written[0] != fp32[0]             # the script's own low precision shows
+    enter = torch.amp.autocast_mode.autocast.__enter__
     golden = _low_precision(str(tmp_path), "golden", cast)
+    assert torch.amp.autocast_mode.autocast.__enter__ is enter      # given back at stop()
     assert golden[0] == fp32[0]
     assert all(torch.equal(a, b) for a, b in zip(golden[1], fp32[1]))
     ws = Workspace(str(tmp_path))

@@ -369,6 +369,7 @@ class PrecisionDebugger:
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
+        self._autocast_off = None    # the golden's: autocast entered disabled while started
         self._collectives: Optional[CollectiveWatch] = None
         self._optimizer_hooks: list = []
         self._scale_row: Optional[tuple] = None    # GradScaler's (scale, next, finite)
@@ -402,6 +403,9 @@ class PrecisionDebugger:
         if self._scaler is None:
             self._scaler = ScalerWatch(self._scaled, self._scaler_updated,
                                        None if self.npu is None else self._overflowed)
+        if self.golden is not None and self._autocast_off is None:
+            from .golden import AutocastOff
+            self._autocast_off = AutocastOff(self.golden.lifted)
         if self._collectives is None and torch.distributed.is_available():
             self._collectives = CollectiveWatch(self._collective)
         if not self._optimizer_hooks:
@@ -439,6 +443,9 @@ class PrecisionDebugger:
         if self._scaler is not None:
             self._scaler.remove()
             self._scaler = None
+        if self._autocast_off is not None:
+            self._autocast_off.remove()
+            self._autocast_off = None
         if self._collectives is not None:
             self._collectives.remove()
             self._collectives = None

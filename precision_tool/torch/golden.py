@@ -5,7 +5,8 @@ tensors (`dtype=torch.bfloat16`) or runs under `torch.autocast` would make its g
 low-precision run, and then nothing could say what the NPU's low precision lost. The
 debugger's function mode hands every API call here first: a request for fp16/bf16 becomes
 one for float32 (`.half()` and `.bfloat16()` become a float32 copy), and a call made while
-autocast is on runs with autocast off. It is done per API call, not per kernel: a dispatch
+autocast is on runs with autocast off; an autocast the script enters once the debugger has
+started is entered disabled (AutocastOff). It is done per API call, not per kernel: a dispatch
 mode on every aten op cost a third of a golden step, and the calls are where a script asks.
 A tensor made low before the debugger started (a model halved before `start`) is not
 changed; torch-run starts it before the script runs. A script that asks for nothing of the
@@ -34,6 +35,35 @@ _DEVICES = ("cpu", "cuda")
 def _autocast_on() -> tuple:
     """The device types autocast is on for now."""
     return tuple(d for d in _DEVICES if torch.is_autocast_enabled(d))
+
+
+class AutocastOff:
+    """While installed, an autocast context the script enters is entered disabled (its
+    object left as it was): the golden's calls then never see autocast on, and neither does
+    what reads its state later. Lifting it per call alone is not enough: activation
+    checkpointing saves the autocast state when the forward runs and recomputes the forward
+    inside the backward under it, out of the debugger's sight (torch hands the backward's
+    inner calls to no function mode), in bfloat16 where the forward had computed float32;
+    torch refuses the mismatch. lifted gets "autocast" when one is entered."""
+
+    def __init__(self, lifted: Set[str]):
+        cls = self.cls = torch.amp.autocast_mode.autocast
+        enter0 = self.enter0 = cls.__enter__
+
+        def enter(ctx):
+            asked = getattr(ctx, "_enabled", False)
+            if not asked:
+                return enter0(ctx)
+            lifted.add("autocast")
+            ctx._enabled = False
+            try:
+                return enter0(ctx)
+            finally:
+                ctx._enabled = asked        # a decorator's context, re-entered later
+        cls.__enter__ = enter
+
+    def remove(self) -> None:
+        self.cls.__enter__ = self.enter0
 
 
 class GoldenFP32:
