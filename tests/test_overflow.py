@@ -101,6 +101,43 @@ def test_loss_scale_history_counts_overflowed_steps_and_the_scale_moves(tmp_path
     assert history.status_bits
 
 
+def _history(rows):
+    """A LossScaleHistory from (step, scale, next scale, finite) rows, as the dump's."""
+    from precision_tool.analysis.diagnosis.scale_history import LossScaleHistory
+    return LossScaleHistory(
+        len(rows), [r[0] for r in rows if not r[3]], [r[0] for r in rows if not r[3]],
+        [(r[0], r[1], r[2]) for r in rows if r[1] != r[2]], rows[0][1], rows[-1][2],
+        scaled_steps=[r[0] for r in rows])
+
+
+@pytest.mark.parametrize("rows,step,expected", [
+    # a skip between clean steps, the scale halved: backing off
+    ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 4, 0), (3, 4, 4, 1)], 2, (1, 3)),
+    # the last observed step: nothing after it to ask
+    ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 8, 1), (3, 8, 4, 0)], 3, (2, None)),
+    # steps numbered from 10 (a resumed run)
+    ([(10, 8, 8, 1), (11, 8, 8, 1), (12, 8, 4, 0), (13, 4, 4, 1)], 12, (11, 13)),
+    # skips from the first step on: a scale that starts too high
+    ([(0, 8, 4, 0), (1, 4, 4, 1), (2, 4, 4, 1), (3, 4, 4, 1)], 0, None),
+    ([(0, 8, 8, 1), (1, 8, 4, 0), (2, 4, 2, 0), (3, 2, 2, 1)], 1, None),
+    # skipped every other step: a scale that grows too fast
+    ([(0, 8, 8, 1), (1, 8, 4, 0), (2, 4, 8, 1), (3, 8, 4, 0), (4, 4, 4, 1)], 3, None),
+    # skipped with the scale held (a static scale): no back-off
+    ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 8, 0), (3, 8, 8, 1)], 2, None),
+    # a step that was not skipped
+    ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 4, 0), (3, 4, 4, 1)], 1, None),
+])
+def test_a_loss_scale_backing_off_is_one_skip_between_steps_without_overflow(rows, step,
+                                                                               expected):
+    from precision_tool.analysis.diagnosis.scale_history import backoff
+    found = backoff(_history(rows), step)
+    if expected is None:
+        assert found is None
+    else:
+        assert (found["before"], found["after"]) == expected
+        assert found["scale"] == 2 * found["next_scale"] and found["step"] == step
+
+
 def test_a_torn_step_history_loses_only_its_last_line(tmp_path):
     from precision_tool.analysis import loss_scale_history
     from precision_tool.dump.workspace import WorkspaceError

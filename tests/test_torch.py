@@ -1350,6 +1350,58 @@ def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tm
         " ".join(short["advice"])
 
 
+SPIKE = """
+import sys, torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+for step in range(int(sys.argv[1])):
+    loss = F.cross_entropy(model(x), y) * (1000.0 if step == 2 else 1.0)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("steps", [3, 6])
+def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps):
+    """A cause nobody planted as a fault: GradScaler at 2**12, and step 2's loss 1000 times
+    larger (a spike in the data). Its backward overflows in fp16 (allow_mix_precision) and
+    the scaler skips that update and halves the scale, between steps without overflow:
+    the loss scale backing off as designed, which ac -c said was a finding ("lower the loss
+    scale"). Now it says so and finds nothing in the step. The steps after it start from a
+    state the golden's differs from by the skipped update (it took it): what diverges there
+    is said, with no clean verdict (exit 2), not blamed on an op, and the losses parting
+    after it are not reported as drift."""
+    script = tmp_path / "spike.py"
+    script.write_text(SPIKE)
+    root = tmp_path / "ws"
+    done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
+                      "--", str(script), str(steps))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    assert result["loss_scale"]["skipped_steps"] == [2]
+    assert result["step"] == 2 and result["backoff"]["before"] == 1
+    assert result["first_overflow"]["op_name"].endswith(".backward")
+    advice = " ".join(result["advice"])
+    assert "Step 2's backward overflowed at loss scale 4096" in advice and \
+        "the loss scale backing off as designed (1 of " in advice, advice
+    assert "lower the loss scale" not in advice and "keep" not in advice.lower()
+    assert result["drift"] is None
+    if steps == 3:
+        assert out.exit_code == 0 and result["verdict"] == "sound", advice
+    else:
+        assert out.exit_code == 2 and result["verdict"] == "incomplete", advice
+        assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
+        assert "Step(s) 3-5 diverge after the update of step(s) 2, which the loss scale " \
+            "skipped and the golden took" in advice
+
+
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):
     """A planted cause: an RMSNorm over activations of 1e-4, under force_fp16: the squares
     flush to zero and 1/sqrt(0 + eps) overflows (eps 1e-8 is zero in fp16 too). ac -c names

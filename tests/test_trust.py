@@ -331,7 +331,7 @@ def test_ac_c_gives_no_clean_verdict_over_an_interrupted_step(built, tmp_path):
     result = invoke(root, "ac", "-c")
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines()[-1] == (
-        "error: no clean verdict: step(s) not compared: 1 (interrupted in npu/debug_0); "
+        "error: no clean verdict: step(s) left out: 1 (interrupted in npu/debug_0); "
         "1 (dumped in cpu/debug_0 only)")
     assert "Not every dumped step could be compared" in result.stdout
     # the clean run is sound where it was compared, and says no more than that

@@ -15,6 +15,10 @@ from typing import List, Optional, Sequence, Tuple
 from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode
+from .diagnosis.scale_history import is_backward
+
+# (autocheck's key of unseen_steps for them; said apart, not as steps to dump again)
+AFTER_SKIPPED_UPDATE = "diverging after an update the loss scale skipped and the golden took"
 from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 
 def keep_in_fp32(op: dict, mode: str) -> str:
@@ -174,9 +178,10 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
                       "rest." if different else
                       ": dump the step again (or restore the files) and run ac -c again; what "
                       "follows covers what was compared."))
-    if r.unseen_steps:
+    unseen = {why: steps for why, steps in r.unseen_steps.items() if why != AFTER_SKIPPED_UPDATE}
+    if unseen:
         lines.append("Not every dumped step could be compared (" + "; ".join(
-            f"{why}: {format_steps(steps)}" for why, steps in r.unseen_steps.items()) +
+            f"{why}: {format_steps(steps)}" for why, steps in unseen.items()) +
             "): what follows covers the steps compared, so no clean verdict is given; dump "
             "those steps again in both runs to cover them.")
     ranks = getattr(r, "ranks", None)
@@ -207,6 +212,12 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     # file of a variable, say, whose golden readers came out finite) explains nothing there.
     data_first = g is not None and o is not None and g.get("at_origin", False)
     infinities: List[str] = []
+    backoff = getattr(r, "backoff", None)
+    if backoff:
+        lines.append(_backoff_text(backoff, first))
+        first = o = None            # what they would say follows from the back-off
+    if AFTER_SKIPPED_UPDATE in r.unseen_steps:
+        lines.append(_after_skip_text(r.unseen_steps[AFTER_SKIPPED_UPDATE], r.loss_scale))
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
@@ -360,8 +371,7 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                     opts.keep(origin, mode), opts.tag("normalise what feeds it")) + "."]
     later = _later_overflows(r)
     # a graph's gradient ops are under gradients/; a script's backward calls end .backward
-    if (op["op_name"].startswith("gradients/") or op["op_name"].endswith(".backward")) \
-            and scales:
+    if is_backward(op["op_name"]) and scales:
         settled = _settled_from(r.loss_scale, r.step)
         if settled:
             skipped, clean, scale = settled
@@ -550,6 +560,31 @@ def _skipped_before(history: Optional[dict], step: int) -> str:
             f"took those updates, so the state differs from it from step {skipped[0]} on.")
 
 
+def _after_skip_text(steps: List[int], history: Optional[dict]) -> str:
+    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
+    start = _scale_at(history, steps[0])
+    return (f"Step(s) {format_steps(steps)} diverge after the update of step(s) "
+            f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
+            f"their state differs from the golden's by that update, so what diverges there "
+            f"cannot be told from it, and no clean verdict is given for them. To judge them, "
+            f"start the loss scale lower ({start:.10g} or below) so that no update is "
+            f"skipped, dump again and compare.")
+
+
+def _backoff_text(b: dict, first: Optional[dict]) -> str:
+    where = f" (the first {first['op_name']}, {', '.join(first['status_bits'])})" \
+        if first else ""
+    after = f" and step {b['after']} after it" if b["after"] is not None else ""
+    return (f"Step {b['step']}'s backward overflowed at loss scale {b['scale']:.10g}{where}: "
+            f"the dynamic loss scale skipped that update and lowered the scale to "
+            f"{b['next_scale']:.10g}, and step {b['before']} before it{after} ran without "
+            f"overflow. That "
+            f"is the loss scale backing off as designed ({b['skipped']} of {b['observed']} "
+            f"observed steps skipped), not a finding: what diverges in the step's backward "
+            f"follows from the overflow, and the update it would reach was not applied. Only "
+            f"steps skipped often (the Loss scale box counts them) cost training.")
+
+
 def _settled_from(history: Optional[dict], step: int) -> Optional[tuple]:
     """The steps from `step` on that a dynamic loss scale skipped before one ran clean, that
     step and its scale, where the history shows both (some skipped, then one not); else
@@ -558,10 +593,12 @@ def _settled_from(history: Optional[dict], step: int) -> Optional[tuple]:
     if scale is None:
         return None
     skipped = set(history["skipped_steps"])
-    if step not in skipped:
+    observed = sorted(history.get("scaled_steps", ()))
+    # skips from the first observed step on: the scale started too high (a skip after a
+    # clean step is the scale backing off)
+    if step not in skipped or any(s not in skipped for s in observed if s < step):
         return None
-    clean = next((s for s in sorted(history.get("scaled_steps", ())) if s > step and
-                  s not in skipped), None)
+    clean = next((s for s in observed if s > step and s not in skipped), None)
     if clean is None:
         return None
     return sorted(s for s in skipped if step <= s < clean), clean, _scale_at(history, clean)

@@ -26,10 +26,10 @@ from ..dump.workspace import Run, WorkspaceError
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .advice import Options, advise
+from .advice import AFTER_SKIPPED_UPDATE, Options, advise
 from .comparing.compare import vector_compare
 from .replays.impact import rank_by_impact
-from .diagnosis.scale_history import loss_scale_history
+from .diagnosis.scale_history import LossScaleHistory, backoff, is_backward, loss_scale_history
 from .comparing.mapping import TensorMap, placed_types
 from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
@@ -59,6 +59,9 @@ class AutoCheck:
     # the compare shows the overflows had no effect: every overflowing kernel's outputs were
     # compared, and nothing in the step diverges with an effect (StepCompare.quiet_overflows)
     overflow_without_effect: bool = False
+    # the step as a dynamic loss scale backing off (diagnosis.scale_history.backoff, with
+    # the first overflow): skipped, the scale lowered, clean steps around it; no finding
+    backoff: Optional[dict] = None
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
     # steps of either run that a compare of every step could not look at: interrupted
@@ -120,9 +123,12 @@ class AutoCheck:
     def has_findings(self) -> bool:
         """An overflow, an op that diverges and is not cancellation noise, underflow, state
         that came in diverging, a training watchpoint hit, or nan/inf in the golden that
-        reaches the loss, an output or an update (the training itself is broken)."""
-        return bool(self.overflows) and not self.overflow_without_effect or \
-            self.diverging_count > 0 or self.lost_updates is not None or \
+        reaches the loss, an output or an update (the training itself is broken). A dynamic
+        loss scale's back-off (backoff) contains its step's overflow and what diverges
+        after it: the update they would reach was skipped."""
+        return self.backoff is None and (
+            bool(self.overflows) and not self.overflow_without_effect or
+            self.diverging_count > 0) or self.lost_updates is not None or \
             self.drift is not None or \
             self.underflow is not None or bool(self.watchpoints) or \
             self.golden_nonfinite is not None and bool(self.golden_nonfinite.get("reaches")) or \
@@ -175,6 +181,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.loss_scale = dataclasses.asdict(history)
     compared: Dict[int, StepCompare] = {}
     reports = {}
+    backoffs: Dict[int, dict] = {}
+    after_skip: List[int] = []
     for s in steps:                         # the first step with findings, else the first
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
@@ -186,13 +194,24 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
             findings = c.any_findings
+        contained = findings and _backoff(history, s, report, compared.get(s))
+        if contained:
+            backoffs[s] = look["backoff"] = contained
+        elif findings and backoffs and _state_or_divergence(compared.get(s), report):
+            # after an update the scale skipped and the golden took: what only diverges
+            # here cannot be told from that difference of state
+            contained = look["after_skipped_update"] = True
+            after_skip.append(s)
         result.steps.append(look)
-        if findings:
+        if findings and not contained:
             break
     else:                       # none has: the first whose overflows had no effect, if any
         s = next((x for x in steps if reports[x].tasks), steps[0])
     report = reports[s]
     result.step = s
+    result.backoff = backoffs.get(s)
+    if after_skip and s not in after_skip:
+        result.unseen_steps[AFTER_SKIPPED_UPDATE] = after_skip
     # a step looked at on the way whose compare left tensors out: no clean verdict over it
     # (the step reported says so through its own coverage)
     partial = [x for x in compared if x != s and not compared[x].coverage.complete]
@@ -278,10 +297,36 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
                         "state": dataclasses.asdict(state_drift(tables, step)),
                         "own": [] if own.passed else own.failing[:5]}
         return
-    if not result.has_findings and gap.first_off is not None:
+    skipped = (result.loss_scale or {}).get("skipped_steps", [])
+    if not result.has_findings and gap.first_off is not None and \
+            not any(x < gap.first_off for x in skipped):
+        # (losses that part after an update the NPU's loss scale skipped and the golden
+        # took: that update is the difference, said where the steps after it are)
         last = max(tables)
         result.drift = {"kind": "loss", "shows_first": None, "loss": gap.to_dict(),
                         "state": dataclasses.asdict(state_drift(tables, last)), "own": []}
+
+
+def _backoff(history: LossScaleHistory, step: int, report, c: Optional[StepCompare]):
+    """The step as a dynamic loss scale's back-off (scale_history.backoff) whose findings
+    all follow from it: every kernel that overflowed is in the backward, and so is where
+    the divergence starts (the forward matched). Its update was skipped, so what the
+    backward's overflow changed reaches nothing; else None."""
+    found = backoff(history, step)
+    if found is None or not report.tasks or \
+            not all(is_backward(t.op_name) for t in report.tasks):
+        return None
+    origin = c.cause.first_origin if c is not None else None
+    if origin is not None and not is_backward(origin.op_name):
+        return None
+    return dict(found, first=report.tasks[0].op_name)
+
+
+def _state_or_divergence(c: Optional[StepCompare], report) -> bool:
+    """Whether a step's only findings are ops that diverge or state that came in diverging
+    (no overflow, underflow or lost update): what a difference of state can make."""
+    return c is not None and (c.findings > 0 or bool(c.cause.carried)) and \
+        not report.tasks and c.underflow is None and not c.updates.lost
 
 
 def _unseen_steps(npu_run: Run, golden_run: Run, compared: List[int]) -> Dict[str, List[int]]:

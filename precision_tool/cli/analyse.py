@@ -80,9 +80,18 @@ def _raise_incomplete(check) -> None:
     if check.coverage is not None and not check.coverage.complete:
         raise _incomplete(f"the compare of step {check.step}", check.coverage)
     if check.verdict == "incomplete" and check.unseen_steps:
-        raise CommandError("error: no clean verdict: step(s) not compared: " + "; ".join(
+        raise CommandError("error: no clean verdict: step(s) left out: " + "; ".join(
             f"{format_steps(steps)} ({why})" for why, steps in check.unseen_steps.items()),
             EXIT_USAGE)
+
+
+def _step_note(look: dict) -> str:
+    """What a step looked at on the way was taken for, where it is not a finding."""
+    if look.get("backoff"):
+        return "  [the loss scale backing off: no finding]"
+    if look.get("after_skipped_update"):
+        return "  [after a skipped update: not judged]"
+    return ""
 
 
 # -- ac ---------------------------------------------------------------------------------------
@@ -187,7 +196,7 @@ def _render_ac(app: App, r, limit):
             [f"{x['overflowing_tasks']} overflowing task(s)"] +
             ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]] +
              ([f"{x['lost_updates']} lost update(s)"] if x.get("lost_updates") else [])
-             if "compared" in x else [])) for x in r.steps]
+             if "compared" in x else [])) + _step_note(x) for x in r.steps]
         out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.ranks is not None:
         _render_ranks(app, r.ranks)

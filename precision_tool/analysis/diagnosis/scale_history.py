@@ -4,7 +4,7 @@ observe, dumped or not)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from ... import numerics
 from ...dump import Workspace
@@ -45,3 +45,29 @@ def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
         result.moves = [(int(r.step), float(r.loss_scale), float(r.next_loss_scale))
                         for r in moved.itertuples()]
     return result
+
+
+def is_backward(op_name: str) -> bool:
+    """An op of the backward pass: a graph's under gradients/, a script's call's .backward."""
+    return op_name.startswith("gradients/") or op_name.endswith(".backward")
+
+
+def backoff(history: LossScaleHistory, step: int) -> Optional[dict]:
+    """`step` as a dynamic loss scale backing off: the step skipped and its scale lowered,
+    the observed step before it clean (the scale had held there) and the one after it
+    clean or not observed; the run's only skip, or its skips at most a quarter of the
+    observed steps. None otherwise: a scale that starts too high skips from its first step
+    on, one that keeps overflowing skips step after step, one that grows too fast every
+    other step."""
+    if not history.scaled or step not in history.skipped_steps:
+        return None
+    move = next((m for m in history.moves if m[0] == step and m[2] < m[1]), None)
+    skipped = set(history.skipped_steps)
+    before = [s for s in history.scaled_steps if s < step]
+    after = [s for s in history.scaled_steps if s > step]
+    if move is None or not before or before[-1] in skipped or (after and after[0] in skipped) \
+            or len(skipped) > 1 and 4 * len(skipped) > len(history.scaled_steps):
+        return None
+    return {"step": step, "scale": move[1], "next_scale": move[2], "before": before[-1],
+            "after": after[0] if after else None, "skipped": len(skipped),
+            "observed": len(history.scaled_steps)}
