@@ -581,6 +581,13 @@ def test_bad_settings_are_refused_in_one_line(tmp_path):
         PrecisionDebugger(str(tmp_path), dump_mode="everything")
     with pytest.raises(layout.DumpConfigError):
         PrecisionDebugger(str(tmp_path), dump_step="x")
+    with pytest.raises(TorchFrontEndError, match="skip_steps is a setting of the golden"):
+        PrecisionDebugger(str(tmp_path), target="npu", skip_steps="2")
+    with pytest.raises(TorchFrontEndError, match="skip_steps must be step numbers"):
+        PrecisionDebugger(str(tmp_path), target="golden", skip_steps="2,x")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "torch-run", "--target", "npu",
+                                   "--golden-skips-as-npu", "--", "train.py"])
+    assert out.exit_code == 2 and "--golden-skips-as-npu needs --target both" in out.output
 
 
 def _on_npu(fn, *xs, mode="force_fp32", fusion=None, overflow="saturation"):
@@ -1367,8 +1374,8 @@ for step in range(int(sys.argv[1])):
 """
 
 
-@pytest.mark.parametrize("steps", [3, 6])
-def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps):
+@pytest.mark.parametrize("steps,mirrored", [(3, False), (6, False), (6, True)])
+def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
     """A cause nobody planted as a fault: GradScaler at 2**12, and step 2's loss 1000 times
     larger (a spike in the data). Its backward overflows in fp16 (allow_mix_precision) and
     the scaler skips that update and halves the scale, between steps without overflow:
@@ -1376,13 +1383,19 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps):
     scale"). Now it says so and finds nothing in the step. The steps after it start from a
     state the golden's differs from by the skipped update (it took it): what diverges there
     is said, with no clean verdict (exit 2), not blamed on an op, and the losses parting
-    after it are not reported as drift."""
+    after it are not reported as drift. With --golden-skips-as-npu the golden skips that
+    update too (run.json says so, the script's own run never did), the steps after it
+    start from one state and are judged: sound, exit 0."""
     script = tmp_path / "spike.py"
     script.write_text(SPIKE)
     root = tmp_path / "ws"
     done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
+                      *(["--golden-skips-as-npu"] if mirrored else []),
                       "--", str(script), str(steps))
     assert done.returncode == 0, done.stderr
+    golden = Workspace(str(root)).run("cpu")
+    assert golden.info.get("skips_as_npu") == ([2] if mirrored else None)
+    assert (Workspace(str(root)).step_history(golden).finite == 0).sum() == int(mirrored)
     out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
     result = json.loads(out.stdout)
     assert result["loss_scale"]["skipped_steps"] == [2]
@@ -1393,13 +1406,14 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps):
         "the loss scale backing off as designed (1 of " in advice, advice
     assert "lower the loss scale" not in advice and "keep" not in advice.lower()
     assert result["drift"] is None
-    if steps == 3:
+    if steps == 3 or mirrored:
         assert out.exit_code == 0 and result["verdict"] == "sound", advice
+        assert [x["step"] for x in result["steps"]] == list(range(steps))
     else:
         assert out.exit_code == 2 and result["verdict"] == "incomplete", advice
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
         assert "Step(s) 3-5 diverge after the update of step(s) 2, which the loss scale " \
-            "skipped and the golden took" in advice
+            "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
 
 
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):

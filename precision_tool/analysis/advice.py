@@ -217,7 +217,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_backoff_text(backoff, first))
         first = o = None            # what they would say follows from the back-off
     if AFTER_SKIPPED_UPDATE in r.unseen_steps:
-        lines.append(_after_skip_text(r.unseen_steps[AFTER_SKIPPED_UPDATE], r.loss_scale))
+        lines.append(_after_skip_text(r.unseen_steps[AFTER_SKIPPED_UPDATE], r.loss_scale,
+                                      r.front_end))
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
@@ -560,15 +561,17 @@ def _skipped_before(history: Optional[dict], step: int) -> str:
             f"took those updates, so the state differs from it from step {skipped[0]} on.")
 
 
-def _after_skip_text(steps: List[int], history: Optional[dict]) -> str:
+def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) -> str:
     skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
-    start = _scale_at(history, steps[0])
+    how = ("rerun with torch-run --golden-skips-as-npu (the golden then skips those updates "
+           "too) and compare again") if front_end == "pytorch" else \
+        (f"start the loss scale lower ({_scale_at(history, steps[0]):.10g} or below) so that "
+         f"no update is skipped, dump again and compare")
     return (f"Step(s) {format_steps(steps)} diverge after the update of step(s) "
             f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
             f"their state differs from the golden's by that update, so what diverges there "
             f"cannot be told from it, and no clean verdict is given for them. To judge them, "
-            f"start the loss scale lower ({start:.10g} or below) so that no update is "
-            f"skipped, dump again and compare.")
+            f"{how}.")
 
 
 def _backoff_text(b: dict, first: Optional[dict]) -> str:
@@ -580,7 +583,7 @@ def _backoff_text(b: dict, first: Optional[dict]) -> str:
             f"{b['next_scale']:.10g}, and step {b['before']} before it{after} ran without "
             f"overflow. That "
             f"is the loss scale backing off as designed ({b['skipped']} of {b['observed']} "
-            f"observed steps skipped), not a finding: what diverges in the step's backward "
+            f"observed steps skipped), not a finding: whatever diverges in the step's backward "
             f"follows from the overflow, and the update it would reach was not applied. Only "
             f"steps skipped often (the Loss scale box counts them) cost training.")
 

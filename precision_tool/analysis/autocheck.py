@@ -62,6 +62,8 @@ class AutoCheck:
     # the step as a dynamic loss scale backing off (diagnosis.scale_history.backoff, with
     # the first overflow): skipped, the scale lowered, clean steps around it; no finding
     backoff: Optional[dict] = None
+    # the steps whose update the golden skipped too (a golden made to follow the NPU's)
+    golden_skipped: List[int] = field(default_factory=list)
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
     # steps of either run that a compare of every step could not look at: interrupted
@@ -183,6 +185,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     reports = {}
     backoffs: Dict[int, dict] = {}
     after_skip: List[int] = []
+    # updates the golden skipped too (torch-run --golden-skips-as-npu): no state between them
+    golden_skipped = set(loss_scale_history(ws, golden_run).skipped_steps) \
+        if compare and golden_run is not None else set()
+    result.golden_skipped = sorted(golden_skipped)
     for s in steps:                         # the first step with findings, else the first
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
@@ -194,10 +200,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
             findings = c.any_findings
-        contained = findings and _backoff(history, s, report, compared.get(s))
+        contained = bool(report.tasks) and _backoff(history, s, report, compared.get(s))
         if contained:
             backoffs[s] = look["backoff"] = contained
-        elif findings and backoffs and _state_or_divergence(compared.get(s), report):
+        elif findings and set(backoffs) - golden_skipped and \
+                _state_or_divergence(compared.get(s), report):
             # after an update the scale skipped and the golden took: what only diverges
             # here cannot be told from that difference of state
             contained = look["after_skipped_update"] = True
@@ -297,7 +304,8 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
                         "state": dataclasses.asdict(state_drift(tables, step)),
                         "own": [] if own.passed else own.failing[:5]}
         return
-    skipped = (result.loss_scale or {}).get("skipped_steps", [])
+    skipped = set((result.loss_scale or {}).get("skipped_steps", [])) - \
+        set(result.golden_skipped)
     if not result.has_findings and gap.first_off is not None and \
             not any(x < gap.first_off for x in skipped):
         # (losses that part after an update the NPU's loss scale skipped and the golden

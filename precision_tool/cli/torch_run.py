@@ -67,9 +67,15 @@ class TorchRuns:
 @click.option("--fix", "fix_file", type=click.Path(dir_okay=False), default=None,
               help="Apply what fix wrote (config/fix.json): its precision mode, the calls "
                    "it keeps in fp32 and the fusion passes it switches off.")
+@click.option("--golden-skips-as-npu", "skips_as_npu", is_flag=True,
+              help="With --target both: the NPU runs first, and the golden skips the updates "
+                   "the NPU's loss scale skipped (GradScaler finds an overflow there), so that "
+                   "the steps after a skip start from the same state in both runs and can be "
+                   "judged (run.json says which steps the golden skipped).")
 @click.argument("script", nargs=-1, required=True, type=click.UNPROCESSED)
 def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, dump_mode, seed,
-                  keep_fp32, golden_dtype, fusion_switch, fusion_off, fix_file, script):
+                  keep_fp32, golden_dtype, fusion_switch, fusion_off, fix_file, skips_as_npu,
+                  script):
     """Run SCRIPT (python train.py ARGS, or train.py ARGS) with no change to it: every API
     call of its training steps (an optimizer step ends a step, or GradScaler's update; in a
     script that neither steps nor calls backward, each forward of its model is a step)
@@ -84,6 +90,9 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     layout.parse_steps(dump_step)            # a bad value before anything runs
     if fusion_off and fusion_switch:
         raise click.UsageError("give --fusion-switch or --fusion-off, not both")
+    if skips_as_npu and target != "both":
+        raise click.UsageError("--golden-skips-as-npu needs --target both: the golden follows "
+                               "the NPU run it is made with")
     if fusion_switch is not None:
         enabled_passes(fusion_switch)        # a file that cannot be used, before any run
         fusion_switch = os.path.abspath(fusion_switch)
@@ -109,13 +118,15 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     root = app.ws_root()
     runs = []
     distributed = bool(os.environ.get("RANK"))
-    for k, which in enumerate(TARGETS[target]):
+    skips = None
+    for k, which in enumerate(["npu", "golden"] if skips_as_npu else TARGETS[target]):
         settings = {ENV["target"]: which, ENV["precision_mode"]: precision_mode,
                     ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
                     ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
                     ENV["keep_fp32"]: keep_fp32 if which == "npu" else None,
                     ENV["golden_dtype"]: golden_dtype if which == "golden" else None,
                     ENV["fusion_switch"]: fusion if which == "npu" else None,
+                    ENV["skip_steps"]: skips if which == "golden" else None,
                     # under torchrun: the script's process is this one's child, so the
                     # ranks' shared launch is this process's
                     layout.ENV_RANK_GROUP: layout.launch_group() if distributed else None}
@@ -135,10 +146,29 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
                 if rc < 0 else (f"exited with status {rc}", rc)
             raise CommandError(f"error: the script {how} on the {which}"
                                + (f"; kept: {_kept(app, runs)}" if runs else ""), code)
+        if skips_as_npu and which == "npu":
+            skipped = _skipped(app, made)
+            skips = ",".join(map(str, skipped)) or None
+            app.info(f"the golden skips the updates of step(s) {layout.format_steps(skipped)}, "
+                     f"as the NPU's loss scale did" if skipped else
+                     "the NPU's loss scale skipped no update: the golden runs as written")
     result = TorchRuns(args, runs)
     app.emit(result, lambda: app.line(f"dumped: {', '.join(runs)}; next: "
                                       f"{app.command('ac -c')} compares them"))
     return EXIT_OK
+
+
+def _skipped(app: App, made: List[str]) -> List[int]:
+    """The steps whose update the loss scale of the runs just made skipped."""
+    app.refresh()                    # the run was just written
+    ws = app.ws
+    out = set()
+    for path in made:
+        run = ws.run(*os.path.normpath(path).split(os.sep)[-2:])
+        history = ws.step_history(run)
+        scaled = history.dropna(subset=["loss_scale"])
+        out.update(int(s) for s in scaled.step[scaled.finite == 0])
+    return sorted(out)
 
 
 def _signal_name(number: int) -> str:

@@ -83,6 +83,17 @@ def _written_list(api: str, args) -> list:
     return [t for t in args[0] if isinstance(t, torch.Tensor)]
 
 
+def _step_list(steps) -> frozenset:
+    """Step numbers from "3,7" (the runner's environment) or an iterable of ints."""
+    if not steps:
+        return frozenset()
+    items = steps.split(",") if isinstance(steps, str) else steps
+    try:
+        return frozenset(int(x) for x in items)
+    except (TypeError, ValueError):
+        raise TorchFrontEndError(f"skip_steps must be step numbers, got {steps!r}") from None
+
+
 class TorchFrontEndError(ValueError):
     """A debugger setting that cannot be used."""
 
@@ -314,14 +325,17 @@ class PrecisionDebugger:
     golden_dtype: float32 (the script as written) or float64 (every call computed in it).
     fusion_switch: the NPU's fused kernels (simulate.FUSED): "on" (default), "off", or a
     fusion_switch.cfg (its path or dict) naming the passes on and off. replay_of: the run
-    this one reruns (fix's and fo's reruns of the script say so, as a graph's replays do)."""
+    this one reruns (fix's and fo's reruns of the script say so, as a graph's replays do).
+    skip_steps (the golden's): the steps whose update the golden skips as the NPU run's loss
+    scale did ("3,7" or a list): GradScaler's unscale finds an overflow there, so that the
+    steps after start from the same state as the NPU's; run.json says which."""
 
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
                  overflow_mode: str = "saturation", modify_mixlist=None,
                  dump_step: str = "0", dump_mode: str = "tensor", scope=None,
                  keep_fp32=None, golden_dtype: str = "float32", fusion_switch=None,
-                 replay_of: Optional[str] = None):
+                 replay_of: Optional[str] = None, skip_steps=None):
         if target not in TARGETS:
             raise TorchFrontEndError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         if dump_mode not in DUMP_MODES:
@@ -351,6 +365,10 @@ class PrecisionDebugger:
                                      f"got {golden_dtype!r}")
         self.golden_dtype = golden_dtype
         self.replay_of = replay_of
+        self.skip_steps = _step_list(skip_steps)
+        if self.skip_steps and target != "golden":
+            raise TorchFrontEndError("skip_steps is a setting of the golden (target golden): "
+                                     "the NPU's loss scale decides its own skips")
         if self.keep_fp32 and target != "npu":
             raise TorchFrontEndError("keep_fp32 is a setting of the simulated NPU (target "
                                      "npu): the golden computes everything in fp32")
@@ -401,8 +419,10 @@ class PrecisionDebugger:
         if self._modules is None:
             self._modules = _Modules(model, self._root_forward)
         if self._scaler is None:
-            self._scaler = ScalerWatch(self._scaled, self._scaler_updated,
-                                       None if self.npu is None else self._overflowed)
+            self._scaler = ScalerWatch(
+                self._scaled, self._scaler_updated,
+                self._overflowed if self.npu is not None else
+                self._skipped_as_npu if self.skip_steps else None)
         if self.golden is not None and self._autocast_off is None:
             from .golden import AutocastOff
             self._autocast_off = AutocastOff(self.golden.lifted)
@@ -534,6 +554,10 @@ class PrecisionDebugger:
         """Whether a kernel of this step set the simulated device's status word."""
         return bool(self.npu.status)
 
+    def _skipped_as_npu(self) -> bool:
+        """Whether the golden skips this step's update, as the NPU run's loss scale did."""
+        return self.step_number in self.skip_steps
+
     def _scaler_updated(self, scale: float, after: float, finite: bool) -> None:
         """GradScaler.update: the step's loss scale decision; under the runner it ends the
         step (the optimizer's step is skipped when the gradients were not finite)."""
@@ -588,6 +612,9 @@ class PrecisionDebugger:
                         numerics="the script as written, every kernel in float32 (a cast to "
                                  "float16/bfloat16 or autocast computes in float32)")
             target = layout.GOLDEN
+        if self.skip_steps:
+            # not the script as written at these steps: their updates skipped as the NPU's
+            info.update(skips_as_npu=sorted(self.skip_steps))
         try:
             self._writer = RunWriter(self.root, target, info, fusion_result=None if
                                      self.npu is None else fusion_record("torch", {}))

@@ -16,7 +16,8 @@ ENV = {"target": "PRECISION_TOOL_TORCH_TARGET", "precision_mode": "PRECISION_TOO
        "keep_fp32": "PRECISION_TOOL_TORCH_KEEP_FP32",
        "golden_dtype": "PRECISION_TOOL_TORCH_GOLDEN_DTYPE",
        "fusion_switch": "PRECISION_TOOL_TORCH_FUSION",
-       "replay_of": "PRECISION_TOOL_TORCH_REPLAY_OF"}
+       "replay_of": "PRECISION_TOOL_TORCH_REPLAY_OF",
+       "skip_steps": "PRECISION_TOOL_TORCH_SKIP_STEPS"}
 ENV_SEED = "PRECISION_TOOL_TORCH_SEED"
 
 
