@@ -117,9 +117,16 @@ def _history(rows):
     ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 8, 1), (3, 8, 4, 0)], 3, (2, None)),
     # steps numbered from 10 (a resumed run)
     ([(10, 8, 8, 1), (11, 8, 8, 1), (12, 8, 4, 0), (13, 4, 4, 1)], 12, (11, 13)),
-    # skips from the first step on: a scale that starts too high
-    ([(0, 8, 4, 0), (1, 4, 4, 1), (2, 4, 4, 1), (3, 4, 4, 1)], 0, None),
+    # skips from the first step on, then a step without overflow: the scale settling
+    ([(0, 8, 4, 0), (1, 4, 4, 1), (2, 4, 4, 1), (3, 4, 4, 1)], 0, (None, 1, 4)),
+    ([(0, 16, 8, 0), (1, 8, 4, 0)] + [(k, 4, 4, 1) for k in range(2, 8)], 1, (None, 2, 4)),
+    # ... that never settles, or settles after more than a quarter of the steps
+    ([(0, 8, 4, 0), (1, 4, 2, 0)], 0, None),
+    ([(0, 8, 4, 0)], 0, None),
+    ([(0, 16, 8, 0), (1, 8, 4, 0), (2, 4, 4, 1), (3, 4, 4, 1)], 0, None),
+    # consecutive skips mid-run
     ([(0, 8, 8, 1), (1, 8, 4, 0), (2, 4, 2, 0), (3, 2, 2, 1)], 1, None),
+    ([(0, 8, 8, 1), (1, 8, 4, 0), (2, 4, 2, 0), (3, 2, 2, 1)], 2, None),
     # skipped every other step: a scale that grows too fast
     ([(0, 8, 8, 1), (1, 8, 4, 0), (2, 4, 8, 1), (3, 8, 4, 0), (4, 4, 4, 1)], 3, None),
     # skipped with the scale held (a static scale): no back-off
@@ -127,14 +134,21 @@ def _history(rows):
     # a step that was not skipped
     ([(0, 8, 8, 1), (1, 8, 8, 1), (2, 8, 4, 0), (3, 4, 4, 1)], 1, None),
 ])
-def test_a_loss_scale_backing_off_is_one_skip_between_steps_without_overflow(rows, step,
-                                                                               expected):
+def test_a_loss_scale_backing_off_or_settling_is_told_from_one_that_keeps_skipping(
+        rows, step, expected):
+    """(before, after) of a back-off; (None, the step it settled at, that scale) of a scale
+    settling from where it started."""
     from precision_tool.analysis.diagnosis.scale_history import backoff
     found = backoff(_history(rows), step)
     if expected is None:
         assert found is None
+    elif expected[0] is None:
+        assert found["kind"] == "calibration"
+        assert (found["before"], found["after"], found["settled"]) == expected
     else:
+        assert found["kind"] == "back-off"
         assert (found["before"], found["after"]) == expected
+    if found:
         assert found["scale"] == 2 * found["next_scale"] and found["step"] == step
 
 

@@ -1362,11 +1362,11 @@ import sys, torch, torch.nn as nn, torch.nn.functional as F
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+scaler = torch.amp.GradScaler("cpu", init_scale=float(sys.argv[2]))
 g = torch.Generator().manual_seed(1)
 x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
 for step in range(int(sys.argv[1])):
-    loss = F.cross_entropy(model(x), y) * (1000.0 if step == 2 else 1.0)
+    loss = F.cross_entropy(model(x), y) * (float(sys.argv[3]) if step == 2 else 1.0)
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
@@ -1391,7 +1391,7 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
     root = tmp_path / "ws"
     done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
                       *(["--golden-skips-as-npu"] if mirrored else []),
-                      "--", str(script), str(steps))
+                      "--", str(script), str(steps), str(2.0 ** 12), "1000")
     assert done.returncode == 0, done.stderr
     golden = Workspace(str(root)).run("cpu")
     assert golden.info.get("skips_as_npu") == ([2] if mirrored else None)
@@ -1414,6 +1414,34 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
         assert "Step(s) 3-5 diverge after the update of step(s) 2, which the loss scale " \
             "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
+
+
+@pytest.mark.parametrize("scale,settles", [(2.0 ** 17, True), (2.0 ** 20, False)])
+def test_a_loss_scale_settling_from_its_start_is_no_finding_unless_it_costs(tmp_path, scale,
+                                                                          settles):
+    """GradScaler started above what the fp16 backward holds: at 2**17 step 0 overflows,
+    is skipped, and step 1 runs at 2**16 (1 of 8 steps: the scale settling, as designed;
+    with the golden skipping it too every step is judged, sound); at 2**20 steps 0-3 are
+    skipped (half the steps: a finding, and the advice starts the scale where it settled)."""
+    script = tmp_path / "calib.py"
+    script.write_text(SPIKE)
+    root = tmp_path / "ws"
+    done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
+                      "--golden-skips-as-npu", "--", str(script), "8", str(scale), "1")
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    advice = " ".join(result["advice"])
+    if settles:
+        assert result["loss_scale"]["skipped_steps"] == [0]
+        assert out.exit_code == 0 and result["verdict"] == "sound", advice
+        assert result["backoff"]["kind"] == "calibration"
+        assert "step 1 ran without overflow at 65536. That is the loss scale settling" in advice
+    else:
+        assert result["loss_scale"]["skipped_steps"] == [0, 1, 2, 3]
+        assert out.exit_code == 1 and result["backoff"] is None
+        assert "the loss scale starts too high: step(s) 0-3 overflowed" in advice and \
+            "Start the loss scale at 65536" in advice, advice
 
 
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):

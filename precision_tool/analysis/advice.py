@@ -233,7 +233,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if r.underflow is not None:
         where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
         lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode, opts))
-    skipped = _skipped_before(r.loss_scale, r.step)
+    skipped = _skipped_before(r.loss_scale, r.step, getattr(r, "golden_skipped", ()))
     if skipped:
         lines.append(skipped + " " + _capital(opts.tag(
             f"start the loss scale at {_scale_at(r.loss_scale, r.step):.10g}, where the manager "
@@ -547,12 +547,13 @@ def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
     return head + " " + opts.only(keep) + ("." if keep[0] == 2 else ", and compare again.")
 
 
-def _skipped_before(history: Optional[dict], step: int) -> str:
-    """The steps before `step` whose update a dynamic loss scale skipped (the golden took
-    them: the state differs from there on), as a sentence; "" when none."""
+def _skipped_before(history: Optional[dict], step: int, golden_skipped=()) -> str:
+    """The steps before `step` whose update a dynamic loss scale skipped and the golden took
+    (the state differs from there on), as a sentence; "" when none (or the golden skipped
+    them too)."""
     if not history or history["first_scale"] != history["first_scale"]:
         return ""
-    skipped = [s for s in history["skipped_steps"] if s < step]
+    skipped = [s for s in history["skipped_steps"] if s < step and s not in golden_skipped]
     if not skipped:
         return ""
     return (f"{len(skipped)} of the {step} steps before step {step} overflowed and skipped "
@@ -577,15 +578,21 @@ def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) 
 def _backoff_text(b: dict, first: Optional[dict]) -> str:
     where = f" (the first {first['op_name']}, {', '.join(first['status_bits'])})" \
         if first else ""
-    after = f" and step {b['after']} after it" if b["after"] is not None else ""
-    return (f"Step {b['step']}'s backward overflowed at loss scale {b['scale']:.10g}{where}: "
+    head = (f"Step {b['step']}'s backward overflowed at loss scale {b['scale']:.10g}{where}: "
             f"the dynamic loss scale skipped that update and lowered the scale to "
-            f"{b['next_scale']:.10g}, and step {b['before']} before it{after} ran without "
-            f"overflow. That "
-            f"is the loss scale backing off as designed ({b['skipped']} of {b['observed']} "
-            f"observed steps skipped), not a finding: whatever diverges in the step's backward "
-            f"follows from the overflow, and the update it would reach was not applied. Only "
-            f"steps skipped often (the Loss scale box counts them) cost training.")
+            f"{b['next_scale']:.10g}")
+    tail = (f" ({b['skipped']} of {b['observed']} observed steps skipped), not a finding: "
+            f"whatever diverges in the step's backward follows from the overflow, and the "
+            f"update it would reach was not applied.")
+    if b.get("kind") == "calibration":
+        return (head + f", and step {b['after']} ran without overflow at "
+                f"{b['settled']:.10g}. That is the loss scale settling from where it started, "
+                f"as designed" + tail + f" Starting it at {b['settled']:.10g} would keep the "
+                f"update(s) it skipped meanwhile.")
+    after = f" and step {b['after']} after it" if b["after"] is not None else ""
+    return (head + f", and step {b['before']} before it{after} ran without overflow. That is "
+            f"the loss scale backing off as designed" + tail + " Only steps skipped often "
+            f"(the Loss scale box counts them) cost training.")
 
 
 def _settled_from(history: Optional[dict], step: int) -> Optional[tuple]:

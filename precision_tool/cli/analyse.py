@@ -88,7 +88,8 @@ def _raise_incomplete(check) -> None:
 def _step_note(look: dict) -> str:
     """What a step looked at on the way was taken for, where it is not a finding."""
     if look.get("backoff"):
-        return "  [the loss scale backing off: no finding]"
+        kind = "settling" if look["backoff"].get("kind") == "calibration" else "backing off"
+        return f"  [the loss scale {kind}: no finding]"
     if look.get("after_skipped_update"):
         return "  [after a skipped update: not judged]"
     return ""

@@ -53,21 +53,31 @@ def is_backward(op_name: str) -> bool:
 
 
 def backoff(history: LossScaleHistory, step: int) -> Optional[dict]:
-    """`step` as a dynamic loss scale backing off: the step skipped and its scale lowered,
-    the observed step before it clean (the scale had held there) and the one after it
-    clean or not observed; the run's only skip, or its skips at most a quarter of the
-    observed steps. None otherwise: a scale that starts too high skips from its first step
-    on, one that keeps overflowing skips step after step, one that grows too fast every
-    other step."""
+    """`step` as a dynamic loss scale doing its job: the step skipped and its scale lowered,
+    with few skips in the run (the only one, or at most a quarter of the observed steps).
+    kind "back-off": the observed step before it ran without overflow (the scale had held)
+    and the one after it too, or it is the last; kind "calibration": the skips run from
+    the first observed step on (a scale that started high and came down) and a later step
+    ran without overflow (it settled: `after`, at `settled`). None otherwise: a scale that
+    never settles, one that overflows step after step mid-run, or one that grows too fast
+    (skipping every other step)."""
     if not history.scaled or step not in history.skipped_steps:
         return None
     move = next((m for m in history.moves if m[0] == step and m[2] < m[1]), None)
     skipped = set(history.skipped_steps)
+    if move is None or len(skipped) > 1 and 4 * len(skipped) > len(history.scaled_steps):
+        return None
     before = [s for s in history.scaled_steps if s < step]
     after = [s for s in history.scaled_steps if s > step]
-    if move is None or not before or before[-1] in skipped or (after and after[0] in skipped) \
-            or len(skipped) > 1 and 4 * len(skipped) > len(history.scaled_steps):
+    found = {"step": step, "scale": move[1], "next_scale": move[2], "skipped": len(skipped),
+             "observed": len(history.scaled_steps)}
+    if before and before[-1] not in skipped:
+        if after and after[0] in skipped:
+            return None
+        return dict(found, kind="back-off", before=before[-1],
+                    after=after[0] if after else None)
+    clean = next((s for s in after if s not in skipped), None)
+    if clean is None or any(s not in skipped for s in before):
         return None
-    return {"step": step, "scale": move[1], "next_scale": move[2], "before": before[-1],
-            "after": after[0] if after else None, "skipped": len(skipped),
-            "observed": len(history.scaled_steps)}
+    settled = next((m[2] for m in reversed(history.moves) if m[0] < clean), move[2])
+    return dict(found, kind="calibration", before=None, after=clean, settled=settled)
