@@ -1347,8 +1347,8 @@ def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tm
     advice = " ".join(result["advice"])
     assert "It is in the backward pass, and the loss scale starts too high: step(s) 0-6 " \
         "overflowed and skipped their update while the dynamic manager brought the scale " \
-        "down from 16777216 to 131072, where step 7 ran clean. Start the loss scale at " \
-        "131072 and no step is lost" in advice, advice
+        "down from 16777216 to 131072, where step 7 ran without overflow. Start the loss " \
+        "scale at 131072 and no step is lost" in advice, advice
     short, code = _nanogpt(tmp_path / "short", "allow_mix_precision", "--steps", "2",
                            "--init-scale", str(2.0 ** 24), overflow="saturation",
                            dump_mode="statistics")
@@ -1409,6 +1409,10 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
     if steps == 3 or mirrored:
         assert out.exit_code == 0 and result["verdict"] == "sound", advice
         assert [x["step"] for x in result["steps"]] == list(range(steps))
+        # where the step's divergence starts is shown, and not as a root cause
+        shown = CliRunner().invoke(cli, ["--data-dir", str(root), "ac", "-c"]).output
+        assert "Where the divergence starts (after the skipped step's overflow: no finding)" \
+            in shown and "Root cause" not in shown and "[the loss scale backing off" in shown
     else:
         assert out.exit_code == 2 and result["verdict"] == "incomplete", advice
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]

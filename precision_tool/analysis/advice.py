@@ -16,10 +16,12 @@ from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode
 from .diagnosis.scale_history import is_backward
-
-# (autocheck's key of unseen_steps for them; said apart, not as steps to dump again)
-AFTER_SKIPPED_UPDATE = "diverging after an update the loss scale skipped and the golden took"
 from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
+
+# steps after a skipped update, not judged (autocheck's key of unseen_steps for them): said
+# apart, not as steps to dump again
+AFTER_SKIPPED_UPDATE = "diverging after an update the loss scale skipped and the golden took"
+
 
 def keep_in_fp32(op: dict, mode: str) -> str:
     """How to keep an op's numbers out of fp16 under this mode, as one imperative clause
@@ -382,8 +384,8 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                     f"step(s) {format_steps(skipped)} overflowed and skipped their update while "
                     f"the dynamic manager brought the scale down from "
                     f"{_scale_at(r.loss_scale, r.step):.10g} to {scale:.10g}, where step {clean} "
-                    f"ran clean. " + _capital(opts.either(start, opts.keep(op, mode))) + "." +
-                    later]
+                    f"ran without overflow. " +
+                    _capital(opts.either(start, opts.keep(op, mode))) + "." + later]
         lower = _lower_scale(_scale_at(r.loss_scale, r.step), peak)
         return [text + " It is in the backward pass under loss scaling: " + opts.either(
             opts.tag(f"lower the loss scale to {lower:g} (or let a dynamic manager shrink it)",

@@ -11,6 +11,7 @@ from typing import List
 
 import click
 
+from ..analysis.diagnosis.scale_history import loss_scale_history
 from ..dump import layout
 from ..errors import PrecisionToolError
 from ..runtime.config import OVERFLOW_MODES, PRECISION_MODES
@@ -165,9 +166,7 @@ def _skipped(app: App, made: List[str]) -> List[int]:
     out = set()
     for path in made:
         run = ws.run(*os.path.normpath(path).split(os.sep)[-2:])
-        history = ws.step_history(run)
-        scaled = history.dropna(subset=["loss_scale"])
-        out.update(int(s) for s in scaled.step[scaled.finite == 0])
+        out.update(loss_scale_history(ws, run).skipped_steps)
     return sorted(out)
 
 
