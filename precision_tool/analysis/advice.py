@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode
-from .diagnosis.scale_history import is_backward
+from .diagnosis.scale_history import LossScaleHistory, is_backward
 from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 
 # steps after a skipped update, not judged (autocheck's key of unseen_steps for them): said
@@ -373,9 +373,8 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                     opts.tag(f"switch {p} off in fusion_switch.cfg", [Change("fusion", p)]),
                     opts.keep(origin, mode), opts.tag("normalise what feeds it")) + "."]
     later = _later_overflows(r)
-    # a graph's gradient ops are under gradients/; a script's backward calls end .backward
     if is_backward(op["op_name"]) and scales:
-        settled = _settled_from(r.loss_scale, r.step)
+        settled = LossScaleHistory(**r.loss_scale).settling_from(r.step)
         if settled:
             skipped, clean, scale = settled
             start = opts.tag(f"start the loss scale at {scale:.10g} and no step is lost",
@@ -597,34 +596,9 @@ def _backoff_text(b: dict, first: Optional[dict]) -> str:
             f"(the Loss scale box counts them) cost training.")
 
 
-def _settled_from(history: Optional[dict], step: int) -> Optional[tuple]:
-    """The steps from `step` on that a dynamic loss scale skipped before one ran clean, that
-    step and its scale, where the history shows both (some skipped, then one not); else
-    None. The scale a step ran clean at is proven; one worked out from a peak is not."""
-    scale = _scale_at(history, step)
-    if scale is None:
-        return None
-    skipped = set(history["skipped_steps"])
-    observed = sorted(history.get("scaled_steps", ()))
-    # skips from the first observed step on: the scale started too high (a skip after a
-    # clean step is the scale backing off)
-    if step not in skipped or any(s not in skipped for s in observed if s < step):
-        return None
-    clean = next((s for s in observed if s > step and s not in skipped), None)
-    if clean is None:
-        return None
-    return sorted(s for s in skipped if step <= s < clean), clean, _scale_at(history, clean)
-
-
 def _scale_at(history: Optional[dict], step: int) -> Optional[float]:
-    """The loss scale a step ran with, from the history (its first scale and its moves)."""
-    if not history or history["first_scale"] != history["first_scale"]:
-        return None
-    scale = history["first_scale"]
-    for at, _, to in history["moves"]:
-        if at < step:
-            scale = to
-    return scale
+    """The loss scale a step ran with, from the history (AutoCheck.loss_scale)."""
+    return LossScaleHistory(**history).scale_at(step) if history else None
 
 
 def _lower_scale(scale: Optional[float], peak: Optional[float]) -> Optional[float]:

@@ -200,7 +200,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost))
             findings = c.any_findings
-        contained = bool(report.tasks) and _backoff(history, s, report, compared.get(s))
+        contained = _backoff(history, s, report, compared.get(s))
         if contained:
             backoffs[s] = look["backoff"] = contained
         elif findings and set(backoffs) - golden_skipped and \
@@ -363,7 +363,7 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
     rows = table.iloc[flagged].sort_values("Index")
     if rows.empty:
         return None
-    first = rows.loc[_lead(table, rows)]
+    first = rows.loc[_lead(table, rows, bad)]
     nan = pd.to_numeric(table.get("GoldenNanCount", 0), errors="coerce").fillna(0)
     return {"tensor": first.TensorIndex, "golden_tensor": first.get("GoldenTensor", ""),
             "nonfinite": int(bad[first.name]), "tensors": len(rows), "order": int(first.Index),
@@ -381,17 +381,16 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
             "reaches": _sink(t, rows)}
 
 
-def _lead(table: pd.DataFrame, rows: pd.DataFrame):
+def _lead(table: pd.DataFrame, rows: pd.DataFrame, bad: pd.Series):
     """The row (label) to name first among these (golden nan/inf, in execution order): the
     first whose nan/inf has an effect. A tensor whose infinities the NPU holds too (as inf
     or saturated) and whose every reader comes out finite in the golden (a mask's -inf that
     the softmax turns to 0) has none: it is passed over while a later row may have one.
-    Where no row's readers can be told (a dump without input rows), the first row."""
+    Where no row's readers can be told (a dump without input rows), the first row. bad:
+    each row's golden nan and inf count."""
     if "GoldenTensor" not in table:
         return rows.index[0]
     is_in = table.TensorIndex.astype(str).str.contains(":input:", regex=False)
-    bad = sum(pd.to_numeric(table.get(c, 0), errors="coerce").fillna(0)
-              for c in ("GoldenNanCount", "GoldenInfCount"))
     readers = table[is_in].groupby("GoldenTensor").NPUDump.agg(set)
     out = ~is_in & table.TensorIndex.astype(str).str.contains(":output:", regex=False)
     # ops with an output holding nan/inf in the golden

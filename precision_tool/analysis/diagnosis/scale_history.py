@@ -26,6 +26,29 @@ class LossScaleHistory:
     def scaled(self) -> bool:
         return self.first_scale == self.first_scale
 
+    def scale_at(self, step: int) -> Optional[float]:
+        """The loss scale a step ran with (the first scale and the moves before it)."""
+        if not self.scaled:
+            return None
+        scale = self.first_scale
+        for at, _, to in self.moves:
+            if at < step:
+                scale = to
+        return scale
+
+    def settling_from(self, step: int) -> Optional[tuple]:
+        """Skips from the first observed step on, up to a step without overflow: (the skipped
+        steps from `step` on, that step, its scale), a scale the run proved; None where
+        `step` is not among such skips or none came after them."""
+        skipped = set(self.skipped_steps)
+        if step not in skipped or any(s not in skipped for s in self.scaled_steps if s < step):
+            return None
+        clean = next((s for s in sorted(self.scaled_steps) if s > step and s not in skipped),
+                     None)
+        if clean is None:
+            return None
+        return sorted(s for s in skipped if step <= s < clean), clean, self.scale_at(clean)
+
 
 def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
     table = ws.step_history(run)
@@ -76,8 +99,7 @@ def backoff(history: LossScaleHistory, step: int) -> Optional[dict]:
             return None
         return dict(found, kind="back-off", before=before[-1],
                     after=after[0] if after else None)
-    clean = next((s for s in after if s not in skipped), None)
-    if clean is None or any(s not in skipped for s in before):
+    settling = history.settling_from(step)
+    if settling is None:
         return None
-    settled = next((m[2] for m in reversed(history.moves) if m[0] < clean), move[2])
-    return dict(found, kind="calibration", before=None, after=clean, settled=settled)
+    return dict(found, kind="calibration", before=None, after=settling[1], settled=settling[2])
