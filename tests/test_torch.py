@@ -872,6 +872,13 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     run = Workspace(str(tmp_path / "ws")).runs("cpu")[-1]
     assert run.complete_steps == [0, 1, 2]
     assert run.info["script_failed"] == {"step": 3, "error": "killed by SIGKILL"}
+    # killed on the NPU, which --golden-skips-as-npu runs first: the golden is not run
+    done = _torch_run(tmp_path / "mirrored", "--golden-skips-as-npu", "--dump-step", "all",
+                      "--", str(killed), "5", "3")
+    assert done.returncode == 137
+    assert "on the npu; kept: npu/debug_0" in done.stderr and \
+        "; not run on the golden" in done.stderr
+    assert not Workspace(str(tmp_path / "mirrored")).runs("cpu")
 
 
 SCALED = textwrap.dedent("""
@@ -1416,7 +1423,7 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
     else:
         assert out.exit_code == 2 and result["verdict"] == "incomplete", advice
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
-        assert "Step(s) 3-5 diverge after the update of step(s) 2, which the loss scale " \
+        assert "Steps 3-5 diverge after the update of step 2, which the loss scale " \
             "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
 
 

@@ -569,7 +569,9 @@ def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) 
            "too) and compare again") if front_end == "pytorch" else \
         (f"start the loss scale lower ({_scale_at(history, steps[0]):.10g} or below) so that "
          f"no update is skipped, dump again and compare")
-    return (f"Step(s) {format_steps(steps)} diverge after the update of step(s) "
+    which = f"Step {steps[0]} diverges" if len(steps) == 1 else \
+        f"Steps {format_steps(steps)} diverge"
+    return (f"{which} after the update of step{'s' if len(skipped) > 1 else ''} "
             f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
             f"their state differs from the golden's by that update, so what diverges there "
             f"cannot be told from it, and no clean verdict is given for them. To judge them, "

@@ -120,7 +120,8 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
     runs = []
     distributed = bool(os.environ.get("RANK"))
     skips = None
-    for k, which in enumerate(["npu", "golden"] if skips_as_npu else TARGETS[target]):
+    order = ["npu", "golden"] if skips_as_npu else TARGETS[target]
+    for k, which in enumerate(order):
         settings = {ENV["target"]: which, ENV["precision_mode"]: precision_mode,
                     ENV["overflow_mode"]: overflow_mode, ENV["dump_step"]: dump_step,
                     ENV["dump_mode"]: dump_mode, ENV_SEED: str(seed),
@@ -146,7 +147,9 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
             how, code = (f"was killed by {_signal_name(-rc)} (status {rc})", 128 - rc) \
                 if rc < 0 else (f"exited with status {rc}", rc)
             raise CommandError(f"error: the script {how} on the {which}"
-                               + (f"; kept: {_kept(app, runs)}" if runs else ""), code)
+                               + (f"; kept: {_kept(app, runs)}" if runs else "")
+                               + (f"; not run on the {' or '.join(order[k + 1:])}"
+                                  if order[k + 1:] else ""), code)
         if skips_as_npu and which == "npu":
             skipped = _skipped(app, made)
             skips = ",".join(map(str, skipped)) or None
