@@ -194,7 +194,8 @@ def _expected(mode, node, graph, low):
     if mode in ("force_fp16", "O3"):
         return "float16"
     if mode == "O2":
-        return "float32" if t in ("BatchNorm", "BatchNormGrad", "LayerNorm") else "float16"
+        return "float32" if t in ("BatchNorm", "BatchNormGrad", "LayerNorm", "RmsNorm") \
+            else "float16"
     if mode == "O1":
         return "float16" if t in P.WHITE else "float32"
     if t in P.WHITE:
@@ -418,6 +419,62 @@ def test_fused_layer_norm_loses_precision_when_mean_dwarfs_std():
     assert err_fused > 0.5                # E[x^2] - E[x]^2 in fp16: the variance is lost
     fused.run(y, {x: (xv + 900).astype(F16)})   # x^2 ~ 1e6 overflows fp16 inside the kernel
     assert fused.float_status() & 0x20
+
+
+def _rms_graph(dtype="float32"):
+    g = pt.Graph("rms")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64], dtype)
+        y = pt.nn.rms_norm(pt.ops.mul(x, 1.0))
+    return g, x, y
+
+
+def test_fused_rms_norm_keeps_its_squares_in_fp32():
+    """RmsNormFusionPass fuses Square, ReduceMean, Add eps, Rsqrt and the two Muls into one
+    RmsNorm whose squares and mean stay float32: under force_fp16, |x| ~ 300 squares past
+    65504 in the unfused Square (status set, the output far off) and in the fused kernel
+    overflows nothing, its output within fp16 rounding of float64's."""
+    g, x, y = _rms_graph()
+    xv = (300 * np.random.default_rng(5).normal(size=(8, 64))).astype(F16).astype(F32)
+    xd = xv.astype(np.float64)
+    ref = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6)
+    fused = npu(g, precision_mode="force_fp16")
+    node = next(n for n in fused.compiled.graph.nodes if n.type == "RmsNorm")
+    assert node.attrs["pass_name"] == "RmsNormFusionPass"
+    assert len(node.attrs["original_op_names"]) == 6
+    out = fused.run(y, {x: xv})
+    assert fused.float_status() == 0
+    assert np.all(np.abs(out - ref) <= 0.51 * np.spacing(np.abs(ref).astype(F16)))
+    unfused = npu(g, precision_mode="force_fp16", fusion_switch="off")
+    assert not any(n.type == "RmsNorm" for n in unfused.compiled.graph.nodes)
+    assert np.abs(unfused.run(y, {x: xv}) - ref).max() > 0.5 and unfused.float_status() != 0
+
+
+def test_rms_norm_pass_fuses_a_training_graph_and_no_layer_norm_tail():
+    """In a training graph the backward reads what the pattern made (the root, the
+    normalised x): the fused node exposes them and the losses follow the golden's. The tail
+    of a LayerNorm (x - mean squared, averaged, ...) is not an RMS norm: with the LayerNorm
+    pass off it stays unfused."""
+    from precision_tool import ops
+    g = pt.Graph("rms_train")
+    with g.as_default():
+        x = pt.placeholder("x", [None, 16]); y = pt.placeholder("y", [None], "int32")
+        logits = pt.nn.dense(pt.nn.rms_norm(pt.nn.dense(x, 32, name="in")), 4, name="out")
+        loss = ops.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train = pt.train.SGD(0.1).minimize(loss)
+    rng = np.random.default_rng(0)
+    feed = {x: rng.normal(size=(8, 16)).astype(F32), y: rng.integers(0, 4, 8).astype(np.int32)}
+    device = npu(g, precision_mode="allow_mix_precision")
+    fused = [n for n in device.compiled.graph.nodes if n.type == "RmsNorm"]
+    assert len(fused) == 1 and len(fused[0].attrs["roles"]) > 1
+    golden = pt.Session(g)
+    for _ in range(3):
+        a, b = device.run([loss, train], feed)[0], golden.run([loss, train], feed)[0]
+        assert abs(a - b) < 2e-3 * abs(b)
+    m = pt.models.transformer()
+    off = {"Switch": {"GraphFusion": {"LayerNormFusionPass": "off"}, "UBFusion": {}}}
+    types = {n.type for n in npu(m.graph, fusion_switch=off).compiled.graph.nodes}
+    assert "RmsNorm" not in types and "LayerNorm" not in types
 
 
 def _softmax_graph():

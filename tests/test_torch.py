@@ -745,6 +745,105 @@ def test_fused_kernels_compute_as_the_devices_and_unfused_as_the_ops_they_fuse()
     assert fused.item() == float(once) and unfused.item() == float(twice)
 
 
+def _rms_reference(x, w, dy, eps=1e-6):
+    """F.rms_norm's output and the gradients of sum(y dy) in float64: autograd over the
+    formula x / sqrt(mean(x^2) + eps) w, independent of the kernels under test."""
+    xd, wd = (t.double().requires_grad_(True) for t in (x, w))
+    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * wd
+    (y * dy.double()).sum().backward()
+    return y.detach(), xd.grad, wd.grad
+
+
+@pytest.mark.parametrize("fusion", [None, "off"], ids=["fused", "unfused"])
+def test_rms_norm_is_one_fused_kernel_whose_squares_stay_float32(fusion):
+    """F.rms_norm, which torch takes apart before the dispatcher, is one kernel on the NPU
+    while RmsNormFusionPass is on (the debugger's calls go through SimulatedNPU.call): its
+    squares and their mean in float32 whatever the mode, so under force_fp16 inputs of
+    |x| > 255.9 overflow nothing, and its output, x's gradient and the weight's are within
+    fp16 rounding of float64's. With the pass off it is the ops torch takes it into, and
+    their fp16 square overflows (status set, the output far off)."""
+    from precision_tool.runtime.config import SessionConfig
+    from precision_tool.torch.simulate import SimulatedNPU
+    g = torch.Generator().manual_seed(2)
+    x = (400 * torch.randn(4, 6, 32, generator=g)).half().float().requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(32, generator=g)).half().float().requires_grad_(True)
+    dy = torch.randn(4, 6, 32, generator=g).half().float()
+    ref, ref_dx, ref_dw = _rms_reference(x.detach(), w.detach(), dy)
+    npu = SimulatedNPU(SessionConfig(precision_mode="force_fp16", overflow_mode="inf_nan",
+                                     fusion_switch=fusion))
+    with npu:
+        y = npu.call(F.rms_norm, (x, (32,), w, 1e-6), {})
+        (y * dy).sum().backward()
+    assert npu.unclassified == set()
+    if fusion == "off":
+        assert "RmsNormFusionPass" not in npu.fired and npu.status != 0
+        assert float((y.detach().double() - ref).abs().max()) > 0.5
+        return
+    assert npu.fired == {"RmsNormFusionPass"} and npu.status == 0
+    o, r = y.detach().double().numpy(), ref.numpy()
+    assert npu.dtype_of(y) == "float16" and np.array_equal(o, o.astype(np.float16))
+    assert np.all(np.abs(o - r) <= 0.51 * np.spacing(np.abs(r).astype(np.float16)))
+    for got, want in ((x.grad, ref_dx), (w.grad, ref_dw)):
+        assert torch.equal(got, got.half().float())                 # on fp16's grid
+        assert float((got.double() - want).abs().max() / want.abs().max()) < 2e-3
+
+
+def test_rms_norm_without_weight_or_eps_and_in_the_scripts_dtype():
+    """The fused call keeps F.rms_norm's contract: no weight, eps None (the dtype's machine
+    epsilon), several normalised dims, an fp16 script's own tensors (its output fp16, its
+    gradients those of float64 within fp16 rounding), and a shape that does not fit gets
+    torch's own error."""
+    from precision_tool.runtime.config import SessionConfig
+    from precision_tool.torch.simulate import SimulatedNPU
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 8, generator=g)
+    npu = SimulatedNPU(SessionConfig(precision_mode="force_fp32"))
+    with npu:
+        y = npu.call(F.rms_norm, (x, (4, 8)), {})
+    xd = x.double()
+    ref = xd * torch.rsqrt(xd.pow(2).mean((-2, -1), keepdim=True) + torch.finfo().eps)
+    assert npu.fired == {"RmsNormFusionPass"} and float((y.double() - ref).abs().max()) < 1e-6
+    half = x.half().requires_grad_(True)
+    w = torch.ones(8, dtype=torch.float16, requires_grad=True)
+    with npu:
+        y = npu.call(torch.rms_norm, (half, [8], w, 1e-5), {})
+        y.float().sum().backward()
+    assert y.dtype == torch.float16 and half.grad.dtype == torch.float16
+    _, ref_dx, ref_dw = _rms_reference(half.detach().float(), w.detach().float(),
+                                       torch.ones(3, 4, 8), eps=1e-5)
+    assert float((half.grad.double() - ref_dx).abs().max()) < 2e-3
+    assert float((w.grad.double() - ref_dw).abs().max() / ref_dw.abs().max()) < 2e-3
+    with npu, pytest.raises(RuntimeError, match="normalized_shape"):
+        npu.call(F.rms_norm, (x, (5,)), {})
+
+
+def _rms_mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.RMSNorm(32), nn.Linear(32, 4))
+
+
+def test_a_scripts_rms_norm_is_dumped_as_one_fused_call_and_compares_clean(tmp_path):
+    """nn.RMSNorm in a script: the NPU run records Functional.rms_norm's forward and backward
+    as one call fused by RmsNormFusionPass (fusion_result.json), the golden is the script
+    bit for bit, and ac -c calls the clean run sound (exit 0). With the pass switched off
+    the call runs as the ops torch takes it into: no pass recorded for it."""
+    root = str(tmp_path)
+    plain = _train(_rms_mlp)
+    assert _train(_rms_mlp, root, "golden")[0] == plain[0]
+    _train(_rms_mlp, root, "npu", precision_mode="allow_mix_precision")
+    ws = Workspace(root)
+    npu = ws.run("npu")
+    assert ws.fusion_result(npu)["RmsNormFusionPass"] == ["Functional.rms_norm.0.forward"]
+    names = set(ws.index(npu, 0).op_name)
+    assert {"Functional.rms_norm.0.forward", "Functional.rms_norm.0.backward"} <= names
+    out = CliRunner().invoke(cli, ["--data-dir", root, "ac", "-c"])
+    assert out.exit_code == 0 and "precision looks sound" in out.output, out.output
+    off = {"Switch": {"GraphFusion": {"RmsNormFusionPass": "off"}, "UBFusion": {}}}
+    _train(_rms_mlp, root, "npu", precision_mode="allow_mix_precision", fusion_switch=off)
+    unfused = Workspace(root).runs("npu")[-1]
+    assert "RmsNormFusionPass" not in unfused.info["fusion_passes"]
+    assert "RmsNormFusionPass" not in Workspace(root).fusion_result(unfused)
+
+
 def test_a_switch_turns_one_pass_off_and_bad_switches_are_refused(tmp_path):
     switch = {"Switch": {"GraphFusion": {"SoftmaxFusionPass": "off"}}}
     x = torch.tensor([[12.0, 0.0, -1.0]])

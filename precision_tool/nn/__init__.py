@@ -110,6 +110,19 @@ def layer_norm(x, epsilon=1e-5, name="LayerNorm", reuse=False):
         return ops.add(ops.mul(ops.mul(centered, inv), gamma), beta)
 
 
+def rms_norm(x, epsilon=1e-6, name="RMSNorm", reuse=False):
+    """RMSNorm over the last axis (Llama's, T5's), emitted decomposed: Square, ReduceMean,
+    Add eps, Rsqrt, Mul, Mul (gamma)."""
+    g = get_default_graph()
+    d = _static_dim(x, -1, "rms_norm")
+    with g.name_scope(_scope_name(g, name, reuse)):
+        gamma = _variable(g, "gamma", [d], "ones", reuse, dtype=x.dtype)
+        mean_square = ops.reduce_mean(ops.square(x), -1, keep_dims=True, name="mean_square")
+        inv = ops.rsqrt(ops.add(mean_square, ops.constant(epsilon, dtype=x.dtype,
+                                                          name="epsilon")))
+        return ops.mul(ops.mul(x, inv), gamma)
+
+
 def multi_head_attention(x, num_heads, name="attention", reuse=False):
     """Self-attention on [batch, tokens, d_model]: Q/K/V projections, softmax(QK^T/sqrt(dh)) V
     over `num_heads` heads (BatchMatMul), and the output projection."""
@@ -151,7 +164,8 @@ tanh = ops.tanh
 sigmoid = ops.sigmoid
 softmax = ops.softmax
 
-__all__ = ["dense", "conv2d", "embedding", "batch_norm", "layer_norm", "multi_head_attention", "dropout",
+__all__ = ["dense", "conv2d", "embedding", "batch_norm", "layer_norm", "rms_norm",
+           "multi_head_attention", "dropout",
            "relu", "gelu", "tanh", "sigmoid", "softmax"]
 
 

@@ -73,6 +73,31 @@ register("LayerNorm", kernel=_layer_norm_kernel, min_inputs=3,
          doc="fused LayerNorm over the last axis: (x, gamma, beta); LayerNormFusionPass")
 
 
+# -- RmsNormFusionPass -----------------------------------------------------------------------
+def _rms_norm_kernel(i, a, c):
+    """The squares, their mean and the reciprocal root in float32, whatever the compute dtype
+    (the fused kernel, Ascend's RmsNorm, reads x once, accumulates in fp32 and gives its rstd
+    in fp32): no x^2 to overflow fp16 beyond |x| = 255.9 or to flush below 2.4e-4, as the
+    unfused Square does in fp16; y rounded once, at the end."""
+    x, gamma = (np.asarray(v, np.float32) for v in i[:2])
+    square = x * x
+    mean_square = square.mean(axis=-1, keepdims=True, dtype=np.float32)
+    var_eps = mean_square + np.float32(a["epsilon"])
+    with np.errstate(divide="ignore"):
+        inv = (1.0 / np.sqrt(var_eps)).astype(np.float32)
+    normalized = x * inv
+    values = {"y": normalized * gamma, "square": square, "mean_square": mean_square,
+              "var_eps": var_eps, "inv": inv, "normalized": normalized}
+    return _pick(values, a)
+
+
+register("RmsNorm", kernel=_rms_norm_kernel, min_inputs=2,
+         infer=_roles_infer({"y": _same, "square": _same, "mean_square": _row, "var_eps": _row,
+                             "inv": _row, "normalized": _same}),
+         attrs={"epsilon": 1e-6, "roles": ["y"]},
+         doc="fused RMSNorm over the last axis: (x, gamma); RmsNormFusionPass")
+
+
 # -- SoftmaxFusionPass -----------------------------------------------------------------------
 def _softmax_v2_kernel(i, a, c):
     """In fp16/bf16 the fused kernel skips the max subtraction: exp(x) overflows fp16 once a

@@ -566,9 +566,12 @@ class PrecisionDebugger:
             self.step()
 
     def run(self, func, args, kwargs):
-        """An API call as this target makes it: the golden's in float32 whatever it asks."""
+        """An API call as this target makes it: the golden's in float32 whatever it asks, the
+        NPU's with the device's fused kernels."""
         if self.golden is not None:
             return self.golden.call(func, args, kwargs)
+        if self.npu is not None:
+            return self.npu.call(func, args, kwargs)
         return func(*args, **kwargs)
 
     def note(self, **facts) -> None:

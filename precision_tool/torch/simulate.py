@@ -11,13 +11,15 @@ says which dtype a tensor has on the device. View and shape ops compute nothing 
 an op the table below does not classify runs as the script asked and is listed once in
 `unclassified` (run.json's "not simulated").
 
-Kernels the device runs as one fused kernel of a fusion pass (`FUSED`: layer norm, softmax,
-GELU, a matmul with its bias, attention) use that kernel's numerics, the graph executor's own
-(ops.fused_ops: the one-pass variance, softmax without the max subtraction in fp16, the tanh
-GELU, the bias added in the accumulator), while the pass is on in the fusion switch; with it
-off, the op the pass would have fused runs instead: torch's own decomposition, each of its
-kernels through the policy, or the unfused op itself (erf GELU, softmax); attention (the
-flash kernel) as torch's math attention, its backward as the unfused ops'. `fired` names
+Kernels the device runs as one fused kernel of a fusion pass (`FUSED`: layer norm, RMS norm,
+softmax, GELU, a matmul with its bias, attention) use that kernel's numerics, the graph
+executor's own (ops.fused_ops: the one-pass variance, the RMS norm's float32 squares, softmax
+without the max subtraction in fp16, the tanh GELU, the bias added in the accumulator),
+while the pass is on in the fusion switch; with it off, the op the pass would have fused
+runs instead: torch's own decomposition, each of its kernels through the policy, or the
+unfused op itself (erf GELU, softmax); attention (the flash kernel) as torch's math
+attention, its backward as the unfused ops'. A call torch takes apart before any kernel
+(F.rms_norm) reaches the mode as one kernel through `call` (fused_calls). `fired` names
 the passes a call's kernels used, for its fusion record."""
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from ..ops import REGISTRY
 from ..ops.registry import KernelContext
 from ..runtime.npu.fusion import enabled_passes
 from ..runtime.npu.policy import make_policy
+from .fused_calls import FUSED_CALLS
 
 # aten op (its overload packet's name) -> the graph IR's op type the policy decides by: one
 # table, declarative. Cube ops are the policy's white list's (MatMul, Conv2D...).
@@ -46,6 +49,8 @@ OP_TYPES: Dict[str, str] = {
     "_log_softmax_backward_data": "LogSoftmax", "nll_loss_forward": "SparseSoftmaxCrossEntropyWithLogits",
     "nll_loss_backward": "SparseSoftmaxCrossEntropyWithLogits",
     "native_layer_norm": "LayerNorm", "native_layer_norm_backward": "LayerNorm",
+    # F.rms_norm as one kernel (fused_calls: the NPU run calls it while its pass is on)
+    "rms_norm": "RmsNorm", "rms_norm_backward": "RmsNorm",
     "native_batch_norm": "BatchNorm", "native_batch_norm_backward": "BatchNormGrad",
     "_softmax": "Softmax", "_safe_softmax": "Softmax", "_softmax_backward_data": "Softmax",
     "gelu": "Gelu", "gelu_backward": "GeluGrad", "relu": "Relu", "threshold_backward": "ReluGrad",
@@ -71,8 +76,11 @@ OP_TYPES: Dict[str, str] = {
 # kernels whose outputs (by position) or arguments stay float32 on the device whatever the
 # policy places: the fused attention's log-sum-exp (its softmax statistics, which its
 # backward reads back)
-FP32_OUTPUTS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu": (1,)}
-FP32_ARGS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu_backward": (5,)}
+# (and the RMS norm's rstd)
+FP32_OUTPUTS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu": (1,),
+                                  "rms_norm": (1,)}
+FP32_ARGS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu_backward": (5,),
+                               "rms_norm_backward": (3,)}
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
 # ops that compute nothing: views, copies, shape and creation ops keep their inputs' values
 PASSIVE = frozenset({
@@ -100,6 +108,8 @@ PASSIVE = frozenset({
 FUSED: Dict[str, tuple] = {
     "native_layer_norm": ("LayerNormFusionPass", "LayerNorm"),
     "native_layer_norm_backward": ("LayerNormFusionPass", None),
+    "rms_norm": ("RmsNormFusionPass", "RmsNorm"),
+    "rms_norm_backward": ("RmsNormFusionPass", None),   # in float32 inside, one rounding
     "_softmax": ("SoftmaxFusionPass", "SoftmaxV2"),
     "gelu": ("GeluFusionPass", "FastGelu"),
     "gelu_backward": ("GeluFusionPass", None),     # the tanh GELU's own gradient
@@ -157,6 +167,15 @@ class SimulatedNPU(TorchDispatchMode):
         # > 0 while a call kept in fp32 runs (its forward, or its backward's node): its
         # kernels compute and keep float32, whatever the policy would place
         self.fp32 = 0
+
+    def call(self, func, args, kwargs):
+        """An API call as the device runs it: one that torch takes apart above the dispatcher
+        and the device runs as one fused kernel (F.rms_norm) is that kernel while its pass
+        is on (fused_calls)."""
+        fused = FUSED_CALLS.get(func)
+        if fused is not None and fused[0] in self.passes:
+            return fused[1](*args, **kwargs)
+        return func(*args, **kwargs)
 
     def kernel_of(self, t: torch.Tensor) -> str:
         """The op type of the kernel that made t ("" where none the table classifies)."""
@@ -263,6 +282,12 @@ class SimulatedNPU(TorchDispatchMode):
                       weight.detach().float().reshape(n).numpy() if weight is not None else ones,
                       bias.detach().float().reshape(n).numpy() if bias is not None else 0 * ones]
             attrs = {"epsilon": float(eps), "roles": ["y", "mean", "inv"]}
+        elif op_type == "RmsNorm":
+            shape, weight, eps = args[1], args[2], args[3]
+            n = math.prod(shape)
+            inputs = [x.reshape(-1, n).numpy(), weight.detach().float().reshape(n).numpy()
+                      if weight is not None else np.ones(n, np.float32)]
+            attrs = {"epsilon": float(eps), "roles": ["y", "inv"]}
         else:
             inputs, attrs = [x.numpy()], dict(op.attrs, roles=["y"])
             if op_type == "SoftmaxV2":
@@ -280,6 +305,9 @@ class SimulatedNPU(TorchDispatchMode):
             stats = dtype if weight is None or weight.dtype == dtype else torch.float32
             return (out[0].reshape(x.shape).to(dtype), out[1].reshape(rows).to(stats),
                     out[2].reshape(rows).to(stats))
+        if op_type == "RmsNorm":
+            rows = tuple(x.shape[:x.dim() - len(args[1])]) + (1,) * len(args[1])
+            return out[0].reshape(x.shape).to(args[0].dtype), out[1].reshape(rows)
         half_to_float = op_type == "SoftmaxV2" and len(args) > 2 and args[2]
         return out[0].reshape(x.shape).to(torch.float32 if half_to_float else args[0].dtype)
 

@@ -211,6 +211,15 @@ def _scalar_const(graph: Graph, tensor: str) -> Optional[float]:
     return float(node.attrs["value"]["data"][0])
 
 
+def _centered(graph: Graph, tensor: str) -> bool:
+    """Is the tensor x - mean(x) (a Sub of a ReduceMean of its own first input)?"""
+    node = graph.node(tensor.rpartition(":")[0])
+    if node.type != "Sub":
+        return False
+    mean = graph.node(node.inputs[1].rpartition(":")[0])
+    return mean.type == "ReduceMean" and mean.inputs[0] == node.inputs[0]
+
+
 def _other_input(node: Node, tensor: str) -> Optional[str]:
     a, b = node.inputs
     return b if a == tensor else a if b == tensor else None
@@ -255,6 +264,42 @@ def _layer_norm(graph, node, consumers):
                  "scaled": f"{scale.name}:0"}
         return Match(nodes, [x, gamma, beta], "LayerNorm", {"epsilon": eps}, roles)
     return None
+
+
+@fusion_pass("RmsNormFusionPass", GRAPH)
+def _rms_norm(graph, node, consumers):
+    """Square (or Pow 2), ReduceMean, Add eps, Rsqrt (or Sqrt, Reciprocal), Mul x, Mul gamma
+    (a decomposed RMSNorm over the last axis: Llama's, T5's) -> RmsNorm, whose squares and
+    mean stay float32. Not the tail of a LayerNorm (x there a Sub of its own mean)."""
+    if node.type != "ReduceMean":
+        return None
+    sq = graph.node(node.inputs[0].rpartition(":")[0])
+    if not (sq.type == "Square" or sq.type == "Pow" and len(sq.inputs) == 2 and
+            _scalar_const(graph, sq.inputs[1]) == 2.0):
+        return None
+    x = sq.inputs[0]
+    shape = graph.tensor(x).shape
+    if not _last_axis(node, len(shape)) or _centered(graph, x):
+        return None
+    try:
+        add_eps = next(n for n in _users(consumers, node, type="Add"))
+        eps = _scalar_const(graph, _other_input(add_eps, f"{node.name}:0"))
+        root = next(n for n in _users(consumers, add_eps) if n.type in ("Rsqrt", "Sqrt"))
+        inv = root if root.type == "Rsqrt" else \
+            next(n for n in _users(consumers, root, type="Reciprocal"))
+        norm = next(n for n in _users(consumers, inv, type="Mul")
+                    if set(n.inputs) == {x, f"{inv.name}:0"})
+        scale = next(n for n in _users(consumers, norm, type="Mul"))
+    except StopIteration:
+        return None
+    gamma = _other_input(scale, f"{norm.name}:0")
+    if eps is None or gamma is None or tuple(graph.tensor(gamma).shape) != tuple(shape[-1:]):
+        return None
+    nodes = [sq, node, add_eps] + ([root] if root is not inv else []) + [inv, norm, scale]
+    roles = {"y": f"{scale.name}:0", "square": f"{sq.name}:0", "mean_square": f"{node.name}:0",
+             "var_eps": f"{add_eps.name}:0", "inv": f"{inv.name}:0",
+             "normalized": f"{norm.name}:0"}
+    return Match(nodes, [x, gamma], "RmsNorm", {"epsilon": eps}, roles)
 
 
 @fusion_pass("SoftmaxFusionPass", GRAPH)

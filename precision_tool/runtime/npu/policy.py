@@ -13,7 +13,7 @@
   ops: a white- or gray-list op declared in the other low dtype (bf16 under the fp16 mode)
   keeps it.
 - O1: white-list ops in fp16, every other op in fp32.
-- O2: every float op in fp16 except the BatchNorm/LayerNorm family.
+- O2: every float op in fp16 except the norms (BatchNorm, LayerNorm, RmsNorm).
 
 In every mode the ops that update state (optimizers, moving averages, the loss scale) run
 in fp32 on fp32 variables: the master weights stay fp32. So do ops whose node carries the
@@ -50,7 +50,7 @@ BLACK = frozenset({"Exp", "Log", "Pow", "Sqrt", "Rsqrt", "SqrtGrad", "RsqrtGrad"
                    "ReduceMean", "LogSoftmax", "SparseSoftmaxCrossEntropyWithLogits",
                    "BatchNorm", "BatchNormGrad"})
 LOW = ("float16", "bfloat16")
-NORM_FAMILY = frozenset({"BatchNorm", "BatchNormGrad", "LayerNorm"})
+NORM_FAMILY = frozenset({"BatchNorm", "BatchNormGrad", "LayerNorm", "RmsNorm"})
 # state updates and status ops: fixed dtypes whatever the mode
 FIXED = frozenset({"Placeholder", "Variable", "Const", "NoOp", "Cast", "OneHot", "TransData",
                    "NPUGetFloatStatus", "NPUClearFloatStatus"})
