@@ -226,6 +226,7 @@ CASES = [
 
 LN_ROLES = ["y", "mean", "centered", "square", "variance", "var_eps", "inv", "normalized", "scaled"]
 LN_X = normal(3, 8) * 2 + 0.5
+RMS_ROLES = ["y", "square", "mean_square", "var_eps", "inv", "normalized"]
 ELTWISE_STEPS = [{"type": "Mul", "inputs": ["in:0", "in:1"], "attrs": {}},
                  {"type": "Add", "inputs": ["step:0", "in:2"], "attrs": {}},
                  {"type": "Relu", "inputs": ["step:1"], "attrs": {}}]
@@ -236,6 +237,9 @@ CASES += [
     _c("LayerNorm", [LN_X, positive(8), normal(8)],
        lambda x, g, b: [refs.layer_norm_roles(x, g, b, 1e-3)[r] for r in LN_ROLES],
        attrs={"epsilon": 1e-3, "roles": LN_ROLES}),
+    _c("RmsNorm", [LN_X, positive(8)],
+       lambda x, g: refs.rms_norm_roles(x, g, 1e-3),
+       attrs={"epsilon": 1e-3, "roles": RMS_ROLES}),
     _c("SoftmaxV2", [normal(2, 3, 5)], lambda x: refs.softmax(x, 2), attrs={"axis": -1}),
     _c("FastGelu", [normal(3, 4) * 2],
        lambda x: [x / 2 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))]),

@@ -206,6 +206,15 @@ def layer_norm_roles(x, gamma, beta, eps):
             "normalized": norm, "scaled": norm * gamma}
 
 
+def rms_norm_roles(x, gamma, eps):
+    """RMSNorm over the last axis, role by role in RmsNorm's order (y, square, mean_square,
+    var_eps, inv, normalized)."""
+    square = x * x
+    mean_square = square.mean(-1, keepdims=True)
+    inv = 1 / np.sqrt(mean_square + eps)
+    return [x * inv * gamma, square, mean_square, mean_square + eps, inv, x * inv]
+
+
 def to_5hd(x, c0=16):
     n, c, h, w = x.shape
     out = np.zeros((n, -(-c // c0), h, w, c0))

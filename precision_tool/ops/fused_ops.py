@@ -79,12 +79,13 @@ def _rms_norm_kernel(i, a, c):
     (the fused kernel, Ascend's RmsNorm, reads x once, accumulates in fp32 and gives its rstd
     in fp32): no x^2 to overflow fp16 beyond |x| = 255.9 or to flush below 2.4e-4, as the
     unfused Square does in fp16; y rounded once, at the end."""
-    x, gamma = (np.asarray(v, np.float32) for v in i[:2])
+    wide = np.promote_types(np.asarray(i[0]).dtype, np.float32)     # float64 stays
+    x, gamma = (np.asarray(v, wide) for v in i[:2])
     square = x * x
-    mean_square = square.mean(axis=-1, keepdims=True, dtype=np.float32)
-    var_eps = mean_square + np.float32(a["epsilon"])
+    mean_square = square.mean(axis=-1, keepdims=True, dtype=wide)
+    var_eps = mean_square + wide.type(a["epsilon"])
     with np.errstate(divide="ignore"):
-        inv = (1.0 / np.sqrt(var_eps)).astype(np.float32)
+        inv = (1.0 / np.sqrt(var_eps)).astype(wide)
     normalized = x * inv
     values = {"y": normalized * gamma, "square": square, "mean_square": mean_square,
               "var_eps": var_eps, "inv": inv, "normalized": normalized}
