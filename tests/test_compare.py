@@ -198,6 +198,135 @@ def test_cancellation_noise_is_not_an_origin_and_neither_is_what_carries_it():
                     "sum": "diverging", "exp": "diverging", "nan": "nonfinite"}
 
 
+def _chain_row(op, io, cos, red, golden, op_type="Mul", dtype="float16"):
+    """A row of a compare table with its cosine, its relative Euclidean distance and the
+    golden tensor it holds (verdict by cosine 0.98)."""
+    return {"NPUDump": op, "OpType": op_type, "TensorIndex": f"{op}:{io}",
+            "CosineSimilarity": cos, "RelativeEuclideanDistance": red, "GoldenTensor": golden,
+            "GoldenNorm": 1.0, "NpuDataType": dtype,
+            "Verdict": "pass" if cos >= 0.98 else "fail"}
+
+
+def test_an_op_that_crosses_with_what_came_in_is_gradual_not_an_origin():
+    """ResNet-18's fp16 backward, as measured: a ReLU's gradient passes at cosine 0.9806
+    (distance 0.197, from a mask its forward saved at 0.07), the BatchNorm backward reading
+    it crosses to 0.978 (0.210, 1.07x) and the ops after it each add a little: gradual, no
+    origin, no finding. An op reading that gradual error and adding more than GROWS times it
+    is a finding (a propagator no origin leads); an op whose inputs match at rounding level
+    and whose output fails by as much is an origin; so is one with no distances (statistics
+    only). A crossing whose input's difference one op made (a jump of AMPLIFIES times, past
+    rounding, though that op's outputs pass) stays an origin."""
+    from precision_tool.analysis import count_findings, root_cause, summarize
+    from precision_tool.analysis.diagnosis.rootcause import GROWS
+    row = _chain_row
+    table = _table([
+        row("relu_b", "input:0", 0.99995, 0.07, "g0:0"),
+        row("relu_b", "output:0", 0.9806, 0.197, "relu_b:0"),
+        row("bn_b", "input:0", 0.9806, 0.197, "relu_b:0"),
+        row("bn_b", "output:0", 0.978, 0.210, "bn_b:0"),             # 1.07x: crosses
+        row("conv_b", "input:0", 0.978, 0.210, "bn_b:0"),
+        row("conv_b", "output:0", 0.969, 0.2476, "conv_b:0"),       # carries it on
+        row("amp", "input:0", 0.969, 0.2476, "conv_b:0"),
+        row("amp", "output:0", 0.5, GROWS * 0.2476 * 1.5, "amp:0"),  # adds 3x: a finding
+        row("real", "input:0", 0.99999, 0.001, "r0:0"),
+        row("real", "output:0", 0.978, 0.210, "real:0"),            # 210x: an origin
+        row("stats", "input:0", 0.99, float("nan"), "s0:0"),
+        row("stats", "output:0", 0.97, float("nan"), "stats:0"),    # no distance: an origin
+    ])
+    rc = root_cause(table)
+    assert [d.op_name for d in rc.gradual] == ["bn_b", "conv_b"]
+    assert [d.op_name for d in rc.origins] == ["real", "stats"]
+    assert [d.op_name for d in rc.propagators] == ["amp"]
+    assert rc.gradual_ops <= rc.benign_ops
+    cats = {s.op_name: s.category for s in summarize(table, limit=0)}
+    assert cats["bn_b"] == cats["conv_b"] == "gradual" and cats["amp"] == "diverging"
+    assert count_findings(table) == 3
+    # the same crossing with a wider jump (2.5x its input's distance) is an origin
+    wider = table.copy()
+    wider.loc[3, "RelativeEuclideanDistance"] = 2.5 * 0.197
+    rc = root_cause(wider)
+    assert rc.gradual == [] and rc.origins[0].op_name == "bn_b"
+    # the ReLU's gradient made from one at rounding level (19.5x, past fp16's 0.01): the
+    # BatchNorm's crossing carries what the ReLU made, and stays an origin
+    made = table.copy()
+    made.loc[0, "RelativeEuclideanDistance"] = 0.0101
+    rc = root_cause(made)
+    assert rc.gradual == [] and rc.origins[0].op_name == "bn_b"
+
+
+def _deep_batch_norm_step(root, mode="force_fp16"):
+    """One SGD step of 12 dense layers, each with BatchNorm over a batch of 8 and ReLU,
+    on digits, dumped on the NPU under `mode` and on the golden."""
+    from precision_tool import ops
+    g = pt.Graph("deep", seed=0)
+    with g.as_default():
+        x = pt.placeholder("x", [None, 64])
+        y = pt.placeholder("y", [None], "int32")
+        h = x
+        for k in range(12):
+            h = pt.nn.relu(pt.nn.batch_norm(pt.nn.dense(h, 64, name=f"fc{k}"), name=f"bn{k}"))
+        logits = pt.nn.dense(h, 10, name="out")
+        loss = ops.reduce_mean(ops.sparse_softmax_cross_entropy_with_logits(logits, y))
+        train = pt.train.SGD(0.1).minimize(loss)
+    d = pt.data.digits()
+    npu = pt.Session(g, target="npu", config=hooks.session_dump_config(
+        pt.SessionConfig(precision_mode=mode), action="dump", data_dir=root))
+    cpu = hooks.sess_dump(pt.Session(g), action="dump", data_dir=root)
+    feed = {x: d.x_train[:8], y: d.y_train[:8]}
+    npu.run([loss, train], feed)
+    cpu.run([loss, train], feed)
+
+
+def test_fp16_rounding_grown_over_a_deep_network_is_said_gradual_and_sound(tmp_path):
+    """12 dense + BatchNorm (batch 8) + ReLU layers under force_fp16: the backward's
+    rounding grows layer by layer past cosine 0.98, no op adding as much again as it
+    receives; the bias gradients (zero in exact arithmetic under a BatchNorm) are noise at
+    the floor of the error their terms carry. ac -c says so (a panel and the advice, the
+    first crossing's cosines in full) and calls the run sound, exit 0. Against 0.999 the
+    first backward ReLU, whose mask flips turn rounding-level activations into a gradient
+    25x further off, made what crosses: an origin, exit 1."""
+    import json
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    root = str(tmp_path)
+    _deep_batch_norm_step(root)
+    out = CliRunner().invoke(cli, ["--data-dir", root, "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.stdout)
+    g = r["gradual"]
+    assert r["verdict"] == "sound" and r["origin"] is None and g["ops"] >= 3
+    assert g["first"]["input_cosine"] >= 0.98 > g["first"]["output_cosine"]
+    assert any("BiasAddGrad" in c for c in r["cancellations"])
+    assert "cross the threshold gradually" in " ".join(r["advice"])
+    shown = CliRunner().invoke(cli, ["--data-dir", root, "ac", "-c"]).output
+    assert "Diverges gradually" in shown and f"{g['first']['output_cosine']:.8g}" in shown
+    strict = CliRunner().invoke(cli, ["--data-dir", root, "--json", "ac", "-c", "-t", "0.999"])
+    assert strict.exit_code == 1 and json.loads(strict.stdout)["origin"] is not None
+
+
+def test_a_calls_backward_reads_what_its_forward_saved():
+    """An API-level dump records a backward with its gradients only; it computes from what
+    its forward saved too. A ReLU's backward whose gradient input matches but whose forward
+    output (its mask) diverges is no origin: its bad inputs name the forward's output, and
+    it carries on the forward's origin. Without the forward's rows it stays an origin."""
+    from precision_tool.analysis import root_cause
+    row = _chain_row
+    rows = [
+        row("Functional.linear.0.forward", "input:0", 0.99999, 0.001, "x:0"),
+        row("Functional.linear.0.forward", "output:0", 0.95, 0.30, "lin:0"),
+        row("Functional.relu.0.forward", "input:0", 0.95, 0.30, "lin:0"),
+        row("Functional.relu.0.forward", "output:0", 0.95, 0.31, "relu:0"),
+        row("Functional.relu.0.backward", "input:0", 0.99999, 0.001, "grad:0"),
+        row("Functional.relu.0.backward", "output:0", 0.93, 0.40, "relu_b:0"),
+    ]
+    rc = root_cause(_table(rows))
+    assert [d.op_name for d in rc.origins] == ["Functional.linear.0.forward"]
+    backward = next(d for d in rc.propagators if d.op_name == "Functional.relu.0.backward")
+    assert "Functional.relu.0.forward:output:0" in backward.bad_inputs
+    alone = root_cause(_table(rows[4:]))
+    assert [d.op_name for d in alone.origins] == ["Functional.relu.0.backward"]
+
+
 def test_a_short_summary_is_the_head_of_the_whole_one():
     """summarize builds only the ops it returns: with a limit, by cosine or not, noise last or
     not, they are the head of the whole list in that order; count_findings counts the whole

@@ -188,7 +188,7 @@ def _check_pictures(root, tmp_path, name):
     ac = json.loads(invoke(root, "--json", "ac", "-c", "-l", "0").stdout)
     findings = {d["op_name"] for d in ac["diverging"] if d["role"] in ("origin", "propagator")}
     harmless = {d["op_name"] for d in ac["diverging"]
-                if d["role"] in ("cancellation", "no effect", "no-effect")}
+                if d["role"] in ("cancellation", "no effect", "no-effect", "gradual")}
     verdicts = _verdicts(root)
     # each point's colour agrees with the CSV's verdict and with what ac makes of its op
     assert seen["points"]
@@ -226,6 +226,19 @@ def test_the_pictures_agree_with_the_verdicts(one_step, tmp_path):
     assert "One step observed" in seen["text"] and "loss scale move" in seen["text"]
     assert "fix: fusion pass SoftmaxFusionPass off" in seen["text"]
     assert "verified: yes" in seen["text"]
+
+
+@needs_browser
+def test_a_gradual_divergence_is_grey_in_every_picture(tmp_path):
+    """12 dense + BatchNorm + ReLU layers under force_fp16 (test_compare's): the backward
+    crosses cosine 0.98 gradually. Those ops are grey, no cell is a finding."""
+    from test_compare import _deep_batch_norm_step
+    root = tmp_path / "pd"
+    _deep_batch_norm_step(str(root))
+    seen = _check_pictures(root, tmp_path, "gradual")
+    grey = [p for p in seen["points"] if len(set(_rgb(p["fill"]))) == 1]
+    assert grey and not any(p["fill"] in (RGB["#d62728"], RGB["#ff7f0e"])
+                            for p in seen["points"])
 
 
 @needs_browser

@@ -281,9 +281,17 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if first is not None and r.golden_run is None:
         lines.append(f"{_with_golden(r)}: the compare says whether the overflow has an "
                      f"effect and where the divergence starts.")
+    gradual = [_gradual_text(r.gradual)] if getattr(r, "gradual", None) else []
     if lines and not (r.unseen_steps and len(lines) == 1 and not r.has_findings):
-        return lines + ([unchecked] if unchecked else []) + infinities
+        return lines + ([unchecked] if unchecked else []) + infinities + gradual
     # nothing found (in the steps compared, where some were not: that line leads)
+    if r.diverging_count and getattr(r, "gradual", None):
+        first = r.diverging[0].op_name if r.diverging else "?"
+        return lines + [
+            f"{r.diverging_count} op(s) diverge in step {r.step} with no op to start it: "
+            f"they read what crossed the threshold gradually and make more of it than twice "
+            f"what they read (the first: {first}). Look at what they compute from that "
+            f"small difference (a division by it, a step normalised by it)."] + gradual
     if r.diverging_count:
         how = ("Dump the calls that make them too (a wider scope or list, level mix), or "
                "an earlier step" if getattr(r, "imported", False) else
@@ -292,14 +300,30 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         return lines + [
             f"{r.diverging_count} op(s) diverge but none starts it in step {r.step}: their "
             f"inputs already differ from values this dump does not show (a feed, or state). "
-            f"{how}."]
+            f"{how}."] + gradual
     if r.golden_run is None:
         return [f"Nothing overflowed. {_with_golden(r)} to compare every op."]
     sound = _sound_text(r)
     if lines and r.unseen_steps:      # a clean verdict is for what was seen, and says so
         sound = [sound[0].replace("recision looks sound",
                                   "recision looks sound in the steps compared")]
-    return lines + sound + ([unchecked] if unchecked else []) + infinities
+    return lines + sound + ([unchecked] if unchecked else []) + infinities + gradual
+
+
+def _gradual_text(g: dict) -> str:
+    """What the ops that cross the threshold gradually are (rootcause's Gradual)."""
+    first = g["first"]
+    cosines = "" if first["input_cosine"] is None or first["output_cosine"] is None else \
+        f": its inputs at cosine {first['input_cosine']:.8g}, its outputs at " \
+        f"{first['output_cosine']:.8g}"
+    lowest = "" if g["lowest_cosine"] is None else \
+        f"; the lowest output cosine among them {g['lowest_cosine']:.8g}"
+    return (f"In step(s) {format_steps(g['steps'])}, ops cross the threshold gradually, each "
+            f"with what came in just under it and none adding as much again ({g['ops']} in "
+            f"step {g['step']}, the first {first['op_name']} ({first['op_type']}){cosines}"
+            f"{lowest}): the low precision's rounding growing op by op. No one op is its cause, "
+            f"and it is no finding; over many steps its effect is the losses', and ac reports "
+            f"a drift where they part.")
 
 
 def _unchecked_updates(u: Optional[dict], front_end: str = "") -> str:

@@ -82,6 +82,9 @@ class AutoCheck:
     # divergence that reaches no output, loss or update: how many ops, the first few with
     # the readers that absorbed it (never a finding)
     no_effect: Optional[dict] = None
+    # ops that cross the threshold with what came in just under it, in the steps compared
+    # (rootcause's Gradual; never a finding): the steps, the first step's count and first op
+    gradual: Optional[dict] = None
     # updates that left elements unchanged where the golden's moved them (UpdateCheck)
     lost_updates: Optional[dict] = None
     # the step's update check whatever it found: how many updates it compared, how many
@@ -198,7 +201,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                                          compared, workers, scheduler)
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
-                        lost_updates=len(c.updates.lost))
+                        lost_updates=len(c.updates.lost), gradual_ops=len(c.cause.gradual))
             findings = c.any_findings
         contained = _backoff(history, s, report, compared.get(s))
         if contained:
@@ -217,6 +220,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     report = reports[s]
     result.step = s
     result.backoff = backoffs.get(s)
+    result.gradual = _gradual({x: c.cause for x, c in compared.items()})
     if after_skip and s not in after_skip:
         result.unseen_steps[AFTER_SKIPPED_UPDATE] = after_skip
     # a step looked at on the way whose compare left tensors out: no clean verdict over it
@@ -593,6 +597,31 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
         first["op_name"] == cause.first_origin.op_name
     if (rank or rank is None and not proven) and len(cause.origins) > 1:
         result.impact = _impact(ws, npu_run, golden_run, step, cause)
+
+
+def _gradual(causes: Dict[int, RootCause]) -> Optional[dict]:
+    """The gradual divergence of the steps looked at, as the panel and the advice say it
+    (None if none): the steps that have some, and of the first such step how many ops,
+    the first to cross (with what decided it and its inputs' and outputs' furthest
+    cosines) and the lowest output cosine among them."""
+    steps = sorted(s for s, c in causes.items() if c.gradual)
+    if not steps:
+        return None
+    cause = causes[steps[0]]
+    t, first = cause.rows, cause.gradual[0]
+    rows = {name: pos for name, pos, _ in t.ops}
+
+    def cosines(name, out):
+        pos = rows[name] + ([] if out else t.saved(name))
+        found = [t.cosine[i] for i in pos if t.is_out[i] == out and t.cosine[i] == t.cosine[i]]
+        return min(found) if found else None
+    lowest = [c for c in (cosines(d.op_name, True) for d in cause.gradual) if c is not None]
+    return {"steps": steps, "step": steps[0], "ops": len(cause.gradual),
+            "first": {"op_name": first.op_name, "op_type": first.op_type,
+                      "reasons": list(first.reasons),
+                      "input_cosine": cosines(first.op_name, False),
+                      "output_cosine": cosines(first.op_name, True)},
+            "lowest_cosine": min(lowest) if lowest else None}
 
 
 def _no_effect(cause: RootCause, shown: int = 3) -> Optional[dict]:

@@ -196,7 +196,8 @@ def _render_ac(app: App, r, limit):
         lines = [f"step {x['step']}: " + ", ".join(
             [f"{x['overflowing_tasks']} overflowing task(s)"] +
             ([f"{x['diverging_ops']} diverging op(s) by {x['compared']}", x["coverage"]] +
-             ([f"{x['lost_updates']} lost update(s)"] if x.get("lost_updates") else [])
+             ([f"{x['lost_updates']} lost update(s)"] if x.get("lost_updates") else []) +
+             ([f"{x['gradual_ops']} crossing gradually"] if x.get("gradual_ops") else [])
              if "compared" in x else [])) + _step_note(x) for x in r.steps]
         out.print(panel(escape("\n".join(lines)), title="Steps looked at", title_align="left"))
     if r.ranks is not None:
@@ -288,6 +289,18 @@ def _render_ac(app: App, r, limit):
                 by = f": absorbed by {', '.join(d['absorbed_by'])}" if d["absorbed_by"] else ""
                 lines.append(f"  {d['op_name']} ({d['op_type']}){why}{by}")
             out.print(panel(escape("\n".join(lines)), title="Diverges without effect",
+                            title_align="left"))
+        if r.gradual:
+            g, first = r.gradual, r.gradual["first"]
+            cosines = "" if first["input_cosine"] is None else \
+                f": input cosine {first['input_cosine']:.8g} -> output " \
+                f"{first['output_cosine']:.8g}"
+            lines = [f"step(s) {format_steps(g['steps'])}; {g['ops']} op(s) in step {g['step']}, "
+                     f"each adding less than it received (not a finding)",
+                     f"  first: {first['op_name']} ({first['op_type']}){cosines}"]
+            if g["lowest_cosine"] is not None:
+                lines.append(f"  lowest output cosine: {g['lowest_cosine']:.8g}")
+            out.print(panel(escape("\n".join(lines)), title="Diverges gradually",
                             title_align="left"))
         if r.impact and r.impact.get("impacts"):
             lines = [f"as it ran: output error {fmt(r.impact['baseline']['output'], 6)}, update "

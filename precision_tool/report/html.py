@@ -25,10 +25,11 @@ from ..fileio import write_text_atomic
 from ..table import column, numbers, texts
 
 # a point's colour is its op's role in the root cause: red and orange for the findings only;
-# a divergence the verdict calls harmless (cancellation noise, no effect on any output) is grey
+# a divergence the verdict calls harmless (cancellation noise, no effect on any output, a
+# gradual crossing) is grey
 ROLE_COLOURS = {"origin": "#d62728", "propagator": "#ff7f0e", "carried": "#9467bd",
-                "cancellation": "#b0b0b0", "no-effect": "#7f7f7f", "pass": "#1f77b4",
-                "error": "#444444"}
+                "cancellation": "#b0b0b0", "no-effect": "#7f7f7f", "gradual": "#999999",
+                "pass": "#1f77b4", "error": "#444444"}
 FINDING_ROLES = ("origin", "propagator", "carried")
 
 
@@ -55,6 +56,7 @@ def _ops(table, criteria: Criteria) -> List[dict]:
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
     roles.update({d.op_name: "no-effect" for d in cause.no_effect})
+    roles.update({d.op_name: "gradual" for d in cause.gradual})
     rows = cause.rows                  # the verdicts the root cause was judged on
     at = np.flatnonzero(np.array(rows.is_out))
     at = at[np.argsort(column(table, "Index", 0)[at], kind="stable")]   # execution order

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from .result import Coverage
 
 NO_EFFECT = "no effect"
-BENIGN = ("cancellation", NO_EFFECT)        # the categories that are no finding
+GRADUAL = "gradual"
+BENIGN = ("cancellation", NO_EFFECT, GRADUAL)        # the categories that are no finding
 
 
 @dataclass
@@ -43,9 +44,10 @@ class OpSummary:
     # "diverging"; "nonfinite": an output holds nan/inf the golden lacks;
     # "cancellation": the golden output is cancellation noise, or only carries it;
     # "carried": only variables read at the start of the step diverge among its inputs;
-    # "no effect": its divergence reaches no output, loss or update (root cause)
+    # "no effect": its divergence reaches no output, loss or update (root cause);
+    # "gradual": it crosses the threshold with what came in just under it (root cause)
     category: str = "diverging"
-    # from root cause: origin, propagator, cancellation, carried or no effect
+    # from root cause: origin, propagator, cancellation, carried, no effect or gradual
     role: str = ""
 
     @property
@@ -78,6 +80,7 @@ def summarize(table, threshold=None, limit: int = 3,
     roles.update({d.op_name: "cancellation" for d in cause.cancellations})
     roles.update({d.op_name: "carried" for d in cause.carried})
     roles.update({d.op_name: NO_EFFECT for d in cause.no_effect})
+    roles.update({d.op_name: GRADUAL for d in cause.gradual})
     shown = ops if limit <= 0 else ops[:limit]
     t.reasons([i for (_, pos, _), _ in shown for i in _outputs(t, pos)])   # in one pass
     return [_summary(t, op, category, roles) for op, category in shown]
@@ -142,13 +145,15 @@ def _outputs(t: OpRows, pos: list) -> list:
 def _categories(t: OpRows, cause: RootCause) -> List[str]:
     """Per op of t.ops: "nonfinite" when an output holds nan/inf the golden lacks (whatever
     else), "cancellation" when it is noise, "no effect" when its divergence reaches nothing,
-    else "diverging". Made once per root cause (the summary and the count of findings both
+    "gradual" when it crosses with what came in, else "diverging". Made once per root cause (the summary and the count of findings both
     ask, over thousands of ops)."""
     if cause.categories is None or cause.rows is not t:
         noise, quiet, verdict, is_out = cause.noise_ops, cause.no_effect_ops, t.verdict, t.is_out
+        gradual = cause.gradual_ops
         cause.categories = [
             NONFINITE if any(verdict[i] == NONFINITE for i in pos if is_out[i]) else
-            "cancellation" if name in noise else NO_EFFECT if name in quiet else "diverging"
+            "cancellation" if name in noise else NO_EFFECT if name in quiet else
+            GRADUAL if name in gradual else "diverging"
             for name, pos, _ in t.ops]
     return cause.categories
 

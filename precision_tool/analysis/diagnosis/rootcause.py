@@ -8,8 +8,9 @@ hold noise and their cosine is meaningless. Only a sum can cancel: its output is
 its inputs (a sum's by its largest input's norm, a contraction's, a matmul or a convolution,
 by the product of its two largest inputs' norms, Cauchy-Schwarz), and when the golden output
 is no larger than the op's rounding tolerance times that bound, the output is cancellation
-noise. Where the inputs already differ from the golden by elements flushed to zero, their
-error and not the dtype's rounding is the noise floor the test uses. A product is small because a factor is, never by cancellation: elementwise products,
+noise. Where the inputs already differ from the golden by elements flushed to zero, or carry
+gradual error (see Gradual), their error and not the dtype's rounding is the noise floor the
+test uses. A product is small because a factor is, never by cancellation: elementwise products,
 and fused elementwise chains with one inside, are never excused (`SumKind` of the compare row
 says which outputs are sums). Ops whose only diverging inputs are such noise (Adam turning the
 noisy gradient into full-size steps, or updating state that such steps left noisy) are listed
@@ -34,6 +35,22 @@ entered with the state an earlier step left (see analysis.diagnosis.steps for fo
 State that an earlier step's noise update wrote (root_cause's noise_state, from the trace)
 is noise itself: what reads only it carries noise, and is no finding. A
 variable's own row (a golden run dumps its Variable ops) that diverges is carried state too.
+
+Gradual. An op whose inputs all pass but whose outputs are less than GROWS times further from
+the golden (relative Euclidean distance) than its furthest input did not start anything: its
+inputs carried in almost all of the difference, just under the threshold, and it crossed the
+threshold adding little (the low precision's rounding growing layer by layer: a ResNet's fp16
+backward loses a few percent of cosine per BatchNorm and per ReLU mask). That holds only
+where no op before it made the difference (OpRows.made_by: none along the furthest inputs
+came out AMPLIFIES times further than it went in, past rounding). Where one did (a saturated
+fused LayerNorm whose passing output carries the error on), the reader that crosses stays
+an origin, as before. What reads only gradual outputs and adds less than GROWS again is
+gradual too, and so is an update that reads them and differs in direction only (Adam's
+normalised step, as above). No op there is one to keep in fp32: gradual ops are listed,
+not findings; their effect over steps is the loss drift's to show (analysis.diagnosis.drift),
+and state their updates write is carried as noise is. An op that adds GROWS times more than
+the gradual error it reads is a finding (a propagator that no origin leads). Statistics-only
+rows have no distance: never gradual.
 
 Without effect. A finding needs an effect: a divergence that changes no output, no loss and
 no update is not one. An origin, a carried op or a propagator has an effect when one of its
@@ -96,6 +113,14 @@ class OpRows:
         # more for the garbage collector to walk
         self.cosine_only = self.judged.only("cosine")
         self.flushed_only = self.judged.only("flushed")
+        # rows that fail on how far they are from the golden (cosine, norms, the share of
+        # zeros: a ReLU whose input crossed zero), not on elements saturated at the fp16
+        # maximum or non-finite (Gradual's evidence)
+        others = np.zeros(len(self.verdict), dtype=bool)
+        for name, mask in self.judged.tests.items():
+            if name in ("nonfinite", "at max"):
+                others |= mask
+        self.by_distance = bad & ~others
         self.has_golden = "GoldenTensor" in table
         self.golden_tensor = col("GoldenTensor", None)
         self.golden_norm = numbers(table, "GoldenNorm").tolist() if "GoldenNorm" in table else None
@@ -112,7 +137,8 @@ class OpRows:
         self.by_statistics = compared is not None and bool(compared.any() and stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
         self.red = numbers(table, "RelativeEuclideanDistance").tolist()
-        self.ops = _diverging_ops(column(table, "NPUDump", ""), column(table, "Index", 0),
+        self._index = column(table, "Index", 0)
+        self.ops = _diverging_ops(column(table, "NPUDump", ""), self._index,
                                   bad & np.array(self.is_out, dtype=bool))
         self.order_of = {name: order for name, _, order in self.ops}
         # rows whose golden holds nan/inf: their metrics leave those elements out, so a pass
@@ -120,6 +146,59 @@ class OpRows:
         with np.errstate(invalid="ignore"):
             self.golden_nonfinite = (np.nan_to_num(numbers(table, "GoldenNanCount")) +
                                      np.nan_to_num(numbers(table, "GoldenInfCount")) > 0)
+
+    def saved(self, op_name: str) -> list:
+        """A call's backward (`X.backward`, an API-level dump's: the script's, msprobe's)
+        computes from what its forward saved, which its record does not list: the rows of
+        `X.forward` (its inputs and outputs), as inputs the backward reads. [] for others."""
+        if not isinstance(op_name, str) or not op_name.endswith(".backward"):
+            return []
+        return self._rows_of.get(op_name[:-len("backward")] + "forward", [])
+
+    @cached_property
+    def _rows_of(self) -> dict:
+        rows: dict = {}
+        for i, name in enumerate(self.op_name):
+            if isinstance(name, str) and name.endswith(".forward"):
+                rows.setdefault(name, []).append(i)
+        return rows
+
+    @cached_property
+    def made_by(self) -> dict:
+        """Golden tensor -> the op that made its difference from the golden (see Gradual in
+        the module doc): an op whose outputs are AMPLIFIES times further from the golden than
+        its furthest input (its saved rows too) and past its dtypes' rounding; a tensor an
+        op did not make so inherits its furthest input's. Every op of the table, in
+        execution order; state (an op without inputs) makes nothing."""
+        rows: dict = {}
+        for i in np.argsort(self._index, kind="stable").tolist():
+            rows.setdefault(self.op_name[i], []).append(i)
+        made: dict = {}
+        red, golden = self.red, self.golden_tensor
+        for name, pos in rows.items():
+            ins = [i for i in pos if not self.is_out[i]] + self.saved(name)
+            outs = [i for i in pos if self.is_out[i]]
+            if not ins or not outs:
+                continue
+            furthest = max(ins, key=lambda i: red[i] if red[i] == red[i] else -1.0)
+            red_in = red[furthest] if red[furthest] == red[furthest] else 0.0
+            red_out = max((red[i] for i in outs if red[i] == red[i]), default=0.0)
+            floor = 10 * max(TOLERANCE.get(str(self.dtype[i]), 1e-3) for i in pos)
+            maker = name if red_out > floor and red_out > AMPLIFIES * red_in else \
+                made.get(golden[furthest])
+            if maker is not None:
+                for i in outs:
+                    made[golden[i]] = maker
+        return made
+
+    def came_from(self, pos: list, saved=()) -> Optional[str]:
+        """The op that made the difference an op's furthest input carries (made_by), or
+        None: it grew op by op from the rounding."""
+        ins = [i for i in pos if not self.is_out[i]] + list(saved)
+        if not ins:
+            return None
+        furthest = max(ins, key=lambda i: self.red[i] if self.red[i] == self.red[i] else -1.0)
+        return self.made_by.get(self.golden_tensor[furthest])
 
     @cached_property
     def read(self) -> Set[str]:
@@ -193,6 +272,18 @@ def _cancels_flushed_terms(t: OpRows, rows: list, bad_in: list, bad_out: list) -
     return is_cancellation(t, rows, bad_out, floor)
 
 
+def _cancels_gradual_terms(t: OpRows, rows: list, bad_in: list, bad_out: list,
+                           gradual: Set[str]) -> bool:
+    """A sum whose exact value is zero up to what its terms carry, when those terms carry
+    gradual error (the bias gradient of a layer a BatchNorm follows: zero in exact
+    arithmetic, summed from gradients that crossed the threshold gradually). Its noise floor
+    is its inputs' distance from the golden."""
+    if not bad_in or not all(t.golden_tensor[i] in gradual for i in bad_in):
+        return False
+    floor = max((t.red[i] for i in bad_in if t.red[i] == t.red[i]), default=0.0)
+    return is_cancellation(t, rows, bad_out, floor)
+
+
 @dataclass
 class Divergence:
     op_name: str
@@ -224,6 +315,8 @@ class RootCause:
     carried: List[Divergence] = field(default_factory=list)
     # ops whose divergence reaches no output, loss or update (see the module doc)
     no_effect: List[Divergence] = field(default_factory=list)
+    # ops that cross the threshold with what came in just under it (see Gradual)
+    gradual: List[Divergence] = field(default_factory=list)
     rows: "OpRows" = field(default=None, repr=False, compare=False)   # what it was computed from
     # per op of rows.ops, made when the summary first asks (summary._categories)
     categories: Optional[List[str]] = field(default=None, repr=False, compare=False)
@@ -241,9 +334,14 @@ class RootCause:
         return {d.op_name for d in self.no_effect}
 
     @property
+    def gradual_ops(self) -> Set[str]:
+        return {d.op_name for d in self.gradual}
+
+    @property
     def benign_ops(self) -> Set[str]:
-        """The ops that diverge and are no finding: noise, and divergence without effect."""
-        return self.noise_ops | self.no_effect_ops
+        """The ops that diverge and are no finding: noise, gradual divergence, and divergence
+        without effect."""
+        return self.noise_ops | self.no_effect_ops | self.gradual_ops
 
     @property
     def diverging_state(self) -> List[str]:
@@ -287,13 +385,37 @@ def root_cause(table, criteria=None, rows: "OpRows" = None,
 # an op whose output is this many times further from the golden (relative Euclidean distance)
 # than its furthest input made that difference itself
 AMPLIFIES = 10.0
+# one whose output is less than this many times further than its furthest input carried the
+# difference in (see Gradual in the module doc)
+GROWS = 2.0
+
+
+def _distances(t: "OpRows", pos: list, saved=()) -> tuple:
+    """(furthest input, furthest output) of an op's rows by relative Euclidean distance,
+    0.0 where no row has one (statistics only, not compared); saved: rows a backward reads
+    as inputs (OpRows.saved)."""
+    red_in = max((t.red[i] for i in [*pos, *saved] if (not t.is_out[i] or i in saved) and
+                  t.red[i] == t.red[i]), default=0.0)
+    red_out = max((t.red[i] for i in pos if t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
+    return red_in, red_out
 
 
 def _amplifies(t: "OpRows", pos: list) -> bool:
     """Whether an op's outputs are much further from the golden than any of its inputs."""
-    red_in = max((t.red[i] for i in pos if not t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
-    red_out = max((t.red[i] for i in pos if t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
+    red_in, red_out = _distances(t, pos)
     return red_out > AMPLIFIES * red_in
+
+
+def _adds_little(t: "OpRows", pos: list, bad_out: list, saved=()) -> bool:
+    """Whether an op's diverging outputs are within GROWS times its furthest input's
+    distance, an input that carries one (see Gradual); only for outputs that fail on their
+    distance (not on values saturated or nan/inf, nor with nan/inf in the golden), and
+    never for rows without distances."""
+    if any(not t.by_distance[i] or t.golden_nonfinite[i] or t.red[i] != t.red[i]
+           for i in bad_out):
+        return False
+    red_in, red_out = _distances(t, pos, saved)
+    return red_in > 0 and red_out < GROWS * red_in
 
 
 def written_variables(t: "OpRows", ops: Set[str]) -> Set[str]:
@@ -362,11 +484,15 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
 
 def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
     """noise: golden tensors that hold cancellation noise (grows as the ops are walked)."""
-    found = {"origin": [], "propagator": [], "cancellation": [], "carried": []}
+    found = {"origin": [], "propagator": [], "cancellation": [], "carried": [], "gradual": []}
+    gradual: Set[str] = set()      # golden tensors that hold gradual divergence
     harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
-        bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]]
+        saved = t.saved(op_name)
+        # what its forward saved, diverging, is a diverging input of a call's backward
+        bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]] + \
+            [i for i in saved if t.bad[i]]
         pass_name = t.pass_name[pos[0]]
         d = Divergence(op_name, t.op_type[pos[0]], order,
                        pass_name if isinstance(pass_name, str) else "",
@@ -389,10 +515,20 @@ def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
             all(t.golden_tensor[i] in noise for i in bad_out)
         if carries_noise or amplified or noise_state or op_name in harmless or \
                 (d.is_origin and is_cancellation(t, pos, bad_out)) or \
-                _cancels_flushed_terms(t, pos, bad_in, bad_out):
+                _cancels_flushed_terms(t, pos, bad_in, bad_out) or \
+                _cancels_gradual_terms(t, pos, bad_in, bad_out, gradual):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)
+        elif t.has_golden and d.op_type not in STATE_OPS and \
+                all(t.golden_tensor[i] in gradual or t.golden_tensor[i] in noise
+                    for i in bad_in) and (_adds_little(t, pos, bad_out, saved) or bool(
+                    bad_in) and _updates_inputs(d.op_type) and
+                    all(t.cosine_only[i] for i in bad_out)) and \
+                (bad_in or t.came_from(pos, saved) is None):
+            # an origin that crosses with what came in, or what reads only such crossings
+            kind = "gradual"
+            gradual.update(t.golden_tensor[i] for i in bad_out)
         elif bad_in and all(t.state[i] for i in bad_in):
             kind = "carried"
         elif not bad_in and d.op_type in STATE_OPS:       # a dumped variable's own value
@@ -413,16 +549,17 @@ def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
         no_effect += [d for d in found[kind] if d.op_name in quiet]
         found[kind] = [d for d in found[kind] if d.op_name not in quiet]
     no_effect.sort(key=lambda d: d.order)
-    # what the report and the advice quote: the first origin, carried state, and the first
-    # divergence without effect (its evidence)
-    leading = [d for d in found["origin"][:1] + found["carried"] + no_effect[:1]]
+    # what the report and the advice quote: the first origin, carried state, the first
+    # divergence without effect and the first gradual crossing (their evidence)
+    leading = [d for d in found["origin"][:1] + found["carried"] + no_effect[:1] +
+               found["gradual"][:1]]
     by_op = {name: pos for name, pos, _ in t.ops}
     rows = {d.op_name: [i for i in by_op[d.op_name] if t.bad[i] and t.is_out[i]] for d in leading}
     t.reasons([i for r in rows.values() for i in r])          # in one pass
     for d in leading:
         d.reasons = t.reasons(rows[d.op_name])
     return RootCause(found["origin"], found["propagator"], found["cancellation"],
-                     found["carried"], no_effect, rows=t)
+                     found["carried"], no_effect, found["gradual"], rows=t)
 
 
 
@@ -436,20 +573,25 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
     divs = {d.op_name: d for kind in ("origin", "carried", "propagator") for d in found[kind]}
     if not divs:
         return set()
-    readers: dict = {}                  # golden tensor -> [(reader op, its input row)]
+    # golden tensor -> [(reader op, the row it reads it by, whether that row is its own: a
+    # call's backward reads what its forward saved by the forward's rows)]
+    readers: dict = {}
     matched: dict = {}                  # op -> every output row compared and passing
     for i, out in enumerate(t.is_out):
         if out:
             matched[t.op_name[i]] = matched.get(t.op_name[i], True) and \
                 t.verdict[i] == PASS and not t.golden_nonfinite[i]
         else:
-            readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i))
+            readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i, True))
+    for name in {n for n in t.op_name if isinstance(n, str) and n.endswith(".backward")}:
+        for j in t.saved(name):
+            readers.setdefault(t.golden_tensor[j], []).append((name, j, False))
     if not readers:
         return set()
     # nan/inf the golden lacks is always a finding, wherever it stops
     nonfinite = {name for name, pos, _ in t.ops
                  if any(t.is_out[i] and t.verdict[i] == NONFINITE for i in pos)}
-    noise = {d.op_name for d in found["cancellation"]}
+    noise = {d.op_name for d in found["cancellation"] + found["gradual"]}
     rows = {name: pos for name, pos, _ in t.ops}
     effect: dict = {}
     for name in sorted(divs, key=lambda n: -divs[n].order):
@@ -462,13 +604,13 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
                 if isinstance(tensor, str) and tensor else ()
             if not seen or name in nonfinite:
                 reaches = True          # read by nothing: an output, the loss, an update
-            for reader, j in seen:
-                if t.bad[j] and t.flushed_only[j] and _reads_as_step(t, j):
+            for reader, j, own in seen:
+                if own and t.bad[j] and t.flushed_only[j] and _reads_as_step(t, j):
                     reaches = True                # an update takes a step with holes in it
                 elif reader in divs and t.bad[j]:
                     reaches = effect.get(reader, True)
                 elif reader in noise:
-                    pass                          # it made noise of it: cancellation's own
+                    pass          # it made noise of it (cancellation's own), or gradual error
                 elif reader in divs or matched.get(reader, False):
                     absorbed.add(reader)          # what it read, or what it made, matches
                 else:

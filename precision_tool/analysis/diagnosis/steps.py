@@ -101,7 +101,8 @@ class StateTrace:
                                             # written in steps that were not dumped
     looked_at: List[int] = field(default_factory=list)   # the earlier steps compared
     # every writer was cancellation noise in its step (an update from a gradient that is
-    # zero up to rounding): the state carries noise, no finding
+    # zero up to rounding) or gradual (rounding grown layer by layer, rootcause's Gradual):
+    # the state carries noise, no finding
     writers_noise: bool = False
 
     def dump_command(self) -> Optional[str]:
@@ -135,7 +136,8 @@ def trace_state(ws: Workspace, npu_run: Run, golden_run: Run, step: int, variabl
         if wrote:                        # step j wrote it; the steps after j kept it
             trace.written_at = j
             trace.writers = sorted({w for v in wrote for w in state[v]["writers"]})
-            trace.writers_noise = set(trace.writers) <= root_cause(table, rows=rows).noise_ops
+            cause = root_cause(table, rows=rows)
+            trace.writers_noise = set(trace.writers) <= cause.noise_ops | cause.gradual_ops
             return trace
         # right at the start and at the end of step j: it went wrong in the steps after j
         trace.missing = [j + 1, later - 1] if later - 1 >= j + 1 else None
