@@ -29,7 +29,8 @@ NOT_DIFFERENTIABLE = {
     "MaxPoolGrad": "gradient kernel", "AvgPoolGrad": "gradient kernel",
     "BatchNormGrad": "gradient kernel",
     # compiled NPU graphs are run, never differentiated
-    "LayerNorm": "NPU fused kernel", "RmsNorm": "NPU fused kernel", "SoftmaxV2": "NPU fused kernel", "FastGelu": "NPU fused kernel",
+    "LayerNorm": "NPU fused kernel", "RmsNorm": "NPU fused kernel",
+    "SoftmaxV2": "NPU fused kernel", "FastGelu": "NPU fused kernel",
     "MatMulV2": "NPU fused kernel", "BatchMatMulV2": "NPU fused kernel",
     "Conv2DBatchNorm": "NPU fused kernel", "FusedEltwise": "NPU fused kernel",
     "TransData": "NPU format conversion", "NPUGetFloatStatus": "status op",

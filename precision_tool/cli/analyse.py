@@ -292,7 +292,8 @@ def _render_ac(app: App, r, limit):
                             title_align="left"))
         if r.gradual:
             g, first = r.gradual, r.gradual["first"]
-            cosines = "" if first["input_cosine"] is None else \
+            known = first["input_cosine"] is not None and first["output_cosine"] is not None
+            cosines = "" if not known else \
                 f": input cosine {first['input_cosine']:.8g} -> output " \
                 f"{first['output_cosine']:.8g}"
             lines = [f"step(s) {format_steps(g['steps'])}; {g['ops']} op(s) in step {g['step']}, "

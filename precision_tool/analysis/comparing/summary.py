@@ -145,8 +145,8 @@ def _outputs(t: OpRows, pos: list) -> list:
 def _categories(t: OpRows, cause: RootCause) -> List[str]:
     """Per op of t.ops: "nonfinite" when an output holds nan/inf the golden lacks (whatever
     else), "cancellation" when it is noise, "no effect" when its divergence reaches nothing,
-    "gradual" when it crosses with what came in, else "diverging". Made once per root cause (the summary and the count of findings both
-    ask, over thousands of ops)."""
+    "gradual" when it crosses with what came in, else "diverging". Made once per root cause
+    (the summary and the count of findings both ask, over thousands of ops)."""
     if cause.categories is None or cause.rows is not t:
         noise, quiet, verdict, is_out = cause.noise_ops, cause.no_effect_ops, t.verdict, t.is_out
         gradual = cause.gradual_ops
