@@ -304,6 +304,25 @@ def test_fp16_rounding_grown_over_a_deep_network_is_said_gradual_and_sound(tmp_p
     assert strict.exit_code == 1 and json.loads(strict.stdout)["origin"] is not None
 
 
+def test_an_update_stepping_by_what_an_overflow_made_is_its_effect():
+    """An AdamW-like update (an in-place call writing its input 0) whose written weight
+    matches the golden's while the moment it steps by diverges: what an overflowing op made
+    reaches the update's change, an effect (the op is the origin); a divergence no overflow
+    made is left to the value the update writes (absorbed, no effect)."""
+    from precision_tool.analysis import root_cause
+    row = _chain_row
+    table = _table([
+        row("norm", "input:0", 0.99999, 0.001, "x:0"),
+        row("norm", "output:0", 0.1, 1.0, "norm:0"),
+        dict(row("upd", "input:0", 1.0, 0.0, "w:0"), OpType="Tensor.addcdiv_"),
+        dict(row("upd", "input:1", 0.1, 1.0, "norm:0"), OpType="Tensor.addcdiv_"),
+        dict(row("upd", "output:0", 1.0, 1e-4, "upd:0"), OpType="Tensor.addcdiv_"),
+    ])
+    assert [d.op_name for d in root_cause(table).no_effect] == ["norm"]
+    rc = root_cause(table, overflowed={"norm"})
+    assert [d.op_name for d in rc.origins] == ["norm"] and rc.no_effect == []
+
+
 def test_a_calls_backward_reads_what_its_forward_saved():
     """An API-level dump records a backward with its gradients only; it computes from what
     its forward saved too. A ReLU's backward whose gradient input matches but whose forward

@@ -844,6 +844,53 @@ def test_a_scripts_rms_norm_is_dumped_as_one_fused_call_and_compares_clean(tmp_p
     assert "RmsNormFusionPass" not in Workspace(root).fusion_result(unfused)
 
 
+class _RmsBlock(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+        self.ff = nn.Sequential(nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        return x + self.ff(self.norm(x))
+
+
+def _rms_lm(root, target, **kw):
+    """A Llama-like stack (nn.RMSNorm before each feed-forward, residuals, a final norm)
+    whose embedding is 400x too large, two AdamW steps under the debugger."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 32), _RmsBlock(), _RmsBlock(), nn.RMSNorm(32),
+                          nn.Linear(32, 50))
+    with torch.no_grad():
+        model[0].weight.mul_(400)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(1))
+    debugger = PrecisionDebugger(root, target=target, dump_step="all", **kw)
+    _steps(model, lambda: F.cross_entropy(model(ids).reshape(-1, 50),
+                                          ids.roll(-1, 1).reshape(-1)), opt, debugger, 2)
+
+
+def test_unfused_rms_norm_overflows_and_its_zeros_are_a_finding(tmp_path):
+    """The residual stream 400x too large under force_fp16: the fused RMS norm keeps its
+    squares in float32 and the run is sound (exit 0); with the pass off the squares
+    overflow fp16, every norm's output is zero and the logits are far off, while the loss
+    at the start and every weight (an AdamW step beside the weight) still match. The
+    updates take steps that differ: an effect, so the first norm is the origin (exit 1),
+    not a divergence every reader absorbs."""
+    for name, switch in (("fused", None), ("unfused", "off")):
+        root = str(tmp_path / name)
+        _rms_lm(root, "golden")
+        _rms_lm(root, "npu", precision_mode="force_fp16", overflow_mode="inf_nan",
+                fusion_switch=switch)
+        out = CliRunner().invoke(cli, ["--data-dir", root, "--json", "ac", "-c"])
+        r = json.loads(out.stdout)
+        if switch is None:
+            assert out.exit_code == 0 and r["verdict"] == "sound", out.output
+            continue
+        assert out.exit_code == 1, out.output
+        assert r["first_overflow"]["op_name"] == "Functional.rms_norm.0.forward"
+        assert r["origin"]["op_name"] == "Functional.rms_norm.0.forward"
+
+
 def test_a_switch_turns_one_pass_off_and_bad_switches_are_refused(tmp_path):
     switch = {"Switch": {"GraphFusion": {"SoftmaxFusionPass": "off"}}}
     x = torch.tensor([[12.0, 0.0, -1.0]])

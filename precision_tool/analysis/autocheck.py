@@ -486,9 +486,11 @@ class StepCompare(NamedTuple):
         return self.has_findings or bool(self.tasks) and not self.quiet_overflows
 
     @classmethod
-    def of(cls, table: pd.DataFrame, criteria, updates, noise_state=()) -> "StepCompare":
-        """updates(skip): the step's UpdateCheck, leaving out the ops in skip (noise)."""
-        cause = root_cause(table, criteria, noise_state=noise_state)
+    def of(cls, table: pd.DataFrame, criteria, updates, noise_state=(),
+           overflowed=()) -> "StepCompare":
+        """updates(skip): the step's UpdateCheck, leaving out the ops in skip (noise);
+        overflowed: the ops whose kernels overflowed in the step (root_cause's)."""
+        cause = root_cause(table, criteria, noise_state=noise_state, overflowed=overflowed)
         return cls(table, cause, coverage(table), count_findings(table, criteria, cause),
                    _underflow(table, cause), updates(cause.benign_ops))
 
@@ -537,13 +539,16 @@ def judge_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int, criteria
 
     def updates(skip):
         return check_updates(ws, npu_run, golden_run, step, criteria, skip)
-    c = StepCompare.of(table, criteria, updates)._replace(tasks=tuple(tasks))
+    overflowed = {task.op_name for task in tasks}
+    c = StepCompare.of(table, criteria, updates, overflowed=overflowed)._replace(
+        tasks=tuple(tasks))
     if not (c.cause.carried and c.cause.state_first):
         return c
     trace = trace_state(ws, npu_run, golden_run, step, c.cause.diverging_state, criteria,
                         {k: e.table for k, e in (earlier or {}).items()})
     if trace.writers_noise:
-        c = StepCompare.of(table, criteria, updates, noise_state=trace.variables)
+        c = StepCompare.of(table, criteria, updates, noise_state=trace.variables,
+                           overflowed=overflowed)
     return c._replace(trace=trace, tasks=tuple(tasks))
 
 

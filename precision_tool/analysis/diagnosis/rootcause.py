@@ -55,7 +55,13 @@ rows have no distance: never gradual.
 Without effect. A finding needs an effect: a divergence that changes no output, no loss and
 no update is not one. An origin, a carried op or a propagator has an effect when one of its
 diverging outputs is read by nothing in the step (a fetched output, the loss, the value an
-update writes) or is read by an op that diverges on that input and has an effect itself. A
+update writes), is read by an update as the step it applies where an overflow made it
+diverge (an update's effect is its change: the weight it writes matches however its step
+differs, a step being tiny beside the weight: AdamW's param.addcdiv_ reading a moment made
+from the zeros of an overflowed RMS norm; a difference only rounding made, a ReLU's mask
+flipped by fp16 activations, is left to the value, as healthy fp16 runs need), or is read
+by an op
+that diverges on that input and has an effect itself. A
 divergence that every reader absorbs (a key bias whose shift the softmax removes: the
 attention scores match) stops there, and its ops are listed as "without effect" with the
 readers that absorbed it: never an origin. A table with no input rows (a foreign dump whose
@@ -370,16 +376,18 @@ def _updates_inputs(op_type: str) -> bool:
 
 
 def root_cause(table, criteria=None, rows: "OpRows" = None,
-               noise_state: Iterable[str] = ()) -> RootCause:
+               noise_state: Iterable[str] = (), overflowed: Iterable[str] = ()) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
     carried state (see the module doc), under the criteria (verdicts.Criteria, or a cosine
     threshold). noise_state: variables (golden names) that an earlier step's noise update
-    wrote (steps.trace_state): what reads only them carries that noise, as within a step."""
+    wrote (steps.trace_state): what reads only them carries that noise, as within a step.
+    overflowed: the ops whose kernels overflowed (the status word's): what descends from
+    them and reaches an update's step has an effect (see Without effect)."""
     # a few objects per op and no cycles: collections walked the table's columns (lists of
     # 100,000 items) again and again, a fifth of the time on a large table
     with collector_paused():
         return _root_cause(rows if rows is not None else OpRows(table, criteria),
-                           set(noise_state))
+                           set(noise_state), set(overflowed))
 
 
 # an op whose output is this many times further from the golden (relative Euclidean distance)
@@ -482,7 +490,7 @@ def _harmless_flushes(t: "OpRows") -> Set[str]:
     return {op for op, sources in members.items() if not sources & harmful}
 
 
-def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
+def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()) -> RootCause:
     """noise: golden tensors that hold cancellation noise (grows as the ops are walked)."""
     found = {"origin": [], "propagator": [], "cancellation": [], "carried": [], "gradual": []}
     gradual: Set[str] = set()      # golden tensors that hold gradual divergence
@@ -537,7 +545,7 @@ def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
         else:
             kind = "origin" if d.is_origin else "propagator"
         found[kind].append(d)
-    quiet = _without_effect(t, found) if t.has_golden else set()
+    quiet = _without_effect(t, found, overflowed) if t.has_golden else set()
     # an origin with an effect later in the step may be what this one's small differences
     # became (a contraction over the batch amplifies what each reader absorbed): the static
     # evidence does not decide there, and the earlier divergence stays a lead
@@ -563,7 +571,7 @@ def _root_cause(t: "OpRows", noise: Set[str]) -> RootCause:
 
 
 
-def _without_effect(t: "OpRows", found: dict) -> Set[str]:
+def _without_effect(t: "OpRows", found: dict, overflowed: Set[str] = frozenset()) -> Set[str]:
     """The ops among origins, carried ops and propagators whose divergence reaches no sink
     (see Without effect in the module doc); each such op's absorbed_by names the readers
     that matched. Ops are walked in reverse execution order, so a reader is decided before
@@ -593,6 +601,18 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
                  if any(t.is_out[i] and t.verdict[i] == NONFINITE for i in pos)}
     noise = {d.op_name for d in found["cancellation"] + found["gradual"]}
     rows = {name: pos for name, pos, _ in t.ops}
+    # what an overflow made diverge, and what descends from it: an update that takes it as
+    # its step takes a different step (a divergence that only rounding or state made is
+    # left to the value the update writes: a ReLU's mask flipped by fp16 activations steps
+    # Adam a little apart in every healthy fp16 run)
+    stepped, made = set(), set()
+    for name in sorted(divs, key=lambda n: divs[n].order):
+        pos = rows[name]
+        ins = [t.golden_tensor[i] for i in pos + t.saved(name) if t.bad[i] and
+               (not t.is_out[i] or i not in pos)]
+        if name in overflowed or any(g in made for g in ins):
+            stepped.add(name)
+            made.update(t.golden_tensor[i] for i in pos if t.is_out[i] and t.bad[i])
     effect: dict = {}
     for name in sorted(divs, key=lambda n: -divs[n].order):
         absorbed, reaches = set(), False
@@ -607,6 +627,12 @@ def _without_effect(t: "OpRows", found: dict) -> Set[str]:
             for reader, j, own in seen:
                 if own and t.bad[j] and t.flushed_only[j] and _reads_as_step(t, j):
                     reaches = True                # an update takes a step with holes in it
+                elif own and t.bad[j] and _reads_as_step(t, j) and reader not in noise and \
+                        name in stepped:
+                    # an update takes a step an overflow made differ: its change is the
+                    # effect, however well the value it writes matches (a step is tiny
+                    # beside the weight)
+                    reaches = True
                 elif reader in divs and t.bad[j]:
                     reaches = effect.get(reader, True)
                 elif reader in noise:
