@@ -20,6 +20,12 @@ def _dims(x: Tensor, normalized_shape) -> tuple:
     return tuple(range(x.dim() - len(normalized_shape), x.dim()))
 
 
+def row_shape(x: Tensor, normalized_shape) -> tuple:
+    """The shape of a norm's per-row statistics (mean, rstd): x's with the normalised
+    dims kept as 1."""
+    return tuple(x.shape[:x.dim() - len(normalized_shape)]) + (1,) * len(normalized_shape)
+
+
 @torch.library.custom_op("precision_tool::rms_norm", mutates_args=())
 def _rms_norm(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
               eps: float) -> Tuple[Tensor, Tensor]:
@@ -34,8 +40,8 @@ def _rms_norm(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
 
 @_rms_norm.register_fake
 def _(x, normalized_shape, weight, eps):
-    rows = tuple(x.shape[:x.dim() - len(normalized_shape)]) + (1,) * len(normalized_shape)
-    return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32)
+    return torch.empty_like(x), x.new_empty(row_shape(x, normalized_shape),
+                                            dtype=torch.float32)
 
 
 @torch.library.custom_op("precision_tool::rms_norm_backward", mutates_args=())

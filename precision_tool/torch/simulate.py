@@ -37,7 +37,7 @@ from ..ops import REGISTRY
 from ..ops.registry import KernelContext
 from ..runtime.npu.fusion import enabled_passes
 from ..runtime.npu.policy import make_policy
-from .fused_calls import FUSED_CALLS
+from .fused_calls import FUSED_CALLS, row_shape
 
 # aten op (its overload packet's name) -> the graph IR's op type the policy decides by: one
 # table, declarative. Cube ops are the policy's white list's (MatMul, Conv2D...).
@@ -298,7 +298,7 @@ class SimulatedNPU(TorchDispatchMode):
         self.status |= c.status
         out = [torch.from_numpy(np.ascontiguousarray(v, np.float32)) for v in values]
         if op_type == "LayerNorm":
-            rows = tuple(x.shape[:x.dim() - len(args[1])]) + (1,) * len(args[1])
+            rows = row_shape(x, args[1])
             # the dtypes torch's CPU kernel gives: mean and rstd in the input's, or in
             # float32 when the weight's dtype is another (its meta kernel says otherwise)
             dtype = args[0].dtype
@@ -306,7 +306,7 @@ class SimulatedNPU(TorchDispatchMode):
             return (out[0].reshape(x.shape).to(dtype), out[1].reshape(rows).to(stats),
                     out[2].reshape(rows).to(stats))
         if op_type == "RmsNorm":
-            rows = tuple(x.shape[:x.dim() - len(args[1])]) + (1,) * len(args[1])
+            rows = row_shape(x, args[1])
             return out[0].reshape(x.shape).to(args[0].dtype), out[1].reshape(rows)
         half_to_float = op_type == "SoftmaxV2" and len(args) > 2 and args[2]
         return out[0].reshape(x.shape).to(torch.float32 if half_to_float else args[0].dtype)
