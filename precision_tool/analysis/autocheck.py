@@ -614,11 +614,11 @@ def _gradual(causes: Dict[int, RootCause]) -> Optional[dict]:
         return None
     cause = causes[steps[0]]
     t, first = cause.rows, cause.gradual[0]
-    rows = {name: pos for name, pos, _ in t.ops}
 
     def cosines(name, out):
-        pos = rows[name] + ([] if out else t.saved(name))
-        found = [t.cosine[i] for i in pos if t.is_out[i] == out and t.cosine[i] == t.cosine[i]]
+        pos = t.rows_by_op[name]
+        rows = [i for i in pos if t.is_out[i]] if out else t.inputs(name, pos)
+        found = [t.cosine[i] for i in rows if t.cosine[i] == t.cosine[i]]
         return min(found) if found else None
     lowest = [c for c in (cosines(d.op_name, True) for d in cause.gradual) if c is not None]
     return {"steps": steps, "step": steps[0], "ops": len(cause.gradual),

@@ -153,21 +153,32 @@ class OpRows:
             self.golden_nonfinite = (np.nan_to_num(numbers(table, "GoldenNanCount")) +
                                      np.nan_to_num(numbers(table, "GoldenInfCount")) > 0)
 
+    @cached_property
+    def rows_by_op(self) -> dict:
+        """Every op's row positions, ops in execution order (their first rows')."""
+        rows: dict = {}
+        for i in np.argsort(self._index, kind="stable").tolist():
+            rows.setdefault(self.op_name[i], []).append(i)
+        return rows
+
     def saved(self, op_name: str) -> list:
         """A call's backward (`X.backward`, an API-level dump's: the script's, msprobe's)
         computes from what its forward saved, which its record does not list: the rows of
         `X.forward` (its inputs and outputs), as inputs the backward reads. [] for others."""
         if not isinstance(op_name, str) or not op_name.endswith(".backward"):
             return []
-        return self._rows_of.get(op_name[:-len("backward")] + "forward", [])
+        return self.rows_by_op.get(op_name[:-len("backward")] + "forward", [])
 
-    @cached_property
-    def _rows_of(self) -> dict:
-        rows: dict = {}
-        for i, name in enumerate(self.op_name):
-            if isinstance(name, str) and name.endswith(".forward"):
-                rows.setdefault(name, []).append(i)
-        return rows
+    def inputs(self, op_name: str, pos: list) -> list:
+        """The rows an op reads: its input rows and, for a call's backward, what its
+        forward saved."""
+        return [i for i in pos if not self.is_out[i]] + self.saved(op_name)
+
+    def furthest(self, rows: list) -> Optional[int]:
+        """The row furthest from the golden (relative Euclidean distance; rows without one
+        last), None for no rows."""
+        red = self.red
+        return max(rows, key=lambda i: red[i] if red[i] == red[i] else -1.0) if rows else None
 
     @cached_property
     def made_by(self) -> dict:
@@ -176,17 +187,14 @@ class OpRows:
         its furthest input (its saved rows too) and past its dtypes' rounding; a tensor an
         op did not make so inherits its furthest input's. Every op of the table, in
         execution order; state (an op without inputs) makes nothing."""
-        rows: dict = {}
-        for i in np.argsort(self._index, kind="stable").tolist():
-            rows.setdefault(self.op_name[i], []).append(i)
         made: dict = {}
         red, golden = self.red, self.golden_tensor
-        for name, pos in rows.items():
-            ins = [i for i in pos if not self.is_out[i]] + self.saved(name)
+        for name, pos in self.rows_by_op.items():
+            ins = self.inputs(name, pos)
             outs = [i for i in pos if self.is_out[i]]
             if not ins or not outs:
                 continue
-            furthest = max(ins, key=lambda i: red[i] if red[i] == red[i] else -1.0)
+            furthest = self.furthest(ins)
             red_in = red[furthest] if red[furthest] == red[furthest] else 0.0
             red_out = max((red[i] for i in outs if red[i] == red[i]), default=0.0)
             floor = 10 * max(TOLERANCE.get(str(self.dtype[i]), 1e-3) for i in pos)
@@ -197,14 +205,11 @@ class OpRows:
                     made[golden[i]] = maker
         return made
 
-    def came_from(self, pos: list, saved=()) -> Optional[str]:
+    def came_from(self, op_name: str, pos: list) -> Optional[str]:
         """The op that made the difference an op's furthest input carries (made_by), or
         None: it grew op by op from the rounding."""
-        ins = [i for i in pos if not self.is_out[i]] + list(saved)
-        if not ins:
-            return None
-        furthest = max(ins, key=lambda i: self.red[i] if self.red[i] == self.red[i] else -1.0)
-        return self.made_by.get(self.golden_tensor[furthest])
+        furthest = self.furthest(self.inputs(op_name, pos))
+        return None if furthest is None else self.made_by.get(self.golden_tensor[furthest])
 
     @cached_property
     def read(self) -> Set[str]:
@@ -266,25 +271,16 @@ def is_cancellation(t: OpRows, rows: list, bad_out: list, floor: float = 0.0) ->
     return bound > 0 and all(t.golden_norm[i] <= tol * bound for i in bad_out)
 
 
-def _cancels_flushed_terms(t: OpRows, rows: list, bad_in: list, bad_out: list) -> bool:
-    """A sum whose exact value is zero up to what its terms carry, when those terms differ
-    from the golden only by small elements flushed to zero: attention's key-bias gradient
-    (zero in exact arithmetic) summed from score gradients that fp16 flushed in places. Its
-    noise floor is its inputs' error, not the dtype's rounding, and nothing else in it is
-    wrong."""
-    if not bad_in or not all(t.flushed_only[i] for i in bad_in):
-        return False
-    floor = max((t.red[i] for i in bad_in if t.red[i] == t.red[i]), default=0.0)
-    return is_cancellation(t, rows, bad_out, floor)
-
-
-def _cancels_gradual_terms(t: OpRows, rows: list, bad_in: list, bad_out: list,
+def _cancels_carried_error(t: OpRows, rows: list, bad_in: list, bad_out: list,
                            gradual: Set[str]) -> bool:
-    """A sum whose exact value is zero up to what its terms carry, when those terms carry
-    gradual error (the bias gradient of a layer a BatchNorm follows: zero in exact
-    arithmetic, summed from gradients that crossed the threshold gradually). Its noise floor
-    is its inputs' distance from the golden."""
-    if not bad_in or not all(t.golden_tensor[i] in gradual for i in bad_in):
+    """A sum whose exact value is zero up to what its terms carry, when every diverging
+    term carries an error that is no fault of its own: small elements flushed to zero
+    (attention's key-bias gradient, zero in exact arithmetic, summed from score gradients
+    that fp16 flushed in places) or gradual error (the bias gradient of a layer a BatchNorm
+    follows). Its noise floor is its inputs' distance from the golden, not the dtype's
+    rounding."""
+    if not bad_in or not (all(t.flushed_only[i] for i in bad_in) or
+                          all(t.golden_tensor[i] in gradual for i in bad_in)):
         return False
     floor = max((t.red[i] for i in bad_in if t.red[i] == t.red[i]), default=0.0)
     return is_cancellation(t, rows, bad_out, floor)
@@ -398,12 +394,12 @@ AMPLIFIES = 10.0
 GROWS = 2.0
 
 
-def _distances(t: "OpRows", pos: list, saved=()) -> tuple:
+def _distances(t: "OpRows", pos: list, ins: Optional[list] = None) -> tuple:
     """(furthest input, furthest output) of an op's rows by relative Euclidean distance,
-    0.0 where no row has one (statistics only, not compared); saved: rows a backward reads
-    as inputs (OpRows.saved)."""
-    red_in = max((t.red[i] for i in [*pos, *saved] if (not t.is_out[i] or i in saved) and
-                  t.red[i] == t.red[i]), default=0.0)
+    0.0 where no row has one (statistics only, not compared); ins: the rows it reads
+    (OpRows.inputs), its own input rows when None."""
+    ins = [i for i in pos if not t.is_out[i]] if ins is None else ins
+    red_in = max((t.red[i] for i in ins if t.red[i] == t.red[i]), default=0.0)
     red_out = max((t.red[i] for i in pos if t.is_out[i] and t.red[i] == t.red[i]), default=0.0)
     return red_in, red_out
 
@@ -414,7 +410,7 @@ def _amplifies(t: "OpRows", pos: list) -> bool:
     return red_out > AMPLIFIES * red_in
 
 
-def _adds_little(t: "OpRows", pos: list, bad_out: list, saved=()) -> bool:
+def _adds_little(t: "OpRows", pos: list, bad_out: list, ins: list) -> bool:
     """Whether an op's diverging outputs are within GROWS times its furthest input's
     distance, an input that carries one (see Gradual); only for outputs that fail on their
     distance (not on values saturated or nan/inf, nor with nan/inf in the golden), and
@@ -422,7 +418,7 @@ def _adds_little(t: "OpRows", pos: list, bad_out: list, saved=()) -> bool:
     if any(not t.by_distance[i] or t.golden_nonfinite[i] or t.red[i] != t.red[i]
            for i in bad_out):
         return False
-    red_in, red_out = _distances(t, pos, saved)
+    red_in, red_out = _distances(t, pos, ins)
     return red_in > 0 and red_out < GROWS * red_in
 
 
@@ -497,10 +493,9 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
     harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
-        saved = t.saved(op_name)
-        # what its forward saved, diverging, is a diverging input of a call's backward
-        bad_in = [i for i in pos if t.bad[i] and not t.is_out[i]] + \
-            [i for i in saved if t.bad[i]]
+        # (what its forward saved, diverging, is a diverging input of a call's backward)
+        ins = t.inputs(op_name, pos)
+        bad_in = [i for i in ins if t.bad[i]]
         pass_name = t.pass_name[pos[0]]
         d = Divergence(op_name, t.op_type[pos[0]], order,
                        pass_name if isinstance(pass_name, str) else "",
@@ -523,17 +518,16 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
             all(t.golden_tensor[i] in noise for i in bad_out)
         if carries_noise or amplified or noise_state or op_name in harmless or \
                 (d.is_origin and is_cancellation(t, pos, bad_out)) or \
-                _cancels_flushed_terms(t, pos, bad_in, bad_out) or \
-                _cancels_gradual_terms(t, pos, bad_in, bad_out, gradual):
+                _cancels_carried_error(t, pos, bad_in, bad_out, gradual):
             kind = "cancellation"
             if t.has_golden:
                 noise.update(t.golden_tensor[i] for i in bad_out)
         elif t.has_golden and d.op_type not in STATE_OPS and \
                 all(t.golden_tensor[i] in gradual or t.golden_tensor[i] in noise
-                    for i in bad_in) and (_adds_little(t, pos, bad_out, saved) or bool(
+                    for i in bad_in) and (_adds_little(t, pos, bad_out, ins) or bool(
                     bad_in) and _updates_inputs(d.op_type) and
                     all(t.cosine_only[i] for i in bad_out)) and \
-                (bad_in or t.came_from(pos, saved) is None):
+                (bad_in or t.came_from(op_name, pos) is None):
             # an origin that crosses with what came in, or what reads only such crossings
             kind = "gradual"
             gradual.update(t.golden_tensor[i] for i in bad_out)
@@ -591,7 +585,7 @@ def _without_effect(t: "OpRows", found: dict, overflowed: Set[str] = frozenset()
                 t.verdict[i] == PASS and not t.golden_nonfinite[i]
         else:
             readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i, True))
-    for name in {n for n in t.op_name if isinstance(n, str) and n.endswith(".backward")}:
+    for name in t.rows_by_op:
         for j in t.saved(name):
             readers.setdefault(t.golden_tensor[j], []).append((name, j, False))
     if not readers:
@@ -608,8 +602,7 @@ def _without_effect(t: "OpRows", found: dict, overflowed: Set[str] = frozenset()
     stepped, made = set(), set()
     for name in sorted(divs, key=lambda n: divs[n].order):
         pos = rows[name]
-        ins = [t.golden_tensor[i] for i in pos + t.saved(name) if t.bad[i] and
-               (not t.is_out[i] or i not in pos)]
+        ins = [t.golden_tensor[i] for i in t.inputs(name, pos) if t.bad[i]]
         if name in overflowed or any(g in made for g in ins):
             stepped.add(name)
             made.update(t.golden_tensor[i] for i in pos if t.is_out[i] and t.bad[i])
