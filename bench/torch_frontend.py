@@ -122,15 +122,19 @@ def _step(model, loss_fn, opt, debugger):
 
 def _block(model, loss_fn, opt, debugger, steps, first=None):
     """Seconds a step, steady state: one step run first, untimed (what a run pays once:
-    its hooks, the first dumped step's plan of the index; its seconds go to `first`, a
-    list, when given), then `steps` timed, and stop() (the last step's files are on disk
-    only then)."""
+    its hooks, the first dumped step's plan of the index; its seconds, without its files'
+    writing, go to `first`, a list, when given) and its files written, then `steps` timed,
+    and stop() (the last step's files are on disk only then)."""
     if debugger is not None:
         debugger.start(model)
     start = time.perf_counter()
     _step(model, loss_fn, opt, debugger)
     if first is not None:
         first.append(time.perf_counter() - start)
+    if debugger is not None:
+        # the first step's files written untimed: a step is written while the next one
+        # runs, and the timed steps pay for their own writes only (stop() writes the last)
+        debugger.close()
     start = time.perf_counter()
     for _ in range(steps):
         _step(model, loss_fn, opt, debugger)

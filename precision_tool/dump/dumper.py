@@ -25,14 +25,11 @@ written before its run() returns; otherwise close() (or the end of the process) 
 """
 from __future__ import annotations
 
-import atexit
-import bisect
 import glob
 import operator
 import os
 import shutil
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional
 
@@ -46,7 +43,7 @@ from .stepplan import StepPlan
 from .cores import WriterCore
 from .runwriter import PARTIAL, Record, RunWriter, op_spec, opdebug, run_json, warn_stopped
 from ..train.loss_scale import loss_scale_variable
-from .writer import DumpWriteError, make_writer, write_error
+from .writer import DumpWriteError, close_at_exit, make_writer, write_error
 
 _TIMESTAMP = operator.attrgetter("timestamp")
 
@@ -132,7 +129,7 @@ class DumpObserver:
         self._bundles = None                        # replay.BundleWriter, made at the first dump
         self._scale_var = _UNKNOWN                  # the loss scale variable's name, or None
         self._scale_before = None                   # its value when an unwatched step began
-        _OPEN.add(self)
+        close_at_exit(self)
 
     # -- the observer protocol (main thread: keep it cheap) ----------------------------------
     def begin_run(self, session, feeds, fetch_tensors, fetch_nodes) -> bool:
@@ -255,8 +252,8 @@ class DumpObserver:
             on_disk = set(files.dumped_steps)
             lost = [n for n in self._put if n not in on_disk]
             step = lost[0] if lost else step
-            for partial in glob.glob(glob.escape(self._steps_dir) + ".*" + PARTIAL) + \
-                    glob.glob(glob.escape(self._replay_dir) + ".*" + PARTIAL):
+            files.remove_partials()
+            for partial in glob.glob(glob.escape(self._replay_dir) + ".*" + PARTIAL):
                 shutil.rmtree(partial, ignore_errors=True)
         self.stopped = (step, str(error))
         warn_stopped(self.run_dir, step, error, files.dumped_steps if files is not None else [])
@@ -379,7 +376,7 @@ class DumpObserver:
         self._put.append(st.number)
 
         def written():
-            bisect.insort(files.dumped_steps, st.number)
+            files.written(st.number)
             if time.monotonic() - files.history_at >= 1.0:
                 files.write_history()
         self.writer.put_step(plan, filled, more, links, renames, dirs, written)
@@ -405,19 +402,6 @@ def session_run_writer(session, settings: layout.DumpSettings) -> RunWriter:
                          "and round per op")
     return RunWriter(settings.root, layout.NPU, info, graph=session.compiled.graph,
                      fusion_result=session.fusion_result(), **where)
-
-
-_OPEN = weakref.WeakSet()
-
-
-@atexit.register
-def _flush_open_dumps():
-    """At exit, wait for the steps still being written (a killed process cannot)."""
-    for observer in list(_OPEN):
-        try:
-            observer.close()
-        except Exception:       # exiting anyway: a step that failed to write has no index
-            pass
 
 
 def fetched_loss(fetched: Dict[str, np.ndarray]) -> Optional[float]:

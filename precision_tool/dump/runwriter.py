@@ -12,7 +12,9 @@ values to write_step; a new front-end describes its ops as OpSpecs and does the 
 """
 from __future__ import annotations
 
+import bisect
 import csv
+import glob
 import hashlib
 import json
 import os
@@ -315,8 +317,30 @@ class RunWriter:
                    files: bool = True, calls: Optional[Mapping[str, dict]] = None) -> str:
         """Write a step here and now, whole or not at all: its index, (files) its tensor
         files and (calls) its ops' call sites (op name -> {"module", "source"}, calls.json);
-        returns its directory. The dump observer writes its steps on a thread from plans it
-        reuses (dumper.py); this is the way for values handed over once."""
+        returns its directory. For values handed over once (an ONNX job's); a training
+        loop's steps go to a writer thread (put_step)."""
+        plan, filled, more, renames, dirs = self._step_job(number, records, mode, files, calls)
+        try:
+            plan.write(filled, more, renames=renames, dirs=dirs)
+        except OSError as e:
+            self.remove_partials()                  # never a step that looks begun
+            raise write_error(e) from None
+        self.written(number)
+        return renames[0][1]
+
+    def put_step(self, writer, number: int, records: Sequence[Record], mode: str = "all",
+                 files: bool = True, calls: Optional[Mapping[str, dict]] = None) -> None:
+        """write_step's step handed to a writer thread (dump.writer.make_writer's), which
+        writes it while the training goes on: dumped_steps names it once it is on disk. A
+        failure is raised by the writer's next put_step or flush (remove_partials then
+        deletes what the step left)."""
+        plan, filled, more, renames, dirs = self._step_job(number, records, mode, files, calls)
+        writer.put_step(plan, filled, more, (), renames, dirs, lambda: self.written(number))
+
+    def _step_job(self, number, records, mode, files, calls) -> tuple:
+        """What writing a step takes: its plan, the plan filled with its values, its other
+        files ((path, bytes) each), the rename that puts it in place and the directory
+        made first."""
         plan = self._step_plan(records, mode, files)
         stamps = [r.timestamp for r in records]
         partial, path = self.partial_dir(number), self.steps_dir() + str(number)
@@ -334,14 +358,17 @@ class RunWriter:
         if calls:
             more.append((os.path.join(partial, layout.CALLS_FILE),
                          json.dumps(calls, ensure_ascii=False, sort_keys=True).encode("utf-8")))
-        try:
-            plan.write(filled, more, renames=[(partial, path)], dirs=[partial])
-        except OSError as e:
-            shutil.rmtree(partial, ignore_errors=True)      # never a step that looks begun
-            raise write_error(e) from None
-        self.dumped_steps.append(number)
-        self.dumped_steps.sort()
-        return path
+        return plan, filled, more, [(partial, path)], [partial]
+
+    def written(self, number: int) -> None:
+        """A step is on disk: run.json's list names it from the next finish()."""
+        bisect.insort(self.dumped_steps, number)
+
+    def remove_partials(self) -> None:
+        """Delete the hidden directories of steps begun and not finished (a write failed):
+        a full disk gets its space back, and nothing looks like a step."""
+        for partial in glob.glob(glob.escape(self.steps_dir()) + ".*" + PARTIAL):
+            shutil.rmtree(partial, ignore_errors=True)
 
     # -- run-level files -----------------------------------------------------------------------
     def observed(self, step: int, status: int, loss_scale: Optional[tuple],

@@ -10,6 +10,7 @@ is renamed into place when complete, so a directory with its final name is alway
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -140,6 +141,25 @@ def _job(plan, filled, more, links, renames, dirs, contiguous: bool = False) -> 
              filled.stamps, plan.index.literal, plan.index.cuts, plan.index.refs,
              filled.index_path)
     return index, (paths, headers, arrays, halves, tuple(links), tuple(renames), tuple(dirs))
+
+
+_OPEN = weakref.WeakSet()
+
+
+def close_at_exit(owner) -> None:
+    """owner.close() when the process exits, if it is still alive: a dump's last steps,
+    queued to its writer thread, are on disk before the process ends (a killed process
+    cannot wait)."""
+    _OPEN.add(owner)
+
+
+@atexit.register
+def _close_open_dumps() -> None:
+    for owner in list(_OPEN):
+        try:
+            owner.close()
+        except Exception:       # exiting anyway: a step that failed to write has no index
+            pass
 
 
 def make_writer(max_pending: int = 2):

@@ -38,12 +38,13 @@ from torch.autograd.graph import increment_version
 from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
 from ..dump.stepplan import Summary
-from ..dump.writer import DumpWriteError, write_error
+from ..dump.writer import DumpWriteError, close_at_exit, make_writer, write_error
 from ..errors import PrecisionToolError
 from ..runtime.config import SessionConfig
 from ..runtime.npu.fusion import enabled_passes, fusion_record, switch_for
 from .backward import call_graph, where_from
 from .collectives import CollectiveWatch, rank_info
+from .copies import CopyPool
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
 
@@ -165,11 +166,6 @@ def _values(v) -> np.ndarray:
 def _key(t: torch.Tensor) -> tuple:
     """What a value kept of t holds for: t's version, dtype and shape."""
     return int(t._version), t.dtype, tuple(t.shape)
-
-
-def _copy(t: torch.Tensor) -> np.ndarray:
-    # (a bfloat16 tensor's view is a float32 copy already)
-    return _view(t) if t.dtype == torch.bfloat16 else _view(t).copy()
 
 
 class _Recorder(TorchFunctionMode):
@@ -377,6 +373,8 @@ class PrecisionDebugger:
         self.npu = None
         self.golden = None
         self._writer: Optional[RunWriter] = None
+        self._queue = None                  # its writer thread (dump.writer)
+        self._put: List[int] = []           # the steps handed to it
         self._modes: List = []
         self._records: List[Record] = []
         self._counts: Dict[str, int] = {}
@@ -384,6 +382,7 @@ class PrecisionDebugger:
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         # (address, size, dtype) of a contiguous tensor -> (it, its version, its copy)
         self._memory: Dict[tuple, tuple] = {}
+        self._pool = CopyPool()             # a tensor dump's copies, in warm memory
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
@@ -475,8 +474,14 @@ class PrecisionDebugger:
         if self._froze_heap:
             gc.unfreeze()
             self._froze_heap = False
+        self.close()
+
+    def close(self) -> None:
+        """Wait until every dumped step is on disk, run.json listing them (stop() does;
+        so does the process's exit, for a script that never stops the debugger)."""
         if self._writer is not None:
             try:
+                self._queue.flush()
                 self._writer.finish()
             except OSError as e:
                 self._stop(e)
@@ -625,6 +630,9 @@ class PrecisionDebugger:
             self._stop(e)
             return
         self.run_dir = self._writer.run_dir
+        # one step written while the next runs: a tensor dump holds two steps' copies at most
+        self._queue = make_writer(max_pending=1)
+        close_at_exit(self)
 
     def _snapshot(self, t: torch.Tensor) -> np.ndarray:
         """t's value now, copied once per version: an output read by the next call (and a
@@ -641,11 +649,15 @@ class PrecisionDebugger:
         if value is None:
             # a statistics dump keeps the statistics, not a copy (a step's every activation
             # twice over, for big models)
-            value = Summary(_view(t)) if self.summaries else _copy(t)
+            value = Summary(_view(t)) if self.summaries else self._copy(t)
             if memory is not None:
                 self._memory[memory] = (weakref.ref(t), t._version, value)
         self._copies[t] = (key, value)
         return value
+
+    def _copy(self, t: torch.Tensor) -> np.ndarray:
+        # (a bfloat16 tensor's view is a float32 copy already)
+        return _view(t) if t.dtype == torch.bfloat16 else self._pool.copy(_view(t))
 
     def _same_memory(self, t: torch.Tensor, memory: tuple):
         """The value kept of a live tensor whose memory (address, size, dtype) t is, element
@@ -768,7 +780,7 @@ class PrecisionDebugger:
                     else:                   # the call read the input twice: their sum
                         so_far = held[1] if held[2] or not self.summaries else \
                             _values(held[0])
-                        state["out"][k] = (g, so_far + _copy(g), True)
+                        state["out"][k] = (g, so_far + self._copy(g), True)
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
                         self._leaf_grad(leaf, f"{back}:{reached.index(k)}",
@@ -895,16 +907,25 @@ class PrecisionDebugger:
         """A write failed (a full disk): the dump ends here with one warning, run.json says
         so, and the script goes on undumped."""
         error = error if isinstance(error, DumpWriteError) else write_error(error)
-        self.stopped = (self.step_number, str(error))
         self.recording = False
         self._records = []
         writer, self._writer = self._writer, None
-        warn_stopped(self.run_dir, self.step_number, error,
+        step = self.step_number
+        if writer is not None:
+            try:
+                self._queue.flush()        # the steps queued after the failure are dropped
+            except OSError:
+                pass
+            writer.remove_partials()
+            lost = [n for n in self._put if n not in writer.dumped_steps]
+            step = lost[0] if lost else step
+        self.stopped = (step, str(error))
+        warn_stopped(self.run_dir, step, error,
                      writer.dumped_steps if writer is not None else [],
                      "the script goes on")
         if writer is not None:
             try:
-                writer.stopped(self.step_number, str(error))
+                writer.stopped(step, str(error))
             except OSError:
                 pass
 
@@ -925,8 +946,9 @@ class PrecisionDebugger:
             return
         self._writer.observed(self.step_number, status, self._scale_row, self._loss)
         if self._records and (self.steps is None or self.step_number in self.steps):
-            self._writer.write_step(self.step_number, self._records,
-                                    files=self.dump_mode == "tensor", calls=self._calls)
+            self._writer.put_step(self._queue, self.step_number, self._records,
+                                  files=self.dump_mode == "tensor", calls=self._calls)
+            self._put.append(self.step_number)
             if self._fusion_changed:       # a step's calls are the last step's, mostly
                 self._writer.fusion(fusion_record("torch", self._fused))
                 self._fusion_changed = False
@@ -941,3 +963,4 @@ class PrecisionDebugger:
         self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
         self._names, self._copies, self._memory = ByIdentity(), ByIdentity(), {}
         self._writer.finish()
+        self._pool.recycle()
