@@ -121,3 +121,31 @@ def test_a_script_that_never_stops_the_debugger_finds_its_steps_on_disk(tmp_path
     run = Workspace(str(tmp_path / "ws")).run("cpu")
     assert run.complete_steps == [0, 1, 2, 3] and run.partials == []
     assert run.info["dumped_steps"] == [0, 1, 2, 3]
+
+
+def test_a_stopped_debugger_holds_no_copies_and_goes_with_its_last_reference(tmp_path):
+    """A model outlives its debugger (an in-process replay makes one per rerun): once
+    stopped, nothing of the model holds the debugger (its hooks are removed), so neither
+    it nor its copies stay alive."""
+    import gc
+    import weakref
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_step="all")
+    d.start(model)
+    for _ in range(3):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        d.step()
+    d.stop()
+    assert not d._pool._lent and not d._pool._free    # the written steps' buffers let go
+    gone = weakref.ref(d)
+    del d
+    gc.collect()
+    assert gone() is None
+    # and the model trains on without it
+    F.cross_entropy(model(x), y).backward()
+    opt.step()

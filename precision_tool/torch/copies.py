@@ -55,3 +55,7 @@ class CopyPool:
             else:
                 self._lent.append(buffer)
         self._free = free
+
+    def clear(self) -> None:
+        """Let every buffer go (a stopped dump's: nothing is left to write)."""
+        self._lent, self._free = [], {}

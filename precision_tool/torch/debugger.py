@@ -403,7 +403,9 @@ class PrecisionDebugger:
         self._grad_values: Dict[str, tuple] = {}   # a backward output's (copy, dtype), this step
         self._leaf_made = ByIdentity()      # a parameter -> its gradient's name, "" if several
         self._vars_read = ByIdentity()      # the state read so far this step
-        self._leaf_hooked: set = set()      # the parameters whose accumulation is watched
+        # the parameters whose accumulation is watched: id -> the hook's handle (removed by
+        # stop(): a hook holds the debugger, and with it its copies)
+        self._leaf_hooked: Dict[int, object] = {}
         self.recording = False
         self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
         self.touched = False       # an API call since the last step ended (a step ran)
@@ -468,13 +470,14 @@ class PrecisionDebugger:
         if self._collectives is not None:
             self._collectives.remove()
             self._collectives = None
-        for handle in self._optimizer_hooks:
+        for handle in [*self._optimizer_hooks, *self._leaf_hooked.values()]:
             handle.remove()
-        self._optimizer_hooks = []
+        self._optimizer_hooks, self._leaf_hooked = [], {}
         if self._froze_heap:
             gc.unfreeze()
             self._froze_heap = False
         self.close()
+        self._pool.clear()        # the buffers of written steps: nothing needs them now
 
     def close(self) -> None:
         """Wait until every dumped step is on disk, run.json listing them (stop() does;
@@ -882,14 +885,13 @@ class PrecisionDebugger:
         self._leaf_made[leaf] = (name, value) if fresh and made is None else ""
         if id(leaf) in self._leaf_hooked:
             return
-        self._leaf_hooked.add(id(leaf))
 
         def accumulated(param):
             made = self._leaf_made.get(param)
             if made and param.grad is not None:
                 self._name(param.grad, made[0])
                 self._copies[param.grad] = (_key(param.grad), made[1])
-        leaf.register_post_accumulate_grad_hook(accumulated)
+        self._leaf_hooked[id(leaf)] = leaf.register_post_accumulate_grad_hook(accumulated)
 
     def _kernels(self, outs) -> dict:
         """{"kernels": "MatMul,MatMul,ReduceSum"}: the op type of the kernel that made each
