@@ -53,10 +53,15 @@ def test_a_buffer_a_whole_step_left_unused_is_let_go():
     assert pool.reused == 0
 
 
-def test_every_dumped_step_holds_its_own_values(tmp_path):
+@pytest.mark.parametrize("in_place", [False, True], ids=["handed-over", "in-place"])
+def test_every_dumped_step_holds_its_own_values(tmp_path, monkeypatch, in_place):
     """Six steps dumped in tensor mode, the copies of later steps made into the buffers of
     earlier ones: each step's files hold what the script had at that step (its parameters
-    as the step read them, its first activation, its loss), recorded by the script itself."""
+    as the step read them, its first activation, its loss), recorded by the script itself;
+    small steps handed to the writer thread, big ones (here: every one) written in place."""
+    import precision_tool.torch.debugger as debugger
+    if in_place:
+        monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     opt = torch.optim.Adam(model.parameters(), lr=1e-1)
@@ -76,6 +81,7 @@ def test_every_dumped_step_holds_its_own_values(tmp_path):
         d.step(loss)
     d.stop()
     assert d._pool.reused > 0               # later steps did reuse earlier steps' buffers
+    assert d._put == ([] if in_place else list(range(6)))     # the steps handed over
     ws = Workspace(str(tmp_path))
     run = ws.run("cpu")
     assert run.complete_steps == list(range(6))

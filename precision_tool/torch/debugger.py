@@ -65,6 +65,19 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
                    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
+# A tensor dump's step of more bytes than this is written on the training thread, not
+# handed to the writer thread: the copying and writing of hundreds of megabytes is memory
+# work that, beside torch's own threads (which take every core, and cannot be given fewer:
+# the golden's sums depend on their count), slows the step more than the overlap saves
+# (measured in docs/design-notes.md, "A step is written while the next one runs").
+IN_PLACE_BYTES = 64 << 20
+
+
+def _output_bytes(records) -> int:
+    """The bytes of a step's outputs (a tensor dump's: arrays), about what its files hold."""
+    return sum(v.nbytes for r in records for v in r.outputs if isinstance(v, np.ndarray))
+
+
 # in-place fills: what the tensor held before (often uninitialised memory) is not an input
 _OVERWRITES = frozenset({"uniform_", "normal_", "zero_", "fill_", "random_", "bernoulli_",
                          "exponential_", "geometric_", "log_normal_", "cauchy_", "copy_",
@@ -633,7 +646,8 @@ class PrecisionDebugger:
             self._stop(e)
             return
         self.run_dir = self._writer.run_dir
-        # one step written while the next runs: a tensor dump holds two steps' copies at most
+        # one step written while the next runs (a small one: IN_PLACE_BYTES); a tensor dump
+        # holds two steps' copies at most
         self._queue = make_writer(max_pending=1)
         close_at_exit(self)
 
@@ -948,9 +962,15 @@ class PrecisionDebugger:
             return
         self._writer.observed(self.step_number, status, self._scale_row, self._loss)
         if self._records and (self.steps is None or self.step_number in self.steps):
-            self._writer.put_step(self._queue, self.step_number, self._records,
-                                  files=self.dump_mode == "tensor", calls=self._calls)
-            self._put.append(self.step_number)
+            files = self.dump_mode == "tensor"
+            if files and _output_bytes(self._records) > IN_PLACE_BYTES:
+                self._queue.flush()             # the steps before it first
+                self._writer.write_step(self.step_number, self._records, files=files,
+                                        calls=self._calls)
+            else:
+                self._writer.put_step(self._queue, self.step_number, self._records,
+                                      files=files, calls=self._calls)
+                self._put.append(self.step_number)
             if self._fusion_changed:       # a step's calls are the last step's, mostly
                 self._writer.fusion(fusion_record("torch", self._fused))
                 self._fusion_changed = False
