@@ -44,7 +44,6 @@ from ..runtime.config import SessionConfig
 from ..runtime.npu.fusion import enabled_passes, fusion_record, switch_for
 from .backward import call_graph, where_from
 from .collectives import CollectiveWatch, rank_info
-from .copies import CopyPool
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
 
@@ -179,6 +178,11 @@ def _values(v) -> np.ndarray:
 def _key(t: torch.Tensor) -> tuple:
     """What a value kept of t holds for: t's version, dtype and shape."""
     return int(t._version), t.dtype, tuple(t.shape)
+
+
+def _copy(t: torch.Tensor) -> np.ndarray:
+    # (a bfloat16 tensor's view is a float32 copy already)
+    return _view(t) if t.dtype == torch.bfloat16 else _view(t).copy()
 
 
 class _Recorder(TorchFunctionMode):
@@ -395,7 +399,6 @@ class PrecisionDebugger:
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
         # (address, size, dtype) of a contiguous tensor -> (it, its version, its copy)
         self._memory: Dict[tuple, tuple] = {}
-        self._pool = CopyPool()             # a tensor dump's copies, in warm memory
         self._loss: Optional[float] = None
         self._modules: Optional[_Modules] = None
         self._scaler: Optional[ScalerWatch] = None
@@ -490,7 +493,6 @@ class PrecisionDebugger:
             gc.unfreeze()
             self._froze_heap = False
         self.close()
-        self._pool.clear()        # the buffers of written steps: nothing needs them now
 
     def close(self) -> None:
         """Wait until every dumped step is on disk, run.json listing them (stop() does;
@@ -666,15 +668,11 @@ class PrecisionDebugger:
         if value is None:
             # a statistics dump keeps the statistics, not a copy (a step's every activation
             # twice over, for big models)
-            value = Summary(_view(t)) if self.summaries else self._copy(t)
+            value = Summary(_view(t)) if self.summaries else _copy(t)
             if memory is not None:
                 self._memory[memory] = (weakref.ref(t), t._version, value)
         self._copies[t] = (key, value)
         return value
-
-    def _copy(self, t: torch.Tensor) -> np.ndarray:
-        # (a bfloat16 tensor's view is a float32 copy already)
-        return _view(t) if t.dtype == torch.bfloat16 else self._pool.copy(_view(t))
 
     def _same_memory(self, t: torch.Tensor, memory: tuple):
         """The value kept of a live tensor whose memory (address, size, dtype) t is, element
@@ -797,7 +795,7 @@ class PrecisionDebugger:
                     else:                   # the call read the input twice: their sum
                         so_far = held[1] if held[2] or not self.summaries else \
                             _values(held[0])
-                        state["out"][k] = (g, so_far + self._copy(g), True)
+                        state["out"][k] = (g, so_far + _copy(g), True)
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
                         self._leaf_grad(leaf, f"{back}:{reached.index(k)}",
@@ -985,4 +983,3 @@ class PrecisionDebugger:
         self._leaf_made, self._vars_read = ByIdentity(), ByIdentity()
         self._names, self._copies, self._memory = ByIdentity(), ByIdentity(), {}
         self._writer.finish()
-        self._pool.recycle()

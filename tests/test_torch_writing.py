@@ -1,6 +1,6 @@
-"""A tensor dump's copies in recycled memory (torch.copies.CopyPool), and the steps written
-by a writer thread while the training goes on: every dumped step still holds its own
-values, and a script that never stops the debugger finds its steps on disk at exit."""
+"""The PyTorch debugger's steps written by a writer thread while the training goes on (a
+small step) or in place (a big one): every dumped step holds its own values, a script that
+never stops the debugger finds its steps on disk at exit, a stopped debugger is let go."""
 import os
 import subprocess
 import sys
@@ -16,49 +16,14 @@ import torch.nn.functional as F  # noqa: E402
 
 from precision_tool.dump import Workspace  # noqa: E402
 from precision_tool.torch import PrecisionDebugger  # noqa: E402
-from precision_tool.torch.copies import CopyPool  # noqa: E402
-
-
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def test_a_buffer_is_reused_only_once_nothing_holds_it():
-    pool = CopyPool()
-    first = pool.copy(np.arange(6, dtype=np.float32))
-    kept = pool.copy(np.ones((2, 3), dtype=np.float32))
-    view = kept.reshape(6)                  # a view (a record's) holds its buffer
-    where = _address(first)
-    del first, kept
-    pool.recycle()
-    again = pool.copy(np.full(6, 7, dtype=np.float32))
-    assert _address(again) == where and pool.reused == 1
-    assert np.array_equal(again, np.full(6, 7, dtype=np.float32))
-    other = pool.copy(np.full((2, 3), 5, dtype=np.float32))      # its buffer is still held
-    assert not np.shares_memory(other, view) and pool.reused == 1
-    assert np.array_equal(view, np.ones(6, dtype=np.float32))      # never overwritten
-    # another dtype or shape never gets it
-    del again
-    pool.recycle()
-    assert pool.copy(np.zeros(6, dtype=np.float64)).dtype == np.float64 and pool.reused == 1
-    assert pool.copy(np.zeros(3, dtype=np.float32)).shape == (3,) and pool.reused == 1
-
-
-def test_a_buffer_a_whole_step_left_unused_is_let_go():
-    pool = CopyPool()
-    pool.copy(np.zeros(4, dtype=np.float32))
-    pool.recycle()                          # free now
-    pool.recycle()                          # a step that made no copy of that shape
-    pool.copy(np.zeros(4, dtype=np.float32))
-    assert pool.reused == 0
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["handed-over", "in-place"])
 def test_every_dumped_step_holds_its_own_values(tmp_path, monkeypatch, in_place):
-    """Six steps dumped in tensor mode, the copies of later steps made into the buffers of
-    earlier ones: each step's files hold what the script had at that step (its parameters
-    as the step read them, its first activation, its loss), recorded by the script itself;
-    small steps handed to the writer thread, big ones (here: every one) written in place."""
+    """Six steps dumped in tensor mode, each written while the script goes on changing its
+    tensors: each step's files hold what the script had at that step (its parameters as the
+    step read them, its first activation, its loss), recorded by the script itself; small
+    steps handed to the writer thread, big ones (here: every one) written in place."""
     import precision_tool.torch.debugger as debugger
     if in_place:
         monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
@@ -80,7 +45,6 @@ def test_every_dumped_step_holds_its_own_values(tmp_path, monkeypatch, in_place)
         seen[-1]["loss"] = loss.detach().clone()
         d.step(loss)
     d.stop()
-    assert d._pool.reused > 0               # later steps did reuse earlier steps' buffers
     assert d._put == ([] if in_place else list(range(6)))     # the steps handed over
     ws = Workspace(str(tmp_path))
     run = ws.run("cpu")
@@ -129,10 +93,10 @@ def test_a_script_that_never_stops_the_debugger_finds_its_steps_on_disk(tmp_path
     assert run.info["dumped_steps"] == [0, 1, 2, 3]
 
 
-def test_a_stopped_debugger_holds_no_copies_and_goes_with_its_last_reference(tmp_path):
+def test_a_stopped_debugger_goes_with_its_last_reference(tmp_path):
     """A model outlives its debugger (an in-process replay makes one per rerun): once
-    stopped, nothing of the model holds the debugger (its hooks are removed), so neither
-    it nor its copies stay alive."""
+    stopped, nothing of the model holds the debugger (its hooks are removed), so it and
+    what it holds do not stay alive."""
     import gc
     import weakref
     torch.manual_seed(0)
@@ -147,7 +111,6 @@ def test_a_stopped_debugger_holds_no_copies_and_goes_with_its_last_reference(tmp
         opt.zero_grad()
         d.step()
     d.stop()
-    assert not d._pool._lent and not d._pool._free    # the written steps' buffers let go
     gone = weakref.ref(d)
     del d
     gc.collect()
