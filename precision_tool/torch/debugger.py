@@ -68,7 +68,7 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
 # handed to the writer thread: the copying and writing of hundreds of megabytes is memory
 # work that, beside torch's own threads (which take every core, and cannot be given fewer:
 # the golden's sums depend on their count), slows the step more than the overlap saves
-# (measured in docs/design-notes.md, "A step is written while the next one runs").
+# (measured in docs/design-notes.md, "A small step is written while the next one runs").
 IN_PLACE_BYTES = 64 << 20
 
 
@@ -420,7 +420,7 @@ class PrecisionDebugger:
         self._leaf_made = ByIdentity()      # a parameter -> its gradient's name, "" if several
         self._vars_read = ByIdentity()      # the state read so far this step
         # the parameters whose accumulation is watched: id -> the hook's handle (removed by
-        # stop(): a hook holds the debugger, and with it its copies)
+        # stop(): a hook holds the debugger, and with it what it keeps)
         self._leaf_hooked: Dict[int, object] = {}
         self.recording = False
         self.stopped: Optional[tuple] = None    # (step, error) once a write failure stopped it
