@@ -547,7 +547,9 @@ def test_the_heap_before_start_is_left_out_of_the_collector_until_stop(tmp_path)
         d2 = PrecisionDebugger(str(tmp_path), target="golden", dump_mode="statistics")
         d2.start()
         d2.stop()
-        assert gc.get_freeze_count() == mine
+        # left frozen (an unfreeze empties it) and not frozen again; a frozen object that
+        # dies meanwhile (a weak set's entry) leaves it, so a few may go
+        assert mine - 16 <= gc.get_freeze_count() <= mine
     finally:
         gc.unfreeze()
 
