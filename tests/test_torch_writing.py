@@ -45,7 +45,7 @@ def test_every_dumped_step_holds_its_own_values(tmp_path, monkeypatch, in_place)
         seen[-1]["loss"] = loss.detach().clone()
         d.step(loss)
     d.stop()
-    assert d._put == ([] if in_place else list(range(6)))     # the steps handed over
+    assert d._writer._handed == ([] if in_place else list(range(6)))     # the steps handed over
     ws = Workspace(str(tmp_path))
     run = ws.run("cpu")
     assert run.complete_steps == list(range(6))

@@ -107,7 +107,6 @@ class DumpObserver:
         self.target = session.target
         self.npu = session.target == "npu"
         self.stopped: Optional[tuple] = None   # (step, error) once a write failure stopped it
-        self._put: List[int] = []              # steps handed to the writer
         self._step = None
         self.run_dir = self.files = None
         try:
@@ -244,15 +243,8 @@ class DumpObserver:
             return
         files = self.files
         if files is not None:
-            try:
-                self.writer.flush()          # the steps queued after the failure are dropped
-            except (DumpWriteError, OSError):
-                pass
+            step = files.abandon(self.writer, step)
             self._core.restore()
-            on_disk = set(files.dumped_steps)
-            lost = [n for n in self._put if n not in on_disk]
-            step = lost[0] if lost else step
-            files.remove_partials()
             for partial in glob.glob(glob.escape(self._replay_dir) + ".*" + PARTIAL):
                 shutil.rmtree(partial, ignore_errors=True)
         self.stopped = (step, str(error))
@@ -373,7 +365,7 @@ class DumpObserver:
             renames.append((bundle.partial, bundle.path))
 
         files = self.files
-        self._put.append(st.number)
+        files.handed_over(st.number)
 
         def written():
             files.written(st.number)

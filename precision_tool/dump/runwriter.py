@@ -169,6 +169,7 @@ class RunWriter:
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.graph_name = graph.name if graph is not None else str(info.get("graph") or "graph")
         self.dumped_steps: List[int] = []
+        self._handed: List[int] = []       # the steps queued to a writer thread
         self.history: List[list] = []      # step_history.csv rows of every observed step
         self._history_written = 0          # how many of them are in the file
         self.history_at = 0.0              # when they were last appended (time.monotonic)
@@ -317,8 +318,9 @@ class RunWriter:
                    files: bool = True, calls: Optional[Mapping[str, dict]] = None) -> str:
         """Write a step here and now, whole or not at all: its index, (files) its tensor
         files and (calls) its ops' call sites (op name -> {"module", "source"}, calls.json);
-        returns its directory. For values handed over once (an ONNX job's); a training
-        loop's steps go to a writer thread (put_step)."""
+        returns its directory. For values handed over once (an ONNX job's) and for steps
+        too big to gain from a writer thread (a PyTorch tensor dump's); a training loop's
+        other steps go to one (put_step)."""
         plan, filled, more, renames, dirs = self._step_job(number, records, mode, files, calls)
         try:
             plan.write(filled, more, renames=renames, dirs=dirs)
@@ -336,6 +338,7 @@ class RunWriter:
         deletes what the step left)."""
         plan, filled, more, renames, dirs = self._step_job(number, records, mode, files, calls)
         writer.put_step(plan, filled, more, (), renames, dirs, lambda: self.written(number))
+        self.handed_over(number)
 
     def _step_job(self, number, records, mode, files, calls) -> tuple:
         """What writing a step takes: its plan, the plan filled with its values, its other
@@ -360,13 +363,29 @@ class RunWriter:
                          json.dumps(calls, ensure_ascii=False, sort_keys=True).encode("utf-8")))
         return plan, filled, more, [(partial, path)], [partial]
 
+    def handed_over(self, number: int) -> None:
+        """A step is queued to a writer thread (put_step's, or a caller's own)."""
+        self._handed.append(number)
+
     def written(self, number: int) -> None:
         """A step is on disk: run.json's list names it from the next finish()."""
         bisect.insort(self.dumped_steps, number)
 
+    def abandon(self, writer, step: Optional[int]) -> Optional[int]:
+        """After a write failed: the writer's queue dropped (its steps after the failure
+        are not written), the hidden directories of steps begun and not finished deleted (a
+        full disk gets its space back, and nothing looks like a step), and the step the
+        dump stopped at returned: the first handed over and not on disk, else `step`."""
+        try:
+            writer.flush()
+        except OSError:             # the failure itself, said by the caller
+            pass
+        self.remove_partials()
+        lost = [n for n in self._handed if n not in self.dumped_steps]
+        return lost[0] if lost else step
+
     def remove_partials(self) -> None:
-        """Delete the hidden directories of steps begun and not finished (a write failed):
-        a full disk gets its space back, and nothing looks like a step."""
+        """Delete the hidden directories of steps begun and not finished."""
         for partial in glob.glob(glob.escape(self.steps_dir()) + ".*" + PARTIAL):
             shutil.rmtree(partial, ignore_errors=True)
 

@@ -391,7 +391,6 @@ class PrecisionDebugger:
         self.golden = None
         self._writer: Optional[RunWriter] = None
         self._queue = None                  # its writer thread (dump.writer)
-        self._put: List[int] = []           # the steps handed to it
         self._modes: List = []
         self._records: List[Record] = []
         self._counts: Dict[str, int] = {}
@@ -926,13 +925,7 @@ class PrecisionDebugger:
         writer, self._writer = self._writer, None
         step = self.step_number
         if writer is not None:
-            try:
-                self._queue.flush()        # the steps queued after the failure are dropped
-            except OSError:
-                pass
-            writer.remove_partials()
-            lost = [n for n in self._put if n not in writer.dumped_steps]
-            step = lost[0] if lost else step
+            step = writer.abandon(self._queue, step)
         self.stopped = (step, str(error))
         warn_stopped(self.run_dir, step, error,
                      writer.dumped_steps if writer is not None else [],
@@ -968,7 +961,6 @@ class PrecisionDebugger:
             else:
                 self._writer.put_step(self._queue, self.step_number, self._records,
                                       files=files, calls=self._calls)
-                self._put.append(self.step_number)
             if self._fusion_changed:       # a step's calls are the last step's, mostly
                 self._writer.fusion(fusion_record("torch", self._fused))
                 self._fusion_changed = False
