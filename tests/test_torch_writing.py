@@ -118,3 +118,123 @@ def test_a_stopped_debugger_goes_with_its_last_reference(tmp_path):
     # and the model trains on without it
     F.cross_entropy(model(x), y).backward()
     opt.step()
+
+
+class _Block(nn.Module):
+    """What a big step spills: views of a spilled output (one its shape, one not), an
+    activation a later call changes in place, a tensor two calls read (autograd sums its
+    gradients), a parameter update."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        g = F.gelu(h.view(8, 2, 16).reshape(8, 32)) + torch.tanh(h)
+        r = g.clone()
+        r.relu_()
+        return self.b(r * g)
+
+
+def _dump(root, target="golden", steps=3):
+    torch.manual_seed(0)
+    model = _Block()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    d = PrecisionDebugger(str(root), target=target, dump_step="all")
+    d.start(model)
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        d.step(loss)
+    d.stop()
+    return d
+
+
+def _tensors(root, kind, step):
+    """(op, io, index) -> (row's shape, dtype, statistics, the file's array)."""
+    ws = Workspace(str(root))
+    run = ws.run(kind)
+    assert run.partials == []
+    t = ws.index(run, step)
+    stats = ["max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count"]
+    return {(r.op_name, r.io, r["index"]): (r.shape, r.dtype, tuple(r[s] for s in stats),
+                                             ws.load(run, step, r.file))
+            for _, r in t.iterrows()}
+
+
+@pytest.mark.parametrize("target,kind", [("golden", "cpu"), ("npu", "npu")])
+def test_a_big_step_written_as_it_runs_holds_what_a_small_one_does(tmp_path, monkeypatch,
+                                                                   target, kind):
+    """A step past IN_PLACE_BYTES writes each value as it is made (spills it: no copy
+    kept) and links the files in when the step ends: every line of its index, and every
+    file, is what the same step written from copies holds; no spill is left behind."""
+    import precision_tool.torch.debugger as debugger
+    _dump(tmp_path / "copies", target)
+    monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
+    spilled = []
+    real = debugger.RunWriter.spill
+    monkeypatch.setattr(debugger.RunWriter, "spill",
+                        lambda self, n, v: spilled.append(v.shape) or real(self, n, v))
+    _dump(tmp_path / "spilled", target)
+    assert len(spilled) > 30            # all but the first value of each step, fp16 aside
+    for step in range(3):
+        want, got = _tensors(tmp_path / "copies", kind, step), _tensors(tmp_path / "spilled",
+                                                                        kind, step)
+        assert want.keys() == got.keys()
+        for key, (shape, dtype, stats, value) in want.items():
+            g = got[key]
+            assert (g[0], g[1]) == (shape, dtype), key
+            assert np.array_equal(g[2], stats, equal_nan=True), key
+            assert g[3].dtype == value.dtype and np.array_equal(g[3], value), key
+    leftovers = [p for p, _, _ in os.walk(tmp_path / "spilled") if ".spilled" in p or
+                 p.endswith(".partial")]
+    assert leftovers == []
+
+
+def test_a_step_cut_short_leaves_no_spilled_values(tmp_path, monkeypatch):
+    """A script that raises in the middle of a big step: the steps before it are on disk,
+    the values the cut step had spilled are not (no hidden directory is left)."""
+    import precision_tool.torch.debugger as debugger
+    monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
+    torch.manual_seed(0)
+    model = _Block()
+    x = torch.randn(8, 16)
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_step="all")
+    d.start(model)
+    model(x).sum().backward()
+    d.step()
+    model(x)            # the second step's forward, then the script fails
+    assert any(".spilled" in p for p, _, _ in os.walk(tmp_path))
+    d.stop(RuntimeError("the script failed"))
+    run = Workspace(str(tmp_path)).run("cpu")
+    assert run.complete_steps == [0]
+    assert [p for p, _, _ in os.walk(tmp_path) if "partial" in p or ".spilled" in p] == []
+
+
+def test_a_spill_that_fails_ends_the_dump_and_the_training_goes_on(tmp_path, monkeypatch,
+                                                                  capsys):
+    """A full disk met while spilling: the dump stops at that step with one warning and
+    nothing of the step left on disk; the steps before it stay; the script trains on."""
+    import errno
+    import precision_tool.torch.debugger as debugger
+    monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
+    real, calls = debugger.RunWriter.spill, []
+
+    def spill(self, number, value):
+        calls.append(number)
+        if number == 1 and calls.count(1) == 3:
+            raise debugger.write_error(OSError(errno.ENOSPC, "No space left on device",
+                                               self.partial_dir(number)))
+        return real(self, number, value)
+    monkeypatch.setattr(debugger.RunWriter, "spill", spill)
+    d = _dump(tmp_path, steps=3)
+    assert d.stopped is not None and d.stopped[0] == 1
+    assert "No space left" in capsys.readouterr().err
+    run = Workspace(str(tmp_path)).run("cpu")
+    assert run.complete_steps == [0] and run.partials == []
+    assert [p for p, _, _ in os.walk(tmp_path) if "partial" in p or ".spilled" in p] == []
+    assert max(calls) == 1          # nothing spilled after the failure

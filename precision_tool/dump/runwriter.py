@@ -33,7 +33,7 @@ from ..table import csv_field
 from .writer import write_error
 from ..version import __version__
 from . import layout
-from .stepplan import Row, StepPlan, Summary, disk_dtype
+from .stepplan import SPILL_DIR, Row, Spilled, StepPlan, Summary, disk_dtype
 
 _STATS = list(kernels.STAT_FIELDS)
 # a device run's index (Ascend's names and tasks) and a reference run's
@@ -139,7 +139,7 @@ class _Static(NamedTuple):
 def _values_key(values) -> Optional[tuple]:
     """What of a record's values its index lines and files depend on."""
     return None if values is None else \
-        tuple(None if v is None else (v.shape, v.dtype) for v in values)
+        tuple(None if v is None else (v.shape, v.dtype, isinstance(v, Spilled)) for v in values)
 
 
 def _task_key(task) -> Optional[tuple]:
@@ -178,6 +178,7 @@ class RunWriter:
         # the first step's inputs
         self._static: Dict[OpSpec, _Static] = {}
         self._last_plan: Optional[StepPlan] = None     # write_step's, for the next step
+        self._spilled_step, self._spills = None, 0     # the step spill() writes into
         self._dirty = False                # run.json has facts not yet written (record)
         self._info = {"writer": "precision_tool", "version": __version__,
                       "target": target.name, "kind": target.kind, "started": self.started,
@@ -314,6 +315,28 @@ class RunWriter:
         """The hidden directory a step is written into before it is renamed into place."""
         return f"{self.steps_dir()}.{number}{PARTIAL}"
 
+    def spill(self, number: int, value: np.ndarray) -> Spilled:
+        """A value of step `number` written now, into the step's hidden directory (see
+        stepplan.Spilled): a step so big that keeping a copy of each value until the step
+        is written costs more than writing it at once. Such a step is written by
+        write_step."""
+        directory = os.path.join(self.partial_dir(number), SPILL_DIR)
+        try:
+            if self._spilled_step != number:
+                os.makedirs(directory, exist_ok=True)
+                self._spilled_step, self._spills = number, 0
+            self._spills += 1
+            return Spilled(os.path.join(directory, f"{self._spills}.npy"), value)
+        except OSError as e:
+            raise write_error(e) from None
+
+    def drop_spilled(self) -> None:
+        """The hidden directory of the step spill() last wrote into deleted, if it is still
+        there: a step cut short, never written (a written step was renamed into place)."""
+        if self._spilled_step is not None:
+            shutil.rmtree(self.partial_dir(self._spilled_step), ignore_errors=True)
+            self._spilled_step = None
+
     def write_step(self, number: int, records: Sequence[Record], mode: str = "all",
                    files: bool = True, calls: Optional[Mapping[str, dict]] = None) -> str:
         """Write a step here and now, whole or not at all: its index, (files) its tensor
@@ -337,6 +360,8 @@ class RunWriter:
         failure is raised by the writer's next put_step or flush (remove_partials then
         deletes what the step left)."""
         plan, filled, more, renames, dirs = self._step_job(number, records, mode, files, calls)
+        if filled.spill_dir:
+            raise ValueError("a step that spilled values is written by write_step")
         writer.put_step(plan, filled, more, (), renames, dirs, lambda: self.written(number))
         self.handed_over(number)
 

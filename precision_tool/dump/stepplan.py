@@ -12,6 +12,7 @@ Without the C module the same plan is filled in Python, to the same bytes.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import List, NamedTuple, Sequence
 
 import numpy as np
@@ -20,7 +21,9 @@ from .. import kernels, numerics
 from . import layout
 from .template import Template
 from ..table import csv_field
-from ..kernels.write import contiguous_arrays, index_text, npy_header, step_paths, write_files
+from ..fileio import write_buffers
+from ..kernels.write import (contiguous_arrays, index_text, npy_header, replace_directory,
+                             step_paths, write_files)
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -58,6 +61,37 @@ class Summary:
         other.shape, other.dtype, other.size, other.stats = shape, self.dtype, self.size, \
             self.stats
         return other
+
+
+class Spilled:
+    """A tensor dump's value written to disk as it was made, in a step too big to keep a
+    copy of each value until it is written (the copy and its fresh memory cost as much as
+    the write): its file (under spill_dir: a header for `file_shape`, then the bytes), what
+    a plan reads of a value and its statistics, taken from the same memory as the file.
+    The step's writing then links each file to its name in the step (StepPlan.fill)."""
+    __slots__ = ("path", "file_shape", "shape", "dtype", "size", "stats")
+
+    def __init__(self, path: str, value: np.ndarray):
+        self.path, self.file_shape = path, value.shape
+        self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
+        self.stats = np.empty(8)
+        kernels.stats_row(value, self.stats)
+        write_buffers(path, [npy_header(value.dtype, value.shape), value])
+
+    def reshaped(self, shape: tuple) -> "Spilled":
+        """The same elements in another shape (a view's): the same file and statistics."""
+        other = Spilled.__new__(Spilled)
+        other.path, other.file_shape, other.dtype, other.size, other.stats = \
+            self.path, self.file_shape, self.dtype, self.size, self.stats
+        other.shape = shape
+        return other
+
+    def load(self) -> np.ndarray:
+        """Its elements, in its shape (mapped from the file, not read)."""
+        return np.load(self.path, mmap_mode="r", allow_pickle=False).reshape(self.shape)
+
+
+SPILL_DIR = ".spilled"      # in a step's hidden directory, removed before it is renamed
 
 
 def disk_dtype(value: np.ndarray, spec_dtype: str) -> np.dtype:
@@ -114,10 +148,14 @@ class StepPlan:
         # dtypes, NC1HWC0 tensors, whose padding channels are left out) is computed by
         # numerics and handed in
         self.channels = [rows[i].channels for i in first]
-        kinds = [kernels.stats_kind(v) if v.size and not c else None
+        kinds = [kernels.stats_kind(v) if v.size and not c and isinstance(v, np.ndarray)
+                 else None
                  for v, c in zip(unique, self.channels)]
         self.kinds = "".join(k or "." for k in kinds)
-        self.numpy_stats = [i for i, k in enumerate(kinds) if k is None]
+        # a spilled value's statistics came with it
+        self.spilled = [i for i, v in enumerate(unique) if isinstance(v, Spilled)]
+        self.numpy_stats = [i for i, k in enumerate(kinds)
+                            if k is None and not isinstance(unique[i], Spilled)]
         disk = [rows[i].disk for i in first]
         self.headers = [npy_header(d, v.shape) for d, v in zip(disk, unique)]
         self.halves = "".join("e" if d == _HALF and v.dtype == _SINGLE else "."
@@ -144,20 +182,30 @@ class StepPlan:
         or reads a tensor but the few the C module does not take (their statistics), so
         that what is left, write() or the C writer thread's job, runs without the GIL."""
         stamps = np.asarray(stamps, dtype=np.int64)
-        paths, arrays = [], []
+        paths, arrays, links = [], [], []
         if self.names is not None and values:
             paths = step_paths(self.names, stamps, directory)
             arrays = values
-            if self.casts:          # bfloat16, which .npy cannot name, as its float32 values
+            if self.casts or self.spilled:
                 arrays = list(values)
-                for i, dtype in self.casts.items():
-                    arrays[i] = values[i].astype(dtype)
+            for i, dtype in self.casts.items():     # bfloat16, which .npy cannot name, as
+                arrays[i] = values[i].astype(dtype)  # its float32 values
+            for i in self.spilled:      # its file linked in, or (a view's shape) its bytes
+                v = values[i]
+                if v.shape == v.file_shape:
+                    links.append((v.path, paths[i]))
+                    arrays[i] = None
+                else:
+                    arrays[i] = v.load()
         stats = np.empty((len(values), 7))
         if self.numpy_stats:    # the kinds the C module does not take (its '.' kinds)
             stats[self.numpy_stats] = kernels.stats_table([self._logical(values, i)
                                                            for i in self.numpy_stats])
+        for i in self.spilled:
+            stats[i] = values[i].stats[:7]
+        spill_dir = os.path.dirname(values[self.spilled[0]].path) if self.spilled else ""
         return Filled(os.path.join(directory, layout.INDEX_FILE), stamps, values, paths, arrays,
-                      stats)
+                      stats, tuple(links), spill_dir)
 
     def fill_stats(self, directory: str, stamps: Sequence[int], stats: np.ndarray) -> "Filled":
         """fill() for a statistics dump given each tensor's statistics instead of its value
@@ -169,12 +217,17 @@ class StepPlan:
     def files(self, filled: "Filled", more, contiguous: bool = False):
         """paths, arrays, headers and conversions of the step's tensor files and of `more`,
         (path, bytes) each."""
-        paths = list(filled.paths) + [path for path, _ in more]
-        arrays = list(contiguous_arrays(filled.arrays) if contiguous else filled.arrays)
+        paths, arrays = list(filled.paths), list(filled.arrays)
+        headers = list(self.headers) if filled.paths else []
+        halves = self.halves if filled.paths else ""
+        if filled.links:            # the files linked in from where they were spilled
+            kept = [i for i, a in enumerate(arrays) if a is not None]
+            paths, arrays = [paths[i] for i in kept], [arrays[i] for i in kept]
+            headers, halves = [headers[i] for i in kept], "".join(halves[i] for i in kept)
+        paths += [path for path, _ in more]
+        arrays = list(contiguous_arrays(arrays) if contiguous else arrays)
         arrays += [data for _, data in more]
-        headers = (list(self.headers) if filled.paths else []) + [b""] * len(more)
-        halves = (self.halves if filled.paths else "") + "." * len(more)
-        return paths, arrays, headers, halves
+        return paths, arrays, headers + [b""] * len(more), halves + "." * len(more)
 
     def write(self, filled: "Filled", more=(), links=(), renames=(), dirs=()) -> None:
         """Write the step here and now: index.csv and, for a tensor dump, the tensor files;
@@ -187,8 +240,19 @@ class StepPlan:
             text = index_text(self.index, filled.stamps, filled.values, self.kinds,
                               filled.stats)
         paths, arrays, headers, halves = self.files(filled, more)
-        write_files(paths + [filled.index_path], arrays + [text], headers + [b""], halves + ".",
-                    links, renames, dirs)
+        if not filled.spill_dir:
+            write_files(paths + [filled.index_path], arrays + [text], headers + [b""],
+                        halves + ".", links, renames, dirs)
+            return
+        # a step that spilled values: its directory holds them already (not made anew), each
+        # is linked to its name, and their directory goes before the step is renamed in
+        for src, dst in filled.links:
+            os.link(src, dst)
+        write_files(paths + [filled.index_path], arrays + [text], headers + [b""],
+                    halves + ".", links)
+        shutil.rmtree(filled.spill_dir)
+        for src, dst in renames:
+            replace_directory(src, dst)
 
 
 class Filled(NamedTuple):
@@ -199,3 +263,5 @@ class Filled(NamedTuple):
     paths: list             # the tensor files (empty for a statistics dump)
     arrays: list            # what each holds (bfloat16 as float32)
     stats: object           # the statistics: the rows of the '.' kinds given, the rest to fill
+    links: tuple = ()       # (spilled file, its path in the step) each: its array is None
+    spill_dir: str = ""     # where the step's values were spilled (Spilled), if it spilled

@@ -37,7 +37,7 @@ from torch.autograd.graph import increment_version
 
 from ..dump import layout
 from ..dump.runwriter import OpSpec, Record, RunWriter, TensorSpec, warn_stopped
-from ..dump.stepplan import Summary
+from ..dump.stepplan import Spilled, Summary, disk_dtype
 from ..dump.writer import DumpWriteError, close_at_exit, make_writer, write_error
 from ..errors import PrecisionToolError
 from ..runtime.config import SessionConfig
@@ -64,17 +64,13 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
                    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
-# A tensor dump's step of more bytes than this is written on the training thread, not
+# A tensor dump's step that has copied more bytes than this writes each value it meets
+# after as it is made (RunWriter.spill: no copy) and is written on the training thread, not
 # handed to the writer thread: the copying and writing of hundreds of megabytes is memory
 # work that, beside torch's own threads (which take every core, and cannot be given fewer:
 # the golden's sums depend on their count), slows the step more than the overlap saves
 # (measured in docs/design-notes.md, "A small step is written while the next one runs").
 IN_PLACE_BYTES = 64 << 20
-
-
-def _output_bytes(records) -> int:
-    """The bytes of a step's outputs (a tensor dump's: arrays), about what its files hold."""
-    return sum(v.nbytes for r in records for v in r.outputs if isinstance(v, np.ndarray))
 
 
 # in-place fills: what the tensor held before (often uninitialised memory) is not an input
@@ -178,6 +174,11 @@ def _values(v) -> np.ndarray:
 def _key(t: torch.Tensor) -> tuple:
     """What a value kept of t holds for: t's version, dtype and shape."""
     return int(t._version), t.dtype, tuple(t.shape)
+
+
+def _reshaped(value, shape: tuple):
+    """A kept value (a copy, a Summary, a Spilled) as a view of it in that shape."""
+    return value.reshape(shape) if isinstance(value, np.ndarray) else value.reshaped(shape)
 
 
 def _copy(t: torch.Tensor) -> np.ndarray:
@@ -396,6 +397,8 @@ class PrecisionDebugger:
         self._counts: Dict[str, int] = {}
         self._names = ByIdentity()          # tensor -> (the call output it is (op:k), version)
         self._copies = ByIdentity()         # tensor -> (version, its copy) this step
+        self._held = 0                      # the bytes of this step's copies (tensor dump)
+        self._spill_error: Optional[DumpWriteError] = None    # a spill that failed
         # (address, size, dtype) of a contiguous tensor -> (it, its version, its copy)
         self._memory: Dict[tuple, tuple] = {}
         self._loss: Optional[float] = None
@@ -667,7 +670,7 @@ class PrecisionDebugger:
         if value is None:
             # a statistics dump keeps the statistics, not a copy (a step's every activation
             # twice over, for big models)
-            value = Summary(_view(t)) if self.summaries else _copy(t)
+            value = Summary(_view(t)) if self.summaries else self._tensor_value(t)
             if memory is not None:
                 self._memory[memory] = (weakref.ref(t), t._version, value)
         self._copies[t] = (key, value)
@@ -683,8 +686,23 @@ class PrecisionDebugger:
         # shares its version counter, is (two tensors made from one buffer are not)
         if other is None or held[1] != t._version or _root(other) is not _root(t):
             return None
-        shape = tuple(t.shape)
-        return held[2].reshaped(shape) if self.summaries else held[2].reshape(shape)
+        return _reshaped(held[2], tuple(t.shape))
+
+    def _tensor_value(self, t: torch.Tensor):
+        """What a tensor dump keeps of t's value: a copy, or once the step has copied
+        IN_PLACE_BYTES, t written to the step's files now (Spilled: no copy). A value that
+        is not written as it is (bfloat16, fp16 on the NPU, strided) is copied all the
+        same."""
+        if self._held > IN_PLACE_BYTES and t.dtype != torch.bfloat16 and t.is_contiguous():
+            value = _view(t)
+            if self._spill_error is None and disk_dtype(value, self._dtype(t)) == value.dtype:
+                try:
+                    return self._writer.spill(self.step_number, value)
+                except DumpWriteError as e:     # the step ends the dump (_write_step)
+                    self._spill_error = e
+        value = _copy(t)
+        self._held += value.nbytes
+        return value
 
     def _before(self, ins) -> list:
         """What a call reads, as it is before the call (an in-place call changes it): each
@@ -792,8 +810,8 @@ class PrecisionDebugger:
                         # later): one copy, or statistics, per tensor and version
                         state["out"][k] = (g, self._snapshot(g), False)
                     else:                   # the call read the input twice: their sum
-                        so_far = held[1] if held[2] or not self.summaries else \
-                            _values(held[0])
+                        so_far = _values(held[0]) if isinstance(held[1], Summary) else \
+                            held[1].load() if isinstance(held[1], Spilled) else held[1]
                         state["out"][k] = (g, so_far + _copy(g), True)
                     leaf = origins[k][2]
                     if leaf is not None:    # now: autograd accumulates it before the rest runs
@@ -942,6 +960,9 @@ class PrecisionDebugger:
                 self._write_step(tail)
         except (DumpWriteError, OSError) as e:
             self._stop(e)
+        if self._writer is not None:    # values spilled by a step not written (cut short)
+            self._writer.drop_spilled()
+        self._held, self._spill_error = 0, None
         if self.npu is not None:        # the status word is the step's, dumped or not
             self.npu.status = 0
 
@@ -952,9 +973,11 @@ class PrecisionDebugger:
         if not ((self.touched and not tail) or self._records or self._loss is not None):
             return
         self._writer.observed(self.step_number, status, self._scale_row, self._loss)
+        if self._spill_error is not None:
+            raise self._spill_error
         if self._records and (self.steps is None or self.step_number in self.steps):
             files = self.dump_mode == "tensor"
-            if files and _output_bytes(self._records) > IN_PLACE_BYTES:
+            if files and self._held > IN_PLACE_BYTES:
                 self._queue.flush()             # the steps before it first
                 self._writer.write_step(self.step_number, self._records, files=files,
                                         calls=self._calls)
