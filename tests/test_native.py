@@ -867,3 +867,42 @@ def test_the_vector_loops_sum_in_the_eight_lane_order(c_module):
                          ("abs_d_sum", np.abs(d)), ("rel_sum", np.abs(d) / np.abs(b))):
         assert getattr(t, field) == _eight_lane_sum(terms), field
     assert t.abs_d_max == np.abs(d).max() and t.rel_max == (np.abs(d) / np.abs(b)).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int64, np.bool_])
+def test_a_spilled_file_holds_the_array_and_its_statistics_match_the_reference(tmp_path,
+                                                                              dtype):
+    """kernels.write.spill: the file np.load reads back is the array (shape and bytes); the
+    statistics taken on the way, piece by piece, are tensor_stats's own numbers (one piece,
+    several, a last partial block; inf and nan in a later piece) and the float64
+    reference's."""
+    from precision_tool.kernels.write import spill
+    sizes = (0, 1, 1025, 64 * 1024 * 3 + 17)
+    for n in sizes:
+        if dtype in (np.int64, np.bool_):
+            a = np.random.default_rng(n).integers(-5, 6, n).astype(dtype)
+        else:
+            a = _hostile(n, dtype, seed=n) if n else np.empty(0, dtype)
+        a = a.reshape((n // 17, 17) if n and n % 17 == 0 else (n,))
+        path = str(tmp_path / f"{n}.npy")
+        row = np.empty(8)
+        spill(path, a, row)
+        back = np.load(path, allow_pickle=False)
+        assert back.shape == a.shape and back.dtype == a.dtype
+        assert back.tobytes() == a.tobytes()
+        assert row[7] == n
+        if n:
+            assert np.array_equal(row[:7], native.stats([a])[0], equal_nan=True), n
+            ref = refs.tensor_stats(a)
+            assert row[4:7].tolist() == ref[4:]
+            if not np.isnan(ref[0]):
+                assert row[0] == ref[0] and row[1] == ref[1]
+                np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-12)
+
+
+def test_a_spill_to_a_missing_directory_names_the_path(tmp_path):
+    from precision_tool.kernels.write import spill
+    path = str(tmp_path / "gone" / "x.npy")
+    with pytest.raises(OSError) as e:
+        spill(path, np.ones(4, np.float32), np.empty(8))
+    assert e.value.errno == errno.ENOENT and e.value.filename == path

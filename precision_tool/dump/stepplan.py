@@ -21,9 +21,8 @@ from .. import kernels, numerics
 from . import layout
 from .template import Template
 from ..table import csv_field
-from ..fileio import write_buffers
 from ..kernels.write import (contiguous_arrays, index_text, npy_header, replace_directory,
-                             step_paths, write_files)
+                             spill, step_paths, write_files)
 
 _HALF = np.dtype(np.float16)
 _SINGLE = np.dtype(np.float32)
@@ -75,8 +74,7 @@ class Spilled:
         self.path, self.file_shape = path, value.shape
         self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
         self.stats = np.empty(8)
-        kernels.stats_row(value, self.stats)
-        write_buffers(path, [npy_header(value.dtype, value.shape), value])
+        spill(path, value, self.stats)
 
     def reshaped(self, shape: tuple) -> "Spilled":
         """The same elements in another shape (a view's): the same file and statistics."""

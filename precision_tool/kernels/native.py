@@ -107,6 +107,13 @@ def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
     return out
 
 
+def spill(path: str, header: bytes, array: np.ndarray, row) -> None:
+    """A file of header then the C-contiguous array's bytes (an array with a stats_kind),
+    its statistics (as stats() gives them) and size into row (8 float64), in one read of
+    the array without the GIL. OSError names the path."""
+    _reduce.spill(path, header, array, stats_kind(array), row)
+
+
 def stats_rows(arrays, kinds: str, table: np.ndarray, rows: np.ndarray) -> bool:
     """Each array's statistics (as stats() gives them) and size into its row of table
     ((rows, 8) float64), where kinds names a stats_kind other than bfloat16's ('.' skips

@@ -121,7 +121,11 @@ static inline uint16_t float_to_half_bits(uint32_t f)
 typedef struct { double hi, lo, sum, squares; int64_t n, nan, pos, neg; } Stats;
 
 void to_double(const char *src, char kind, Py_ssize_t n, double *dst);
+#define STATS_EMPTY {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0}
 void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out);
+void stats_add(const char *data, char kind, Py_ssize_t n, Stats *st);
+void stats_finish(const Stats *st, double *out);
+PyObject *py_spill(PyObject *self, PyObject *args);
 PyObject *py_stats(PyObject *self, PyObject *args);
 PyObject *py_stats_rows(PyObject *self, PyObject *args);
 

@@ -94,13 +94,22 @@ static void stats_out(const Stats *st, double *out)
 
 static int simd_for(char kind) { return is_float(kind) && kind != 'd' ? simd_level() : SIMD_NONE; }
 
-void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
+/* n elements' statistics into st, BLOCK at a time from data: a tensor read in pieces of
+ * whole blocks gets tensor_stats's blocks, and so its numbers */
+void stats_add(const char *data, char kind, Py_ssize_t n, Stats *st)
 {
     double buf[BLOCK];
-    Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
     int size = itemsize(kind), simd = simd_for(kind);
     for (Py_ssize_t start = 0; start < n; start += BLOCK)
-        stats_of(data + start * size, kind, n - start < BLOCK ? n - start : BLOCK, simd, buf, &st);
+        stats_of(data + start * size, kind, n - start < BLOCK ? n - start : BLOCK, simd, buf, st);
+}
+
+void stats_finish(const Stats *st, double *out) { stats_out(st, out); }
+
+void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
+{
+    Stats st = STATS_EMPTY;
+    stats_add(data, kind, n, &st);
     stats_out(&st, out);
 }
 
@@ -132,7 +141,7 @@ static void strided_stats(const char *data, char kind, int ndim, const Py_ssize_
     double buf[BLOCK];
     uint64_t gathered[BLOCK];             /* BLOCK elements of up to 8 bytes */
     Py_ssize_t idx[PyBUF_MAX_NDIM] = {0}, n = 1;
-    Stats st = {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0};
+    Stats st = STATS_EMPTY;
     int size = itemsize(kind), simd = simd_for(kind), last = ndim - 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     const char *at = data;
