@@ -872,10 +872,10 @@ def test_the_vector_loops_sum_in_the_eight_lane_order(c_module):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int64, np.bool_])
 def test_a_spilled_file_holds_the_array_and_its_statistics_match_the_reference(tmp_path,
                                                                               dtype):
-    """kernels.write.spill: the file np.load reads back is the array (shape and bytes); the
-    statistics taken on the way, piece by piece, are tensor_stats's own numbers (one piece,
-    several, a last partial block; inf and nan in a later piece) and the float64
-    reference's."""
+    """kernels.write.spill: the file np.load reads back is the array (shape and bytes, in C
+    order for a strided one); the statistics taken on the way, piece by piece, are those
+    tensor_stats gives its contiguous copy (one piece, several, a last partial block; inf
+    and nan in a later piece) and the float64 reference's."""
     from precision_tool.kernels.write import spill
     sizes = (0, 1, 1025, 64 * 1024 * 3 + 17)
     for n in sizes:
@@ -883,21 +883,24 @@ def test_a_spilled_file_holds_the_array_and_its_statistics_match_the_reference(t
             a = np.random.default_rng(n).integers(-5, 6, n).astype(dtype)
         else:
             a = _hostile(n, dtype, seed=n) if n else np.empty(0, dtype)
-        a = a.reshape((n // 17, 17) if n and n % 17 == 0 else (n,))
-        path = str(tmp_path / f"{n}.npy")
-        row = np.empty(8)
-        spill(path, a, row)
-        back = np.load(path, allow_pickle=False)
-        assert back.shape == a.shape and back.dtype == a.dtype
-        assert back.tobytes() == a.tobytes()
-        assert row[7] == n
-        if n:
-            assert np.array_equal(row[:7], native.stats([a])[0], equal_nan=True), n
-            ref = refs.tensor_stats(a)
-            assert row[4:7].tolist() == ref[4:]
-            if not np.isnan(ref[0]):
-                assert row[0] == ref[0] and row[1] == ref[1]
-                np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-12)
+        whole = a.reshape((n // 17, 17) if n and n % 17 == 0 else (n,))
+        # and strided: a transpose, a slice with a step
+        for k, a in enumerate([whole, whole.T, whole[::-3]]):
+            path = str(tmp_path / f"{n}.{k}.npy")
+            row = np.empty(8)
+            spill(path, a, row)
+            back = np.load(path, allow_pickle=False)
+            assert back.shape == a.shape and back.dtype == a.dtype
+            assert back.tobytes() == np.ascontiguousarray(a).tobytes()
+            assert row[7] == a.size
+            if a.size:
+                assert np.array_equal(row[:7], native.stats([np.ascontiguousarray(a)])[0],
+                                      equal_nan=True), (n, k)
+                ref = refs.tensor_stats(a)
+                assert row[4:7].tolist() == ref[4:]
+                if not np.isnan(ref[0]):
+                    assert row[0] == ref[0] and row[1] == ref[1]
+                    np.testing.assert_allclose(row[2:4], ref[2:4], rtol=1e-12)
 
 
 def test_a_spill_to_a_missing_directory_names_the_path(tmp_path):

@@ -108,9 +108,9 @@ def stats(arrays, out: Optional[np.ndarray] = None) -> np.ndarray:
 
 
 def spill(path: str, header: bytes, array: np.ndarray, row) -> None:
-    """A file of header then the C-contiguous array's bytes (an array with a stats_kind),
-    its statistics (as stats() gives them) and size into row (8 float64), in one read of
-    the array without the GIL. OSError names the path."""
+    """A file of header then the array's elements in C order (an array with a stats_kind,
+    strided or not), its statistics (as stats() gives them) and size into row (8 float64),
+    in one read of the array without the GIL. OSError names the path."""
     _reduce.spill(path, header, array, stats_kind(array), row)
 
 

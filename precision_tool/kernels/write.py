@@ -78,15 +78,15 @@ def write_files(paths, arrays, headers=None, halves: str = "", links=(), renames
 
 
 def spill(path: str, array: np.ndarray, row) -> None:
-    """A new .npy file holding array (C-contiguous), with its statistics and size into row
-    (8 float64, as kernels.stats_row gives them) taken on the way: in one read of the array
-    by the C module where it takes the dtype."""
+    """A new .npy file holding array (strided or not: its elements in C order), with its
+    statistics and size into row (8 float64, as kernels.stats_row gives them) taken on the
+    way: in one read of the array, and no copy, by the C module where it takes the dtype."""
     header = npy_header(array.dtype, array.shape)
     if native.enabled() and native.stats_kind(array) and array.dtype.kind in "fiub":
         native.spill(path, header, array, row)
         return
     stats_row(array, row)
-    write_buffers(path, [header, array])
+    write_buffers(path, [header, np.ascontiguousarray(array)])
 
 
 def step_paths(names, stamps: np.ndarray, directory: str) -> list:

@@ -691,9 +691,8 @@ class PrecisionDebugger:
     def _tensor_value(self, t: torch.Tensor):
         """What a tensor dump keeps of t's value: a copy, or once the step has copied
         IN_PLACE_BYTES, t written to the step's files now (Spilled: no copy). A value that
-        is not written as it is (bfloat16, fp16 on the NPU, strided) is copied all the
-        same."""
-        if self._held > IN_PLACE_BYTES and t.dtype != torch.bfloat16 and t.is_contiguous():
+        is not written as it is (bfloat16, fp16 on the NPU) is copied all the same."""
+        if self._held > IN_PLACE_BYTES and t.dtype != torch.bfloat16:
             value = _view(t)
             if self._spill_error is None and disk_dtype(value, self._dtype(t)) == value.dtype:
                 try:

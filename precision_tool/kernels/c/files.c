@@ -364,38 +364,53 @@ PyObject *py_write_files(PyObject *self, PyObject *args)
     return result;
 }
 
-/* spill(path, header, array, kind, row): a new file of the header then the array's bytes
- * (C-contiguous, of the stats kind `kind`), and its statistics (tensor_stats's numbers)
- * into row[:7] and its size into row[7]: piece by piece, each piece's statistics taken
- * while it is in cache, just before it is written (one read of the array for both). */
+/* spill(path, header, array, kind, row): a new file of the header then the array's
+ * elements in C order (of the stats kind `kind`; a strided array's gathered a piece at a
+ * time), and its statistics (tensor_stats's numbers) into row[:7] and its size into row[7]:
+ * piece by piece, each piece's statistics taken while it is in cache, just before it is
+ * written (one read of the array for both, no copy of it). */
 #define SPILL_PIECE (64 * BLOCK)
 PyObject *py_spill(PyObject *self, PyObject *args)
 {
-    PyObject *path;
-    Py_buffer head, arr, row;
+    PyObject *path, *array;
+    Py_buffer head, arr = {0}, row;
     const char *kind;
     Py_ssize_t nkind;
-    if (!PyArg_ParseTuple(args, "O&y*y*s#w*", PyUnicode_FSConverter, &path, &head, &arr,
+    if (!PyArg_ParseTuple(args, "O&y*Os#w*", PyUnicode_FSConverter, &path, &head, &array,
                           &kind, &nkind, &row))
         return NULL;
     PyObject *result = NULL;
-    int size = nkind == 1 ? itemsize(kind[0]) : 0;
-    if (!size || arr.len % size || row.len != 8 * (Py_ssize_t)sizeof(double)) {
-        PyErr_SetString(PyExc_ValueError, "spill: one known kind, whole elements of it, "
-                        "a row of 8 float64");
+    int size = nkind == 1 ? itemsize(kind[0]) : 0, got = 0;
+    if (!size || row.len != 8 * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "spill: one known kind, a row of 8 float64");
         goto done;
     }
+    if (PyObject_GetBuffer(array, &arr, PyBUF_STRIDES) < 0) goto done;
+    got = 1;
+    if (arr.itemsize != size) {
+        PyErr_SetString(PyExc_ValueError, "spill: the array's elements are not of its kind");
+        goto done;
+    }
+    int contiguous = PyBuffer_IsContiguous(&arr, 'C');
+    char *piece_buf = contiguous ? NULL : malloc((size_t)SPILL_PIECE * size);
+    if (!contiguous && !piece_buf) { PyErr_NoMemory(); goto done; }
     const char *p = PyBytes_AS_STRING(path);
     Py_ssize_t n = arr.len / size;
     double *out = row.buf;
     int bad, error = 0;
     Py_BEGIN_ALLOW_THREADS
     Stats st = STATS_EMPTY;
+    Walk w;
+    if (!contiguous) walk_start(&w, arr.buf, arr.ndim, arr.shape, arr.strides, size);
     int fd = new_file(p);
     bad = fd < 0 || write_all(fd, head.buf, head.len) < 0;
     for (Py_ssize_t at = 0; !bad && at < n; at += SPILL_PIECE) {
         Py_ssize_t m = MIN(n - at, SPILL_PIECE);
         const char *piece = (const char *)arr.buf + at * size;
+        if (!contiguous) {
+            walk_gather(&w, m, piece_buf);
+            piece = piece_buf;
+        }
         stats_add(piece, kind[0], m, &st);
         bad = write_all(fd, piece, m * size) < 0;
     }
@@ -404,12 +419,13 @@ PyObject *py_spill(PyObject *self, PyObject *args)
     stats_finish(&st, out);
     out[7] = (double)n;
     Py_END_ALLOW_THREADS
+    free(piece_buf);
     if (bad) os_error(error, p);
     else { Py_INCREF(Py_None); result = Py_None; }
 done:
     Py_DECREF(path);
     PyBuffer_Release(&head);
-    PyBuffer_Release(&arr);
+    if (got) PyBuffer_Release(&arr);
     PyBuffer_Release(&row);
     return result;
 }

@@ -126,6 +126,16 @@ void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out);
 void stats_add(const char *data, char kind, Py_ssize_t n, Stats *st);
 void stats_finish(const Stats *st, double *out);
 PyObject *py_spill(PyObject *self, PyObject *args);
+/* a strided buffer's elements read in C order, piece by piece (stats.c) */
+typedef struct {
+    const char *at;
+    Py_ssize_t idx[PyBUF_MAX_NDIM];
+    const Py_ssize_t *shape, *strides;
+    int ndim, size;
+} Walk;
+void walk_start(Walk *w, const char *data, int ndim, const Py_ssize_t *shape,
+                const Py_ssize_t *strides, int size);
+void walk_gather(Walk *w, Py_ssize_t m, char *dst);
 PyObject *py_stats(PyObject *self, PyObject *args);
 PyObject *py_stats_rows(PyObject *self, PyObject *args);
 

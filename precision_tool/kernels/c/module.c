@@ -105,8 +105,8 @@ static PyMethodDef methods[] = {
      "its header and its array's bytes ('e' in converts: a float32 array written as float16; "
      "a tuple of arrays: back to back); dirs and links first, renames last."},
     {"spill", py_spill, METH_VARARGS,
-     "spill(path, header, array, kind, row): a file of the header and the C-contiguous "
-     "array's bytes, its statistics into row[:7] and its size into row[7], in one read."},
+     "spill(path, header, array, kind, row): a file of the header and the array's elements "
+     "in C order, its statistics into row[:7] and its size into row[7], in one read."},
     {"index_text", py_index_text, METH_VARARGS,
      "index_text(arrays, kinds, stats, stamps, literal, cuts, refs): stats into `stats` and "
      "the template filled with stamps and stats text, as bytes."},

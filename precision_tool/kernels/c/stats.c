@@ -131,6 +131,41 @@ static void gather_run(const char *src, Py_ssize_t stride, int size, Py_ssize_t 
     }
 }
 
+void walk_start(Walk *w, const char *data, int ndim, const Py_ssize_t *shape,
+                const Py_ssize_t *strides, int size)
+{
+    w->at = data;
+    w->ndim = ndim;
+    w->shape = shape;
+    w->strides = strides;
+    w->size = size;
+    for (int d = 0; d < PyBUF_MAX_NDIM; d++) w->idx[d] = 0;
+}
+
+/* the next m elements in C order, back to back into dst */
+void walk_gather(Walk *w, Py_ssize_t m, char *dst)
+{
+    int last = w->ndim - 1;
+    Py_ssize_t filled = 0, *idx = w->idx;
+    const Py_ssize_t *shape = w->shape, *strides = w->strides;
+    while (filled < m) {
+        Py_ssize_t run = MIN(m - filled, shape[last] - idx[last]);
+        gather_run(w->at, strides[last], w->size, run, dst + filled * w->size);
+        w->at += run * strides[last];
+        idx[last] += run;
+        filled += run;
+        if (idx[last] < shape[last]) continue;
+        w->at -= shape[last] * strides[last];           /* carry into the outer indices */
+        idx[last] = 0;
+        for (int d = last - 1; d >= 0; d--) {
+            w->at += strides[d];
+            if (++idx[d] < shape[d]) break;
+            w->at -= shape[d] * strides[d];
+            idx[d] = 0;
+        }
+    }
+}
+
 /* A strided tensor's statistics (a transpose, a slice, a broadcast): its elements in C order
  * gathered BLOCK at a time, so that the blocks, and so the numbers, are those of its
  * contiguous copy, without making the copy (a fresh buffer of the tensor's size a call,
@@ -140,29 +175,15 @@ static void strided_stats(const char *data, char kind, int ndim, const Py_ssize_
 {
     double buf[BLOCK];
     uint64_t gathered[BLOCK];             /* BLOCK elements of up to 8 bytes */
-    Py_ssize_t idx[PyBUF_MAX_NDIM] = {0}, n = 1;
+    Py_ssize_t n = 1;
     Stats st = STATS_EMPTY;
-    int size = itemsize(kind), simd = simd_for(kind), last = ndim - 1;
+    int size = itemsize(kind), simd = simd_for(kind);
+    Walk w;
     for (int d = 0; d < ndim; d++) n *= shape[d];
-    const char *at = data;
+    walk_start(&w, data, ndim, shape, strides, size);
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
-        Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK, filled = 0;
-        while (filled < m) {
-            Py_ssize_t run = MIN(m - filled, shape[last] - idx[last]);
-            gather_run(at, strides[last], size, run, (char *)gathered + filled * size);
-            at += run * strides[last];
-            idx[last] += run;
-            filled += run;
-            if (idx[last] < shape[last]) continue;
-            at -= shape[last] * strides[last];           /* carry into the outer indices */
-            idx[last] = 0;
-            for (int d = last - 1; d >= 0; d--) {
-                at += strides[d];
-                if (++idx[d] < shape[d]) break;
-                at -= shape[d] * strides[d];
-                idx[d] = 0;
-            }
-        }
+        Py_ssize_t m = n - start < BLOCK ? n - start : BLOCK;
+        walk_gather(&w, m, (char *)gathered);
         stats_of((const char *)gathered, kind, m, simd, buf, &st);
     }
     stats_out(&st, out);
