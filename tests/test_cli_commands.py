@@ -379,7 +379,7 @@ def test_the_json_of_ac_fix_fo_and_vc_is_their_result_objects(demo):
     root, _ = demo
     code, ac = as_json(root, "ac", "-c")
     assert code == 1
-    assert set(ac) == {f.name for f in dataclasses.fields(AutoCheck)} | {"verdict"}
+    assert set(ac) == {f.name for f in dataclasses.fields(AutoCheck)} | {"verdict", "origin_title"}
     assert set(ac["coverage"]) == {f.name for f in dataclasses.fields(Coverage)}
     assert Coverage(**ac["coverage"]).complete
     code, fix = as_json(root, "fix", "-j", "1", "--dry-run")

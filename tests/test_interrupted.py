@@ -289,3 +289,16 @@ def test_a_workspace_that_cannot_be_made_is_a_one_line_dump_error(tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("dumping stopped") == 1 and "Not a directory" in err, err
     assert hooks.dump_dirs(sess) == []
+
+
+def test_how_a_script_ended_names_a_step_before_it_cut_off_while_written():
+    """A killed script's run: the warning says which steps before the one it died in are
+    on disk, and names the one its writer was still writing (partial) as not."""
+    from precision_tool.dump.run import Run
+    failed = {"script_failed": {"step": 3, "error": "killed by SIGKILL"}}
+    assert Run("cpu", "debug_0", "/ws/cpu/debug_0", dict(failed)).ended_early == (
+        "the script ended in step 3 (killed by SIGKILL): that step is not dumped, the steps "
+        "before it are")
+    cut = Run("cpu", "debug_0", "/ws/cpu/debug_0", dict(failed), interrupted=[2])
+    assert cut.ended_early.endswith("the steps before it are but 2, cut off while written")
+    assert Run("cpu", "debug_0", "/ws/cpu/debug_0", {}).ended_early == ""

@@ -240,6 +240,9 @@ def test_nan_or_inf_the_golden_holds_before_the_divergence_leads_the_advice(tmp_
     assert result.advice[0].startswith("The golden run itself holds nan/inf")
     assert f"starts at {result.origin['op_name']} follows from it" in result.advice[0]
     assert not any("fix -s" in a or "Normalise" in a for a in result.advice), result.advice
+    # the op where it starts is not headlined as the root cause
+    assert result.origin_title.startswith("Where the divergence starts (from the nan/inf")
+    assert result.to_dict()["origin_title"] == result.origin_title
 
 
 def _step_file(root, target, step, prefix):

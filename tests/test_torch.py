@@ -1021,10 +1021,13 @@ def test_a_script_that_raises_keeps_its_dumped_steps(tmp_path):
     run = Workspace(str(tmp_path / "ws")).runs("cpu")[-1]
     if run.complete_steps == [0, 1, 2]:
         assert "(step(s) 0, 1, 2 complete; it ended in step 3, not dumped)" in done.stderr
+        assert run.ended_early.endswith("not dumped, the steps before it are")
     else:
         assert run.complete_steps == [0, 1] and len(run.partials) == 1
         assert "(step(s) 0, 1 complete; step(s) 2 partial; it ended in step 3, not dumped)" \
             in done.stderr
+        # what the commands warn says so too
+        assert run.ended_early.endswith("the steps before it are but 2, cut off while written")
     assert run.info["script_failed"] == {"step": 3, "error": "killed by SIGKILL"}
     # killed on the NPU, which --golden-skips-as-npu runs first: the golden is not run
     done = _torch_run(tmp_path / "mirrored", "--golden-skips-as-npu", "--dump-step", "all",

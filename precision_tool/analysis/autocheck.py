@@ -147,9 +147,23 @@ class AutoCheck:
             return "findings"
         return "sound" if self.complete and not self.unseen_steps else "incomplete"
 
+    @property
+    def origin_title(self) -> str:
+        """What the op where the divergence starts (origin) is called where it is shown: the
+        root cause, unless it follows from something before it (a skipped step's overflow;
+        nan/inf the golden itself holds there, from the data or the model)."""
+        if self.backoff is not None:
+            return "Where the divergence starts (after the skipped step's overflow: no finding)"
+        g = self.golden_nonfinite
+        if g is not None and g.get("at_origin"):
+            return ("Where the divergence starts (from the nan/inf the golden holds there: "
+                    "the data or the model, not the NPU)")
+        return "Root cause"
+
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["verdict"] = self.verdict
+        out["origin_title"] = self.origin_title
         return out
 
 

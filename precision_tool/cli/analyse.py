@@ -257,10 +257,7 @@ def _render_ac(app: App, r, limit):
             out.print(panel(escape(f"{o['op_name']} ({o['op_type']}, {fused})\n{where}{inputs}, its outputs "
                                    f"do not: {', '.join(o['bad_outputs'])}{why}\n"
                                    f"single-op replay: {r.origin_replay}"),
-                            # a back-off step's divergence follows the overflow it skipped
-                            title="Where the divergence starts (after the skipped step's "
-                                  "overflow: no finding)" if r.backoff else "Root cause",
-                            title_align="left"))
+                            title=r.origin_title, title_align="left"))
         if r.carried:
             c = r.carried
             where = (f"written in step {c['written_at']} by {', '.join(c['writers'][:3])}" +

@@ -70,8 +70,14 @@ class Run:
         failed = self.info.get("script_failed")
         if not isinstance(failed, dict):
             return ""
-        return f"the script ended in step {failed.get('step')} ({failed.get('error')}): " \
-               f"that step is not dumped, the steps before it are"
+        step = failed.get("step")
+        # a step before it may have been cut off while it was being written (its writer
+        # thread's, when a signal killed the script)
+        cut = [s for s in self.interrupted if isinstance(step, int) and s < step]
+        before = "the steps before it are" if not cut else \
+            f"the steps before it are but {layout.format_steps(cut)}, cut off while written"
+        return f"the script ended in step {step} ({failed.get('error')}): that step is not " \
+               f"dumped, {before}"
 
     @property
     def ours(self) -> bool:

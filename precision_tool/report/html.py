@@ -387,9 +387,7 @@ def render(data: dict, out_dir: str) -> str:
          "<h2 id='next'>Next</h2><pre>" + _e("\n".join(c["advice"])) + "</pre>"]
     if c.get("origin"):
         o = c["origin"]
-        # a back-off step's divergence follows the overflow whose update was skipped
-        title = "Where the divergence starts (after the skipped step's overflow: no finding)" \
-            if c.get("backoff") else "Root cause"
+        title = c.get("origin_title") or "Root cause"
         s.append(f"<h2 id='root-cause'>{title}</h2><pre id='origin' data-op='{_e(o['op_name'])}'>"
                  + _e(f"{o['op_name']} ({o['op_type']}, {o['pass_name'] or 'not fused'})\n"
                       f"{'; '.join(o.get('reasons') or [])}"
