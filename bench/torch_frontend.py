@@ -259,6 +259,19 @@ def _msprobe_ratio(name, size) -> Optional[float]:
     return float(lines[-1].split()[1]) if done.returncode == 0 and lines else None
 
 
+def _warn_left_behind(where) -> None:
+    """Workspaces an earlier bench left (killed before its cleanup) take the memory a tmpfs
+    gives the dumps: on a small machine they slow every tensor dump measured after."""
+    import glob
+    left = glob.glob(os.path.join(where or tempfile.gettempdir(), "bench-torch-*"))
+    if left:
+        size = sum(os.path.getsize(os.path.join(d, f)) for top in left
+                   for d, _, files in os.walk(top) for f in files)
+        print(f"warning: {len(left)} workspace(s) of an earlier bench are still there "
+              f"({size / 1e6:,.0f} MB: {', '.join(left)}); they take memory from the dumps "
+              f"measured now: remove them unless a bench is running", file=sys.stderr)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     torch.set_num_threads(1)         # one core for the step: the comparison, not the machine
@@ -268,6 +281,7 @@ def main(argv=None):
     if argv[:1] == ["--msprobe"]:
         print(f"ratio {measure_msprobe(argv[1], argv[2], where)}")
         return 0
+    _warn_left_behind(where)
     size = argv[argv.index("--size") + 1] if "--size" in argv[:-1] else "all"
     if size not in (*SIZES, "all"):
         print(f"--size: one of {', '.join(SIZES)}, all; got {size!r}", file=sys.stderr)

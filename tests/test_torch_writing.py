@@ -238,3 +238,22 @@ def test_a_spill_that_fails_ends_the_dump_and_the_training_goes_on(tmp_path, mon
     assert run.complete_steps == [0] and run.partials == []
     assert [p for p, _, _ in os.walk(tmp_path) if "partial" in p or ".spilled" in p] == []
     assert max(calls) == 1          # nothing spilled after the failure
+
+
+def test_the_bench_warns_of_workspaces_an_earlier_bench_left(tmp_path, capsys):
+    """A bench killed before its cleanup leaves its workspace on the tmpfs, and every tensor
+    dump measured after it then pays for the memory it holds: the next bench says so."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    try:
+        import torch_frontend
+    finally:
+        sys.path.pop(0)
+    torch_frontend._warn_left_behind(str(tmp_path))
+    assert capsys.readouterr().err == ""
+    left = tmp_path / "bench-torch-abc" / "cpu"
+    left.mkdir(parents=True)
+    (left / "x.npy").write_bytes(b"\0" * 3_000_000)
+    torch_frontend._warn_left_behind(str(tmp_path))
+    err = capsys.readouterr().err
+    assert "1 workspace(s) of an earlier bench" in err and "(3 MB: " in err
+    assert str(tmp_path / "bench-torch-abc") in err
