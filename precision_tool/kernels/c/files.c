@@ -416,7 +416,7 @@ PyObject *py_spill(PyObject *self, PyObject *args)
     }
     error = errno;
     if (fd >= 0 && close(fd) < 0 && !bad) { bad = 1; error = errno; }
-    stats_finish(&st, out);
+    stats_out(&st, out);
     out[7] = (double)n;
     Py_END_ALLOW_THREADS
     free(piece_buf);

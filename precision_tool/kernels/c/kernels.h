@@ -124,7 +124,7 @@ void to_double(const char *src, char kind, Py_ssize_t n, double *dst);
 #define STATS_EMPTY {-INFINITY, INFINITY, 0, 0, 0, 0, 0, 0}
 void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out);
 void stats_add(const char *data, char kind, Py_ssize_t n, Stats *st);
-void stats_finish(const Stats *st, double *out);
+void stats_out(const Stats *st, double *out);      /* st as tensor_stats' 7 numbers */
 PyObject *py_spill(PyObject *self, PyObject *args);
 /* a strided buffer's elements read in C order, piece by piece (stats.c) */
 typedef struct {

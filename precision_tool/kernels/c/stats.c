@@ -81,7 +81,7 @@ static void stats_of(const char *block, char kind, Py_ssize_t m, int simd, doubl
     stats_block(buf, m, st);
 }
 
-static void stats_out(const Stats *st, double *out)
+void stats_out(const Stats *st, double *out)
 {
     if (st->n) {
         out[0] = st->hi; out[1] = st->lo; out[2] = st->sum / (double)st->n;
@@ -103,8 +103,6 @@ void stats_add(const char *data, char kind, Py_ssize_t n, Stats *st)
     for (Py_ssize_t start = 0; start < n; start += BLOCK)
         stats_of(data + start * size, kind, n - start < BLOCK ? n - start : BLOCK, simd, buf, st);
 }
-
-void stats_finish(const Stats *st, double *out) { stats_out(st, out); }
 
 void tensor_stats(const char *data, char kind, Py_ssize_t n, double *out)
 {
