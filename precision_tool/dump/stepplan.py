@@ -238,19 +238,17 @@ class StepPlan:
             text = index_text(self.index, filled.stamps, filled.values, self.kinds,
                               filled.stats)
         paths, arrays, headers, halves = self.files(filled, more)
-        if not filled.spill_dir:
-            write_files(paths + [filled.index_path], arrays + [text], headers + [b""],
-                        halves + ".", links, renames, dirs)
-            return
         # a step that spilled values: its directory holds them already (not made anew), each
         # is linked to its name, and their directory goes before the step is renamed in
+        spilled = bool(filled.spill_dir)
         for src, dst in filled.links:
             os.link(src, dst)
         write_files(paths + [filled.index_path], arrays + [text], headers + [b""],
-                    halves + ".", links)
-        shutil.rmtree(filled.spill_dir)
-        for src, dst in renames:
-            replace_directory(src, dst)
+                    halves + ".", links, () if spilled else renames, () if spilled else dirs)
+        if spilled:
+            shutil.rmtree(filled.spill_dir)
+            for src, dst in renames:
+                replace_directory(src, dst)
 
 
 class Filled(NamedTuple):

@@ -692,14 +692,15 @@ class PrecisionDebugger:
         """What a tensor dump keeps of t's value: a copy, or once the step has copied
         IN_PLACE_BYTES, t written to the step's files now (Spilled: no copy). A value that
         is not written as it is (bfloat16, fp16 on the NPU) is copied all the same."""
-        if self._held > IN_PLACE_BYTES and t.dtype != torch.bfloat16:
-            value = _view(t)
-            if self._spill_error is None and disk_dtype(value, self._dtype(t)) == value.dtype:
+        value = _view(t)
+        if t.dtype != torch.bfloat16:       # (a bfloat16 tensor's view is a float32 copy)
+            if self._held > IN_PLACE_BYTES and self._spill_error is None and \
+                    disk_dtype(value, self._dtype(t)) == value.dtype:
                 try:
                     return self._writer.spill(self.step_number, value)
                 except DumpWriteError as e:     # the step ends the dump (_write_step)
                     self._spill_error = e
-        value = _copy(t)
+            value = value.copy()
         self._held += value.nbytes
         return value
 
