@@ -150,22 +150,67 @@ VARIANTS = {
     "NPU simulated, nothing dumped": lambda root: dict(target="npu", dump_step="100000"),
     "NPU simulated, statistics dump": lambda root: dict(target="npu", dump_mode="statistics"),
 }
+# the plain step, then as many bytes as the tensor dump's step put on disk written to one
+# file there: what the machine asks for a tensor dump's bytes alone (fresh tmpfs pages cost
+# what the kernel, or a virtual machine's host, takes to hand them out, which varies)
+WRITE_FLOOR = "plain step + writing a tensor dump's bytes"
+
+
+def _disk_bytes(root) -> int:
+    """The bytes of the files under root, a file linked under several names once."""
+    sizes = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            sizes[st.st_ino] = st.st_size
+    return sum(sizes.values())
+
+
+def _write_block(model, loss_fn, opt, steps, root, step_bytes, chunk) -> float:
+    """As _block's steady state, with no debugger: each step followed by step_bytes written
+    to a new file under root (chunk, a buffer, written over and over)."""
+    def one(k):
+        _step(model, loss_fn, opt, None)
+        with open(os.path.join(root, f"step{k}.bin"), "wb") as f:
+            for at in range(0, step_bytes, chunk.nbytes):
+                f.write(chunk[:step_bytes - at])
+    one(0)
+    start = time.perf_counter()
+    for k in range(steps):
+        one(k + 1)
+    return (time.perf_counter() - start) / steps
 
 
 def measure(model, loss_fn, where, repeats=REPEATS["small"]):
-    """(variant -> median step time ÷ the plain step's, blocks interleaved; the plain step in
-    seconds; variant -> its first step ÷ the plain step)."""
+    """A dict: ratios, variant -> (median, lowest, highest) over the rounds of a block's step
+    time ÷ the plain block's of the same round, blocks interleaved; over_floor, the tensor
+    dump's ÷ WRITE_FLOOR's, the same way; plain, the plain step in seconds (median); firsts,
+    variant -> its first step ÷ the plain step; step_bytes, a tensor dump's step on disk. A
+    ratio within a round: what the machine's load does to both halves of it cancels, a
+    drift over the run does not reach it."""
+    import numpy as np
     blocks, steps = repeats
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = {name: [] for name in ["plain", *VARIANTS]}
+    times = {name: [] for name in ["plain", *VARIANTS, WRITE_FLOOR]}
     firsts = {name: [] for name in VARIANTS}
     root = tempfile.mkdtemp(prefix="bench-torch-", dir=where)
+    chunk = np.ones(1 << 26, np.uint8)
+    step_bytes = 0              # the tensor dump's, this round
+
+    def fresh():
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root, exist_ok=True)
     try:
         _block(model, loss_fn, opt, None, 2)            # warm up
         for _ in range(blocks):
             for name in times:
                 if name == "plain":
                     times[name].append(_block(model, loss_fn, opt, None, steps))
+                    continue
+                if name == WRITE_FLOOR:
+                    times[name].append(_write_block(model, loss_fn, opt, steps, root,
+                                                    step_bytes, chunk))
+                    fresh()
                     continue
                 made = VARIANTS[name](root)
                 if made == "installed":
@@ -175,13 +220,23 @@ def measure(model, loss_fn, where, repeats=REPEATS["small"]):
                 dump_step = made.pop("dump_step", "all")
                 d = PrecisionDebugger(root, dump_step=dump_step, **made)
                 times[name].append(_block(model, loss_fn, opt, d, steps, firsts[name]))
-                shutil.rmtree(root, ignore_errors=True)
-                os.makedirs(root, exist_ok=True)
+                if made.get("dump_mode") == "tensor":
+                    step_bytes = _disk_bytes(root) // (steps + 1)
+                fresh()
         plain = statistics.median(times["plain"])
-        return ({name: statistics.median(v) / plain for name, v in times.items() if name != "plain"},
-                plain, {name: statistics.median(v) / plain for name, v in firsts.items()})
+        return dict(ratios={name: _spread([t / p for t, p in zip(v, times["plain"])])
+                            for name, v in times.items() if name != "plain"},
+                    over_floor=_spread([t / w for t, w in zip(times["golden, tensor dump"],
+                                                              times[WRITE_FLOOR])]),
+                    plain=plain, step_bytes=step_bytes,
+                    firsts={name: statistics.median(v) / plain for name, v in firsts.items()})
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _spread(ratios) -> tuple:
+    """(median, lowest, highest) of a variant's ratios, one a round."""
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def _msprobe_block(model, loss_fn, opt, debugger, steps):
@@ -202,14 +257,15 @@ def _msprobe_block(model, loss_fn, opt, debugger, steps):
     return (time.perf_counter() - start) / steps
 
 
-def measure_msprobe(name, size, where) -> float:
-    """msprobe's L1 statistics dump of every step ÷ the plain step, blocks interleaved, in
+def measure_msprobe(name, size, where, repeats) -> tuple:
+    """msprobe's L1 statistics dump of every step ÷ the plain step (as measure's ratios: a
+    round's, then their (median, lowest, highest)), blocks interleaved, in
     this process (msprobe wraps torch's APIs for good once its debugger is made: a child
     of its own, so that nothing else is measured under its wrappers)."""
     import json
     from msprobe.pytorch import PrecisionDebugger as MsprobeDebugger
     model, loss_fn = models(size)[name]
-    blocks, steps = REPEATS[size]
+    blocks, steps = repeats
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     root = tempfile.mkdtemp(prefix="bench-msprobe-", dir=where)
     try:
@@ -221,12 +277,12 @@ def measure_msprobe(name, size, where) -> float:
                            "summary_mode": "statistics"}}, f)
         debugger = MsprobeDebugger(config_path=config)
         _block(model, loss_fn, opt, None, 2)
-        plain, probed = [], []
+        ratios = []
         for _ in range(blocks):
-            plain.append(_block(model, loss_fn, opt, None, steps))
-            probed.append(_msprobe_block(model, loss_fn, opt, debugger, steps))
+            plain = _block(model, loss_fn, opt, None, steps)
+            ratios.append(_msprobe_block(model, loss_fn, opt, debugger, steps) / plain)
             shutil.rmtree(os.path.join(root, "dump"), ignore_errors=True)
-        return statistics.median(probed) / statistics.median(plain)
+        return _spread(ratios)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -246,17 +302,18 @@ def install() -> int:
     return 0
 
 
-def _msprobe_ratio(name, size) -> Optional[float]:
-    """msprobe's ratio for a model, from a child process in its environment; None where
-    it is not installed or fails."""
+def _msprobe_ratio(name, size, repeats) -> Optional[tuple]:
+    """msprobe's ratios for a model (measure_msprobe's), from a child process in its
+    environment; None where it is not installed or fails."""
     import subprocess
     python = os.path.join(MSPROBE_VENV, "bin", "python")
     if not os.path.exists(python):
         return None
-    done = subprocess.run([python, os.path.abspath(__file__), "--msprobe", name, size],
-                          capture_output=True, text=True)
+    done = subprocess.run([python, os.path.abspath(__file__), "--msprobe", name, size,
+                           *map(str, repeats)], capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("ratio ")]
-    return float(lines[-1].split()[1]) if done.returncode == 0 and lines else None
+    return tuple(map(float, lines[-1].split()[1:])) if done.returncode == 0 and lines \
+        else None
 
 
 def _warn_left_behind(where) -> None:
@@ -272,35 +329,70 @@ def _warn_left_behind(where) -> None:
               f"measured now: remove them unless a bench is running", file=sys.stderr)
 
 
+def _arguments(argv):
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="bench/torch_frontend.py", description="The PyTorch front-end's cost: a step "
+        "with the debugger ÷ the plain step, measured side by side (see the module).")
+    parser.add_argument("--size", choices=(*SIZES, "all"), default="all",
+                        help="which models (default: all)")
+    parser.add_argument("--model", action="append", default=[], metavar="TEXT",
+                        help="only the models whose name holds TEXT (repeatable)")
+    parser.add_argument("--blocks", type=int, metavar="N",
+                        help="rounds of blocks (default: 7 small, 3 realistic); more rounds "
+                             "narrow the spread on a loaded machine")
+    parser.add_argument("--install", action="store_true",
+                        help="put mindstudio-probe into bench/.msprobe-venv, once")
+    args = parser.parse_args(argv)
+    if args.blocks is not None and args.blocks < 1:
+        parser.error("--blocks: at least 1")
+    return args
+
+
+def _ratio(r: tuple) -> str:
+    """A variant's ratios: the median, and the spread over the rounds."""
+    return f"{r[0]:.2f} ({r[1]:.2f}-{r[2]:.2f})"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     torch.set_num_threads(1)         # one core for the step: the comparison, not the machine
     where = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    if argv[:1] == ["--install"]:
-        return install()
-    if argv[:1] == ["--msprobe"]:
-        print(f"ratio {measure_msprobe(argv[1], argv[2], where)}")
+    if argv[:1] == ["--msprobe"]:    # the child _msprobe_ratio starts: name size blocks steps
+        repeats = (int(argv[3]), int(argv[4]))
+        print("ratio", *measure_msprobe(argv[1], argv[2], where, repeats))
         return 0
+    args = _arguments(argv)
+    if args.install:
+        return install()
     _warn_left_behind(where)
-    size = argv[argv.index("--size") + 1] if "--size" in argv[:-1] else "all"
-    if size not in (*SIZES, "all"):
-        print(f"--size: one of {', '.join(SIZES)}, all; got {size!r}", file=sys.stderr)
-        return 2
-    for each in SIZES if size == "all" else (size,):
+    print("each ratio: the median over the rounds (lowest-highest), a round's ÷ that round's "
+          "plain step", flush=True)
+    for each in SIZES if args.size == "all" else (args.size,):
+        blocks, steps = REPEATS[each]
+        repeats = (args.blocks or blocks, steps)
         for name, (model, loss_fn) in models(each).items():
-            ratios, plain, firsts = measure(model, loss_fn, where, REPEATS[each])
-            print(f"{name}: plain step {plain * 1e3:.1f} ms", flush=True)
+            if args.model and not any(m in name for m in args.model):
+                continue
+            got = measure(model, loss_fn, where, repeats)
+            ratios, firsts = got["ratios"], got["firsts"]
+            print(f"{name}: plain step {got['plain'] * 1e3:.1f} ms, {repeats[0]} rounds, a "
+                  f"tensor dump writes {got['step_bytes'] / 1e6:,.0f} MB a step", flush=True)
             for variant, r in ratios.items():
-                print(f"  {variant} ÷ plain: {r:.2f} (its first step {firsts[variant]:.2f})")
-            peer = _msprobe_ratio(name, each)
+                first = f" (its first step {firsts[variant]:.2f})" if variant in firsts else ""
+                print(f"  {variant} ÷ plain: {_ratio(r)}{first}")
+            print(f"  tensor dump ÷ (plain step + writing its bytes): "
+                  f"{_ratio(got['over_floor'])}")
+            peer = _msprobe_ratio(name, each, repeats)
             if peer is None:
                 print(f"  msprobe L1 statistics dump: not measured (python {sys.argv[0]} "
                       f"--install, once)")
                 continue
-            ours = ratios["golden, statistics dump"]
-            print(f"  msprobe L1 statistics dump ÷ plain: {peer:.2f}")
-            print(f"  our statistics dump's overhead ÷ msprobe's: {(ours - 1) / (peer - 1):.2f} "
-                  f"(ratio of ratios {ours / peer:.2f})", flush=True)
+            ours = ratios["golden, statistics dump"][0]
+            print(f"  msprobe L1 statistics dump ÷ plain: {_ratio(peer)}")
+            print(f"  our statistics dump's overhead ÷ msprobe's: "
+                  f"{(ours - 1) / (peer[0] - 1):.2f} (ratio of ratios {ours / peer[0]:.2f})",
+                  flush=True)
     return 0
 
 

@@ -240,14 +240,19 @@ def test_a_spill_that_fails_ends_the_dump_and_the_training_goes_on(tmp_path, mon
     assert max(calls) == 1          # nothing spilled after the failure
 
 
-def test_the_bench_warns_of_workspaces_an_earlier_bench_left(tmp_path, capsys):
-    """A bench killed before its cleanup leaves its workspace on the tmpfs, and every tensor
-    dump measured after it then pays for the memory it holds: the next bench says so."""
+def _bench():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     try:
         import torch_frontend
     finally:
         sys.path.pop(0)
+    return torch_frontend
+
+
+def test_the_bench_warns_of_workspaces_an_earlier_bench_left(tmp_path, capsys):
+    """A bench killed before its cleanup leaves its workspace on the tmpfs, and every tensor
+    dump measured after it then pays for the memory it holds: the next bench says so."""
+    torch_frontend = _bench()
     torch_frontend._warn_left_behind(str(tmp_path))
     assert capsys.readouterr().err == ""
     left = tmp_path / "bench-torch-abc" / "cpu"
@@ -257,3 +262,39 @@ def test_the_bench_warns_of_workspaces_an_earlier_bench_left(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 workspace(s) of an earlier bench" in err and "(3 MB: " in err
     assert str(tmp_path / "bench-torch-abc") in err
+
+
+def test_the_bench_writes_a_tensor_dumps_bytes_beside_it_and_cleans_up(tmp_path):
+    """The write floor writes, after each plain step, as many bytes as the tensor dump's step
+    put on disk (the number measure reports), and measure leaves nothing behind; each ratio
+    is a round's (its median within its lowest and highest)."""
+    bench = _bench()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+
+    def loss_fn():
+        return F.cross_entropy(model(x), y)
+    got = bench.measure(model, loss_fn, str(tmp_path), repeats=(2, 1))
+    assert os.listdir(tmp_path) == []
+    assert set(got["ratios"]) == {*bench.VARIANTS, bench.WRITE_FLOOR}
+    for low_mid_high in [*got["ratios"].values(), got["over_floor"]]:
+        assert low_mid_high[1] <= low_mid_high[0] <= low_mid_high[2]
+    # a block's dump (its first step and one more, the optimizer's state made before), by
+    # itself: what the bench says a step writes (to a few bytes: the index's timestamps
+    # and the run's record differ in length)
+    root = tmp_path / "two"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    bench._step(model, loss_fn, opt, None)
+    d = PrecisionDebugger(str(root), target="golden", dump_mode="tensor", dump_step="all")
+    d.start(model)
+    for _ in range(2):
+        bench._step(model, loss_fn, opt, d)
+    d.stop()
+    assert got["step_bytes"] == pytest.approx(bench._disk_bytes(str(root)) / 2, rel=1e-3)
+    floor = tmp_path / "floor"
+    floor.mkdir()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    bench._write_block(model, loss_fn, opt, 2, str(floor), 1000, np.ones(300, np.uint8))
+    assert sorted(os.listdir(floor)) == ["step0.bin", "step1.bin", "step2.bin"]
+    assert {(floor / f).stat().st_size for f in os.listdir(floor)} == {1000}
