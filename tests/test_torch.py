@@ -262,6 +262,24 @@ def test_gradients_written_in_place_by_list_kernels_are_dumped_as_written(tmp_pa
     assert json.loads(out.stdout)["verdict"] == "sound"
 
 
+def test_an_input_beyond_fp16s_range_is_fixed_where_it_comes_from(tmp_path):
+    """Inputs of ±30000 sigma into a Linear (a MatMulBiasAdd fused kernel on the NPU): its
+    inputs reach past 65504, which no fp16 kernel holds, fused or not; the advice leads with
+    what feeds it and offers switching the pass off last."""
+    for target in ("golden", "npu"):
+        _train(lambda: nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)),
+               str(tmp_path), target, steps=1, scale=30000.0, optimizer="sgd")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    result = json.loads(out.stdout)
+    assert result["first_overflow"]["op_name"] == "Functional.linear.0.forward"
+    line = next(a for a in result["advice"] if a.startswith("The first overflow"))
+    assert "That is beyond fp16's largest value (65504), fused kernel or not." in line
+    feeds = min(line.index(t) for t in ("normalise what feeds it", "cale what feeds it down")
+                if t in line)
+    assert feeds < line.index("keep ") < line.index("MatMulBiasAddFusionPass off"), line
+
+
 def test_unscaled_attention_scores_overflowing_fp16_are_named(tmp_path):
     """A planted cause: attention scores left unscaled, on inputs large enough that q·k
     passes 65504, under force_fp16 with inf/nan overflow: ac -c names the matmul that made

@@ -390,12 +390,19 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
     if op.get("carries"):
         return [text + f" Its inputs already diverge: it carries the divergence that starts "
                 f"upstream at {op['carries']}, which is what to fix."]
+    # an input fp16 cannot hold overflows in whichever kernel reads it in fp16: what feeds
+    # it is the thing to change, a fusion pass is not (its options come last, unless verified)
+    beyond = peak is not None and peak > numerics.FP16_MAX
+    if beyond:
+        text += (f" That is beyond fp16's largest value ({numerics.FP16_MAX:g}), fused kernel "
+                 f"or not.")
     if origin is not None and origin["op_name"] == op["op_name"] and origin.get("pass_name"):
         p = origin["pass_name"]
-        return [text + f" It is also where the divergence starts, fused by {p} (precision-tool "
-                f"fo confirms it): " + opts.either(
-                    opts.tag(f"switch {p} off in fusion_switch.cfg", [Change("fusion", p)]),
-                    opts.keep(origin, mode), opts.tag("normalise what feeds it")) + "."]
+        choices = [opts.tag(f"switch {p} off in fusion_switch.cfg", [Change("fusion", p)]),
+                   opts.keep(origin, mode), opts.tag("normalise what feeds it")]
+        confirm = "" if beyond else " (precision-tool fo confirms it)"
+        return [text + f" It is also where the divergence starts, fused by {p}{confirm}: "
+                + opts.either(*(choices[::-1] if beyond else choices)) + "."]
     later = _later_overflows(r)
     if is_backward(op["op_name"]) and scales:
         settled = LossScaleHistory(**r.loss_scale).settling_from(r.step)
@@ -423,7 +430,8 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                                    [Change("fusion", op["pass_name"])]))
     if not op.get("inserted"):
         choices.append(opts.tag("scale what feeds it down"))
-    return [text + " " + _capital(opts.either(*choices)) + "." + later]
+    return [text + " " + _capital(opts.either(*(choices[::-1] if beyond else choices))) + "."
+            + later]
 
 
 def _later_overflows(r) -> str:
