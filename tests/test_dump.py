@@ -919,3 +919,19 @@ def test_a_python_dump_writer_thread_ends_with_its_writer():
     gc.collect()
     thread.join(timeout=10)
     assert done == [1] and not thread.is_alive()
+
+
+def test_a_file_is_read_in_the_shape_its_index_line_gives():
+    """in_row_shape: a linked view's file holds what it views in that tensor's shape; the
+    line's shape wins where it names the same elements, and nothing else is changed."""
+    from precision_tool.dump.workspace import in_row_shape
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert in_row_shape(a, "2 6").shape == (2, 6)
+    assert np.array_equal(in_row_shape(a, "2 6").reshape(-1), a.reshape(-1))
+    assert in_row_shape(a, "3 4") is a
+    assert in_row_shape(a, "5 4") is a                  # another size: left to the compare
+    assert in_row_shape(a, "[3, 4]") is a and in_row_shape(a, "None 4") is a
+    assert in_row_shape(a, float("nan")) is a           # an index without a shape
+    one = np.ones((1,), np.float16)
+    assert in_row_shape(one, "").shape == ()            # a scalar's line
+    assert in_row_shape(np.ones(0), "0 5").shape == (0, 5)

@@ -161,9 +161,23 @@ def _tensors(root, kind, step):
     assert run.partials == []
     t = ws.index(run, step)
     stats = ["max", "min", "mean", "l2norm", "nan_count", "pos_inf_count", "neg_inf_count"]
-    return {(r.op_name, r.io, r["index"]): (r.shape, r.dtype, tuple(r[s] for s in stats),
-                                             ws.load(run, step, r.file))
+    return {(r.op_name, r.io, r["index"]): (r["shape"], r.dtype, tuple(r[s] for s in stats),
+                                             ws.load(run, step, r.file, r["shape"]))
             for _, r in t.iterrows()}
+
+
+def _file_shapes(root, kind, step):
+    """(op, io, index) -> (the shape its index line says, the shape in its file's header,
+    the file's inode) of a step."""
+    ws = Workspace(str(root))
+    run = ws.run(kind)
+    t = ws.index(run, step)
+    out = {}
+    for _, r in t.iterrows():
+        path = os.path.join(ws.step_path(run, step), r.file)
+        out[(r.op_name, r.io, r["index"])] = (r["shape"], " ".join(map(str, np.load(
+            path, mmap_mode="r", allow_pickle=False).shape)), os.stat(path).st_ino)
+    return out
 
 
 @pytest.mark.parametrize("target,kind", [("golden", "cpu"), ("npu", "npu")])
@@ -171,7 +185,9 @@ def test_a_big_step_written_as_it_runs_holds_what_a_small_one_does(tmp_path, mon
                                                                    target, kind):
     """A step past IN_PLACE_BYTES writes each value as it is made (spills it: no copy
     kept) and links the files in when the step ends: every line of its index, and every
-    file, is what the same step written from copies holds; no spill is left behind."""
+    file read in its line's shape, is what the same step written from copies holds; a view
+    of another shape is a link to the file of what it views, not a second copy; no spill is
+    left behind."""
     import precision_tool.torch.debugger as debugger
     _dump(tmp_path / "copies", target)
     monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
@@ -190,9 +206,62 @@ def test_a_big_step_written_as_it_runs_holds_what_a_small_one_does(tmp_path, mon
             assert (g[0], g[1]) == (shape, dtype), key
             assert np.array_equal(g[2], stats, equal_nan=True), key
             assert g[3].dtype == value.dtype and np.array_equal(g[3], value), key
+    if target == "golden":      # (the NPU's fp16 values are copied: their dtype changes)
+        files = _file_shapes(tmp_path / "spilled", kind, 1)
+        views = [k for k in files if k[:2] == ("Tensor.view.0.forward", "output")]
+        assert views
+        for key in views:
+            said, header, inode = files[key]
+            shared = [k for k, f in files.items() if f[2] == inode and k[0] != key[0]]
+            assert said != header and shared, (key, files[key])
+            assert files[shared[0]][1] == header
     leftovers = [p for p, _, _ in os.walk(tmp_path / "spilled") if ".spilled" in p or
                  p.endswith(".partial")]
     assert leftovers == []
+
+
+def test_every_reader_gives_a_linked_view_its_own_shape(tmp_path, monkeypatch):
+    """A view written as a link to the file of what it views (a spilled step): pt by name
+    and by file name, the msprobe export and ac read it in the shape of its index line, and
+    they give what a step written from copies gives."""
+    import json
+    from click.testing import CliRunner
+    from precision_tool.cli import cli
+    import precision_tool.torch.debugger as debugger
+    for target in ("golden", "npu"):
+        _dump(tmp_path / "copies", target, steps=2)
+    monkeypatch.setattr(debugger, "IN_PLACE_BYTES", 0)
+    for target in ("golden", "npu"):
+        _dump(tmp_path / "spilled", target, steps=2)
+
+    def cli_json(root, *args, code=0):
+        out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / root), "--json", *args])
+        assert code is None or out.exit_code == code, out.output
+        return json.loads(out.stdout)
+    view = "Tensor.view.0.forward:output:0"
+    ws = Workspace(str(tmp_path / "spilled"))
+    row = ws.index(ws.run("cpu"), 1)
+    row = row[(row.op_name == "Tensor.view.0.forward") & (row.io == "output")].iloc[0]
+    run = ["-r", "cpu/debug_0", "-s", "1"]
+    by_file = cli_json("spilled", "pt", *run, row["file"])
+    by_name = cli_json("spilled", "pt", *run, view)
+    copied = cli_json("copies", "pt", *run, view)
+    assert by_file["shape"] == by_name["shape"] == copied["shape"] == \
+        [int(d) for d in row["shape"].split()]
+    assert by_file["head"] == by_name["head"] == copied["head"]
+    exported = {}
+    for root in ("spilled", "copies"):
+        cli_json(root, "export", "-r", "cpu/debug_0", "-o", str(tmp_path / f"ex-{root}"))
+        with open(tmp_path / f"ex-{root}" / "step1" / "rank0" / "dump.json") as f:
+            data = json.load(f)["data"]
+        exported[root] = {k: [o["shape"] for o in v["output"]] for k, v in data.items()}
+    assert exported["spilled"] == exported["copies"]
+    assert exported["spilled"]["Tensor.view.0.forward"] == [[int(d) for d in
+                                                             row["shape"].split()]]
+    checked = [cli_json(root, "ac", "-c", code=None) for root in ("spilled", "copies")]
+    for each in checked:     # (the divergence report's paths differ: their workspaces)
+        each.pop("result_file")
+    assert checked[0] == checked[1]
 
 
 def test_a_step_cut_short_leaves_no_spilled_values(tmp_path, monkeypatch):

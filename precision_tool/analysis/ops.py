@@ -223,7 +223,7 @@ def find_tensor(ws: Workspace, ref: str, run_spec: Optional[str] = None,
     row = hit.iloc[0]
     if not row["file"]:
         raise WorkspaceError(f"{ref} was dumped as statistics only: no tensor to print")
-    value = ws.load(run, s, row["file"])
+    value = ws.load(run, s, row["file"], row["shape"])
     dtype = str(row["dtype"])
     return Found(value, f"{run.label} {row['op_name']}:{row['io']}:{row['index']}", row, dtype,
                  f"stored as {value.dtype}" if dtype != str(value.dtype) else "", run)

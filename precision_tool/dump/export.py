@@ -83,7 +83,7 @@ def _export_step(ws, run: Run, step: int, where: str, done: dict) -> None:
         entry = {"type": "torch.Tensor", "dtype": f"torch.{r['dtype']}",
                  "shape": [int(d) for d in str(r["shape"]).split()], "requires_grad": False}
         if with_files and r["file"]:
-            value = _logical(ws.load(run, step, r["file"]), r)
+            value = _logical(ws.load(run, step, r["file"], r["shape"]), r)
             name = f"{call}.{r['io']}.{len(record['input_args' if r['io'] == 'input' else 'output'])}.pt"
             write_pt(os.path.join(where, TENSOR_DIR, name), value)
             entry.update(_stats(value), shape=list(value.shape), data_name=name)

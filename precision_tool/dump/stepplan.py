@@ -188,13 +188,9 @@ class StepPlan:
                 arrays = list(values)
             for i, dtype in self.casts.items():     # bfloat16, which .npy cannot name, as
                 arrays[i] = values[i].astype(dtype)  # its float32 values
-            for i in self.spilled:      # its file linked in, or (a view's shape) its bytes
-                v = values[i]
-                if v.shape == v.file_shape:
-                    links.append((v.path, paths[i]))
-                    arrays[i] = None
-                else:
-                    arrays[i] = v.load()
+            for i in self.spilled:      # its file linked in: a view of another shape too,
+                links.append((values[i].path, paths[i]))    # its index line says its shape
+                arrays[i] = None
         stats = np.empty((len(values), 7))
         if self.numpy_stats:    # the kinds the C module does not take (its '.' kinds)
             stats[self.numpy_stats] = kernels.stats_table([self._logical(values, i)

@@ -381,18 +381,36 @@ class Workspace:
     def step_path(self, run: Run, step: int) -> str:
         return run.step(step).path
 
-    def load(self, run: Run, step: int, file: str) -> np.ndarray:
+    def load(self, run: Run, step: int, file: str, shape: str = "") -> np.ndarray:
         """A dumped tensor by its file name in the step (allow_pickle=False, never outside the
-        workspace)."""
+        workspace), in shape, its index line's, when given (in_row_shape)."""
         if not file:
             raise WorkspaceError(f"step {step} of {run.target}/{run.name} holds statistics only "
                                  f"(dump_data='stats'): no tensor file to load")
-        return self.load_file(os.path.join(self.step_path(run, step), file))
+        return in_row_shape(self.load_file(os.path.join(self.step_path(run, step), file)),
+                            shape)
 
     def load_file(self, path: str, mmap_over: Optional[int] = None) -> np.ndarray:
         """A tensor file that must resolve inside the workspace (an index names it); one larger
         than mmap_over bytes (default MMAP_BYTES) is mapped read-only."""
         return read_tensor_file(path, self._opener, mmap_over)
+
+
+def in_row_shape(value: np.ndarray, shape) -> np.ndarray:
+    """A tensor file's array in the shape its index line gives ("8 128 384", dims apart by
+    spaces; "" for a scalar): a view of another tensor, dumped in a big step, names a link to
+    that tensor's file (the same elements in the same order, written once) and keeps its own
+    shape in the index. Unchanged where the line gives no shape it can read, or one of
+    another size (the file is what the comparison then judges)."""
+    if not isinstance(shape, str) or (shape and not _DIMS.fullmatch(shape)):
+        return value
+    dims = tuple(int(d) for d in shape.split())
+    if dims == value.shape or int(np.prod(dims, dtype=np.int64)) != value.size:
+        return value
+    return value.reshape(dims)
+
+
+_DIMS = re.compile(r"\d+( \d+)*")
 
 
 def _target_names(base: str) -> List[str]:

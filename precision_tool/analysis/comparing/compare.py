@@ -437,13 +437,14 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
                     pairs.append(Pair(
                         Side(npu_dir + r["file"], r["format"] or "",
                              r["original_shape"] or "", r["min"], r["max"],
-                             _data_bytes(row["Elements"], r["dtype"]), r.get("md5") or ""),
+                             _data_bytes(row["Elements"], r["dtype"]), r.get("md5") or "",
+                             r["shape"]),
                         Side(gold_dir + grow["file"],
                              grow["format"] if gold_format else "",
                              grow["original_shape"] if gold_format else "",
                              grow["min"], grow["max"],
                              _data_bytes(element_count(grow["shape"]), grow["dtype"]),
-                             grow.get("md5") or "")))
+                             grow.get("md5") or "", grow["shape"])))
                 row["_pair"] = pair_of[key]
                 row["_recorded"] = (
                     _nonfinite_recorded(r, npu_dir + r["file"], npu_run.ours),

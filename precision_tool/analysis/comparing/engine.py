@@ -24,7 +24,7 @@ import numpy as np
 from ... import kernels, numerics
 from ...collector import collector_paused
 from ...dump.formats import npy_header
-from ...dump.workspace import Workspace, WorkspaceError
+from ...dump.workspace import Workspace, WorkspaceError, in_row_shape
 from .verdicts import UNREADABLE
 from ...kernels.totals import Totals, add_kl_sums, span_kl, span_totals
 from .metrics import compare_many, compare_tensors, empty_result, finish
@@ -70,6 +70,7 @@ class Side(NamedTuple):
     nbytes: int = -1            # its data's size as the index says (-1: unknown, stat it):
                                 # where it goes is planned without a stat per file
     crc: str = ""               # the CRC32 of its data the dump recorded (msprobe's "md5")
+    shape: str = ""             # its index line's (a linked view's file holds another)
 
 
 class Pair(NamedTuple):
@@ -90,7 +91,7 @@ def _load(ws: Workspace, side: Side) -> np.ndarray:
             raise WorkspaceError(f"tensor file {side.path} does not hold what was dumped: its "
                                  f"CRC32 is {got}, the dump recorded {side.crc} (changed or "
                                  f"damaged since)")
-    return logical_tensor(value, side.fmt, side.original_shape)
+    return logical_tensor(in_row_shape(value, side.shape), side.fmt, side.original_shape)
 
 
 def _failed(reason: str) -> dict:

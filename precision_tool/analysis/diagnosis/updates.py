@@ -118,8 +118,8 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
                 out.by_statistics += 1
             else:
                 try:
-                    old, new = (ws.load(npu_run, step, e[0]) for e in ends[:2])
-                    g_old, g_new = (ws.load(golden_run, step, e[0]) for e in ends[2:])
+                    old, new = (ws.load(npu_run, step, e[0], e[3]) for e in ends[:2])
+                    g_old, g_new = (ws.load(golden_run, step, e[0], e[3]) for e in ends[2:])
                 except (PrecisionToolError, OSError, ValueError):
                     out.unseen.append(op)
                     continue

@@ -94,7 +94,7 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
     for r in rows[rows.io == "input"].itertuples(index=False):
         if not r.file:
             raise ReplayOpError(f"step {step} dumped statistics only: no inputs to replay")
-        value = logical_tensor(ws.load(npu_run, step, r.file), r.format, r.original_shape)
+        value = logical_tensor(ws.load(npu_run, step, r.file, r.shape), r.format, r.original_shape)
         inputs[int(r.index)] = value.astype(np.float64) if value.dtype.kind == "f" else value
     if len(inputs) != len(node.inputs):
         raise ReplayOpError(f"op {op_name!r}: {len(node.inputs)} inputs, {len(inputs)} dumped "
@@ -103,7 +103,8 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
     if out_rows.empty:
         raise ReplayOpError(f"op {op_name!r} output {output_index} is not dumped")
     out_row = out_rows.iloc[0]
-    npu_out = logical_tensor(ws.load(npu_run, step, out_row.file), out_row.format, out_row.original_shape)
+    npu_out = logical_tensor(ws.load(npu_run, step, out_row.file, out_row["shape"]),
+                             out_row.format, out_row.original_shape)
     ctx = registry.KernelContext(np.float64, step, graph.seed)
     args = [inputs[k] for k in range(len(node.inputs))]
     attrs = node.attrs
@@ -119,7 +120,8 @@ def replay_op(ws: Workspace, npu_run: Run, step: int, op_name: str,
         gold = ws.index(golden_run, step)
         match = gold[gold.tensor == target]
         if not match.empty:
-            inherited = compare_tensors(replayed, ws.load(golden_run, step, match.iloc[0]["file"]))
+            inherited = compare_tensors(replayed, ws.load(golden_run, step, match.iloc[0]["file"],
+                                                           match.iloc[0]["shape"]))
     with np.errstate(invalid="ignore"):
         at_max = int(np.count_nonzero(np.abs(replayed) >= numerics.FP16_MAX))
     return OpReplay(op_name, target or "", compare_tensors(npu_out, replayed), inherited,

@@ -158,7 +158,7 @@ class _ScriptContext:
         if not isinstance(row.file, str) or not row.file:
             self.undumped += 1
             return None
-        return self.ws.load(self.golden, step, row.file)
+        return self.ws.load(self.golden, step, row.file, row.shape)
 
     def _variables(self, step: int) -> Dict[str, np.ndarray]:
         t = self.ws.index(self.golden, step)
