@@ -175,6 +175,33 @@ def test_the_npu_run_holds_the_policys_dtypes_on_their_grid(tmp_path):
     assert out.exit_code == 2 and "call sites" in out.output and "broken" in out.output
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: none on this machine")
+def test_a_script_on_cuda_runs_on_both_targets(tmp_path):
+    """A model and its data on CUDA: the debugger reads the tensors through host memory, the
+    simulated kernels round there and write back to the device. The golden's losses are the
+    script's own; the NPU's linear output is on fp16's grid; ac -c calls the run sound."""
+    def train(target=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32),
+                              nn.Linear(32, 4)).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")
+        d = PrecisionDebugger(str(tmp_path), target=target, dump_step="all") if target \
+            else None
+        return _steps(model, lambda: F.cross_entropy(model(x), y), opt, d, 3)
+    assert train("golden") == train()
+    train("npu")
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    t = ws.index(run, 0)
+    out = t[(t.op_name == "Functional.linear.0.forward") & (t.io == "output")].iloc[0]
+    y = ws.load(run, 0, out.file).astype(np.float64)
+    assert out["dtype"] == "float16" and np.array_equal(y, y.astype(np.float16))
+    done = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert done.exit_code == 0, done.output
+
+
 def test_a_clean_run_is_called_sound(tmp_path):
     """A healthy script, every step dumped on both targets: ac -c finds nothing (exit 0)."""
     _train(_mlp, str(tmp_path), "golden", steps=4)

@@ -122,6 +122,12 @@ _LOW = (torch.float16, torch.bfloat16)
 _ATEN = torch.ops.aten
 
 
+def _host(t: torch.Tensor) -> np.ndarray:
+    """t's values in host memory, for the numpy kernels: its own memory on the CPU, a copy
+    of a CUDA tensor's."""
+    return t.detach().cpu().numpy()
+
+
 class ByIdentity:
     """A tensor -> value table by identity while the tensor lives (tensors compare element by
     element, so a WeakKeyDictionary cannot hold them); dead entries go when the table grows."""
@@ -278,25 +284,26 @@ class SimulatedNPU(TorchDispatchMode):
             shape, weight, bias, eps = args[1], args[2], args[3], args[4]
             n = math.prod(shape)
             ones = np.ones(n, np.float32)
-            inputs = [x.reshape(-1, n).numpy(),
-                      weight.detach().float().reshape(n).numpy() if weight is not None else ones,
-                      bias.detach().float().reshape(n).numpy() if bias is not None else 0 * ones]
+            inputs = [_host(x.reshape(-1, n)),
+                      _host(weight.float().reshape(n)) if weight is not None else ones,
+                      _host(bias.float().reshape(n)) if bias is not None else 0 * ones]
             attrs = {"epsilon": float(eps), "roles": ["y", "mean", "inv"]}
         elif op_type == "RmsNorm":
             shape, weight, eps = args[1], args[2], args[3]
             n = math.prod(shape)
-            inputs = [x.reshape(-1, n).numpy(), weight.detach().float().reshape(n).numpy()
+            inputs = [_host(x.reshape(-1, n)), _host(weight.float().reshape(n))
                       if weight is not None else np.ones(n, np.float32)]
             attrs = {"epsilon": float(eps), "roles": ["y", "inv"]}
         else:
-            inputs, attrs = [x.numpy()], dict(op.attrs, roles=["y"])
+            inputs, attrs = [_host(x)], dict(op.attrs, roles=["y"])
             if op_type == "SoftmaxV2":
                 attrs["axis"] = args[1]
         c.kernel_inputs = inputs
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             values = op.kernel(inputs, attrs, c)
         self.status |= c.status
-        out = [torch.from_numpy(np.ascontiguousarray(v, np.float32)) for v in values]
+        out = [torch.from_numpy(np.ascontiguousarray(v, np.float32)).to(x.device)
+               for v in values]
         if op_type == "LayerNorm":
             rows = row_shape(x, args[1])
             # the dtypes torch's CPU kernel gives: mean and rstd in the input's, or in
@@ -322,12 +329,14 @@ class SimulatedNPU(TorchDispatchMode):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
                 return t
             held = t.detach().to(torch.float32).contiguous()
-            value, overflowed = round_result(held.numpy(), dtype, self.saturation)
+            value, overflowed = round_result(_host(held), dtype, self.saturation)
             if overflowed:
                 self.status |= numerics.STATUS_CUBE_OVERFLOW if cube else \
                     numerics.STATUS_FLOAT_OVERFLOW
             with torch.no_grad():
-                t.copy_(torch.from_numpy(np.ascontiguousarray(value).reshape(held.shape)).to(t.dtype))
+                # (copy_ takes a CPU tensor into a CUDA one)
+                t.copy_(torch.from_numpy(np.ascontiguousarray(value).reshape(held.shape))
+                        .to(t.dtype))
             self._dtypes[t] = dtype
             return t
         return _map(one, out)
