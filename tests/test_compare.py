@@ -159,6 +159,29 @@ def test_ops_are_taken_in_execution_order_whatever_the_row_order():
     assert [p.op_name for p in rc.propagators] == ["c"]
 
 
+def test_an_fp32_adam_step_that_amplifies_rounding_is_noise_and_nothing_else_is():
+    """Adam's step ends in addcdiv_: from inputs within tolerance of the golden's, a bias that
+    starts at zero differs in direction and in norm (full steps where the golden's gradient,
+    below eps, took partial ones): computed in fp32 it is noise, not an origin. Computed in
+    fp16, from inputs equal to the golden's, or by a step that divides by nothing (add_),
+    the same rows stay an origin."""
+    from precision_tool.analysis import root_cause
+
+    def table(op_type="Tensor.addcdiv_", dtype="float32", in_cosine=0.9999914):
+        rows = [{"NPUDump": "upd", "OpType": op_type, "TensorIndex": f"upd:input:{k}",
+                 "CosineSimilarity": c, "NpuNorm": 1.0, "GoldenNorm": 1.0,
+                 "NpuDataType": dtype, "GoldenTensor": f"g{k}"}
+                for k, c in enumerate([1.0, in_cosine, in_cosine])]
+        rows.append({"NPUDump": "upd", "OpType": op_type, "TensorIndex": "upd:output:0",
+                     "CosineSimilarity": 0.82897008, "NpuNorm": 1.2005, "GoldenNorm": 1.0,
+                     "NpuDataType": dtype, "GoldenTensor": "out", "GroundTruth": "upd"})
+        return _table(rows)
+    assert root_cause(table()).origins == []
+    assert [d.op_name for d in root_cause(table()).cancellations] == ["upd"]
+    for t in (table(dtype="float16"), table(in_cosine=1.0), table(op_type="Tensor.add_")):
+        assert [d.op_name for d in root_cause(t).origins] == ["upd"]
+
+
 def test_an_empty_table_has_no_summary_and_no_cause():
     from precision_tool.analysis import root_cause, summarize
     from precision_tool.analysis.comparing.compare import COLUMNS

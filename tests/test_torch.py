@@ -202,6 +202,45 @@ def test_a_script_on_cuda_runs_on_both_targets(tmp_path):
     assert done.exit_code == 0, done.output
 
 
+class FusedQKV(nn.Module):
+    """Attention with one linear for query, key and value (GPT-2's c_attn), its bias starting
+    at zero: the key's third of it gets a gradient of zero in exact arithmetic (a softmax
+    does not see a constant added to a row of scores)."""
+
+    def __init__(self, d=64, classes=4):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        nn.init.zeros_(self.qkv.bias)
+        self.out = nn.Linear(d, classes)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
+        return self.out((F.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v).mean(1))
+
+
+def test_adam_turning_a_key_bias_rounding_into_full_steps_is_called_sound(tmp_path):
+    """A healthy fused-QKV attention under AdamW: the NPU's fp16 matmuls round the key bias's
+    zero gradient to elements above eps, where the golden's lie below it, so Adam steps them
+    in full where the golden barely moves, and the bias differs in norm from the first
+    update on. Nothing reads that difference (each row of scores moves by a constant):
+    every step is compared and ac -c calls the run sound (exit 0)."""
+    def train(target):
+        torch.manual_seed(0)
+        model = FusedQKV()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        x, y = torch.randn(8, 32, 64), torch.randint(0, 4, (8,))
+        _steps(model, lambda: F.cross_entropy(model(x), y), opt,
+               PrecisionDebugger(str(tmp_path), target=target, dump_step="all"), 3)
+    train("golden")
+    train("npu")
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert [s["step"] for s in result["steps"]] == [0, 1, 2]
+    assert "an Adam step that turns the rounding of near-zero gradient elements into full " \
+           "steps (e.g. Tensor.addcdiv_." in result["advice"][0]
+
+
 def test_a_clean_run_is_called_sound(tmp_path):
     """A healthy script, every step dumped on both targets: ac -c finds nothing (exit 0)."""
     _train(_mlp, str(tmp_path), "golden", steps=4)

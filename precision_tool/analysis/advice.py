@@ -356,9 +356,11 @@ def _sound_text(r) -> List[str]:
                 f"{first['op_name']}) has no effect: the ops that read it match the golden, and "
                 f"no output, loss or update moves. Precision looks sound."]
     if r.cancellations:
-        return [f"Nothing overflowed, and the only ops that diverge compute a result that is "
-                f"zero up to rounding noise in both runs (cancellation, e.g. "
-                f"{r.cancellations[0]}): precision looks sound."]
+        return [f"Nothing overflowed, and the only ops that diverge hold rounding noise and "
+                f"nothing more: a result that is zero up to rounding noise in both runs "
+                f"(cancellation), or an Adam step that turns the rounding of near-zero "
+                f"gradient elements into full steps (e.g. {r.cancellations[0]}): precision "
+                f"looks sound."]
     return ["No op diverges and nothing overflowed: precision looks sound."]
 
 

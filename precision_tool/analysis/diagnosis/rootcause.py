@@ -16,8 +16,13 @@ says which outputs are sums). Ops whose only diverging inputs are such noise (Ad
 noisy gradient into full-size steps, or updating state that such steps left noisy) are listed
 with the cancellations: neither is a lead. So is an update whose inputs all match and whose
 outputs differ in direction only (norms kept): Adam's per-element normalised step turns the
-rounding of near-zero gradient elements into sign flips; a real fault in an update shows in
-its norms, its non-finite counts or an input.
+rounding of near-zero gradient elements into sign flips. Computed in fp32 (the golden's own
+kernel) from inputs that differ at all, such a step may differ in norm too: where the
+golden's gradient element is below eps its step is partial, and rounding makes the other
+run's full (a bias that starts at zero, GPT-2's fused query-key-value bias, then shows it in
+its norm). A real fault in an update shows in its norms when it computes in fp16 or bf16,
+in its non-finite counts or in an input; a normalised step whose inputs are the golden's,
+bit for bit, stays an origin.
 
 Absorbed. An op whose outputs differ only by elements flushed to zero, with the ops
 downstream that differ only so too, started nothing when no op whose only diverging inputs
@@ -371,6 +376,15 @@ def _updates_inputs(op_type: str) -> bool:
     return bool(_updated_positions(op_type))
 
 
+_WIDE = ("float32", "float64")
+
+
+def _normalised_step(op_type: str) -> bool:
+    """An update that divides each element's step by a running norm of its gradient (Adam's
+    m / (sqrt(v) + eps): the graph's ApplyAdam, PyTorch's addcdiv_ that ends Adam's step)."""
+    return op_type == "ApplyAdam" or "addcdiv" in op_type
+
+
 def root_cause(table, criteria=None, rows: "OpRows" = None,
                noise_state: Iterable[str] = (), overflowed: Iterable[str] = ()) -> RootCause:
     """Every op with a diverging output, as an origin, a propagator, cancellation noise or
@@ -510,9 +524,14 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
             all(i in noisy or (t.state[i] and _updates_inputs(d.op_type)) for i in bad_in)
         # an update whose inputs all match and whose outputs differ in direction alone:
         # a per-element normalised step (Adam's m / sqrt(v)) turns the rounding of
-        # near-zero gradient elements, within tolerance, into sign flips of full-size steps
-        amplified = d.is_origin and all(t.cosine_only[i] for i in bad_out) and \
-            _updates_inputs(d.op_type)
+        # near-zero gradient elements, within tolerance, into sign flips of full-size steps;
+        # and, a normalised step computed in fp32 (the golden's own kernel) from inputs that
+        # differ at all, into full steps where the golden's gradient, below eps, took a
+        # partial one (a bias that starts at zero then differs in norm too)
+        amplified = d.is_origin and _updates_inputs(d.op_type) and bool(bad_out) and (
+            all(t.cosine_only[i] for i in bad_out) or _normalised_step(d.op_type) and
+            all(str(t.dtype[i]) in _WIDE for i in bad_out) and
+            any(t.cosine[i] < 1.0 for i in ins))
         # a dumped variable's own row holding what a noise update wrote
         noise_state = not bad_in and d.op_type in STATE_OPS and bool(bad_out) and \
             all(t.golden_tensor[i] in noise for i in bad_out)
