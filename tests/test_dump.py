@@ -934,4 +934,5 @@ def test_a_file_is_read_in_the_shape_its_index_line_gives():
     assert in_row_shape(a, float("nan")) is a           # an index without a shape
     one = np.ones((1,), np.float16)
     assert in_row_shape(one, "").shape == ()            # a scalar's line
+    assert in_row_shape(one, None) is one               # no line given
     assert in_row_shape(np.ones(0), "0 5").shape == (0, 5)

@@ -381,7 +381,7 @@ class Workspace:
     def step_path(self, run: Run, step: int) -> str:
         return run.step(step).path
 
-    def load(self, run: Run, step: int, file: str, shape: str = "") -> np.ndarray:
+    def load(self, run: Run, step: int, file: str, shape: Optional[str] = None) -> np.ndarray:
         """A dumped tensor by its file name in the step (allow_pickle=False, never outside the
         workspace), in shape, its index line's, when given (in_row_shape)."""
         if not file:
@@ -398,10 +398,10 @@ class Workspace:
 
 def in_row_shape(value: np.ndarray, shape) -> np.ndarray:
     """A tensor file's array in the shape its index line gives ("8 128 384", dims apart by
-    spaces; "" for a scalar): a view of another tensor, dumped in a big step, names a link to
-    that tensor's file (the same elements in the same order, written once) and keeps its own
-    shape in the index. Unchanged where the line gives no shape it can read, or one of
-    another size (the file is what the comparison then judges)."""
+    spaces; "" for a scalar; None: not given): a view of another tensor, dumped in a big step,
+    names a link to that tensor's file (the same elements in the same order, written once)
+    and keeps its own shape in the index. Unchanged where the line gives no shape it can
+    read, or one of another size (the file is what the comparison then judges)."""
     if not isinstance(shape, str) or (shape and not _DIMS.fullmatch(shape)):
         return value
     dims = tuple(int(d) for d in shape.split())

@@ -70,7 +70,7 @@ class Side(NamedTuple):
     nbytes: int = -1            # its data's size as the index says (-1: unknown, stat it):
                                 # where it goes is planned without a stat per file
     crc: str = ""               # the CRC32 of its data the dump recorded (msprobe's "md5")
-    shape: str = ""             # its index line's (a linked view's file holds another)
+    shape: Optional[str] = None  # its index line's (a linked view's file holds another)
 
 
 class Pair(NamedTuple):
