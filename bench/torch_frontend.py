@@ -1,9 +1,10 @@
 """The PyTorch front-end's cost (python bench/torch_frontend.py, torch installed): a training
 step of a real PyTorch model with the debugger against the same step without it, measured
-side by side in one process, blocks interleaved, medians. A block measures the steady
-state: its first step runs untimed (what a run pays once, its hooks and the first dumped
-step's plan of the index, is printed apart as "its first step"), then its steps and the
-stop() that writes the last one are timed.
+side by side in one process, blocks interleaved. A block measures the steady state: its
+first step runs untimed (what a run pays once, its hooks and the first dumped step's plan
+of the index, is printed apart as "its first step"), then its steps and the stop() that
+writes the last one are timed. Each ratio is a round's (a variant's block ÷ the plain block
+of the same round), printed as the median over the rounds with the lowest and highest.
 
 - installed: PrecisionDebugger made but not started (what a script pays for the import and
   the object);
@@ -11,6 +12,9 @@ stop() that writes the last one are timed.
   dumped;
 - NPU simulated, nothing dumped (dump_step past the run): the simulated kernels alone;
 - NPU simulated, statistics dump;
+- the plain step followed by writing as many bytes as the tensor dump's step left on disk:
+  what those bytes alone cost on this machine at that moment (tmpfs pages cost what the
+  kernel, or a virtual machine's host, takes to hand them out), and the tensor dump ÷ it;
 - msprobe's own debugger (mindstudio-probe; `--install` puts it in bench/.msprobe-venv), L1
   statistics of every step, in a child process against its own plain step: our statistics
   dump's overhead against its.
