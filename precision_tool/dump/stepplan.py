@@ -65,13 +65,14 @@ class Summary:
 class Spilled:
     """A tensor dump's value written to disk as it was made, in a step too big to keep a
     copy of each value until it is written (the copy and its fresh memory cost as much as
-    the write): its file (under spill_dir: a header for `file_shape`, then the bytes), what
-    a plan reads of a value and its statistics, taken from the same memory as the file.
-    The step's writing then links each file to its name in the step (StepPlan.fill)."""
-    __slots__ = ("path", "file_shape", "shape", "dtype", "size", "stats")
+    the write): its file (under spill_dir: a header for the shape it was made in, then the
+    bytes; a view's Spilled names the same file in the view's shape), what a plan reads of a
+    value and its statistics, taken from the same memory as the file. The step's writing
+    then links each file to its name in the step (StepPlan.fill)."""
+    __slots__ = ("path", "shape", "dtype", "size", "stats")
 
     def __init__(self, path: str, value: np.ndarray):
-        self.path, self.file_shape = path, value.shape
+        self.path = path
         self.shape, self.dtype, self.size = value.shape, value.dtype, value.size
         self.stats = np.empty(8)
         spill(path, value, self.stats)
@@ -79,8 +80,8 @@ class Spilled:
     def reshaped(self, shape: tuple) -> "Spilled":
         """The same elements in another shape (a view's): the same file and statistics."""
         other = Spilled.__new__(Spilled)
-        other.path, other.file_shape, other.dtype, other.size, other.stats = \
-            self.path, self.file_shape, self.dtype, self.size, self.stats
+        other.path, other.dtype, other.size, other.stats = \
+            self.path, self.dtype, self.size, self.stats
         other.shape = shape
         return other
 
