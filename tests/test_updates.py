@@ -71,6 +71,8 @@ def test_ac_names_the_lost_update_and_advises_master_weights(tmp_path):
     advice = " ".join(r.advice)
     assert "Updates are lost" in advice and "fp32 master weights" in advice
     assert "precision looks sound" not in advice
+    # the update is named: an optimizer's weight decay is lost as surely as its step
+    assert f"of its change) at {r.lost_updates['lost'][0]['op_name']}:" in advice
 
 
 def test_a_statistics_dump_sees_an_update_lost_whole(tmp_path):

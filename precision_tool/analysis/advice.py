@@ -486,10 +486,10 @@ def _lost_update_advice(u: dict, opts: Options) -> str:
            "the golden's changed)" if first.get("by_statistics") else
            f"did not move in {first['share'] * 100:.4g}% of the elements the golden's update "
            f"moved ({first['energy'] * 100:.3g}% of its change)")
-    return (f"Updates are lost: {first['variable']} ({first['dtype']}) {how}{more}: a step "
-            f"under half an ulp of "
-            f"the weight rounds away in its dtype, so the model stops learning while every "
-            f"value still matches. "
+    # the op said: an optimizer's weight decay (param.mul_) is lost as surely as its step
+    return (f"Updates are lost: {first['variable']} ({first['dtype']}) {how} at "
+            f"{first['op_name']}{more}: a step under half an ulp of the weight rounds away in "
+            f"its dtype, so what that update does is lost while every value still matches. "
             + _capital(opts.tag("keep fp32 master weights")[1])
             + ": declare the variables float32 and let the compute cast them down (a larger "
             "learning rate would only hide it).")
