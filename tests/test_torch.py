@@ -1513,6 +1513,31 @@ def test_fo_reruns_a_script_with_fusion_off_and_names_the_pass(tmp_path):
         assert (Workspace(str(ws_dir)).step_history(fresh).status == 0).all()
 
 
+def test_fix_says_when_its_rerun_ends_before_the_step_it_repairs(tmp_path):
+    """The planted script reading its step count from the environment, run for 4 steps and
+    repaired at step 3 where the environment asks for 2: the rerun exits 0 without step 3.
+    fix says how far it got beside the run it reran and what to check (exit 2), and leaves
+    no rerun behind; before, it said only that the rerun had no dump of step 3."""
+    script = tmp_path / "attn.py"
+    script.write_text("import os\n" + PLANTED.replace(
+        "range(4)", "range(int(os.environ['STEPS']))"))
+    ws_dir = tmp_path / "ws"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRECISION_TOOL_")}
+    done = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
+                           "torch-run", "--precision-mode", "force_fp16", "--overflow-mode",
+                           "inf_nan", "--dump-step", "3", "--", str(script)],
+                          capture_output=True, text=True, env=dict(env, STEPS="4"), timeout=600)
+    assert done.returncode == 0, done.stderr
+    fixed = subprocess.run([sys.executable, "-m", "precision_tool", "--data-dir", str(ws_dir),
+                            "fix", "-s", "3"], capture_output=True, text=True,
+                           env=dict(env, STEPS="2"), timeout=600)
+    assert fixed.returncode == 2, fixed.stdout + fixed.stderr
+    said = fixed.stdout + fixed.stderr
+    assert "the rerun ended after step 1, before step 3 (the run it reran went to step 3)" \
+        in said and "from the environment" in said and "Traceback" not in said
+    assert [r.label for r in Workspace(str(ws_dir)).runs("npu")] == ["npu/debug_0"]
+
+
 def test_fix_says_why_it_cannot_rerun_a_script_it_did_not_start(tmp_path):
     """A run the debugger made inside a script (no torch-run) names no script to rerun:
     fix and fo say so and how, exit 2."""

@@ -59,5 +59,26 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
             why = f"the script exited with status {rc}" + \
                 (f": {tail[0]}" if tail else "") if rc else "the script dumped nothing"
             return None, why, runs
-    run = ws.reopened().run("npu", os.path.basename(os.path.normpath(runs[-1])))
+    ws = ws.reopened()
+    run = ws.run("npu", os.path.basename(os.path.normpath(runs[-1])))
+    if step not in run.complete_steps:
+        return None, _stopped_early(ws, npu, run, step), runs
     return run, "", runs
+
+
+def _stopped_early(ws: Workspace, npu: Run, rerun: Run, step: int) -> str:
+    """Why a rerun that exited 0 holds no dump of `step`: how far it got beside the run it
+    reran (their step histories), or, failing those, what it dumped."""
+    def last(run):
+        try:
+            history = ws.step_history(run)
+        except (PrecisionToolError, OSError, ValueError):
+            return None
+        return int(history.step.max()) if len(history) else None
+    got, had = last(rerun), last(npu)
+    if got is not None and got < step:
+        return (f"the rerun ended after step {got}, before step {step}" +
+                (f" (the run it reran went to step {had})" if had is not None else "") +
+                ": the script ran fewer steps this time; if it reads its step count or data "
+                "from the environment or a file, run this where those are as they were")
+    return f"the rerun dumped no step {step}"
