@@ -202,6 +202,63 @@ def test_a_script_on_cuda_runs_on_both_targets(tmp_path):
     assert done.exit_code == 0, done.output
 
 
+def _drifting_mlp(root, dump_mode="tensor"):
+    """A healthy MLP (Linear, BatchNorm, ReLU) under fp16 autocast, SGD with momentum at a
+    high learning rate, a new batch each step, 12 steps, every step dumped on both
+    targets; ac -c's exit code and JSON."""
+    def train(target):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(),
+                              nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(),
+                              nn.Linear(64, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        proto = torch.randn(10, 32, generator=g)
+
+        def loss_of():
+            y = torch.randint(0, 10, (16,), generator=g)
+            with torch.autocast("cpu", dtype=torch.float16):
+                return F.cross_entropy(model(proto[y] + torch.randn(16, 32, generator=g)), y)
+        _steps(model, loss_of, opt, PrecisionDebugger(str(root), target=target,
+                                                      dump_step="all", dump_mode=dump_mode), 12)
+    train("golden")
+    train("npu")
+    out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+    return out.exit_code, json.loads(out.stdout)
+
+
+def test_a_step_that_starts_from_drifted_state_blames_no_op(tmp_path):
+    """The drifting MLP, by tensors: each step's rounding crosses the threshold gradually
+    or changes nothing (the bias gradients of the Linears a BatchNorm follows are noise),
+    and the momentum buffers carry it on, until step 10 starts from state that differs
+    beyond the criteria. Nothing can replay a script's step from the NPU's state, so ac -c
+    says drift, not replayed: no op is blamed or to keep in fp32, and the state's variables
+    and the fp64 golden's command are named (exit 1: the runs part). Before, it sent the
+    user to step 8, which had no finding."""
+    code, r = _drifting_mlp(tmp_path)
+    assert code == 1
+    assert r["origin"] is None and r["step"] > 0
+    assert r["drift"]["kind"] == "state" and r["drift"]["own"] is None
+    assert r["drift"]["written_at"] < r["step"] and r["drift"]["state"]["variables"]
+    advice = " ".join(r["advice"])
+    assert "no op is blamed for it" in advice and "--golden-dtype float64" in advice
+    assert "--keep-fp32" not in advice and "came in with the state" not in advice
+
+
+def test_losses_that_part_over_dumped_steps_ask_for_their_tensors_not_a_dump(tmp_path):
+    """The drifting MLP by statistics: no step has a finding, and the losses part beyond 5%
+    at a step that was dumped with the one before it. ac -c says those steps were compared
+    by their statistics and offers their tensors (exit 1); before, it asked the user to
+    dump the steps that were dumped already."""
+    code, r = _drifting_mlp(tmp_path, "statistics")
+    assert code == 1 and r["drift"]["kind"] == "loss"
+    first = r["drift"]["loss"]["first_off"]
+    advice = " ".join(r["advice"])
+    assert f"Steps {first - 1}-{first} were dumped and compared by their statistics" in advice
+    assert f'--dump-mode tensor --dump-step "{first - 1}-{first}"' in advice
+    assert 'torch-run --dump-step "' not in advice
+
+
 class FusedQKV(nn.Module):
     """Attention with one linear for query, key and value (GPT-2's c_attn), its bias starting
     at zero: the key's third of it gets a gradient of zero in exact arithmetic (a softmax
@@ -237,8 +294,9 @@ def test_adam_turning_a_key_bias_rounding_into_full_steps_is_called_sound(tmp_pa
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout)
     assert [s["step"] for s in result["steps"]] == [0, 1, 2]
+    assert "op(s), among them Tensor.addcdiv_." in result["advice"][0]
     assert "an Adam step that turns the rounding of near-zero gradient elements into full " \
-           "steps (e.g. Tensor.addcdiv_." in result["advice"][0]
+           "steps: precision looks sound" in result["advice"][0]
 
 
 def test_a_clean_run_is_called_sound(tmp_path):

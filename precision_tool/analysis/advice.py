@@ -240,8 +240,9 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(skipped + " " + _capital(opts.tag(
             f"start the loss scale at {_scale_at(r.loss_scale, r.step):.10g}, where the manager "
             f"settled, and fewer updates are lost")[1]) + ".")
-    if r.carried is not None:
-        lines.append(_carried_advice(r.carried))
+    drift = getattr(r, "drift", None)
+    if r.carried is not None and not (drift and drift.get("own", []) is None):
+        lines.append(_carried_advice(r.carried))         # (the unreplayed drift says it)
     if getattr(r, "drift", None):
         lines.append(_drift_advice(r.drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
@@ -357,10 +358,11 @@ def _sound_text(r) -> List[str]:
                 f"no output, loss or update moves. Precision looks sound."]
     if r.cancellations:
         return [f"Nothing overflowed, and the only ops that diverge hold rounding noise and "
-                f"nothing more: a result that is zero up to rounding noise in both runs "
-                f"(cancellation), or an Adam step that turns the rounding of near-zero "
-                f"gradient elements into full steps (e.g. {r.cancellations[0]}): precision "
-                f"looks sound."]
+                f"nothing more ({len(r.cancellations)} op(s), among them {r.cancellations[0]}): "
+                f"a result that is zero up to rounding noise in both runs (cancellation), an "
+                f"update that writes what such noise made, or an Adam step that turns the "
+                f"rounding of near-zero gradient elements into full steps: precision looks "
+                f"sound."]
     return ["No op diverges and nothing overflowed: precision looks sound."]
 
 
@@ -499,6 +501,9 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
     """Drift (analysis.diagnosis.drift): the state's, the step sound; or the losses' in steps whose
     compare finds nothing."""
     tol = (criteria or {}).get("rel_error", 0.05)
+    fp64 = ("precision-tool torch-run --target golden --golden-dtype float64 -- <your "
+            "training command>" if front_end == "pytorch" else
+            "SessionConfig(golden_dtype='float64')")
     gap = d["loss"]
     state = d["state"]["variables"]
     furthest = "; ".join(
@@ -511,6 +516,19 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                   (f"first more than {tol * 100:g}% apart at step {gap['first_off']}, "
                    if gap["first_off"] is not None else f"within {tol * 100:g}% at every step, ")
                   + f"{gap['worst'] * 100:.3g}% at worst (step {gap['worst_step']}).")
+    if d["kind"] == "state" and d["own"] is None:
+        shows = f" (it shows first at {d['shows_first']}, whose inputs pass)" \
+            if d["shows_first"] else ""
+        return (f"Step {step} starts from a state that already differs from the golden's "
+                f"beyond the criteria, left by rounding that was no finding where it was "
+                f"written (from step {d['written_at']} on: cancellation noise, or rounding "
+                f"that crossed the threshold gradually); the variables furthest from the "
+                f"golden's (relative distance): {furthest}.{losses} What diverges in step "
+                f"{step} may be only that state's difference carried through the step{shows}:"
+                f" no op is blamed for it, and none is to keep in fp32. This run has no "
+                f"replay of the step from the NPU's own state, so that is not proven: dump a "
+                f"golden run in float64 ({fp64}) and compare the two goldens to see whether "
+                f"the training itself is that sensitive.")
     if d["kind"] == "state" and d["own"]:
         return (f"Most of what diverges in step {step} came in with the state, off the "
                 f"golden's by a little more each step (relative distance when it starts: "
@@ -526,10 +544,26 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                 f"furthest from the golden's when it starts (relative distance): {furthest}."
                 f"{losses} Rounding the criteria pass at every step compounds through the "
                 f"training (a high learning rate or an unstable model amplifies it; two fp32 "
-                f"runs that sum in another order part too): dump a golden run with "
-                f"SessionConfig(golden_dtype='float64') and compare the two goldens to see "
-                f"whether the training itself is that sensitive.")
+                f"runs that sum in another order part too): dump a golden run in float64 "
+                f"({fp64}) and compare the two goldens to see whether the training itself is "
+                f"that sensitive.")
     first = gap["first_off"]
+    compared = set(d.get("compared", ()))
+    if {max(first - 1, 0), first} <= compared:
+        # the steps to look at were dumped and compared already: what else they can say
+        more = (f"Dump their tensors (precision-tool torch-run --dump-mode tensor --dump-step "
+                f"\"{max(first - 1, 0)}-{first}\" -- <your training command>) to compare them "
+                f"element by element." if d.get("by_statistics") and front_end == "pytorch"
+                else f"Dump their tensors (--dump-data tensor) to compare them element by "
+                f"element." if d.get("by_statistics") else
+                f"The runs drift apart: rounding the criteria pass at every step compounds "
+                f"through the training. Dump a golden run in float64 ({fp64}) and compare the "
+                f"two goldens to see whether the training itself is that sensitive.")
+        return (f"The losses part while every dumped step matches:{losses} Steps "
+                f"{max(first - 1, 0)}-{first} were dumped and compared"
+                f"{' by their statistics' if d.get('by_statistics') else ''}, and no op there "
+                f"diverges beyond the criteria; the difference accumulates in the state, "
+                f"furthest from the golden's at step {d['state']['step']}: {furthest}. {more}")
     steps = f"\"{max(first - 1, 0)}-{first}\""
     dump = (f"precision-tool torch-run --dump-step {steps} -- <your training command>"
             if front_end == "pytorch" else
@@ -548,8 +582,9 @@ def _carried_advice(c: dict) -> str:
     text = f"The divergence of step {c['step']} came in with the state: {names} already differ when it starts."
     if c.get("writers_noise"):
         return (f"{names} already differ when step {c['step']} starts, written in step "
-                f"{c['written_at']} by {', '.join(c['writers'][:3])} from a gradient that is zero "
-                f"up to rounding noise: the state carries that noise, and what reads it is no "
+                f"{c['written_at']} by {', '.join(c['writers'][:3])} from rounding noise (a "
+                f"gradient that is zero up to rounding, or rounding that crossed the threshold "
+                f"gradually): the state carries that noise, and what reads it is no "
                 f"finding.")
     if c.get("written_at") is not None:
         return (text + f" Step {c['written_at']} wrote the first diverging value "
@@ -566,6 +601,16 @@ def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
     why = f" ({'; '.join(dict.fromkeys(o['reasons']))})" if o.get("reasons") else ""
     replay = r.origin_replay or ""
     head = f"The divergence starts at {o['op_name']} ({o['op_type']}{fused}){why}."
+    if o.get("inputs_off", 0.0) > 1e-3:
+        dump = (f"precision-tool torch-run --dump-mode tensor --dump-step {r.step} -- <your "
+                f"training command>" if r.front_end == "pytorch" else
+                f"precision-tool npu-dump --dump-data tensor --dump-step {r.step} -- <your "
+                f"training command>, and cpu-dump likewise")
+        head += (f" By statistics only: its inputs' norms already differ from the golden's "
+                 f"by up to {o['inputs_off'] * 100:.4g}% (within the criteria), and norms "
+                 f"cannot tell its own error from theirs made larger (a sum that cancels, a "
+                 f"gradient's mask): dump tensors of step {r.step} ({dump}) and run ac -c "
+                 f"again before changing anything.")
     if o.get("unseen_inputs"):
         head += (f" As far as the compare saw: {', '.join(o['unseen_inputs'])} could not be "
                  f"compared, and the divergence may come in through it.")
@@ -573,13 +618,17 @@ def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
         return (head + " Its single-op replay says its own numerics are exact: it amplifies "
                 "differences its inputs bring, small as they are. Look at what feeds it "
                 f"(precision-tool ni {o['op_name']} -s 2).")
+    # what to change, after the tensors where statistics could not decide
+    lead = (lambda text: "If they confirm it: " + text[0].lower() + text[1:]) \
+        if o.get("inputs_off", 0.0) > 1e-3 else _capital
     if o.get("pass_name"):
-        return (head + " " + _capital(opts.either(
+        return (head + " " + lead(opts.either(
             opts.tag(f"switch {o['pass_name']} off in fusion_switch.cfg (precision-tool fo "
                      f"replays the step with fusion off)", [Change("fusion", o["pass_name"])]),
             opts.keep(o, mode))) + ", and compare again.")
     keep = opts.keep(o, mode)
-    return head + " " + opts.only(keep) + ("." if keep[0] == 2 else ", and compare again.")
+    return head + " " + lead(opts.only(keep)) + ("." if keep[0] == 2 else
+                                                   ", and compare again.")
 
 
 def _skipped_before(history: Optional[dict], step: int, golden_skipped=()) -> str:

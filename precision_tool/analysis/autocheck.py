@@ -314,6 +314,18 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
     c = compared[step]
     only_diverging = c.findings > 0 and not c.tasks and c.underflow is None and \
         not c.updates.lost and result.carried is None
+    if c.findings > 0 and not c.tasks and c.underflow is None and not c.updates.lost and \
+            c.trace is not None and c.trace.writers_noise and step not in npu_run.bundles:
+        # the step starts from state that noise or gradual rounding moved beyond the
+        # criteria, and no bundle replays it from there (a script's step, another tool's
+        # dump): what diverges in it cannot be told from that state's difference, so no
+        # op is blamed, and the drift is said as not replayed
+        shows = result.origin["op_name"] if result.origin else None
+        result.origin = result.origin_replay = result.impact = None
+        result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
+                        "state": dataclasses.asdict(state_drift(tables, step)), "own": None,
+                        "written_at": c.trace.written_at}
+        return
     if only_diverging and step > 0 and step in npu_run.bundles:
         if replay() is None:
             return
@@ -333,7 +345,11 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
         # took: that update is the difference, said where the steps after it are)
         last = max(tables)
         result.drift = {"kind": "loss", "shows_first": None, "loss": gap.to_dict(),
-                        "state": dataclasses.asdict(state_drift(tables, last)), "own": []}
+                        "state": dataclasses.asdict(state_drift(tables, last)), "own": [],
+                        "compared": sorted(tables),
+                        "by_statistics": any(c.cause.rows is not None and
+                                             c.cause.rows.by_statistics
+                                             for c in compared.values())}
 
 
 def _backoff(history: LossScaleHistory, step: int, report, c: Optional[StepCompare]):

@@ -261,7 +261,7 @@ def _render_ac(app: App, r, limit):
         if r.carried:
             c = r.carried
             where = (f"written in step {c['written_at']} by {', '.join(c['writers'][:3])}" +
-                     (" from a noise gradient (cancellation): noise carried, not a finding"
+                     (" from rounding noise (cancellation or gradual): noise carried, not a finding"
                       if c["writers_noise"] else "")
                      if c.get("written_at") is not None else
                      f"written in steps {c['missing'][0]}-{c['missing'][1]}, not dumped"

@@ -1,5 +1,6 @@
-"""Which op outputs are sums of their inputs' terms: the only outputs that cancellation can
-make small (root cause's cancellation rule; the SumKind column of a compare row)."""
+"""What an op's output is made of (the SumKind column of a compare row): a sum of its inputs'
+terms, the only outputs that cancellation can make small (root cause's cancellation rule),
+or an exact selection of them, which rounds nothing of its own (root cause's gradual rule)."""
 from __future__ import annotations
 
 # the ops whose output is a sum of terms of its inputs, and how their output is bounded
@@ -7,17 +8,25 @@ SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "Redu
                   "ReduceMean", "SumToLike"})
 CONTRACTIONS = frozenset({"MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2", "Conv2D",
                           "Conv2DBackpropInput", "Conv2DBackpropFilter"})
+# ops whose output is its inputs' values, selected, masked or moved, in their own dtype: no
+# rounding of their own in any precision (a ReLU's gradient is the incoming gradient where the
+# saved activation is positive; a max pool picks an element)
+EXACT = frozenset({"Relu", "ReluGrad", "MaxPool", "Maximum", "Minimum", "ClipByValue", "Neg",
+                   "Abs", "Select", "Gather", "ConcatV2", "Pack", "Reshape", "Transpose",
+                   "Identity"})
 SUM_STEPS = frozenset({"Add", "Sub", "Neg"})    # a fused elementwise chain's sum-only steps
 
 
 def sum_kind(op_type: str, attrs: dict, output: int) -> str:
-    """"sum", "contraction" or "" for an op's output: whether cancellation can make it small
-    (the compare row's SumKind). A fused elementwise kernel's output is a sum only when
+    """"sum", "contraction", "exact" or "" for an op's output: whether cancellation can make
+    it small, or whether it rounds nothing (the compare row's SumKind). A fused elementwise kernel's output is a sum only when
     every step it is computed through is one (a Mul inside makes it a product)."""
     if op_type in SUMS:
         return "sum"
     if op_type in CONTRACTIONS:
         return "contraction"
+    if op_type in EXACT:
+        return "exact"
     if op_type != "FusedEltwise":
         return ""
     roles, role_steps, steps = attrs.get("roles", []), attrs.get("role_steps", {}), attrs.get("steps", [])

@@ -55,7 +55,14 @@ normalised step, as above). No op there is one to keep in fp32: gradual ops are 
 not findings; their effect over steps is the loss drift's to show (analysis.diagnosis.drift),
 and state their updates write is carried as noise is. An op that adds GROWS times more than
 the gradual error it reads is a finding (a propagator that no origin leads). Statistics-only
-rows have no distance: never gradual.
+rows have no distance: never gradual by it. One kind of op is gradual however far its output
+moves: a kernel that rounds nothing (SumKind "exact": a ReLU and its gradient, a max pool, a
+select, in its inputs' dtype), whose inputs pass but differ from the golden's at all. A
+ReLU's gradient masks the incoming gradient by where the saved activation is positive, and
+fp16 rounding moves activations near zero across it: a healthy fp16 ResNet's last ReLU
+gradient goes from cosine 0.99994 to 0.973 so. Such an op makes nothing either (made_by
+passes over it), and keeping it in fp32 would change nothing. With inputs equal to the
+golden's bit for bit, an exact kernel that differs is wrong, and stays an origin.
 
 Without effect. A finding needs an effect: a divergence that changes no output, no loss and
 no update is not one. An origin, a carried op or a propagator has an effect when one of its
@@ -84,7 +91,7 @@ from typing import Iterable, List, Optional, Set
 import numpy as np
 
 from ...collector import collector_paused
-from ..comparing.sums import CONTRACTIONS, SUMS
+from ..comparing.sums import sum_kind
 from ...table import column, factorize, numbers, texts
 from ..comparing.verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 
@@ -203,8 +210,10 @@ class OpRows:
             red_in = red[furthest] if red[furthest] == red[furthest] else 0.0
             red_out = max((red[i] for i in outs if red[i] == red[i]), default=0.0)
             floor = 10 * max(TOLERANCE.get(str(self.dtype[i]), 1e-3) for i in pos)
-            maker = name if red_out > floor and red_out > AMPLIFIES * red_in else \
-                made.get(golden[furthest])
+            # an exact kernel (a ReLU's gradient) makes nothing: a mask it applies flips
+            # where rounding moved the saved activation across zero
+            maker = name if red_out > floor and red_out > AMPLIFIES * red_in and \
+                not self.exact(outs, ins) else made.get(golden[furthest])
             if maker is not None:
                 for i in outs:
                     made[golden[i]] = maker
@@ -222,13 +231,20 @@ class OpRows:
         them is read by nothing: the loss, a fetched output, an update's result."""
         return {self.golden_tensor[i] for i, out in enumerate(self.is_out) if not out}
 
+    def exact(self, outs: list, ins: list) -> bool:
+        """Whether these outputs are exact by their kernel (SumKind "exact": a ReLU's
+        gradient, a max pool, a select) and in the dtype of every floating input (no cast
+        down inside the kernel): they round nothing of their own."""
+        floats = {str(self.dtype[i]) for i in ins if str(self.dtype[i]) in TOLERANCE}
+        return bool(outs) and all(self.kind_of(i) == "exact" and
+                                  not floats - {str(self.dtype[i])} for i in outs)
+
     def kind_of(self, i: int) -> str:
         """The row's SumKind, or (a table without the column) what its op type says."""
         kind = self.sum_kind[i]
         if isinstance(kind, str):
             return kind
-        op_type = self.op_type[i]
-        return "sum" if op_type in SUMS else "contraction" if op_type in CONTRACTIONS else ""
+        return sum_kind(str(self.op_type[i]), {}, 0)
 
     def reasons(self, rows) -> list:
         """The reasons of these rows (what decided each verdict), made once per row."""
@@ -265,7 +281,7 @@ def is_cancellation(t: OpRows, rows: list, bad_out: list, floor: float = 0.0) ->
     if t.golden_norm is None or any(t.verdict[i] == NONFINITE for i in bad_out):
         return False
     kinds = {t.kind_of(i) for i in bad_out}
-    if "" in kinds:
+    if kinds - {"sum", "contraction"}:
         return False
     norms = sorted((v for v in (t.golden_norm[i] for i in rows if not t.is_out[i]) if v == v),
                    reverse=True)
@@ -307,6 +323,9 @@ class Divergence:
     unseen_inputs: List[str] = field(default_factory=list)
     # without effect: the ops that read its diverging outputs and match the golden
     absorbed_by: List[str] = field(default_factory=list)
+    # an origin judged by statistics only: the largest relative difference of its inputs'
+    # norms from the golden's (within the criteria), which norms cannot tell from its own
+    inputs_off: float = 0.0
 
     @property
     def is_origin(self) -> bool:
@@ -436,6 +455,17 @@ def _adds_little(t: "OpRows", pos: list, bad_out: list, ins: list) -> bool:
     return red_in > 0 and red_out < GROWS * red_in
 
 
+def _rounds_nothing(t: "OpRows", pos: list, bad_out: list, ins: list) -> bool:
+    """Whether an op whose outputs diverge while its inputs pass only selected or masked
+    what its inputs carry (see Gradual): every diverging output exact (OpRows.exact) and
+    finite on both sides, and some input that differs from the golden's at all (with inputs
+    equal bit for bit, an exact kernel that differs is wrong)."""
+    if not t.exact(bad_out, ins) or any(t.verdict[i] == NONFINITE or t.golden_nonfinite[i]
+                                         for i in bad_out):
+        return False
+    return any(t.cosine[i] < 1.0 or t.red[i] > 0 or abs(t.norm_diff[i]) > 0 for i in ins)
+
+
 def written_variables(t: "OpRows", ops: Set[str]) -> Set[str]:
     """The variables (golden tensor names) that these update ops overwrite: their inputs at
     the positions the op registry names."""
@@ -546,7 +576,8 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
                     for i in bad_in) and (_adds_little(t, pos, bad_out, ins) or bool(
                     bad_in) and _updates_inputs(d.op_type) and
                     all(t.cosine_only[i] for i in bad_out)) and \
-                (bad_in or t.came_from(op_name, pos) is None):
+                (bad_in or t.came_from(op_name, pos) is None) or \
+                t.has_golden and d.is_origin and _rounds_nothing(t, pos, bad_out, ins):
             # an origin that crosses with what came in, or what reads only such crossings
             kind = "gradual"
             gradual.update(t.golden_tensor[i] for i in bad_out)
@@ -557,6 +588,9 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
             d.state_inputs = tuple(str(t.golden_tensor[i]) for i in bad_out)
         else:
             kind = "origin" if d.is_origin else "propagator"
+            if d.is_origin and all(t.stats_only[i] for i in bad_out):
+                d.inputs_off = max((abs(t.norm_diff[i]) for i in ins
+                                    if t.norm_diff[i] == t.norm_diff[i]), default=0.0)
         found[kind].append(d)
     quiet = _without_effect(t, found, overflowed) if t.has_golden else set()
     # an origin with an effect later in the step may be what this one's small differences

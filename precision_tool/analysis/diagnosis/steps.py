@@ -101,8 +101,9 @@ class StateTrace:
                                             # written in steps that were not dumped
     looked_at: List[int] = field(default_factory=list)   # the earlier steps compared
     # every writer was cancellation noise in its step (an update from a gradient that is
-    # zero up to rounding) or gradual (rounding grown layer by layer, rootcause's Gradual):
-    # the state carries noise, no finding
+    # zero up to rounding) or gradual (rounding grown layer by layer, rootcause's Gradual),
+    # or only carried what came in diverging, without effect, in a step with no finding (a
+    # momentum buffer that took a gradual gradient): the state carries noise, no finding
     writers_noise: bool = False
 
     def dump_command(self) -> Optional[str]:
@@ -137,7 +138,13 @@ def trace_state(ws: Workspace, npu_run: Run, golden_run: Run, step: int, variabl
             trace.written_at = j
             trace.writers = sorted({w for v in wrote for w in state[v]["writers"]})
             cause = root_cause(table, rows=rows)
-            trace.writers_noise = set(trace.writers) <= cause.noise_ops | cause.gradual_ops
+            # so does an update that only carried on what came in diverging and changed
+            # nothing in its step (a momentum buffer that took a gradual gradient), where
+            # that step has no finding
+            quiet = {d.op_name for d in cause.no_effect if not d.is_origin} \
+                if not cause.origins else set()
+            trace.writers_noise = set(trace.writers) <= \
+                cause.noise_ops | cause.gradual_ops | quiet
             return trace
         # right at the start and at the end of step j: it went wrong in the steps after j
         trace.missing = [j + 1, later - 1] if later - 1 >= j + 1 else None
