@@ -279,8 +279,8 @@ def test_an_op_that_crosses_with_what_came_in_is_gradual_not_an_origin():
 
 def test_an_exact_kernel_whose_mask_flips_is_gradual_unless_its_inputs_are_the_goldens():
     """A healthy fp16-autocast ResNet-18, as measured at its third step: the last ReLU's
-    gradient reads an incoming gradient and the activation its forward saved, both at
-    cosine 0.99994, and comes out at 0.97278 (22x further off): the saved activation's
+    gradient reads an incoming gradient at cosine 0.99994 and the activation its forward
+    saved at 0.9942, and comes out at 0.97278: the saved activation's
     rounding moved elements near zero across the mask. A ReLU's gradient rounds nothing, so
     it is gradual, not an origin, and so is the BatchNorm backward that carries it on.
     With inputs equal to the golden's bit for bit, the same output is the kernel's own
@@ -296,7 +296,8 @@ def test_an_exact_kernel_whose_mask_flips_is_gradual_unless_its_inputs_are_the_g
             out["Verdict"] = out_verdict
         return _table([
             row("relu_b", "input:0", in_cos, in_red, "g0:0", op_type),
-            row("relu_b", "input:1", in_cos, in_red, "act:0", op_type),
+            row("relu_b", "input:1", min(in_cos, 0.9942), min(in_red, 0.1077), "act:0",
+                op_type),
             out,
             row("bn_b", "input:0", 0.97278, 0.2331, "relu_b:0", "BatchNormGrad"),
             row("bn_b", "output:0", 0.9688, 0.2498, "bn_b:0", "BatchNormGrad"),

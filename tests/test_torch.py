@@ -239,10 +239,88 @@ def test_a_step_that_starts_from_drifted_state_blames_no_op(tmp_path):
     assert code == 1
     assert r["origin"] is None and r["step"] > 0
     assert r["drift"]["kind"] == "state" and r["drift"]["own"] is None
+    assert "not made by torch-run" in r["drift"]["not_replayed"]
     assert r["drift"]["written_at"] < r["step"] and r["drift"]["state"]["variables"]
     advice = " ".join(r["advice"])
     assert "no op is blamed for it" in advice and "--golden-dtype float64" in advice
     assert "--keep-fp32" not in advice and "came in with the state" not in advice
+
+
+DRIFTING = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    proto = torch.randn(10, 32, generator=g)
+    for step in range(12):
+        y = torch.randint(0, 10, (16,), generator=g)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(proto[y] + torch.randn(16, 32, generator=g)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_values(tmp_path):
+    """torch.state's edges: "<run>:<step>" parsed and a bad spec refused; values set in
+    each tensor's own dtype and shape where the sizes agree (a scalar dumped as one
+    element), and the names that matched no live tensor, or not its size, listed; a
+    statistics dump refused with the reason; state_from refused on the NPU target."""
+    from precision_tool.torch.state import StateError, npu_state, parse_state_from, set_state
+    assert parse_state_from("/a:b/npu/debug_0:12") == ("/a:b/npu/debug_0", 12)
+    for bad in ("npu/debug_0", "npu/debug_0:x", ":3"):
+        with pytest.raises(StateError):
+            parse_state_from(bad)
+    w, count = torch.zeros(2, 3, dtype=torch.float16), torch.tensor(0)
+    done, missing = set_state([(w, "w"), (count, "n")],
+                              {"w": np.arange(6, dtype=np.float32).reshape(3, 2),
+                               "n": np.array([7]), "gone": np.ones(2), "other": np.ones(5)})
+    assert done == 2 and missing == ["gone", "other"]
+    assert w.dtype == torch.float16 and w.shape == (2, 3) and w.flatten().tolist() == list(range(6))
+    assert count.shape == () and int(count) == 7
+    _drifting_mlp(tmp_path, "statistics")
+    with pytest.raises(StateError, match="statistics only"):
+        npu_state(Workspace(str(tmp_path)).run("npu").path, 3)
+    with pytest.raises(StateError, match="cannot be read"):
+        npu_state(str(tmp_path / "npu" / "debug_9"), 3)
+    with pytest.raises(TorchFrontEndError, match="state_from is a setting of the golden"):
+        PrecisionDebugger(str(tmp_path), target="npu", state_from="x:1")
+
+
+def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_path):
+    """The drifting MLP as a script under torch-run: ac -c reruns it on the golden, sets
+    every variable step 10 read to the NPU's value where the step begins, and ends it
+    after that step (a replay run, not the default golden). Against that, step 10 computes
+    as the golden does: drift, replayed, no op blamed (exit 1: the runs part). The replay's
+    variables are the NPU's values bit for bit, and a second ac -c reuses it."""
+    script = tmp_path / "mlp.py"
+    script.write_text(DRIFTING)
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    r = json.loads(out.stdout)
+    step, d = r["step"], r["drift"]
+    assert d["kind"] == "state" and d["own"] == [] and d["replayed_by"] == "cpu/debug_1"
+    assert r["origin"] is None
+    advice = " ".join(r["advice"])
+    assert "replayed on the golden from the NPU's own state (cpu/debug_1" in advice
+    assert f"step {step} computes as the golden does" in advice and "--keep-fp32" not in advice
+    ws = Workspace(str(ws_dir))
+    replay, npu = ws.run("cpu", "debug_1"), ws.run("npu")
+    assert replay.complete_steps == [step] and replay.info["replay_of"] == "npu/debug_0"
+    assert replay.info["state_from"]["step"] == step and replay.info["state_from"]["variables"]
+    assert ws.run("cpu").label == "cpu/debug_0"               # not the default golden
+    a, b = ws.index(npu, step), ws.index(replay, step)
+    for row in a[(a.op_type == "Variable") & (a.dtype == "float32")].itertuples():
+        other = b[(b.op_name == row.op_name) & (b.op_type == "Variable")].iloc[0]
+        assert np.array_equal(ws.load(npu, step, row.file), ws.load(replay, step, other.file))
+    again = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert json.loads(again.stdout)["drift"]["replayed_by"] == "cpu/debug_1"
+    assert [x.label for x in Workspace(str(ws_dir)).runs("cpu")] == ["cpu/debug_0", "cpu/debug_1"]
 
 
 def test_losses_that_part_over_dumped_steps_ask_for_their_tensors_not_a_dump(tmp_path):

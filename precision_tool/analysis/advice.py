@@ -241,8 +241,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
             f"start the loss scale at {_scale_at(r.loss_scale, r.step):.10g}, where the manager "
             f"settled, and fewer updates are lost")[1]) + ".")
     drift = getattr(r, "drift", None)
-    if r.carried is not None and not (drift and drift.get("own", []) is None):
-        lines.append(_carried_advice(r.carried))         # (the unreplayed drift says it)
+    if r.carried is not None and not (drift and drift["kind"] == "state"):
+        lines.append(_carried_advice(r.carried))         # (the drift says it)
     if getattr(r, "drift", None):
         lines.append(_drift_advice(r.drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
@@ -516,6 +516,11 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                   (f"first more than {tol * 100:g}% apart at step {gap['first_off']}, "
                    if gap["first_off"] is not None else f"within {tol * 100:g}% at every step, ")
                   + f"{gap['worst'] * 100:.3g}% at worst (step {gap['worst_step']}).")
+    replayed = (f"replayed on the golden from the NPU's own state ({d['replayed_by']}, a "
+                f"rerun of the script)" if d.get("replayed_by") else
+                "replayed from the NPU's own state (its replay bundle)")
+    shows_at = f" (what diverges shows first at {d['shows_first']})" \
+        if d.get("shows_first") else ""
     if d["kind"] == "state" and d["own"] is None:
         shows = f" (it shows first at {d['shows_first']}, whose inputs pass)" \
             if d["shows_first"] else ""
@@ -525,22 +530,23 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                 f"that crossed the threshold gradually); the variables furthest from the "
                 f"golden's (relative distance): {furthest}.{losses} What diverges in step "
                 f"{step} may be only that state's difference carried through the step{shows}:"
-                f" no op is blamed for it, and none is to keep in fp32. This run has no "
-                f"replay of the step from the NPU's own state, so that is not proven: dump a "
+                f" no op is blamed for it, and none is to keep in fp32. The step was not "
+                f"replayed from the NPU's own state ({d.get('not_replayed') or 'no bundle'}),"
+                f" so that is not proven: dump a "
                 f"golden run in float64 ({fp64}) and compare the two goldens to see whether "
                 f"the training itself is that sensitive.")
     if d["kind"] == "state" and d["own"]:
         return (f"Most of what diverges in step {step} came in with the state, off the "
                 f"golden's by a little more each step (relative distance when it starts: "
-                f"{furthest}).{losses} Replayed from the NPU's own state (its replay bundle), "
-                f"the step still fails in {len(d['own'])} output(s) or update(s), the first "
+                f"{furthest}).{losses} {_capital(replayed)}, the step still fails in "
+                f"{len(d['own'])} output(s) or update(s), the first "
                 f"{d['own'][0]}: that much is the step's own; the rest is rounding that "
                 f"compounds over the steps.")
     if d["kind"] == "state":
-        return (f"The runs drift apart through the state: replayed from the NPU's own state "
-                f"(its replay bundle), step {step} computes as the golden does, every output "
+        return (f"The runs drift apart through the state: {replayed}, step {step} computes "
+                f"as the golden does, every output "
                 f"and update within the criteria, so no op or setting of this step is to "
-                f"blame (what diverges shows first at {d['shows_first']}). The variables "
+                f"blame{shows_at}. The variables "
                 f"furthest from the golden's when it starts (relative distance): {furthest}."
                 f"{losses} Rounding the criteria pass at every step compounds through the "
                 f"training (a high learning rate or an unstable model amplifies it; two fp32 "

@@ -35,6 +35,7 @@ from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
 from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
+from .replays.script_rerun import golden_from_npu_state
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
 from .diagnosis.ranks import divergence_origin, look_across_ranks, sibling_ranks
@@ -173,11 +174,14 @@ PARTLY_COMPARED = "tensors missing or unreadable, listed under the steps looked 
 def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optional[Run] = None,
                step: Optional[int] = None, compare: bool = False, threshold=None, limit: int = 3,
                write_csv: bool = False, rank: Optional[bool] = None,
-               verify: bool = True, workers: int = 1, scheduler=None) -> AutoCheck:
+               verify: bool = True, workers: int = 1, scheduler=None,
+               on_progress=None) -> AutoCheck:
     """With compare=True the vector compare runs too (the chosen step's written to
     temp/vector_compare when write_csv), its summary keeps `limit` ops (all when <= 0).
     threshold: verdicts.Criteria or a cosine threshold. verify: replay the step (from its
-    bundle) under each configuration change the advice offers, and say which help."""
+    bundle) under each configuration change the advice offers, and say which help; and a
+    script's step that starts from drifted state, on the golden from the NPU's state (a
+    rerun of the script). on_progress(text): told before such long work."""
     criteria = Criteria.of(threshold)
     npu_run = npu_run or ws.run("npu")
     if compare:
@@ -286,7 +290,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             result.ranks_divergence = _ranks_divergence(ws, siblings, npu_run, golden_run, s,
                                                         criteria, compared[s], workers,
                                                         scheduler)
-        _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay)
+        _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay,
+               verify, on_progress)
         if write_csv:
             try:
                 result.result_file = write_result(ws, compared[s].table)
@@ -302,7 +307,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
 
 
 def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepCompare],
-           result: AutoCheck, replay) -> None:
+           result: AutoCheck, replay, verify: bool = True, on_progress=None) -> None:
     """Drift (analysis.diagnosis.drift): a step after the first whose only finding is ops that diverge
     (no overflow, underflow, lost update or state carried in beyond the criteria) is
     replayed from the NPU's own state: what still fails there is the step's own ("own"),
@@ -318,13 +323,18 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
             c.trace is not None and c.trace.writers_noise and step not in npu_run.bundles:
         # the step starts from state that noise or gradual rounding moved beyond the
         # criteria, and no bundle replays it from there (a script's step, another tool's
-        # dump): what diverges in it cannot be told from that state's difference, so no
-        # op is blamed, and the drift is said as not replayed
+        # dump): a script's golden reruns to that step and starts it from the NPU's state
+        # (torch.state); what fails against that is the step's own. Without it, no op is
+        # blamed, and the drift is said as not replayed.
         shows = result.origin["op_name"] if result.origin else None
-        result.origin = result.origin_replay = result.impact = None
+        own, by, why = _own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify,
+                                           on_progress)
+        if not own:
+            result.origin = result.origin_replay = result.impact = None
         result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
-                        "state": dataclasses.asdict(state_drift(tables, step)), "own": None,
-                        "written_at": c.trace.written_at}
+                        "state": dataclasses.asdict(state_drift(tables, step)), "own": own,
+                        "written_at": c.trace.written_at, "replayed_by": by,
+                        "not_replayed": why}
         return
     if only_diverging and step > 0 and step in npu_run.bundles:
         if replay() is None:
@@ -350,6 +360,27 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
                         "by_statistics": any(c.cause.rows is not None and
                                              c.cause.rows.by_statistics
                                              for c in compared.values())}
+
+
+def _own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify, on_progress):
+    """(what of the step still fails against the golden started from the NPU's state: []
+    when nothing, None when not replayed; the replay's run label; why not replayed)."""
+    if not verify:
+        return None, None, "not asked for (--no-verify)"
+    if npu_run.info.get("front_end") != "pytorch" or npu_run.info.get("source"):
+        return None, None, "no replay bundle, and no script to rerun"
+    if on_progress is not None:
+        on_progress(f"step {step} starts from drifted state: rerunning the script on the "
+                    f"golden from the NPU's state at step {step}...")
+    made, why = golden_from_npu_state(ws, npu_run, golden_run, step)
+    if made is None:
+        return None, None, why
+    own = judge_step(ws, npu_run, made, step, criteria)
+    failing = [d.op_name for d in own.cause.origins] + \
+        [u.variable for u in own.updates.lost]
+    if own.findings and not failing:     # propagators only: what they read diverged
+        failing = [d.op_name for d in own.cause.propagators]
+    return failing[:5] if own.findings or own.updates.lost else [], made.label, ""
 
 
 def _backoff(history: LossScaleHistory, step: int, report, c: Optional[StepCompare]):

@@ -109,7 +109,10 @@ def _step_note(look: dict) -> str:
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="With -c, replay the step (from its replay bundle) under each configuration "
                    "change the advice offers and mark it verified or 'does not help' (one "
-                   "replay per change); otherwise each says 'not verified'.")
+                   "replay per change); otherwise each says 'not verified'. A torch-run "
+                   "script's step that starts from drifted state is rerun on the golden from "
+                   "the NPU's state (a replay run, kept and reused) to tell drift from the "
+                   "step's own error.")
 @LEFT
 @RIGHT
 @STEP
@@ -143,7 +146,8 @@ def auto_check_cmd(app: App, compare, limit, cosine, norm, flushed, rel_error, r
     criteria = _criteria(cosine, norm, flushed, rel_error)
     result = analysis.auto_check(app.ws, npu, golden, step=step, compare=compare,
                                  threshold=criteria, limit=limit, write_csv=compare, rank=rank,
-                                 verify=verify, workers=workers, scheduler=scheduler)
+                                 verify=verify, workers=workers, scheduler=scheduler,
+                                 on_progress=app.info)
     if html_file:
         from ..report import write_report
         path, _ = write_report(app.ws, html_file, npu_run=npu, golden_run=golden,

@@ -46,6 +46,7 @@ from .backward import call_graph, where_from
 from .collectives import CollectiveWatch, rank_info
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
+from .state import StateError, StateReplayed, npu_state, parse_state_from, set_state
 
 TARGETS = ("npu", "golden")
 GOLDEN_DTYPES = ("float32", "float64")
@@ -283,6 +284,7 @@ class _Modules:
         # parameters and buffers (and, named by the optimizer hook, optimizer state) -> their
         # names: the state a step reads from the steps before it
         self.variables = ByIdentity()
+        self._optimizers: list = []     # weak references to the optimizers seen stepping
         if model is not None:
             self._name_tree(model)
         from torch.nn.modules.module import (register_module_forward_hook,
@@ -301,12 +303,21 @@ class _Modules:
 
     def name_state(self, optimizer, args=None, kwargs=None) -> None:
         """An optimizer's state tensors, named by their parameter (`<param>.exp_avg`)."""
+        if not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
         for group in optimizer.param_groups:
             for p in group["params"]:
                 name = self.variables.get(p)
                 for key, t in optimizer.state.get(p, {}).items():
                     if name and isinstance(t, torch.Tensor) and self.variables.get(t) is None:
                         self.variables[t] = f"{name}.{key}"
+
+    def name_state_of_optimizers(self) -> None:
+        """The state of every optimizer seen stepping named again: what its last step made
+        (a momentum buffer made at the first) before the next step reads it."""
+        for ref in self._optimizers:
+            if ref() is not None:
+                self.name_state(ref())
 
     def _enter(self, module, args):
         if id(module) not in self._names:      # a module outside any tree seen: a new root
@@ -342,14 +353,17 @@ class PrecisionDebugger:
     this one reruns (fix's and fo's reruns of the script say so, as a graph's replays do).
     skip_steps (the golden's): the steps whose update the golden skips as the NPU run's loss
     scale did ("3,7" or a list): GradScaler's unscale finds an overflow there, so that the
-    steps after start from the same state as the NPU's; run.json says which."""
+    steps after start from the same state as the NPU's; run.json says which. state_from (the
+    golden's): "<NPU run directory>:<step>": that step starts from the NPU run's state and
+    is the last (torch.state), a replay of the NPU run (replay_of) that decides drift."""
 
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
                  overflow_mode: str = "saturation", modify_mixlist=None,
                  dump_step: str = "0", dump_mode: str = "tensor", scope=None,
                  keep_fp32=None, golden_dtype: str = "float32", fusion_switch=None,
-                 replay_of: Optional[str] = None, skip_steps=None):
+                 replay_of: Optional[str] = None, skip_steps=None,
+                 state_from: Optional[str] = None):
         if target not in TARGETS:
             raise TorchFrontEndError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         if dump_mode not in DUMP_MODES:
@@ -383,6 +397,10 @@ class PrecisionDebugger:
         if self.skip_steps and target != "golden":
             raise TorchFrontEndError("skip_steps is a setting of the golden (target golden): "
                                      "the NPU's loss scale decides its own skips")
+        self.state_from = parse_state_from(state_from) if state_from else None
+        if self.state_from and target != "golden":
+            raise TorchFrontEndError("state_from is a setting of the golden (target golden): "
+                                     "it starts a step of the golden from the NPU's state")
         if self.keep_fp32 and target != "npu":
             raise TorchFrontEndError("keep_fp32 is a setting of the simulated NPU (target "
                                      "npu): the golden computes everything in fp32")
@@ -513,8 +531,27 @@ class PrecisionDebugger:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._forwards, self._backward_since = 0, False
         self._end_step()
+        if self.state_from and self.step_number == self.state_from[1]:
+            raise StateReplayed()           # the step from the NPU's state is written
         self.step_number += 1
+        if self.state_from and self.step_number == self.state_from[1]:
+            self._start_from_npu_state()
         self.recording = self._wants(self.step_number)
+
+    def _start_from_npu_state(self) -> None:
+        """The variables the NPU run's dump of this step read, set to the NPU's values
+        (torch.state); run.json says how many and which it could not set."""
+        path, step = self.state_from
+        try:
+            values = npu_state(path, step)
+        except StateError as e:
+            raise TorchFrontEndError(str(e)) from None
+        if self._modules is not None:
+            self._modules.name_state_of_optimizers()
+        variables = self._modules.variables.items() if self._modules is not None else ()
+        loaded, missing = set_state(variables, values)
+        self.note(state_from={"run": path, "step": step, "variables": loaded,
+                              "not_set": missing})
 
     # -- calls kept in fp32, the loss --------------------------------------------------------
     def kept(self, api: str) -> bool:

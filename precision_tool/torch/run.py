@@ -17,7 +17,8 @@ ENV = {"target": "PRECISION_TOOL_TORCH_TARGET", "precision_mode": "PRECISION_TOO
        "golden_dtype": "PRECISION_TOOL_TORCH_GOLDEN_DTYPE",
        "fusion_switch": "PRECISION_TOOL_TORCH_FUSION",
        "replay_of": "PRECISION_TOOL_TORCH_REPLAY_OF",
-       "skip_steps": "PRECISION_TOOL_TORCH_SKIP_STEPS"}
+       "skip_steps": "PRECISION_TOOL_TORCH_SKIP_STEPS",
+       "state_from": "PRECISION_TOOL_TORCH_STATE_FROM"}
 ENV_SEED = "PRECISION_TOOL_TORCH_SEED"
 
 
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     import torch
 
     from .debugger import PrecisionDebugger
+    from .state import StateReplayed
     settings = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
     debugger = PrecisionDebugger(**settings)
     debugger.auto_steps = True
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
     debugger.note(script=[os.path.abspath(argv[0]), *argv[1:]], cwd=os.getcwd(), seed=seed)
     try:
         runpy.run_path(argv[0], run_name="__main__")
+    except StateReplayed:           # the step started from the NPU's state is written
+        debugger.stop()
     except SystemExit as e:
         debugger.stop(None if e.code in (None, 0) else e)
         raise

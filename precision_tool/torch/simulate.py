@@ -139,6 +139,13 @@ class ByIdentity:
         entry = self._d.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
 
+    def items(self):
+        """(tensor, value) of every entry whose tensor lives."""
+        for ref, value in list(self._d.values()):
+            t = ref()
+            if t is not None:
+                yield t, value
+
     def __setitem__(self, t, value) -> None:
         if len(self._d) > 4096 and len(self._d) % 4096 == 0:
             self._d = {k: e for k, e in self._d.items() if e[0]() is not None}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,52 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
     if step not in run.complete_steps:
         return None, _stopped_early(ws, npu, run, step), runs
     return run, "", runs
+
+
+def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int) -> tuple:
+    """The golden run of `step` started from the NPU run's state (torch.state): one made
+    before, or a rerun of the script on the golden (golden's dtype and skipped steps, npu's
+    seed) that sets the NPU's values where the step begins and ends after it. Returns (the
+    run, or None; why not). Needs a tensor dump of the step on the NPU (its values) and a
+    run torch-run made (its script)."""
+    where = os.path.realpath(npu.path)
+    for r in ws.runs("cpu"):
+        made = r.info.get("state_from") or {}
+        if made.get("step") == step and os.path.realpath(str(made.get("run"))) == where and \
+                step in r.complete_steps:
+            return r, ""
+    info = npu.info
+    if not info.get("script"):
+        return None, f"{npu.label} was not made by torch-run: no script to rerun"
+    if info.get("dump_data") != "tensor":
+        return None, (f"{npu.label} is a statistics dump: its state has no values to start "
+                      f"the golden from")
+    skips = golden.info.get("skips_as_npu") or []
+    settings = {ENV["target"]: "golden", ENV["dump_step"]: str(step), ENV["dump_mode"]: "tensor",
+                ENV_SEED: str(info.get("seed", 0)),
+                ENV["golden_dtype"]: golden.info.get("golden_dtype") or None,
+                ENV["skip_steps"]: ",".join(str(k) for k in skips) or None,
+                ENV["state_from"]: f"{npu.path}:{step}", ENV["replay_of"]: npu.label}
+    cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
+    with tempfile.TemporaryFile() as err:
+        rc, runs = run_dumping(ws.results_dir(), settings,
+                               [sys.executable, "-m", "precision_tool.torch.run",
+                                *info["script"]], stdout=subprocess.DEVNULL, stderr=err,
+                               cwd=cwd)
+        if rc != 0 or not runs:
+            err.seek(0)
+            tail = [line for line in err.read().decode("utf-8", "replace").splitlines()
+                    if line.strip()][-1:]
+            for made in runs:
+                shutil.rmtree(made, ignore_errors=True)
+            return None, (f"the rerun of the script exited with status {rc}" +
+                          (f": {tail[0]}" if tail else "") if rc else "the rerun dumped nothing")
+    ws = ws.reopened()
+    run = ws.run("cpu", os.path.basename(os.path.normpath(runs[-1])))
+    if step not in run.complete_steps:
+        shutil.rmtree(run.path, ignore_errors=True)
+        return None, _stopped_early(ws, npu, run, step)
+    return run, ""
 
 
 def _stopped_early(ws: Workspace, npu: Run, rerun: Run, step: int) -> str:

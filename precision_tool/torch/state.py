@@ -1,0 +1,73 @@
+"""A script's step run on the golden from the NPU's state: what decides drift for a script.
+
+A graph run's step replays from its bundle; a script's step is the script's loop body,
+which nothing here can call on its own. So the golden reruns the script, and where the
+step to judge begins (after the step before it ended) every variable the NPU run's dump of
+that step read, parameters, buffers and optimizer state by their names, is set to the
+NPU's value. The step then runs on the golden from the NPU's own state, with the same
+batch (the same seed), is dumped, and the script ends there (StateReplayed, which the
+runner takes as a clean exit): the runs after it would start from state the script never
+had. Needs the NPU's values: a tensor dump of that step."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ..dump import Workspace
+from ..dump.workspace import in_row_shape
+from ..errors import PrecisionToolError
+
+
+class StateReplayed(BaseException):
+    """The golden's step from the NPU's state is written: the script stops here (a
+    BaseException, as SystemExit is, so that a script's `except Exception` lets it by)."""
+
+
+class StateError(PrecisionToolError, ValueError):
+    """An NPU state that cannot be read (no such run or step, a statistics dump)."""
+
+
+def parse_state_from(spec: str) -> Tuple[str, int]:
+    """"<NPU run directory>:<step>" -> (the directory, the step)."""
+    path, _, step = str(spec).rpartition(":")
+    if not path or not step.isdigit():
+        raise StateError(f"state_from must be <NPU run directory>:<step>, got {spec!r}")
+    return path, int(step)
+
+
+def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
+    """The variables (name -> value) that the NPU run in run_dir read in `step`, as its
+    dump holds them when the step read them first: the state the step started from."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    try:
+        ws = Workspace(root)
+        run = ws.resolve_run(run_dir, "npu")
+        table = ws.index(run, step)
+    except (PrecisionToolError, OSError) as e:
+        raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
+    rows = table[(table.op_type == "Variable") & (table.io == "output")]
+    if len(rows) and not rows.file.astype(str).str.len().all():
+        raise StateError(f"step {step} of {run.label} holds statistics only: its state has "
+                         f"no values to start the golden from (dump it in tensor mode)")
+    return {str(r.op_name): in_row_shape(ws.load(run, step, str(r.file)), r.shape)
+            for r in rows.itertuples()}
+
+
+def set_state(variables, values: Dict[str, np.ndarray]) -> Tuple[int, List[str]]:
+    """Each live tensor of `variables` ((tensor, name) pairs) that `values` names set to
+    that value in its own dtype; (how many were set, the names of values that matched no
+    live tensor or not its size)."""
+    import torch
+    found = set()
+    # (outside the debugger's function mode: setting the state is no call of the step)
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        for t, name in variables:
+            value = values.get(name)
+            if value is None or value.size != t.numel():
+                continue
+            source = torch.from_numpy(np.ascontiguousarray(value).reshape(tuple(t.shape)))
+            t.copy_(source.to(t.dtype))
+            found.add(name)
+    return len(found), sorted(set(values) - found)
