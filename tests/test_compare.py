@@ -296,8 +296,8 @@ def test_an_exact_kernel_whose_mask_flips_is_gradual_unless_its_inputs_are_the_g
             out["Verdict"] = out_verdict
         return _table([
             row("relu_b", "input:0", in_cos, in_red, "g0:0", op_type),
-            row("relu_b", "input:1", min(in_cos, 0.9942), min(in_red, 0.1077), "act:0",
-                op_type),
+            row("relu_b", "input:1", 0.9942 if in_cos < 1 else 1.0,
+                0.1077 if in_red > 0 else 0.0, "act:0", op_type),
             out,
             row("bn_b", "input:0", 0.97278, 0.2331, "relu_b:0", "BatchNormGrad"),
             row("bn_b", "output:0", 0.9688, 0.2498, "bn_b:0", "BatchNormGrad"),
