@@ -321,6 +321,14 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     again = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
     assert json.loads(again.stdout)["drift"]["replayed_by"] == "cpu/debug_1"
     assert [x.label for x in Workspace(str(ws_dir)).runs("cpu")] == ["cpu/debug_0", "cpu/debug_1"]
+    # fix searches nothing there: the step is drift, which no setting of it fixes
+    fixed = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "fix"])
+    assert fixed.exit_code == 1, fixed.output
+    f = json.loads(fixed.stdout)
+    assert f["step"] == step and f["trials"] == [] and not f["verified"]
+    assert any("which no setting of the step fixes" in n and "cpu/debug_1" in n
+               for n in f["notes"])
+    assert [x.label for x in Workspace(str(ws_dir)).runs("npu")] == ["npu/debug_0"]
 
 
 def test_losses_that_part_over_dumped_steps_ask_for_their_tensors_not_a_dump(tmp_path):

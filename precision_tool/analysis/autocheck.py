@@ -319,15 +319,14 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
     c = compared[step]
     only_diverging = c.findings > 0 and not c.tasks and c.underflow is None and \
         not c.updates.lost and result.carried is None
-    if c.findings > 0 and not c.tasks and c.underflow is None and not c.updates.lost and \
-            c.trace is not None and c.trace.writers_noise and step not in npu_run.bundles:
+    if starts_drifted(c, npu_run, step):
         # the step starts from state that noise or gradual rounding moved beyond the
         # criteria, and no bundle replays it from there (a script's step, another tool's
         # dump): a script's golden reruns to that step and starts it from the NPU's state
         # (torch.state); what fails against that is the step's own. Without it, no op is
         # blamed, and the drift is said as not replayed.
         shows = result.origin["op_name"] if result.origin else None
-        own, by, why = _own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify,
+        own, by, why = own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify,
                                            on_progress)
         if not own:
             result.origin = result.origin_replay = result.impact = None
@@ -362,7 +361,16 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
                                              for c in compared.values())}
 
 
-def _own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify, on_progress):
+def starts_drifted(c: StepCompare, npu_run: Run, step: int) -> bool:
+    """Whether a step's only findings are ops that diverge, in a step that starts from
+    state beyond the criteria which its writers put there without a finding (noise,
+    gradual rounding), and no bundle replays it (a script's step, another tool's dump)."""
+    return c.findings > 0 and not c.tasks and c.underflow is None and not c.updates.lost \
+        and c.trace is not None and c.trace.writers_noise and step not in npu_run.bundles
+
+
+def own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify=True,
+                       on_progress=None):
     """(what of the step still fails against the golden started from the NPU's state: []
     when nothing, None when not replayed; the replay's run label; why not replayed)."""
     if not verify:

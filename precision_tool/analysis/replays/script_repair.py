@@ -28,7 +28,7 @@ from ...dump.run import Run
 from ...errors import WorkspaceError
 from ...runtime.npu.fusion import PASSES
 from ...fileio import jsonable, write_text_atomic
-from ..autocheck import judge_step
+from ..autocheck import judge_step, own_from_npu_state, starts_drifted
 from ..diagnosis.steps import check_steps
 from .fusion_bisect import failing
 from .script_rerun import ScriptRerunError, rerun_script
@@ -247,6 +247,14 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
         return result
     result.before = failing(ws, npu, golden, step, criteria).names()
     progress(f"step {step}: {len(result.before)} tensor(s) or overflow(s) fail")
+    if starts_drifted(c, npu, step):
+        own, by, _ = own_from_npu_state(ws, npu, golden, step, criteria, on_progress=progress)
+        if own == []:       # the step computes as the golden does from the NPU's state
+            result.notes.append(
+                f"step {step} starts from state that drifted off the golden's, and from the "
+                f"NPU's own state it computes as the golden does ({by}): what fails is that "
+                f"drift, which no setting of the step fixes (ac -c says more)")
+            return result
     result.candidates = candidates(ws, npu, c, step)
     mode = info.get("precision_mode") or "allow_mix_precision"
     rerun = _Rerun(ws, npu, golden, step, criteria, rtol, progress)
@@ -271,12 +279,20 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
             result.notes.append("only every kernel in fp32 passes: precision is the cause, "
                                 "but keeping the calls the finding names was not enough")
         elif t.script_low:
-            result.notes.append(
-                f"under force_fp32 {len(t.script_low)} failing tensor(s) are still fp16 or "
-                f"bf16, the first {t.script_low[0]}: the script's own dtype (its .half() or "
-                f".bfloat16() model, state or casts), which no device setting changes; fix it "
-                f"in the script (fp32 master weights: the model in float32, its compute cast "
-                f"down by autocast)")
+            head = (f"under force_fp32 {len(t.script_low)} failing tensor(s) are still fp16 "
+                    f"or bf16, the first {t.script_low[0]}: ")
+            if "autocast" in (golden.info.get("lifted_to_float32") or []):
+                result.notes.append(
+                    head + "the script's own autocast computes them so, which no device "
+                    "setting changes; fix it in the script (the calls that fail outside "
+                    "autocast: torch.autocast(..., enabled=False) around them, their inputs "
+                    ".float())")
+            else:
+                result.notes.append(
+                    head + "the script's own dtype (its .half() or .bfloat16() model, state "
+                    "or casts), which no device setting changes; fix it in the script (fp32 "
+                    "master weights: the model in float32, its compute cast down by "
+                    "autocast)")
     if found is None and len(result.trials) >= budget:
         result.notes.append(f"the budget of {budget} reruns is spent (-b gives more)")
     rerun.clean(found.run if found is not None else None)
