@@ -314,6 +314,25 @@ def test_an_exact_kernel_whose_mask_flips_is_gradual_unless_its_inputs_are_the_g
         assert rc.gradual == [], changed
 
 
+def test_a_call_is_exact_by_its_api_and_direction():
+    """A dumped call with no kernel named (msprobe's) is exact by its API and the direction
+    its name ends in: a ReLU both ways (a module's call too, msprobe's Module...forward.0),
+    a max pool forward only (its backward sums overlapping windows); a gradient's sum over
+    branches, a Linear and an unnamed direction are not."""
+    from precision_tool.analysis.comparing.sums import call_kind
+    exact = [("Functional.relu", "Functional.relu.3.backward"),
+             ("Tensor.relu_", "Tensor.relu_.0.forward"),
+             ("Module.ReLU", "Module.layer1.0.relu.ReLU.forward.0"),
+             ("Module.ReLU", "Module.layer1.0.relu.ReLU.backward.2"),
+             ("Functional.max_pool2d", "Functional.max_pool2d.0.forward")]
+    other = [("Functional.max_pool2d", "Functional.max_pool2d.0.backward"),
+             ("Functional.relu", "Functional.relu.14.backward.grad_sum.0"),
+             ("Functional.linear", "Functional.linear.0.forward"),
+             ("Functional.relu", "Functional.relu")]
+    assert [call_kind(*c) for c in exact] == ["exact"] * len(exact)
+    assert [call_kind(*c) for c in other] == [""] * len(other)
+
+
 def test_a_statistics_only_origin_says_how_far_its_inputs_norms_already_moved():
     """A BatchNorm backward compared by statistics only, as a healthy fp16-autocast
     ResNet-18 gave it at step 6: its incoming gradient's norm 4.1% off (within the

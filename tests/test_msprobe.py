@@ -232,6 +232,30 @@ def test_vc_on_dump_directories_compares_and_finds_the_planted_op(tmp_path):
     assert os.listdir(ws / "npu") == ["debug_0"]
 
 
+def test_a_relu_whose_mask_flips_on_a_device_dump_is_no_origin(tmp_path):
+    """A device dump whose activation carries rounding noise (cosine 0.99657, a pass) into
+    a ReLU whose output falls to 0.9717: values near zero crossed the mask. The ReLU rounds
+    nothing (an exact call by its name, sums.EXACT_CALLS, as a script's ReluGrad kernel
+    is), so ac -c calls it gradual and names no origin (exit 0); before, it named
+    Functional.relu.0.forward the root cause."""
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal(4096).astype(np.float32) - 1.5
+    noisy = h + 0.15 * rng.standard_normal(4096).astype(np.float32)
+    x = h + 1.5
+
+    def calls(a):
+        return [("Tensor.sub.0.forward", [x], [a]),
+                ("Functional.relu.0.forward", [a], [np.maximum(a, 0)])]
+    write_dump(tmp_path / "golden", calls(h))
+    write_dump(tmp_path / "device", calls(noisy))
+    out = invoke("--json", "ac", "-c", "-lt", tmp_path / "device", "-rt", tmp_path / "golden",
+                 data_dir=tmp_path / "ws")
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.stdout)
+    assert r["origin"] is None and r["gradual"]["first"]["op_name"] == "Functional.relu.0.forward"
+    assert r["gradual"]["first"]["input_cosine"] >= 0.98 > r["gradual"]["first"]["output_cosine"]
+
+
 def test_statistics_and_md5_dumps_are_compared_by_what_they_hold(tmp_path):
     for task in ("statistics", "md5"):
         write_dump(tmp_path / task / "g", _model(), task=task)

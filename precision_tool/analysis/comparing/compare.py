@@ -33,7 +33,7 @@ from .engine import Pair, Side, compare_pairs, engine_for
 from .mapping import TensorMap
 from .matching import align_calls
 from .metrics import METRICS
-from .sums import sum_kind
+from .sums import call_kind, sum_kind
 from .verdicts import (NO_COUNTERPART, NOT_IN_INDEX, STATS_ONLY, UNREADABLE, Criteria,
                        element_count, judge)
 
@@ -377,7 +377,7 @@ def _compare_step(ws: Workspace, npu_run: Run, golden_run: Run, step: int,
         made = kernels.get(op_name)
         if made is not None:
             return sum_kind(made[k], {}, 0) if k < len(made) else ""
-        return sum_kind(op_type, tmap.attrs(op_name), k)
+        return sum_kind(op_type, tmap.attrs(op_name), k) or call_kind(op_type, op_name)
     for k, r in enumerate(npu.records()):
         golden_tensor = tmap.golden_tensor(r["tensor"])
         counterpart = paired.get(r["op_name"]) if paired is not None else r["op_name"]

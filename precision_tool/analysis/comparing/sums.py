@@ -3,6 +3,8 @@ terms, the only outputs that cancellation can make small (root cause's cancellat
 or an exact selection of them, which rounds nothing of its own (root cause's gradual rule)."""
 from __future__ import annotations
 
+import re
+
 # the ops whose output is a sum of terms of its inputs, and how their output is bounded
 SUMS = frozenset({"Add", "AddV2", "Sub", "AddN", "BiasAdd", "BiasAddGrad", "ReduceSum",
                   "ReduceMean", "SumToLike"})
@@ -14,7 +16,23 @@ CONTRACTIONS = frozenset({"MatMul", "MatMulV2", "BatchMatMul", "BatchMatMulV2", 
 EXACT = frozenset({"Relu", "ReluGrad", "MaxPool", "Maximum", "Minimum", "ClipByValue", "Neg",
                    "Abs", "Select", "Gather", "ConcatV2", "Pack", "Reshape", "Transpose",
                    "Identity"})
+# a dumped API or module call (a script's, msprobe's: no kernel named) whose kernel rounds
+# nothing, by the direction its name ends in: a ReLU both ways, a max pool forward (its
+# backward sums the gradients of overlapping windows)
+_RELU_CALLS = {"Functional.relu", "Functional.relu_", "Torch.relu", "Torch.relu_",
+               "Tensor.relu", "Tensor.relu_", "Module.ReLU"}
+EXACT_CALLS = {"forward": frozenset(_RELU_CALLS | {"Functional.max_pool2d", "Torch.max_pool2d",
+                                                   "Module.MaxPool2d"}),
+               "backward": frozenset(_RELU_CALLS)}
+_DIRECTION = re.compile(r"\.(forward|backward)(?:\.\d+)?$")
 SUM_STEPS = frozenset({"Add", "Sub", "Neg"})    # a fused elementwise chain's sum-only steps
+
+
+def call_kind(op_type: str, op_name: str) -> str:
+    """"exact" for a call whose kernel rounds nothing (EXACT_CALLS: Functional.relu.3.backward,
+    msprobe's Module.layer1.0.relu.ReLU.forward.0), else ""."""
+    m = _DIRECTION.search(op_name)
+    return "exact" if m and op_type in EXACT_CALLS[m.group(1)] else ""
 
 
 def sum_kind(op_type: str, attrs: dict, output: int) -> str:
