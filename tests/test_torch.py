@@ -300,6 +300,14 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     ws_dir = tmp_path / "ws"
     done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
     assert done.returncode == 0, done.stderr
+    # the script gone: the rerun fails, says why, and leaves nothing behind
+    script.rename(tmp_path / "away.py")
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    d = json.loads(out.stdout)["drift"]
+    assert out.exit_code == 1 and d["own"] is None and d["replayed_by"] is None
+    assert d["not_replayed"].startswith("its rerun failed: the script exited with status")
+    assert [x.label for x in Workspace(str(ws_dir)).runs("cpu")] == ["cpu/debug_0"]
+    (tmp_path / "away.py").rename(script)
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
     assert out.exit_code == 1, out.output
     r = json.loads(out.stdout)

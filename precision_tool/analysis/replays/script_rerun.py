@@ -35,7 +35,6 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
         raise ScriptRerunError(f"{npu.label} was not made by torch-run (its run.json names no "
                                 f"script): this reruns the script; run it with "
                                 f"precision-tool torch-run")
-    cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
     keep = changes.get("keep_fp32", info.get("keep_fp32") or [])
     passes = changes.get("fusion_passes", info.get("fusion_passes"))
     settings = {ENV["target"]: "npu", ENV["overflow_mode"]: info.get("overflow_mode"),
@@ -44,11 +43,23 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
                 ENV["precision_mode"]: changes.get("precision_mode",
                                                    info.get("precision_mode")),
                 ENV["keep_fp32"]: ",".join(keep) or None, ENV["replay_of"]: npu.label}
+    # (passes None: a run from before fused kernels, every pass on)
+    switch = switch_for(set(passes)) if passes is not None else None
+    return _run_script(ws, npu, "npu", step, settings, switch)
+
+
+def _run_script(ws: Workspace, npu: Run, target: str, step: int, settings: dict,
+                switch=None) -> tuple:
+    """The script `npu` was made by, run again by the runner in a child process with
+    `settings` (and `switch` as its fusion_switch.cfg), `step` dumped into a run of
+    `target`: (the run, or None; why not; every run directory it wrote)."""
+    info = npu.info
+    cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as err:
-        if passes is not None:       # a run from before fused kernels: every pass on
-            switch = os.path.join(tmp, "fusion_switch.cfg")
-            write_text_atomic(switch, json.dumps(switch_for(set(passes))))
-            settings[ENV["fusion_switch"]] = switch
+        if switch is not None:
+            path = os.path.join(tmp, "fusion_switch.cfg")
+            write_text_atomic(path, json.dumps(switch))
+            settings = dict(settings, **{ENV["fusion_switch"]: path})
         rc, runs = run_dumping(ws.results_dir(), settings,
                                [sys.executable, "-m", "precision_tool.torch.run",
                                 *info["script"]], stdout=subprocess.DEVNULL, stderr=err,
@@ -61,7 +72,7 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
                 (f": {tail[0]}" if tail else "") if rc else "the script dumped nothing"
             return None, why, runs
     ws = ws.reopened()
-    run = ws.run("npu", os.path.basename(os.path.normpath(runs[-1])))
+    run = ws.run(target, os.path.basename(os.path.normpath(runs[-1])))
     if step not in run.complete_steps:
         return None, _stopped_early(ws, npu, run, step), runs
     return run, "", runs
@@ -91,25 +102,11 @@ def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int) -> tu
                 ENV["golden_dtype"]: golden.info.get("golden_dtype") or None,
                 ENV["skip_steps"]: ",".join(str(k) for k in skips) or None,
                 ENV["state_from"]: f"{npu.path}:{step}", ENV["replay_of"]: npu.label}
-    cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
-    with tempfile.TemporaryFile() as err:
-        rc, runs = run_dumping(ws.results_dir(), settings,
-                               [sys.executable, "-m", "precision_tool.torch.run",
-                                *info["script"]], stdout=subprocess.DEVNULL, stderr=err,
-                               cwd=cwd)
-        if rc != 0 or not runs:
-            err.seek(0)
-            tail = [line for line in err.read().decode("utf-8", "replace").splitlines()
-                    if line.strip()][-1:]
-            for made in runs:
-                shutil.rmtree(made, ignore_errors=True)
-            return None, (f"the rerun of the script exited with status {rc}" +
-                          (f": {tail[0]}" if tail else "") if rc else "the rerun dumped nothing")
-    ws = ws.reopened()
-    run = ws.run("cpu", os.path.basename(os.path.normpath(runs[-1])))
-    if step not in run.complete_steps:
-        shutil.rmtree(run.path, ignore_errors=True)
-        return None, _stopped_early(ws, npu, run, step)
+    run, why, runs = _run_script(ws, npu, "cpu", step, settings)
+    if run is None:
+        for made in runs:
+            shutil.rmtree(made, ignore_errors=True)
+        return None, f"its rerun failed: {why}"
     return run, ""
 
 
