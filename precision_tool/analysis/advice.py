@@ -243,8 +243,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     drift = getattr(r, "drift", None)
     if r.carried is not None and not (drift and drift["kind"] == "state"):
         lines.append(_carried_advice(r.carried))         # (the drift says it)
-    if getattr(r, "drift", None):
-        lines.append(_drift_advice(r.drift, r.step, r.criteria, r.front_end))
+    if drift:
+        lines.append(_drift_advice(drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
         lines.append(_lost_update_advice(r.lost_updates, opts))
     unchecked = _unchecked_updates(r.update_check, r.front_end)

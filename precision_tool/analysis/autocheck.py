@@ -384,11 +384,12 @@ def own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify=True,
     if made is None:
         return None, None, why
     own = judge_step(ws, npu_run, made, step, criteria)
-    failing = [d.op_name for d in own.cause.origins] + \
+    if not (own.findings or own.updates.lost):
+        return [], made.label, ""
+    cause = own.cause
+    failing = [d.op_name for d in cause.origins + cause.propagators + cause.carried] + \
         [u.variable for u in own.updates.lost]
-    if own.findings and not failing:     # propagators only: what they read diverged
-        failing = [d.op_name for d in own.cause.propagators]
-    return failing[:5] if own.findings or own.updates.lost else [], made.label, ""
+    return (failing or [f"{own.findings} diverging op(s)"])[:5], made.label, ""
 
 
 def _backoff(history: LossScaleHistory, step: int, report, c: Optional[StepCompare]):

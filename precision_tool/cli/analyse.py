@@ -265,8 +265,8 @@ def _render_ac(app: App, r, limit):
         if r.carried:
             c = r.carried
             where = (f"written in step {c['written_at']} by {', '.join(c['writers'][:3])}" +
-                     (" from rounding noise (cancellation or gradual): noise carried, not a finding"
-                      if c["writers_noise"] else "")
+                     (" from rounding noise (cancellation or gradual): noise carried, not "
+                      "a finding" if c["writers_noise"] else "")
                      if c.get("written_at") is not None else
                      f"written in steps {c['missing'][0]}-{c['missing'][1]}, not dumped"
                      if c.get("missing") else "not written in any dumped step")

@@ -37,8 +37,9 @@ def call_kind(op_type: str, op_name: str) -> str:
 
 def sum_kind(op_type: str, attrs: dict, output: int) -> str:
     """"sum", "contraction", "exact" or "" for an op's output: whether cancellation can make
-    it small, or whether it rounds nothing (the compare row's SumKind). A fused elementwise kernel's output is a sum only when
-    every step it is computed through is one (a Mul inside makes it a product)."""
+    it small, or whether it rounds nothing (the compare row's SumKind). A fused elementwise
+    kernel's output is a sum only when every step it is computed through is one (a Mul
+    inside makes it a product)."""
     if op_type in SUMS:
         return "sum"
     if op_type in CONTRACTIONS:
