@@ -285,6 +285,14 @@ def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_value
         npu_state(Workspace(str(tmp_path)).run("npu").path, 3)
     with pytest.raises(StateError, match="cannot be read"):
         npu_state(str(tmp_path / "npu" / "debug_9"), 3)
+    _drifting_mlp(tmp_path / "t")                # a tensor dump with a value's file gone
+    ws = Workspace(str(tmp_path / "t"))
+    npu = ws.run("npu")
+    t = ws.index(npu, 3)
+    os.remove(os.path.join(ws.step_path(npu, 3), t[t.op_type == "Variable"].iloc[0].file))
+    with pytest.raises(StateError, match="cannot be read: .*is missing"):
+        npu_state(npu.path, 3)
+    assert len(npu_state(npu.path, 4)) == len(t[t.op_type == "Variable"])
     with pytest.raises(TorchFrontEndError, match="state_from is a setting of the golden"):
         PrecisionDebugger(str(tmp_path), target="npu", state_from="x:1")
 

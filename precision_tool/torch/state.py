@@ -51,8 +51,11 @@ def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
     if len(rows) and not rows.file.astype(str).str.len().all():
         raise StateError(f"step {step} of {run.label} holds statistics only: its state has "
                          f"no values to start the golden from (dump it in tensor mode)")
-    return {str(r.op_name): in_row_shape(ws.load(run, step, str(r.file)), r.shape)
-            for r in rows.itertuples()}
+    try:
+        return {str(r.op_name): in_row_shape(ws.load(run, step, str(r.file)), r.shape)
+                for r in rows.itertuples()}
+    except (PrecisionToolError, OSError, ValueError) as e:
+        raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
 
 
 def set_state(variables, values: Dict[str, np.ndarray]) -> Tuple[int, List[str]]:
