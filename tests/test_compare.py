@@ -314,6 +314,38 @@ def test_an_exact_kernel_whose_mask_flips_is_gradual_unless_its_inputs_are_the_g
         assert rc.gradual == [], changed
 
 
+def test_a_loss_its_backward_saved_is_still_what_the_step_puts_out():
+    """A script's step as its dump has it: a loss (one element) off by 40% from logits that
+    pass, read by nothing but its own backward, which saved its forward's rows and matches
+    (the gradient of a loss is 1 whatever the loss). That backward absorbs nothing of the
+    loss's value: the loss is an origin with an effect, a finding. A ReLU's output, which
+    its backward does read (the mask), is absorbed by a backward that matches, as before."""
+    from precision_tool.analysis import count_findings, root_cause
+
+    def row(op, io, cos, verdict, elements, golden, op_type="Functional.cross_entropy"):
+        return {"NPUDump": op, "OpType": op_type, "TensorIndex": f"{op}:{io}",
+                "CosineSimilarity": cos, "RelativeEuclideanDistance": 1 - cos,
+                "GoldenTensor": golden, "GoldenNorm": 1.0, "NpuDataType": "float32",
+                "Elements": elements, "Verdict": verdict}
+    table = _table([
+        row("ce.forward", "input:0", 0.999, "pass", 40, "logits:0"),
+        dict(row("ce.forward", "output:0", 1.0, "fail", 1, "ce.forward:0"),
+             RelativeEuclideanDistance=0.4),                             # relative error
+        row("ce.backward", "input:0", 1.0, "pass", 1, "one:0"),
+        row("ce.backward", "output:0", 0.999, "pass", 40, "ce.backward:0"),
+        row("relu.forward", "input:0", 0.999, "pass", 40, "h:0", "Functional.relu"),
+        row("relu.forward", "output:0", 0.9, "fail", 40, "relu.forward:0", "Functional.mul"),
+        row("relu.backward", "input:0", 1.0, "pass", 40, "g:0", "Functional.relu"),
+        row("relu.backward", "output:0", 0.999, "pass", 40, "relu.backward:0",
+            "Functional.relu"),
+    ])
+    rc = root_cause(table)
+    assert [d.op_name for d in rc.origins] == ["ce.forward"]
+    assert [d.op_name for d in rc.no_effect] == ["relu.forward"]
+    assert rc.no_effect[0].absorbed_by == ["relu.backward"]
+    assert count_findings(table) == 1
+
+
 def test_a_call_is_exact_by_its_api_and_direction():
     """A dumped call with no kernel named (msprobe's) is exact by its API and the direction
     its name ends in: a ReLU both ways (a module's call too, msprobe's Module...forward.0),

@@ -345,6 +345,21 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     assert any("which no setting of the step fixes" in n and "cpu/debug_1" in n
                for n in f["notes"])
     assert [x.label for x in Workspace(str(ws_dir)).runs("npu")] == ["npu/debug_0"]
+    # the replay's loss 1.5x (as a faulty kernel would make the NPU's differ from it): from
+    # the NPU's own state the step still fails there, which is the step's own (the loss is
+    # what the step puts out: its backward's reading it absorbs nothing)
+    t = ws.index(replay, step)
+    row = t[(t.op_name == "Functional.cross_entropy.0.forward") & (t.io == "output")].iloc[0]
+    path = os.path.join(ws.step_path(replay, step), row.file)
+    np.save(path + ".new.npy", np.load(path) * 1.5)
+    os.replace(path + ".new.npy", path)
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    r = json.loads(out.stdout)
+    assert r["drift"]["own"] == ["Functional.cross_entropy.0.forward"]
+    assert "the step still fails in 1 output(s) or update(s), the first " \
+        "Functional.cross_entropy.0.forward: that much is the step's own" in \
+        " ".join(r["advice"])
 
 
 def test_losses_that_part_over_dumped_steps_ask_for_their_tensors_not_a_dump(tmp_path):

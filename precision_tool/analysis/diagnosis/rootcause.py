@@ -60,9 +60,10 @@ moves: a kernel that rounds nothing (SumKind "exact": a ReLU and its gradient, a
 select, in its inputs' dtype), whose inputs pass but differ from the golden's at all. A
 ReLU's gradient masks the incoming gradient by where the saved activation is positive, and
 fp16 rounding moves activations near zero across it: a healthy fp16 ResNet's last ReLU
-gradient, its saved activation at cosine 0.9942, comes out at 0.973 so. Such an op makes nothing either (made_by
-passes over it), and keeping it in fp32 would change nothing. With inputs equal to the
-golden's bit for bit, an exact kernel that differs is wrong, and stays an origin.
+gradient, its saved activation at cosine 0.9942, comes out at 0.973 so. Such an op makes
+nothing either (made_by passes over it), and keeping it in fp32 would change nothing. With
+inputs equal to the golden's bit for bit, an exact kernel that differs is wrong, and stays
+an origin.
 
 Without effect. A finding needs an effect: a divergence that changes no output, no loss and
 no update is not one. An origin, a carried op or a propagator has an effect when one of its
@@ -76,8 +77,12 @@ by an op
 that diverges on that input and has an effect itself. A
 divergence that every reader absorbs (a key bias whose shift the softmax removes: the
 attention scores match) stops there, and its ops are listed as "without effect" with the
-readers that absorbed it: never an origin. A table with no input rows (a foreign dump whose
-file names say nothing of inputs) has every tensor a sink: every divergence keeps its effect.
+readers that absorbed it: never an origin. A call's backward reads what its forward saved
+(a ReLU's mask), except a one-element output: a loss's backward needs no value of the loss
+(its gradient is 1), so a script's loss, read by nothing else, is what the step puts out and
+never absorbed (it was: a loss 40% off "without effect"). A table with no input rows (a
+foreign dump whose file names say nothing of inputs) has every tensor a sink: every
+divergence keeps its effect.
 Where an origin with an effect comes later in the step, what diverged before it stays a lead:
 its readers' small differences may be what that origin amplified (a weight gradient sums
 over the batch what each reader absorbed), which the compare alone cannot tell apart.
@@ -154,6 +159,7 @@ class OpRows:
         compared = (bad | (self.judged.verdicts == PASS)) if stats.any() else None
         self.by_statistics = compared is not None and bool(compared.any() and stats[compared].all())
         self.norm_diff = col("NormRelativeDiff", float("nan"))
+        self.elements = numbers(table, "Elements").tolist()
         self.red = numbers(table, "RelativeEuclideanDistance").tolist()
         self._index = column(table, "Index", 0)
         self.ops = _diverging_ops(column(table, "NPUDump", ""), self._index,
@@ -640,7 +646,10 @@ def _without_effect(t: "OpRows", found: dict, overflowed: Set[str] = frozenset()
             readers.setdefault(t.golden_tensor[i], []).append((t.op_name[i], i, True))
     for name in t.rows_by_op:
         for j in t.saved(name):
-            readers.setdefault(t.golden_tensor[j], []).append((name, j, False))
+            # (a one-element output's backward needs no value of it: a loss's gradient is 1,
+            # whatever the loss; the loss, and what the script reads of a step, stay sinks)
+            if t.elements[j] != 1:
+                readers.setdefault(t.golden_tensor[j], []).append((name, j, False))
     if not readers:
         return set()
     # nan/inf the golden lacks is always a finding, wherever it stops
