@@ -263,6 +263,36 @@ DRIFTING = textwrap.dedent("""
 """)
 
 
+def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
+    """The MLP with dropout under AdamW and GradScaler, 14 steps: from step 5 on, some steps
+    diverge from the golden's, each from state that drifted (Adam's moments of the biases a
+    BatchNorm follows), while the losses stay within 5% at every step. Each such step is
+    replayed from the NPU's own state (dropout's masks drawn as the NPU's were, Adam's
+    moments set) and computes as the golden does: drift that changes no loss is no
+    finding, every step is looked at, and ac -c calls the run sound (exit 0)."""
+    script = tmp_path / "adam.py"
+    script.write_text(DRIFTING.replace("lr=0.5, momentum=0.9", "lr=3e-2").replace(
+        "torch.optim.SGD", "torch.optim.AdamW").replace(
+        "nn.ReLU(), nn.Linear(64, 64)", "nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64)"))
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 0, out.output
+    r = json.loads(out.stdout)
+    looked = {x["step"]: x for x in r["steps"]}
+    assert sorted(looked) == list(range(12))
+    drifted = [k for k, x in looked.items() if x.get("drift_replayed")]
+    assert drifted and all(looked[k]["diverging_ops"] > 0 for k in drifted)
+    assert r["verdict"] == "sound" and r["origin"] is None and r["drift"]["own"] == []
+    assert r["drift"]["loss"]["first_off"] is None
+    assert "The drift changes no loss beyond the criteria: no finding" in " ".join(r["advice"])
+    # with --no-verify nothing is replayed: the first such step stays a finding
+    quick = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c",
+                                     "--no-verify"])
+    assert quick.exit_code == 1 and json.loads(quick.stdout)["step"] == drifted[0]
+
+
 def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_values(tmp_path):
     """torch.state's edges: "<run>:<step>" parsed and a bad spec refused; values set in
     each tensor's own dtype and shape where the sizes agree (a scalar dumped as one

@@ -542,6 +542,14 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                 f"{len(d['own'])} output(s) or update(s), the first "
                 f"{d['own'][0]}: that much is the step's own; the rest is rounding that "
                 f"compounds over the steps.")
+    if d["kind"] == "state" and gap["steps"] and gap["first_off"] is None:
+        # proven the state's, and the losses hold: it changes no output (AutoCheck.drift_matters)
+        return (f"The runs drift apart through the state: {replayed}, step {step} computes "
+                f"as the golden does, every output and update within the criteria, so no op "
+                f"or setting of this step is to blame{shows_at}. The variables furthest from "
+                f"the golden's when it starts (relative distance): {furthest}.{losses} The "
+                f"drift changes no loss beyond the criteria: no finding; if the losses part "
+                f"later, ac says so.")
     if d["kind"] == "state":
         return (f"The runs drift apart through the state: {replayed}, step {step} computes "
                 f"as the golden does, every output "

@@ -134,13 +134,29 @@ class AutoCheck:
         after it: the update they would reach was skipped."""
         return self.backoff is None and (
             bool(self.overflows) and not self.overflow_without_effect or
-            self.diverging_count > 0) or self.lost_updates is not None or \
-            self.drift is not None or \
+            self.diverging_count > 0 and not self.drift_explains) or \
+            self.lost_updates is not None or self.drift_matters or \
             self.underflow is not None or bool(self.watchpoints) or \
             self.golden_nonfinite is not None and bool(self.golden_nonfinite.get("reaches")) or \
             self.carried is not None and not self.carried["writers_noise"] or \
             self.ranks is not None and bool(self.ranks["origin"] or self.ranks["received"]
                                             or self.ranks["disagree"])
+
+    @property
+    def drift_explains(self) -> bool:
+        """Whether what diverges in the step is the state's, proven: replayed from the NPU's
+        own state, the step computes as the golden does (drift, kind "state", own [])."""
+        return self.drift is not None and self.drift["kind"] == "state" and \
+            self.drift["own"] == []
+
+    @property
+    def drift_matters(self) -> bool:
+        """Drift is a finding by its effect: the losses part beyond rel_error at a step the
+        step histories hold; or what is left is the step's own; or it was not replayed, or
+        no loss was observed, and nothing shows it changes no output."""
+        d = self.drift
+        return d is not None and not (self.drift_explains and d["loss"]["steps"] and
+                                      d["loss"]["first_off"] is None)
 
     @property
     def verdict(self) -> str:
@@ -210,6 +226,12 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     golden_skipped = set(loss_scale_history(ws, golden_run).skipped_steps) \
         if compare and golden_run is not None else set()
     result.golden_skipped = sorted(golden_skipped)
+    # a script's step whose divergence a replay from the NPU's own state shows to be the
+    # state's, while the losses hold at every step: no finding, and the steps after it are
+    # looked at too (one replay each)
+    losses_hold = compare and verify and \
+        loss_gap(ws, npu_run, golden_run, criteria.rel_error).first_off is None
+    drifted: List[int] = []
     for s in steps:                         # the first step with findings, else the first
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
@@ -230,11 +252,16 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             # here cannot be told from that difference of state
             contained = look["after_skipped_update"] = True
             after_skip.append(s)
+        elif findings and losses_hold and starts_drifted(compared[s], npu_run, s) and \
+                own_from_npu_state(ws, npu_run, golden_run, s, criteria, True,
+                                   on_progress)[0] == []:
+            contained = look["drift_replayed"] = True
+            drifted.append(s)
         result.steps.append(look)
         if findings and not contained:
             break
     else:                       # none has: the first whose overflows had no effect, if any
-        s = next((x for x in steps if reports[x].tasks), steps[0])
+        s = next((x for x in steps if reports[x].tasks), drifted[-1] if drifted else steps[0])
     report = reports[s]
     result.step = s
     result.backoff = backoffs.get(s)
@@ -377,10 +404,7 @@ def own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify=True,
         return None, None, "not asked for (--no-verify)"
     if npu_run.info.get("front_end") != "pytorch" or npu_run.info.get("source"):
         return None, None, "no replay bundle, and no script to rerun"
-    if on_progress is not None:
-        on_progress(f"step {step} starts from drifted state: rerunning the script on the "
-                    f"golden from the NPU's state at step {step}...")
-    made, why = golden_from_npu_state(ws, npu_run, golden_run, step)
+    made, why = golden_from_npu_state(ws, npu_run, golden_run, step, on_progress)
     if made is None:
         return None, None, why
     own = judge_step(ws, npu_run, made, step, criteria)

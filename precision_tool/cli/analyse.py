@@ -92,6 +92,8 @@ def _step_note(look: dict) -> str:
         return f"  [the loss scale {kind}: no finding]"
     if look.get("after_skipped_update"):
         return "  [after a skipped update: not judged]"
+    if look.get("drift_replayed"):
+        return "  [drift: from the NPU's state it matches, the losses hold: no finding]"
     return ""
 
 

@@ -78,12 +78,13 @@ def _run_script(ws: Workspace, npu: Run, target: str, step: int, settings: dict,
     return run, "", runs
 
 
-def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int) -> tuple:
+def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int,
+                          on_progress=None) -> tuple:
     """The golden run of `step` started from the NPU run's state (torch.state): one made
     before, or a rerun of the script on the golden (golden's dtype and skipped steps, npu's
     seed) that sets the NPU's values where the step begins and ends after it. Returns (the
     run, or None; why not). Needs a tensor dump of the step on the NPU (its values) and a
-    run torch-run made (its script)."""
+    run torch-run made (its script). on_progress(text): told before a rerun."""
     where = os.path.realpath(npu.path)
     for r in ws.runs("cpu"):
         made = r.info.get("state_from") or {}
@@ -102,6 +103,9 @@ def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int) -> tu
                 ENV["golden_dtype"]: golden.info.get("golden_dtype") or None,
                 ENV["skip_steps"]: ",".join(str(k) for k in skips) or None,
                 ENV["state_from"]: f"{npu.path}:{step}", ENV["replay_of"]: npu.label}
+    if on_progress is not None:
+        on_progress(f"step {step} starts from drifted state: rerunning the script on the "
+                    f"golden from the NPU's state at step {step}...")
     run, why, runs = _run_script(ws, npu, "cpu", step, settings)
     if run is None:
         for made in runs:
