@@ -270,13 +270,10 @@ def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
     replayed from the NPU's own state (dropout's masks drawn as the NPU's were, Adam's
     moments set) and computes as the golden does: drift that changes no loss is no
     finding, every step is looked at, and ac -c calls the run sound (exit 0)."""
-    script = tmp_path / "adam.py"
-    script.write_text(DRIFTING.replace("lr=0.5, momentum=0.9", "lr=3e-2").replace(
-        "torch.optim.SGD", "torch.optim.AdamW").replace(
-        "nn.ReLU(), nn.Linear(64, 64)", "nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64)"))
-    ws_dir = tmp_path / "ws"
-    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
-    assert done.returncode == 0, done.stderr
+    _, ws_dir = _dumped_script(tmp_path, DRIFTING.replace(
+        "lr=0.5, momentum=0.9", "lr=3e-2").replace("torch.optim.SGD", "torch.optim.AdamW").replace(
+        "nn.ReLU(), nn.Linear(64, 64)", "nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64)"),
+        "adam.py")
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
     assert out.exit_code == 0, out.output
     r = json.loads(out.stdout)
@@ -333,11 +330,7 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     after that step (a replay run, not the default golden). Against that, step 10 computes
     as the golden does: drift, replayed, no op blamed (exit 1: the runs part). The replay's
     variables are the NPU's values bit for bit, and a second ac -c reuses it."""
-    script = tmp_path / "mlp.py"
-    script.write_text(DRIFTING)
-    ws_dir = tmp_path / "ws"
-    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
-    assert done.returncode == 0, done.stderr
+    script, ws_dir = _dumped_script(tmp_path, DRIFTING, "mlp.py")
     # the script gone: the rerun fails, says why, and leaves nothing behind
     script.rename(tmp_path / "away.py")
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
@@ -1221,6 +1214,17 @@ def _torch_run(root, *args):
                           timeout=600)
 
 
+def _dumped_script(tmp_path, text: str, name: str):
+    """The script `text` as tmp_path/name, run by torch-run on both targets with every step
+    dumped into tmp_path/ws: (the script's path, the workspace)."""
+    script = tmp_path / name
+    script.write_text(text)
+    ws_dir = tmp_path / "ws"
+    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    return script, ws_dir
+
+
 def test_torch_run_dumps_an_unchanged_script_on_both_targets(tmp_path):
     """torch-run -- python train.py: golden then NPU with the same seed, one step per
     optimizer step; the golden's loss is the script's own, run plainly with the same seed."""
@@ -1624,11 +1628,7 @@ def test_a_half_model_under_adam_is_named_in_its_update_and_the_mask_decides_not
     call in place (it computes in its tensor's dtype), nor scaling what feeds a moment
     up (it is kept in fp32), and fix, finding that even
     force_fp32 fails, says that the failing tensors are the script's own fp16."""
-    script = tmp_path / "half_adam.py"
-    script.write_text(HALF_ADAM)
-    ws_dir = tmp_path / "ws"
-    done = _torch_run(ws_dir, "--dump-step", "all", "--", str(script))
-    assert done.returncode == 0, done.stderr
+    _, ws_dir = _dumped_script(tmp_path, HALF_ADAM, "half_adam.py")
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
     assert out.exit_code == 1, out.output
     result = json.loads(out.stdout)
