@@ -232,6 +232,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     losses_hold = compare and verify and \
         loss_gap(ws, npu_run, golden_run, criteria.rel_error).first_off is None
     drifted: List[int] = []
+    from_state: Dict[int, tuple] = {}      # step -> own_from_npu_state's answer, made once
     for s in steps:                         # the first step with findings, else the first
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
@@ -252,11 +253,12 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             # here cannot be told from that difference of state
             contained = look["after_skipped_update"] = True
             after_skip.append(s)
-        elif findings and losses_hold and starts_drifted(compared[s], npu_run, s) and \
-                own_from_npu_state(ws, npu_run, golden_run, s, criteria, True,
-                                   on_progress)[0] == []:
-            contained = look["drift_replayed"] = True
-            drifted.append(s)
+        elif findings and losses_hold and starts_drifted(compared[s], npu_run, s):
+            from_state[s] = own_from_npu_state(ws, npu_run, golden_run, s, criteria, True,
+                                               on_progress)
+            if from_state[s][0] == []:
+                contained = look["drift_replayed"] = True
+                drifted.append(s)
         result.steps.append(look)
         if findings and not contained:
             break
@@ -318,7 +320,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                                                         criteria, compared[s], workers,
                                                         scheduler)
         _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay,
-               verify, on_progress)
+               verify, on_progress, from_state.get(s))
         if write_csv:
             try:
                 result.result_file = write_result(ws, compared[s].table)
@@ -334,7 +336,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
 
 
 def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepCompare],
-           result: AutoCheck, replay, verify: bool = True, on_progress=None) -> None:
+           result: AutoCheck, replay, verify: bool = True, on_progress=None,
+           from_state: Optional[tuple] = None) -> None:
     """Drift (analysis.diagnosis.drift): a step after the first whose only finding is ops that diverge
     (no overflow, underflow, lost update or state carried in beyond the criteria) is
     replayed from the NPU's own state: what still fails there is the step's own ("own"),
@@ -353,8 +356,8 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
         # (torch.state); what fails against that is the step's own. Without it, no op is
         # blamed, and the drift is said as not replayed.
         shows = result.origin["op_name"] if result.origin else None
-        own, by, why = own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify,
-                                           on_progress)
+        own, by, why = from_state or own_from_npu_state(ws, npu_run, golden_run, step,
+                                                         criteria, verify, on_progress)
         if not own:
             result.origin = result.origin_replay = result.impact = None
         result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
