@@ -269,21 +269,44 @@ def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
     BatchNorm follows), while the losses stay within 5% at every step. Each such step is
     replayed from the NPU's own state (dropout's masks drawn as the NPU's were, Adam's
     moments set) and computes as the golden does: drift that changes no loss is no
-    finding, every step is looked at, and ac -c calls the run sound (exit 0)."""
+    finding, every step is looked at, and ac -c calls the run sound (exit 0). All of them
+    are replayed by one rerun of the script. Where one of them still fails from the NPU's
+    state, ac -c stops there: the steps after it are left out of what it reports."""
     _, ws_dir = _dumped_script(tmp_path, DRIFTING.replace(
         "lr=0.5, momentum=0.9", "lr=3e-2").replace("torch.optim.SGD", "torch.optim.AdamW").replace(
-        "nn.ReLU(), nn.Linear(64, 64)", "nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64)"),
-        "adam.py")
+        "nn.ReLU(), nn.Linear(64, 64)", "nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 64)").replace(
+        "range(12)", "range(14)"), "adam.py")
     out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
     assert out.exit_code == 0, out.output
     r = json.loads(out.stdout)
     looked = {x["step"]: x for x in r["steps"]}
-    assert sorted(looked) == list(range(12))
+    assert sorted(looked) == list(range(14))
     drifted = [k for k, x in looked.items() if x.get("drift_replayed")]
     assert drifted and all(looked[k]["diverging_ops"] > 0 for k in drifted)
     assert r["verdict"] == "sound" and r["origin"] is None and r["drift"]["own"] == []
     assert r["drift"]["loss"]["first_off"] is None
     assert "The drift changes no loss beyond the criteria: no finding" in " ".join(r["advice"])
+    ws = Workspace(str(ws_dir))
+    assert [x.label for x in ws.runs("cpu")] == ["cpu/debug_0", "cpu/debug_1"]
+    replay = ws.run("cpu", "debug_1")
+    assert replay.complete_steps == drifted == replay.info["state_from"]["steps"]
+    assert all(replay.info["state_from"]["variables"][str(k)] > 0 for k in drifted)
+    # the second drifting step's loss made 1.5x in the replay: that step still fails, and
+    # is where ac -c stops (the steps after it left out)
+    assert 1 < len(drifted) and drifted[1] < 13
+    failing = drifted[1]
+    t = ws.index(replay, failing)
+    row = t[(t.op_name == "Functional.cross_entropy.0.forward") & (t.io == "output")].iloc[0]
+    path = os.path.join(ws.step_path(replay, failing), row.file)
+    np.save(path + ".new.npy", np.load(path) * 1.5)
+    os.replace(path + ".new.npy", path)
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    r = json.loads(out.stdout)
+    assert r["step"] == failing and [x["step"] for x in r["steps"]] == list(range(failing + 1))
+    assert r["drift"]["own"] == ["Functional.cross_entropy.0.forward"]
+    assert r["steps"][drifted[0]]["drift_replayed"] and "drift_replayed" not in r["steps"][-1]
+    assert [x.label for x in ws.reopened().runs("cpu")] == ["cpu/debug_0", "cpu/debug_1"]
     # with --no-verify nothing is replayed: the first such step stays a finding
     quick = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c",
                                      "--no-verify"])
@@ -291,13 +314,14 @@ def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
 
 
 def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_values(tmp_path):
-    """torch.state's edges: "<run>:<step>" parsed and a bad spec refused; values set in
+    """torch.state's edges: "<run>:<step>[,<step>...]" parsed and a bad spec refused; values set in
     each tensor's own dtype and shape where the sizes agree (a scalar dumped as one
     element), and the names that matched no live tensor, or not its size, listed; a
     statistics dump refused with the reason; state_from refused on the NPU target."""
     from precision_tool.torch.state import StateError, npu_state, parse_state_from, set_state
-    assert parse_state_from("/a:b/npu/debug_0:12") == ("/a:b/npu/debug_0", 12)
-    for bad in ("npu/debug_0", "npu/debug_0:x", ":3"):
+    assert parse_state_from("/a:b/npu/debug_0:12") == ("/a:b/npu/debug_0", (12,))
+    assert parse_state_from("d:9,5,9") == ("d", (5, 9))
+    for bad in ("npu/debug_0", "npu/debug_0:x", ":3", "d:5,", "d:5,,6", "d:-1"):
         with pytest.raises(StateError):
             parse_state_from(bad)
     w, count = torch.zeros(2, 3, dtype=torch.float16), torch.tensor(0)
@@ -351,7 +375,8 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     ws = Workspace(str(ws_dir))
     replay, npu = ws.run("cpu", "debug_1"), ws.run("npu")
     assert replay.complete_steps == [step] and replay.info["replay_of"] == "npu/debug_0"
-    assert replay.info["state_from"]["step"] == step and replay.info["state_from"]["variables"]
+    made = replay.info["state_from"]
+    assert made["steps"] == [step] and made["variables"][str(step)] > 0 and not made["not_set"]
     assert ws.run("cpu").label == "cpu/debug_0"               # not the default golden
     a, b = ws.index(npu, step), ws.index(replay, step)
     for row in a[(a.op_type == "Variable") & (a.dtype == "float32")].itertuples():

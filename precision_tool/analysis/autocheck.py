@@ -35,7 +35,7 @@ from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
 from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
-from .replays.script_rerun import golden_from_npu_state
+from .replays.script_rerun import golden_from_npu_state, why_no_state_replay
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
 from .diagnosis.ranks import divergence_origin, look_across_ranks, sibling_ranks
@@ -228,12 +228,17 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     result.golden_skipped = sorted(golden_skipped)
     # a script's step whose divergence a replay from the NPU's own state shows to be the
     # state's, while the losses hold at every step: no finding, and the steps after it are
-    # looked at too (one replay each)
+    # looked at too. Such steps are replayed together after the loop, in one rerun of the
+    # script (each rerun runs the script from its start: one a step would cost the square
+    # of the steps)
     losses_hold = compare and verify and \
         loss_gap(ws, npu_run, golden_run, criteria.rel_error).first_off is None
-    drifted: List[int] = []
+    replayable = losses_hold and not why_no_state_replay(npu_run) and \
+        npu_run.info.get("front_end") == "pytorch" and not npu_run.info.get("source")
+    drifted: List[int] = []                 # steps replayed after the loop, in order
     from_state: Dict[int, tuple] = {}      # step -> own_from_npu_state's answer, made once
-    for s in steps:                         # the first step with findings, else the first
+    stop = None                             # the first step with a finding that stands
+    for s in steps:
         report = reports[s] = overflow_report(ws, npu_run, s)
         look = {"step": s, "overflowing_tasks": len(report.tasks)}
         findings = bool(report.tasks)
@@ -254,16 +259,31 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             contained = look["after_skipped_update"] = True
             after_skip.append(s)
         elif findings and losses_hold and starts_drifted(compared[s], npu_run, s):
-            from_state[s] = own_from_npu_state(ws, npu_run, golden_run, s, criteria, True,
-                                               on_progress)
-            if from_state[s][0] == []:
+            if replayable:              # judged after the loop, with the others
                 contained = look["drift_replayed"] = True
                 drifted.append(s)
+            else:                       # (says why not: the step stays a finding)
+                from_state[s] = own_from_npu_state(ws, npu_run, golden_run, [s], criteria,
+                                                   True, on_progress)[s]
         result.steps.append(look)
         if findings and not contained:
+            stop = s
             break
-    else:                       # none has: the first whose overflows had no effect, if any
-        s = next((x for x in steps if reports[x].tasks), drifted[-1] if drifted else steps[0])
+    if drifted:
+        from_state.update(own_from_npu_state(ws, npu_run, golden_run, drifted, criteria, True,
+                                             on_progress))
+        fails = next((x for x in drifted if from_state[x][0] != []), None)
+        if fails is not None:       # where ac stops: what it looked at after is left out
+            stop, drifted = fails, [x for x in drifted if x < fails]
+            result.steps = [look for look in result.steps if look["step"] <= stop]
+            result.steps[-1].pop("drift_replayed")
+            for kept in (reports, compared, backoffs, from_state):
+                for x in [x for x in kept if x > stop]:
+                    del kept[x]
+            after_skip = [x for x in after_skip if x < stop]
+    # none has: the first whose overflows had no effect, if any
+    s = stop if stop is not None else \
+        next((x for x in steps if reports[x].tasks), drifted[-1] if drifted else steps[0])
     report = reports[s]
     result.step = s
     result.backoff = backoffs.get(s)
@@ -356,8 +376,8 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
         # (torch.state); what fails against that is the step's own. Without it, no op is
         # blamed, and the drift is said as not replayed.
         shows = result.origin["op_name"] if result.origin else None
-        own, by, why = from_state or own_from_npu_state(ws, npu_run, golden_run, step,
-                                                         criteria, verify, on_progress)
+        own, by, why = from_state or own_from_npu_state(ws, npu_run, golden_run, [step],
+                                                         criteria, verify, on_progress)[step]
         if not own:
             result.origin = result.origin_replay = result.impact = None
         result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
@@ -399,24 +419,31 @@ def starts_drifted(c: StepCompare, npu_run: Run, step: int) -> bool:
         and c.trace is not None and c.trace.writers_noise and step not in npu_run.bundles
 
 
-def own_from_npu_state(ws, npu_run, golden_run, step, criteria, verify=True,
-                       on_progress=None):
-    """(what of the step still fails against the golden started from the NPU's state: []
-    when nothing, None when not replayed; the replay's run label; why not replayed)."""
+def own_from_npu_state(ws, npu_run, golden_run, steps, criteria, verify=True,
+                       on_progress=None) -> Dict[int, tuple]:
+    """Each step of `steps` -> (what of it still fails against the golden started from the
+    NPU's state: [] when nothing, None when not replayed; the replay's run label; why not
+    replayed). One replay run holds them all."""
     if not verify:
-        return None, None, "not asked for (--no-verify)"
+        return {k: (None, None, "not asked for (--no-verify)") for k in steps}
     if npu_run.info.get("front_end") != "pytorch" or npu_run.info.get("source"):
-        return None, None, "no replay bundle, and no script to rerun"
-    made, why = golden_from_npu_state(ws, npu_run, golden_run, step, on_progress)
+        return {k: (None, None, "no replay bundle, and no script to rerun") for k in steps}
+    made, why = golden_from_npu_state(ws, npu_run, golden_run, steps, on_progress)
     if made is None:
-        return None, None, why
-    own = judge_step(ws, npu_run, made, step, criteria)
+        return {k: (None, None, why) for k in steps}
+    return {k: (_still_failing(judge_step(ws, npu_run, made, k, criteria)), made.label, "")
+            for k in steps}
+
+
+def _still_failing(own: StepCompare) -> list:
+    """What of a step judged against its replay from the NPU's state still fails (the first
+    five, by name; [] when nothing)."""
     if not (own.findings or own.updates.lost):
-        return [], made.label, ""
+        return []
     cause = own.cause
     failing = [d.op_name for d in cause.origins + cause.propagators + cause.carried] + \
         [u.variable for u in own.updates.lost]
-    return (failing or [f"{own.findings} diverging op(s)"])[:5], made.label, ""
+    return (failing or [f"{own.findings} diverging op(s)"])[:5]
 
 
 def _backoff(history: LossScaleHistory, step: int, report, c: Optional[StepCompare]):

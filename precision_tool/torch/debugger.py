@@ -354,8 +354,9 @@ class PrecisionDebugger:
     skip_steps (the golden's): the steps whose update the golden skips as the NPU run's loss
     scale did ("3,7" or a list): GradScaler's unscale finds an overflow there, so that the
     steps after start from the same state as the NPU's; run.json says which. state_from (the
-    golden's): "<NPU run directory>:<step>": that step starts from the NPU run's state and
-    is the last (torch.state), a replay of the NPU run (replay_of) that decides drift."""
+    golden's): "<NPU run directory>:<step>[,<step>...]": each of those steps starts from the
+    NPU run's state and the last is the run's last (torch.state), a replay of the NPU run
+    (replay_of) that decides drift."""
 
     def __init__(self, data_dir: Optional[str] = None, target: str = "npu",
                  precision_mode: str = "allow_mix_precision", amp_level: Optional[str] = None,
@@ -398,6 +399,9 @@ class PrecisionDebugger:
             raise TorchFrontEndError("skip_steps is a setting of the golden (target golden): "
                                      "the NPU's loss scale decides its own skips")
         self.state_from = parse_state_from(state_from) if state_from else None
+        # what run.json says of it: the steps, and by step what was set and what was not
+        self._state_set = {"run": self.state_from[0], "steps": list(self.state_from[1]),
+                           "variables": {}, "not_set": {}} if self.state_from else None
         if self.state_from and target != "golden":
             raise TorchFrontEndError("state_from is a setting of the golden (target golden): "
                                      "it starts a step of the golden from the NPU's state")
@@ -531,17 +535,17 @@ class PrecisionDebugger:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
         self._forwards, self._backward_since = 0, False
         self._end_step()
-        if self.state_from and self.step_number == self.state_from[1]:
-            raise StateReplayed()           # the step from the NPU's state is written
+        if self.state_from and self.step_number == self.state_from[1][-1]:
+            raise StateReplayed()           # the steps from the NPU's state are written
         self.step_number += 1
-        if self.state_from and self.step_number == self.state_from[1]:
+        if self.state_from and self.step_number in self.state_from[1]:
             self._start_from_npu_state()
         self.recording = self._wants(self.step_number)
 
     def _start_from_npu_state(self) -> None:
         """The variables the NPU run's dump of this step read, set to the NPU's values
-        (torch.state); run.json says how many and which it could not set."""
-        path, step = self.state_from
+        (torch.state); run.json says how many, by step, and which it could not set."""
+        path, step = self.state_from[0], self.step_number
         try:
             values = npu_state(path, step)
         except StateError as e:
@@ -550,8 +554,10 @@ class PrecisionDebugger:
             self._modules.name_state_of_optimizers()
         variables = self._modules.variables.items() if self._modules is not None else ()
         loaded, missing = set_state(variables, values)
-        self.note(state_from={"run": path, "step": step, "variables": loaded,
-                              "not_set": missing})
+        self._state_set["variables"][str(step)] = loaded
+        if missing:
+            self._state_set["not_set"][str(step)] = missing
+        self.note(state_from=self._state_set)
 
     # -- calls kept in fp32, the loss --------------------------------------------------------
     def kept(self, api: str) -> bool:

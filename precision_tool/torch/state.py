@@ -1,13 +1,15 @@
 """A script's step run on the golden from the NPU's state: what decides drift for a script.
 
 A graph run's step replays from its bundle; a script's step is the script's loop body,
-which nothing here can call on its own. So the golden reruns the script, and where the
-step to judge begins (after the step before it ended) every variable the NPU run's dump of
+which nothing here can call on its own. So the golden reruns the script, and where a step
+to judge begins (after the step before it ended) every variable the NPU run's dump of
 that step read, parameters, buffers and optimizer state by their names, is set to the
 NPU's value. The step then runs on the golden from the NPU's own state, with the same
-batch (the same seed), is dumped, and the script ends there (StateReplayed, which the
-runner takes as a clean exit): the runs after it would start from state the script never
-had. Needs the NPU's values: a tensor dump of that step."""
+batch (the same seed), and is dumped. Several steps are judged in one rerun: each starts
+from the NPU's state again, whatever the steps before it left. After the last one the
+script ends (StateReplayed, which the runner takes as a clean exit): the steps after it
+would start from state the script never had. Needs the NPU's values: a tensor dump of the
+steps."""
 from __future__ import annotations
 
 import os
@@ -29,12 +31,14 @@ class StateError(PrecisionToolError, ValueError):
     """An NPU state that cannot be read (no such run or step, a statistics dump)."""
 
 
-def parse_state_from(spec: str) -> Tuple[str, int]:
-    """"<NPU run directory>:<step>" -> (the directory, the step)."""
-    path, _, step = str(spec).rpartition(":")
-    if not path or not step.isdigit():
-        raise StateError(f"state_from must be <NPU run directory>:<step>, got {spec!r}")
-    return path, int(step)
+def parse_state_from(spec: str) -> Tuple[str, Tuple[int, ...]]:
+    """"<NPU run directory>:<step>[,<step>...]" -> (the directory, the steps in order)."""
+    path, _, steps = str(spec).rpartition(":")
+    numbers = steps.split(",")
+    if not path or not all(n.isdigit() for n in numbers):
+        raise StateError(f"state_from must be <NPU run directory>:<step>[,<step>...], "
+                         f"got {spec!r}")
+    return path, tuple(sorted({int(n) for n in numbers}))
 
 
 def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:

@@ -48,11 +48,11 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
     return _run_script(ws, npu, "npu", step, settings, switch)
 
 
-def _run_script(ws: Workspace, npu: Run, target: str, step: int, settings: dict,
+def _run_script(ws: Workspace, npu: Run, target: str, steps, settings: dict,
                 switch=None) -> tuple:
     """The script `npu` was made by, run again by the runner in a child process with
-    `settings` (and `switch` as its fusion_switch.cfg), `step` dumped into a run of
-    `target`: (the run, or None; why not; every run directory it wrote)."""
+    `settings` (and `switch` as its fusion_switch.cfg), `steps` (one, or a list) dumped into
+    a run of `target`: (the run, or None; why not; every run directory it wrote)."""
     info = npu.info
     cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as err:
@@ -73,40 +73,56 @@ def _run_script(ws: Workspace, npu: Run, target: str, step: int, settings: dict,
             return None, why, runs
     ws = ws.reopened()
     run = ws.run(target, os.path.basename(os.path.normpath(runs[-1])))
-    if step not in run.complete_steps:
-        return None, _stopped_early(ws, npu, run, step), runs
+    missing = [k for k in ([steps] if isinstance(steps, int) else steps)
+               if k not in run.complete_steps]
+    if missing:
+        return None, _stopped_early(ws, npu, run, missing[0]), runs
     return run, "", runs
 
 
-def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, step: int,
+def why_no_state_replay(npu: Run) -> str:
+    """Why no step of `npu` can be replayed on the golden from its state ("" when one can):
+    it needs the script (a run torch-run made) and the state's values (a tensor dump)."""
+    info = npu.info
+    if not info.get("script"):
+        return f"{npu.label} was not made by torch-run: no script to rerun"
+    if info.get("dump_data") != "tensor":
+        return (f"{npu.label} is a statistics dump: its state has no values to start the "
+                f"golden from")
+    return ""
+
+
+def golden_from_npu_state(ws: Workspace, npu: Run, golden: Run, steps,
                           on_progress=None) -> tuple:
-    """The golden run of `step` started from the NPU run's state (torch.state): one made
-    before, or a rerun of the script on the golden (golden's dtype and skipped steps, npu's
-    seed) that sets the NPU's values where the step begins and ends after it. Returns (the
-    run, or None; why not). Needs a tensor dump of the step on the NPU (its values) and a
-    run torch-run made (its script). on_progress(text): told before a rerun."""
+    """The golden run of `steps` (a list) each started from the NPU run's state
+    (torch.state): one made before that holds them all, or one rerun of the script on the
+    golden (golden's dtype and skipped steps, npu's seed) that sets the NPU's values where
+    each of them begins and ends after the last. Returns (the run, or None; why not).
+    on_progress(text): told before a rerun."""
+    steps = sorted(set(steps))
     where = os.path.realpath(npu.path)
     for r in ws.runs("cpu"):
         made = r.info.get("state_from") or {}
-        if made.get("step") == step and os.path.realpath(str(made.get("run"))) == where and \
-                step in r.complete_steps:
+        had = made.get("steps") or [made.get("step")]      # (a run of one step said "step")
+        if os.path.realpath(str(made.get("run"))) == where and \
+                set(steps) <= set(had) & set(r.complete_steps):
             return r, ""
-    info = npu.info
-    if not info.get("script"):
-        return None, f"{npu.label} was not made by torch-run: no script to rerun"
-    if info.get("dump_data") != "tensor":
-        return None, (f"{npu.label} is a statistics dump: its state has no values to start "
-                      f"the golden from")
+    why = why_no_state_replay(npu)
+    if why:
+        return None, why
     skips = golden.info.get("skips_as_npu") or []
-    settings = {ENV["target"]: "golden", ENV["dump_step"]: str(step), ENV["dump_mode"]: "tensor",
-                ENV_SEED: str(info.get("seed", 0)),
+    listed = ",".join(map(str, steps))
+    settings = {ENV["target"]: "golden", ENV["dump_step"]: listed.replace(",", "|"),
+                ENV["dump_mode"]: "tensor", ENV_SEED: str(npu.info.get("seed", 0)),
                 ENV["golden_dtype"]: golden.info.get("golden_dtype") or None,
                 ENV["skip_steps"]: ",".join(str(k) for k in skips) or None,
-                ENV["state_from"]: f"{npu.path}:{step}", ENV["replay_of"]: npu.label}
+                ENV["state_from"]: f"{npu.path}:{listed}", ENV["replay_of"]: npu.label}
     if on_progress is not None:
-        on_progress(f"step {step} starts from drifted state: rerunning the script on the "
-                    f"golden from the NPU's state at step {step}...")
-    run, why, runs = _run_script(ws, npu, "cpu", step, settings)
+        on_progress(f"step {steps[0]} starts from drifted state: rerunning the script on the "
+                    f"golden from the NPU's state at step {steps[0]}..." if len(steps) == 1 else
+                    f"steps {', '.join(map(str, steps))} start from drifted state: rerunning "
+                    f"the script once on the golden, each of them from the NPU's state...")
+    run, why, runs = _run_script(ws, npu, "cpu", steps, settings)
     if run is None:
         for made in runs:
             shutil.rmtree(made, ignore_errors=True)
