@@ -89,3 +89,21 @@ def test_a_statistics_dump_says_a_partial_loss_does_not_show(tmp_path):
     assert r.lost_updates is None and r.update_check["by_statistics"] == 1
     advice = " ".join(r.advice)
     assert "only by their statistics" in advice and "--dump-data tensor" in advice
+
+
+def test_a_variable_held_as_finely_as_the_golden_loses_nothing_of_its_own():
+    """An fp32 weight of 1.0 (ulp 2^-23 above): the golden adds 7e-8, over half an ulp, and
+    moves by one ulp; the NPU adds 5e-8 (its gradient's rounding differed), under half an
+    ulp, and stays. Held in fp32 on both sides, that stall is the same rounding the golden
+    does on what it was given: no lost update. The same numbers with the NPU's weight in
+    bf16 are a loss, and so is a golden in float64 beside an fp32 NPU."""
+    from precision_tool.analysis.diagnosis.updates import _lost
+    old = np.ones(4, np.float32)
+    g_new, new = old + np.float32(7e-8), old + np.float32(5e-8)
+    assert (g_new - old == np.spacing(np.float32(1))).all() and (new == old).all()
+    assert _lost("u", "w:0", "float32", old, new, old, g_new, golden_dtype="float32") is None
+    lost = _lost("u", "w:0", "bfloat16", old, new, old, g_new, golden_dtype="float32")
+    assert (lost.moved, lost.stalled, lost.energy) == (4, 4, 1.0)
+    wide = _lost("u", "w:0", "float32", old, new, old.astype(np.float64),
+                 old.astype(np.float64) + 7e-8, golden_dtype="float64")
+    assert (wide.moved, wide.stalled) == (4, 4)

@@ -11,7 +11,10 @@ the criteria's (lost > 1 - cosine^2, 3.96% at 0.98), as vc judges any tensor; ma
 steps lost (weights whose gradient is near zero) are not. The share of elements that did
 not move is reported with it. A
 larger golden step the NPU did not take was lost before the update (a flushed gradient, a
-step skipped on overflow): that is the compare's finding, not a rounding loss.
+step skipped on overflow): that is the compare's finding, not a rounding loss. So is any
+stall of a variable the NPU holds as finely as the golden does (an fp32 Adam moment on both
+sides): the same rounding stalls it on both, and where only the NPU's stalled, what it
+added differed (a gradient's rounding noise), which is no loss of the update's own.
 
 The tensors are the update op's dumped input (the variable it read) and output (what it
 wrote), on both sides. A statistics-only step has none: its index rows still show an update
@@ -127,7 +130,8 @@ def check_updates(ws: Workspace, npu_run: Run, golden_run: Run, step: int, crite
                         old.size != g_old.size:
                     out.unseen.append(op)
                     continue
-                lost = _lost(op, ends[0][2], ends[0][1], old, new, g_old, g_new)
+                lost = _lost(op, ends[0][2], ends[0][1], old, new, g_old, g_new,
+                             golden_dtype=ends[2][1])
             out.checked += 1
             if lost is not None and lost.energy > 1.0 - criteria.cosine ** 2:
                 out.lost.append(lost)
@@ -150,24 +154,38 @@ def _writes_state(tensor: str, types: dict, rows: dict, depth: int = 0) -> bool:
     return before is not None and _writes_state(before[2], types, rows, depth + 1)
 
 
+def _coarser(dtype: str, golden_dtype: str) -> bool:
+    """Whether a float dtype holds fewer significant bits than the golden's (an unknown or
+    non-float name: True, the update is looked at)."""
+    try:
+        a, b = (np.finfo(dtypes.to_numpy(str(d))).nmant for d in (dtype, golden_dtype))
+    except (GraphError, TypeError, ValueError):
+        return True
+    return a < b
+
+
 def _lost_by_statistics(op, old, new, g_old, g_new) -> Optional[LostUpdate]:
     """An update lost whole, as the index rows show it: the NPU's variable has the same
     statistics before and after, the golden's do not (nan statistics decide nothing)."""
     def same(a, b):
         return all(x == y for x, y in zip(a[4], b[4]))
     known = all(v == v for e in (old, new, g_old, g_new) for v in e[4])
-    if not known or not same(old, new) or same(g_old, g_new):
+    if not _coarser(old[1], g_old[1]) or not known or not same(old, new) or same(g_old, g_new):
         return None
     n = int(np.prod([int(d) for d in str(old[3]).split()])) if str(old[3]).strip() else 1
     return LostUpdate(op, old[2], str(old[1]), n, n, 1.0, by_statistics=True)
 
 
-def _lost(op, variable, dtype, old, new, g_old, g_new) -> Optional[LostUpdate]:
+def _lost(op, variable, dtype, old, new, g_old, g_new,
+          golden_dtype: Optional[str] = None) -> Optional[LostUpdate]:
     """Where the golden moved by less than an ulp of the NPU's weight and the NPU did not
     move (changes as each side stored them: a variable in bf16 holds bf16 numbers, so new -
     old is its real change). A golden step of an ulp or more that the NPU did not take was
     lost before the update (a gradient flushed to zero, a step skipped on overflow): the
-    compare of those tensors says so, and it is no rounding loss of the update's own."""
+    compare of those tensors says so, and it is no rounding loss of the update's own.
+    Nor is anything where the NPU's dtype is not coarser than the golden's (None)."""
+    if golden_dtype is not None and not _coarser(dtype, golden_dtype):
+        return None
     old = np.asarray(old).ravel()
     change = np.asarray(new, np.float64).ravel() - old.astype(np.float64)
     g_change = np.asarray(g_new, np.float64).ravel() - np.asarray(g_old, np.float64).ravel()
