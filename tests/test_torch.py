@@ -957,6 +957,52 @@ def test_scaled_dot_product_attention_is_one_fused_kernel_in_fp16():
 _FLASH_OFF = {"Switch": {"GraphFusion": {"FlashAttentionFusionPass": "off"}, "UBFusion": {}}}
 
 
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_attention_with_dropout_in_a_low_precision_script_is_one_kernel_in_its_dtype(tmp_path,
+                                                                                     low):
+    """F.scaled_dot_product_attention with dropout on bf16 (or fp16) tensors: torch's CPU
+    takes it through its math path, which casts the tensors up to float32 and the result
+    back. On the device it is one FlashAttentionScore on the script's dtype, float32
+    inside. The NPU run (allow_mix_precision, whose own low dtype is fp16) used to place
+    those inner float32 matmuls in fp16: a bf16 BERT's key gradients lost 39% of their
+    elements to fp16's range (its smallest step, 2^-24, where float64's are 1e-10). Now the
+    call computes as the fused kernel does, dumped step or not: what torch's own kernel on
+    the same tensors with the same dropout mask gives, bit for bit, the forward and the
+    gradients, and no gradient element is flushed but those under half the dtype's
+    smallest step."""
+    g = torch.Generator().manual_seed(2)
+    base = [torch.randn(4, 2, 16, 8, generator=g) for _ in range(3)]
+    mask = torch.zeros(4, 1, 16, 16)
+
+    def attention(debugger=None):
+        q, k, v = (t.to(low).requires_grad_(True) for t in base)
+        torch.manual_seed(7)            # the same dropout mask in every run
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(low), dropout_p=0.1)
+        (out.float() * 1e-4).sum().backward()
+        if debugger is not None:
+            debugger.step()
+        return [out.detach(), q.grad, k.grad, v.grad]
+    want = attention()
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="0")
+    d.start()
+    got = [attention(d), attention(d)]          # step 0 dumped, step 1 not
+    d.stop()
+    for each in got:
+        for a, b in zip(each, want):
+            assert a.dtype == low and torch.equal(a, b)
+    wide = [t.to(low).double().requires_grad_(True) for t in base]
+    torch.manual_seed(7)
+    ref = F.scaled_dot_product_attention(*wide, attn_mask=mask.double(), dropout_p=0.1)
+    (ref * 1e-4).sum().backward()
+    # a zero only where float64's value is under half the dtype's smallest step (fp16's
+    # 2^-25: an fp16 script's own range; none in bf16's)
+    tiny = torch.finfo(low).smallest_normal * torch.finfo(low).eps
+    for t, r in zip(got[0][1:], wide):
+        flushed = (t == 0) & (r.grad != 0)
+        assert (r.grad[flushed].abs() <= tiny / 2).all()
+        assert low == torch.float16 or not flushed.any()
+
+
 @pytest.mark.parametrize("case", ["causal", "float mask", "grouped heads"])
 def test_attention_with_its_pass_off_is_the_ops_it_fuses_forward_and_backward(case):
     """FlashAttentionFusionPass off: the attention runs as torch's math attention, kernel by

@@ -201,8 +201,10 @@ class _Recorder(TorchFunctionMode):
         if getattr(func, "__name__", None) == "backward":
             d.backward_from(args)
             return d.run(func, args, kwargs)
-        api = _api_name(func) if d.recording or d.keep_fp32 else None
-        kept = api is not None and d.npu is not None and d.kept(api)
+        # (a fused kernel computing in float32 inside does so whether dumped or not)
+        inside = d.npu is not None and d.npu.fp32_inside(func, args)
+        api = _api_name(func) if d.recording or d.keep_fp32 or inside else None
+        kept = inside or (api is not None and d.npu is not None and d.kept(api))
         if api is None or not (d.recording or kept):
             return d.run(func, args, kwargs)
         ins = tensors_in(args, kwargs)

@@ -190,6 +190,19 @@ class SimulatedNPU(TorchDispatchMode):
             return fused[1](*args, **kwargs)
         return func(*args, **kwargs)
 
+    def fp32_inside(self, func, args) -> bool:
+        """Whether an API call is one fused kernel whose inside computes in float32 while
+        what goes in and out keeps the script's fp16 or bf16: F.scaled_dot_product_attention
+        on low-precision queries while its pass is on. Torch's CPU takes such a call with
+        dropout (or a mask its flash kernel refuses) through its math path, which casts the
+        queries up to float32 and the result back: the policy would then place those inner
+        float32 matmuls in the mode's own low dtype (fp16 in a bf16 script, whose range
+        flushed a BERT's key gradients to zero), where the device runs one
+        FlashAttentionScore on the bf16 tensors. The call then runs as a call kept in fp32
+        (its backward too); torch's casts put its inputs and outputs on their grid."""
+        return func in _ATTENTION_CALLS and "FlashAttentionFusionPass" in self.passes and \
+            bool(args) and isinstance(args[0], torch.Tensor) and args[0].dtype in _LOW
+
     def kernel_of(self, t: torch.Tensor) -> str:
         """The op type of the kernel that made t ("" where none the table classifies)."""
         return self._kernels.get(t) or ""
@@ -433,6 +446,9 @@ def _nonfinite_given(tree) -> bool:
         elif isinstance(v, dict):
             stack.extend(v.values())
     return False
+
+
+_ATTENTION_CALLS = frozenset({torch.nn.functional.scaled_dot_product_attention})
 
 
 def _declared(floats) -> str:
