@@ -182,6 +182,31 @@ def test_an_fp32_adam_step_that_amplifies_rounding_is_noise_and_nothing_else_is(
         assert [d.op_name for d in root_cause(t).origins] == ["upd"]
 
 
+def test_an_fp32_adam_step_by_statistics_is_judged_as_by_tensors():
+    """The same Adam step in a statistics dump (a healthy transformer's step 0: its first
+    moment's norm 0.004653 against 0.004651, its output's 0.001028 against 0.000905): no
+    cosine, and the inputs' norms differ, so the step is noise as its tensors say (a
+    statistics dump of that run called it the origin and asked for fp32 master weights of
+    fp32 weights). With the inputs' norms equal, or computed in fp16, it stays an origin."""
+    from precision_tool.analysis import root_cause
+    from precision_tool.analysis.comparing.verdicts import STATS_ONLY
+
+    def row(io, a, b, dtype, golden):
+        return {"NPUDump": "upd", "OpType": "Tensor.addcdiv_", "TensorIndex": f"upd:{io}",
+                "CosineSimilarity": float("nan"), "NpuNorm": a, "GoldenNorm": b,
+                "NormRelativeDiff": (a - b) / b if b else 0.0, "CompareFailReason": STATS_ONLY,
+                "NpuDataType": dtype, "GoldenTensor": golden}
+
+    def table(dtype="float32", norms=((0.0, 0.0), (0.004653, 0.004651), (0.093053, 0.093023))):
+        rows = [row(f"input:{k}", a, b, dtype, f"g{k}") for k, (a, b) in enumerate(norms)]
+        rows.append(dict(row("output:0", 0.001028, 0.000905, dtype, "out"), GroundTruth="upd"))
+        return _table(rows)
+    assert root_cause(table()).origins == []
+    assert [d.op_name for d in root_cause(table()).cancellations] == ["upd"]
+    for t in (table(dtype="float16"), table(norms=((0.0, 0.0), (0.5, 0.5), (0.25, 0.25)))):
+        assert [d.op_name for d in root_cause(t).origins] == ["upd"]
+
+
 def test_an_empty_table_has_no_summary_and_no_cause():
     from precision_tool.analysis import root_cause, summarize
     from precision_tool.analysis.comparing.compare import COLUMNS

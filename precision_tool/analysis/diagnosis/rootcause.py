@@ -404,6 +404,16 @@ def _updates_inputs(op_type: str) -> bool:
 _WIDE = ("float32", "float64")
 
 
+def _differs(t: "OpRows", i: int) -> bool:
+    """Whether a row differs from the golden's at all: its cosine under 1, or, compared by
+    statistics only (no cosine), its norm not the golden's (the same run dumped by tensors
+    then shows the cosine under 1: a statistics dump must not call an origin what a tensor
+    dump calls an Adam step's noise)."""
+    if t.cosine[i] == t.cosine[i]:
+        return t.cosine[i] < 1.0
+    return bool(t.stats_only[i]) and t.norm_diff[i] == t.norm_diff[i] and t.norm_diff[i] != 0
+
+
 def _normalised_step(op_type: str) -> bool:
     """An update that divides each element's step by a running norm of its gradient (Adam's
     m / (sqrt(v) + eps): the graph's ApplyAdam, PyTorch's addcdiv_ that ends Adam's step)."""
@@ -567,7 +577,7 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
         amplified = d.is_origin and _updates_inputs(d.op_type) and bool(bad_out) and (
             all(t.cosine_only[i] for i in bad_out) or _normalised_step(d.op_type) and
             all(str(t.dtype[i]) in _WIDE for i in bad_out) and
-            any(t.cosine[i] < 1.0 for i in ins))
+            any(_differs(t, i) for i in ins))
         # a dumped variable's own row holding what a noise update wrote
         noise_state = not bad_in and d.op_type in STATE_OPS and bool(bad_out) and \
             all(t.golden_tensor[i] in noise for i in bad_out)
