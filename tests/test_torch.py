@@ -1886,18 +1886,30 @@ def test_a_backward_overflow_under_a_huge_loss_scale_is_put_to_the_loss_scale(tm
     """A cause nobody planted: GradScaler started at 2**24 under saturation mode. The scaled
     backward overflows in fp16 (a linear's backward first); the advice for a script's
     backward call (named .backward, not under gradients/) leads with the loss scale. Steps
-    0-6 are skipped while GradScaler halves the scale, and step 7 runs clean at 2**17: the
-    advice starts the scale there, a scale the run proved, not one guessed from a peak
-    that saturation clipped (two steps, none clean: the guess is all there is)."""
-    result, code = _nanogpt(tmp_path, "allow_mix_precision", "--steps", "8", "--init-scale",
+    0-6 are skipped while GradScaler halves the scale, step 7 runs clean at 2**17, and step
+    8 overflows again: the advice starts the script's scaler at 2**16, where the run held
+    from there on, a scale the run proved, not one guessed from a peak that saturation
+    clipped (two steps, none clean: the guess is all there is). fix makes no rerun: the
+    scaler is the script's, and calls kept in fp32 would only hide the overflow (it made
+    two reruns that could not match, then "No fix found")."""
+    result, code = _nanogpt(tmp_path, "allow_mix_precision", "--steps", "12", "--init-scale",
                             str(2.0 ** 24), overflow="saturation", dump_mode="statistics")
     assert code == 1
     assert result["first_overflow"]["op_name"].endswith(".backward")
     advice = " ".join(result["advice"])
     assert "It is in the backward pass, and the loss scale starts too high: step(s) 0-6 " \
         "overflowed and skipped their update while the dynamic manager brought the scale " \
-        "down from 16777216 to 131072, where step 7 ran without overflow. Start the loss " \
-        "scale at 131072 and no step is lost" in advice, advice
+        "down from 16777216 to 131072, where step 7 ran without overflow; step(s) 8 " \
+        "overflowed again, and from there the scale is 65536, which the steps after held. " \
+        "Start the script's scaler there and no step is lost " \
+        "(torch.amp.GradScaler(init_scale=65536); not verified)." in advice, advice
+    assert "precision-tool fix" not in advice and "--keep-fp32" not in advice
+    fixed = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "--json", "fix"])
+    assert fixed.exit_code == 1, fixed.output
+    f = json.loads(fixed.stdout)
+    assert f["trials"] == [] and not f["verified"]
+    assert any("GradScaler(init_scale=65536)" in n and "it made no rerun" in n
+               for n in f["notes"]), f["notes"]
     short, code = _nanogpt(tmp_path / "short", "allow_mix_precision", "--steps", "2",
                            "--init-scale", str(2.0 ** 24), overflow="saturation",
                            dump_mode="statistics")
@@ -1994,7 +2006,8 @@ def test_a_loss_scale_settling_from_its_start_is_no_finding_unless_it_costs(tmp_
         assert result["loss_scale"]["skipped_steps"] == [0, 1, 2, 3]
         assert out.exit_code == 1 and result["backoff"] is None
         assert "the loss scale starts too high: step(s) 0-3 overflowed" in advice and \
-            "Start the loss scale at 65536" in advice, advice
+            "Start the script's scaler there and no step is lost " \
+            "(torch.amp.GradScaler(init_scale=65536)" in advice, advice
 
 
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):

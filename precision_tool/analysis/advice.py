@@ -271,8 +271,10 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(f"The training watchpoints were hit ({len(r.watchpoints)} condition(s), the "
                      f"first {h['condition']} at step {h['step']}: {h['message']}): "
                      f"precision-tool wp lists them.")
+    # (a script's scaler starting too high: fix changes no scaler of a script, and says so)
     if lines and r.repairable and not data_first and r.has_findings and not received_here and \
-            (first is not None or o is not None or r.underflow is not None):
+            (first is not None or o is not None or r.underflow is not None) and \
+            not _script_calibration(r):
         how = ("it reruns the script with such calls kept in fp32 and writes what works, "
                "which torch-run --fix config/fix.json applies") \
             if r.front_end == "pytorch" else \
@@ -409,17 +411,32 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
                 + opts.either(*(choices[::-1] if beyond else choices)) + "."]
     later = _later_overflows(r)
     if is_backward(op["op_name"]) and scales:
-        settled = LossScaleHistory(**r.loss_scale).settling_from(r.step)
+        history = LossScaleHistory(**r.loss_scale)
+        settled = history.settling_from(r.step)
         if settled:
             skipped, clean, scale = settled
-            start = opts.tag(f"start the loss scale at {scale:.10g} and no step is lost",
+            seen = (f"step(s) {format_steps(skipped)} overflowed and skipped their update "
+                    f"while the dynamic manager brought the scale down from "
+                    f"{_scale_at(r.loss_scale, r.step):.10g} to {scale:.10g}, where step "
+                    f"{clean} ran without overflow")
+            again, scale, ran = history.held_after(clean)
+            lost = " and no step is lost"
+            if again:
+                seen += (f"; step(s) {format_steps(again)} overflowed again, and from there "
+                         f"the scale is {scale:.10g}" +
+                         (", which the steps after held" if ran else
+                          ", which no observed step after tried"))
+                lost = lost if ran else ""
+            if r.front_end == "pytorch":    # the script's own scaler: fix changes none
+                return [text + " It is in the backward pass, and the loss scale starts too "
+                        f"high: {seen}. Start the script's scaler there{lost} "
+                        f"(torch.amp.GradScaler(init_scale={scale:.10g}); not verified)."
+                        + later]
+            start = opts.tag(f"start the loss scale at {scale:.10g}{lost}",
                              [Change("loss_scale", "loss_scale", scale)])
-            return [text + f" It is in the backward pass, and the loss scale starts too high: "
-                    f"step(s) {format_steps(skipped)} overflowed and skipped their update while "
-                    f"the dynamic manager brought the scale down from "
-                    f"{_scale_at(r.loss_scale, r.step):.10g} to {scale:.10g}, where step {clean} "
-                    f"ran without overflow. " +
-                    _capital(opts.either(start, opts.keep(op, mode))) + "." + later]
+            return [text + " It is in the backward pass, and the loss scale starts too high: "
+                    + seen + ". " + _capital(opts.either(start, opts.keep(op, mode))) + "."
+                    + later]
         lower = _lower_scale(_scale_at(r.loss_scale, r.step), peak)
         return [text + " It is in the backward pass under loss scaling: " + opts.either(
             opts.tag(f"lower the loss scale to {lower:g} (or let a dynamic manager shrink it)",
@@ -436,6 +453,14 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
         choices.append(opts.tag("scale what feeds it down"))
     return [text + " " + _capital(opts.either(*(choices[::-1] if beyond else choices))) + "."
             + later]
+
+
+def _script_calibration(r) -> bool:
+    """Whether a script's step overflows only in the backward while its loss scale, from the
+    first observed step on, comes down to one that holds (scale_history.settling_from)."""
+    return r.front_end == "pytorch" and bool(r.overflows) and bool(r.loss_scale) and \
+        all(is_backward(t["op_name"]) for t in r.overflows) and \
+        LossScaleHistory(**r.loss_scale).settling_from(r.step) is not None
 
 
 def _later_overflows(r) -> str:

@@ -49,6 +49,15 @@ class LossScaleHistory:
             return None
         return sorted(s for s in skipped if step <= s < clean), clean, self.scale_at(clean)
 
+    def held_after(self, clean: int) -> Tuple[List[int], float, bool]:
+        """After a calibration settled at step `clean`: (the steps skipped after it, the
+        scale from the last of them on, whether an observed step ran at that scale): the
+        scale the run proved is where it held last, not where it first held."""
+        again = [s for s in self.skipped_steps if s > clean]
+        if not again:
+            return [], self.scale_at(clean), True
+        return again, self.scale_at(again[-1] + 1), any(s > again[-1] for s in self.scaled_steps)
+
 
 def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
     table = ws.step_history(run)

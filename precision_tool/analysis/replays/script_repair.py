@@ -29,6 +29,7 @@ from ...errors import WorkspaceError
 from ...runtime.npu.fusion import PASSES
 from ...fileio import jsonable, write_text_atomic
 from ..autocheck import judge_step, own_from_npu_state, starts_drifted
+from ..diagnosis.scale_history import is_backward, loss_scale_history
 from ..diagnosis.steps import check_steps
 from .fusion_bisect import failing
 from .script_rerun import ScriptRerunError, rerun_script
@@ -256,6 +257,10 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
                 f"NPU's own state it computes as the golden does ({by}): what fails is that "
                 f"drift, which no setting of the step fixes (ac -c says more)")
             return result
+    calibration = _calibration(ws, npu, c, step)
+    if calibration:
+        result.notes.append(calibration)
+        return result
     result.candidates = candidates(ws, npu, c, step)
     mode = info.get("precision_mode") or "allow_mix_precision"
     rerun = _Rerun(ws, npu, golden, step, criteria, rtol, progress)
@@ -311,6 +316,29 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
                 result.unsaved = str(e) if isinstance(e, WorkspaceError) else \
                     f"cannot write {e.filename or 'the fix'}: {e.strerror or e}"
     return result
+
+
+def _calibration(ws: Workspace, npu: Run, c, step: int) -> str:
+    """Why no rerun is made where the step's overflows are the script's GradScaler starting
+    too high (every overflow in the backward, the step among the skips from the first
+    observed step on, a later step without overflow): the scale is the script's own, which
+    a fix here does not change, and calls kept in fp32 would only hide what it overflows.
+    "" where the step is no such case."""
+    if not c.tasks or not all(is_backward(t.op_name) for t in c.tasks):
+        return ""
+    history = loss_scale_history(ws, npu)
+    settled = history.settling_from(step)
+    if settled is None:
+        return ""
+    skipped, clean, _ = settled
+    again, scale, ran = history.held_after(clean)
+    held = "held from there" if ran else "which no observed step after tried"
+    return (f"step {step} overflows in the backward because the loss scale starts too high: "
+            f"the script's scaler started at {history.scale_at(skipped[0]):.10g}, and "
+            f"step(s) {', '.join(map(str, skipped + again))} skipped their update until it "
+            f"came down to {scale:.10g} ({held}). Start it there (torch.amp.GradScaler("
+            f"init_scale={scale:.10g})): fix changes no scaler of a script, and calls kept in "
+            f"fp32 would only hide the overflow, so it made no rerun")
 
 
 def _search(cands: List[str], trial: Callable, budget: int,
