@@ -263,6 +263,19 @@ DRIFTING = textwrap.dedent("""
 """)
 
 
+def _ac_with_replay_loss_made_larger(ws, replay, step) -> dict:
+    """The replay run's loss at `step` made 1.5x (as a faulty kernel would make the NPU's
+    differ from it), then ac -c's JSON (its exit code 1)."""
+    t = ws.index(replay, step)
+    row = t[(t.op_name == "Functional.cross_entropy.0.forward") & (t.io == "output")].iloc[0]
+    path = os.path.join(ws.step_path(replay, step), row.file)
+    np.save(path + ".new.npy", np.load(path) * 1.5)
+    os.replace(path + ".new.npy", path)
+    out = CliRunner().invoke(cli, ["--data-dir", ws.root, "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    return json.loads(out.stdout)
+
+
 def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
     """The MLP with dropout under AdamW and GradScaler, 14 steps: from step 5 on, some steps
     diverge from the golden's, each from state that drifted (Adam's moments of the biases a
@@ -295,14 +308,7 @@ def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
     # is where ac -c stops (the steps after it left out)
     assert 1 < len(drifted) and drifted[1] < 13
     failing = drifted[1]
-    t = ws.index(replay, failing)
-    row = t[(t.op_name == "Functional.cross_entropy.0.forward") & (t.io == "output")].iloc[0]
-    path = os.path.join(ws.step_path(replay, failing), row.file)
-    np.save(path + ".new.npy", np.load(path) * 1.5)
-    os.replace(path + ".new.npy", path)
-    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
-    assert out.exit_code == 1, out.output
-    r = json.loads(out.stdout)
+    r = _ac_with_replay_loss_made_larger(ws, replay, failing)
     assert r["step"] == failing and [x["step"] for x in r["steps"]] == list(range(failing + 1))
     assert r["drift"]["own"] == ["Functional.cross_entropy.0.forward"]
     assert r["steps"][drifted[0]]["drift_replayed"] and "drift_replayed" not in r["steps"][-1]
@@ -396,14 +402,7 @@ def test_a_script_step_from_drifted_state_is_replayed_from_the_npus_state(tmp_pa
     # the replay's loss 1.5x (as a faulty kernel would make the NPU's differ from it): from
     # the NPU's own state the step still fails there, which is the step's own (the loss is
     # what the step puts out: its backward's reading it absorbs nothing)
-    t = ws.index(replay, step)
-    row = t[(t.op_name == "Functional.cross_entropy.0.forward") & (t.io == "output")].iloc[0]
-    path = os.path.join(ws.step_path(replay, step), row.file)
-    np.save(path + ".new.npy", np.load(path) * 1.5)
-    os.replace(path + ".new.npy", path)
-    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
-    assert out.exit_code == 1, out.output
-    r = json.loads(out.stdout)
+    r = _ac_with_replay_loss_made_larger(ws, replay, step)
     assert r["drift"]["own"] == ["Functional.cross_entropy.0.forward"]
     assert "the step still fails in 1 output(s) or update(s), the first " \
         "Functional.cross_entropy.0.forward: that much is the step's own" in \
