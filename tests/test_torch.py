@@ -2336,3 +2336,47 @@ def test_a_float64_golden_computes_every_call_in_float64(tmp_path):
     assert {dtypes[t] for t in dtypes if t.startswith("q.weight")} == {"float32"}
     with pytest.raises(TorchFrontEndError, match="golden_dtype must be one of float32, float64"):
         PrecisionDebugger(str(tmp_path), target="golden", golden_dtype="float16")
+
+
+HALF_SGD = textwrap.dedent("""
+    import torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 4))
+    with torch.no_grad():
+        model[0].weight.uniform_(0.75, 1.0)
+    model.half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    for step in range(2):
+        loss = F.cross_entropy(model(x.half()).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def test_a_half_model_under_sgd_loses_its_updates_and_is_told_to_keep_fp32_weights(tmp_path):
+    """A script that casts its model to fp16 (.half()), weights near 1 (an ulp of 2^-10),
+    SGD at lr 1e-4: each step (1e-4 x gradients under 0.5) is under half an ulp and rounds
+    away, so the NPU's weights never move while every value still matches the golden's
+    (which holds them in float32 and moves them). ac -c names the lost update of the
+    weight, and for a script says to keep the model in float32 under torch.autocast (exit
+    1), not to "declare the variables float32"."""
+    _, ws_dir = _dumped_script(tmp_path, HALF_SGD, "half.py")
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    assert out.exit_code == 1, out.output
+    r = json.loads(out.stdout)
+    lost = {u["variable"]: u for u in r["lost_updates"]["lost"]}
+    assert lost["0.weight:0"]["dtype"] == "float16" and lost["0.weight:0"]["share"] == 1.0
+    advice = " ".join(r["advice"])
+    assert "Updates are lost" in advice and "Keep fp32 master weights" in advice
+    assert "the model in float32 (no .half() or .bfloat16() of it) and its compute cast down " \
+        "by torch.autocast" in advice and "declare the variables" not in advice
+    ws = Workspace(str(ws_dir))
+    npu, t = ws.run("npu"), ws.index(ws.run("npu"), 1)
+    row = t[(t.op_name == "0.weight") & (t.io == "output")].iloc[0]
+    t0 = ws.index(npu, 0)
+    row0 = t0[(t0.op_name == "0.weight") & (t0.io == "output")].iloc[0]
+    # what the lost update means: the weight step 1 starts from is the one step 0 read
+    assert np.array_equal(ws.load(npu, 1, row.file), ws.load(npu, 0, row0.file))

@@ -246,7 +246,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if drift:
         lines.append(_drift_advice(drift, r.step, r.criteria, r.front_end))
     if r.lost_updates:
-        lines.append(_lost_update_advice(r.lost_updates, opts))
+        lines.append(_lost_update_advice(r.lost_updates, opts, r.front_end))
     unchecked = _unchecked_updates(r.update_check, r.front_end)
     # an origin that only underflows is the underflow advice's (a loss scale), not its own
     flushed = r.underflow is not None and o is not None and o["op_name"] in r.underflow.get("ops", [])
@@ -506,8 +506,11 @@ def _underflow_advice(u: dict, history: Optional[dict], origin: Optional[dict], 
             "already): keep the gradient ops that flush in fp32 (not verified).")
 
 
-def _lost_update_advice(u: dict, opts: Options) -> str:
+def _lost_update_advice(u: dict, opts: Options, front_end: str = "") -> str:
     first = u["lost"][0]
+    how_to = ("the model in float32 (no .half() or .bfloat16() of it) and its compute cast "
+              "down by torch.autocast" if front_end == "pytorch" else
+              "declare the variables float32 and let the compute cast them down")
     more = f" ({len(u['lost'])} variables in all)" if len(u["lost"]) > 1 else ""
     how = ("did not move at all (its statistics are the same before and after the update; "
            "the golden's changed)" if first.get("by_statistics") else
@@ -518,8 +521,7 @@ def _lost_update_advice(u: dict, opts: Options) -> str:
             f"{first['op_name']}{more}: a step under half an ulp of the weight rounds away in "
             f"its dtype, so what that update does is lost while every value still matches. "
             + _capital(opts.tag("keep fp32 master weights")[1])
-            + ": declare the variables float32 and let the compute cast them down (a larger "
-            "learning rate would only hide it).")
+            + f": {how_to} (a larger learning rate would only hide it).")
 
 
 def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str = "") -> str:
