@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from .. import numerics
 from ..dump.layout import format_steps
 from ..runtime.npu.policy import MIXLIST_MODES, mixlist_mode
-from .diagnosis.scale_history import LossScaleHistory, is_backward
+from .diagnosis.scale_history import LossScaleHistory, calibration, is_backward
 from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 
 # steps after a skipped update, not judged (autocheck's key of unseen_steps for them): said
@@ -458,9 +458,8 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
 def _script_calibration(r) -> bool:
     """Whether a script's step overflows only in the backward while its loss scale, from the
     first observed step on, comes down to one that holds (scale_history.settling_from)."""
-    return r.front_end == "pytorch" and bool(r.overflows) and bool(r.loss_scale) and \
-        all(is_backward(t["op_name"]) for t in r.overflows) and \
-        LossScaleHistory(**r.loss_scale).settling_from(r.step) is not None
+    return r.front_end == "pytorch" and bool(r.loss_scale) and calibration(
+        LossScaleHistory(**r.loss_scale), r.step, [t["op_name"] for t in r.overflows]) is not None
 
 
 def _later_overflows(r) -> str:

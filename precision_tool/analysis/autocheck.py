@@ -233,8 +233,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     # of the steps)
     losses_hold = compare and verify and \
         loss_gap(ws, npu_run, golden_run, criteria.rel_error).first_off is None
-    replayable = losses_hold and not why_no_state_replay(npu_run) and \
-        npu_run.info.get("front_end") == "pytorch" and not npu_run.info.get("source")
+    replayable = losses_hold and not why_no_state_replay(npu_run)
     drifted: List[int] = []                 # steps replayed after the loop, in order
     from_state: Dict[int, tuple] = {}      # step -> own_from_npu_state's answer, made once
     stop = None                             # the first step with a finding that stands

@@ -59,6 +59,14 @@ class LossScaleHistory:
         return again, self.scale_at(again[-1] + 1), any(s > again[-1] for s in self.scaled_steps)
 
 
+def calibration(history: LossScaleHistory, step: int, overflowed) -> Optional[tuple]:
+    """settling_from(step) where the step's overflows (op names) are all in the backward: a
+    loss scale that starts too high and comes down to one that holds; None otherwise."""
+    if not overflowed or not all(is_backward(name) for name in overflowed):
+        return None
+    return history.settling_from(step)
+
+
 def loss_scale_history(ws: Workspace, run: Run) -> LossScaleHistory:
     table = ws.step_history(run)
     overflow = table[table.status != 0]

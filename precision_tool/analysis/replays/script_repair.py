@@ -29,7 +29,7 @@ from ...errors import WorkspaceError
 from ...runtime.npu.fusion import PASSES
 from ...fileio import jsonable, write_text_atomic
 from ..autocheck import judge_step, own_from_npu_state, starts_drifted
-from ..diagnosis.scale_history import is_backward, loss_scale_history
+from ..diagnosis.scale_history import calibration, loss_scale_history
 from ..diagnosis.steps import check_steps
 from .fusion_bisect import failing
 from .script_rerun import ScriptRerunError, rerun_script
@@ -324,10 +324,10 @@ def _calibration(ws: Workspace, npu: Run, c, step: int) -> str:
     observed step on, a later step without overflow): the scale is the script's own, which
     a fix here does not change, and calls kept in fp32 would only hide what it overflows.
     "" where the step is no such case."""
-    if not c.tasks or not all(is_backward(t.op_name) for t in c.tasks):
+    if not c.tasks:
         return ""
     history = loss_scale_history(ws, npu)
-    settled = history.settling_from(step)
+    settled = calibration(history, step, [t.op_name for t in c.tasks])
     if settled is None:
         return ""
     skipped, clean, _ = settled
