@@ -4,6 +4,8 @@ torch-run on an unchanged script; every run read by the analysis."""
 import gc
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -313,6 +315,18 @@ def test_a_script_whose_steps_drift_while_its_losses_hold_is_sound(tmp_path):
     assert r["drift"]["own"] == ["Functional.cross_entropy.0.forward"]
     assert r["steps"][drifted[0]]["drift_replayed"] and "drift_replayed" not in r["steps"][-1]
     assert [x.label for x in ws.reopened().runs("cpu")] == ["cpu/debug_0", "cpu/debug_1"]
+    # a file of the NPU's state gone at the second drifting step: the rerun leaves that step
+    # out (the others are replayed), and ac stops there saying why
+    shutil.rmtree(replay.path)
+    npu = ws.run("npu")
+    t = ws.index(npu, failing)
+    os.remove(os.path.join(ws.step_path(npu, failing), t[t.op_type == "Variable"].iloc[0].file))
+    out = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c"])
+    r = json.loads(out.stdout)
+    assert r["step"] == failing and r["steps"][drifted[0]]["drift_replayed"], out.output
+    assert "the NPU state of step %d cannot be read" % failing in r["drift"]["not_replayed"]
+    again = Workspace(str(ws_dir)).run("cpu", "debug_1")
+    assert failing not in again.info["state_from"]["steps"] and drifted[0] in again.complete_steps
     # with --no-verify nothing is replayed: the first such step stays a finding
     quick = CliRunner().invoke(cli, ["--data-dir", str(ws_dir), "--json", "ac", "-c",
                                      "--no-verify"])
@@ -324,7 +338,8 @@ def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_value
     each tensor's own dtype and shape where the sizes agree (a scalar dumped as one
     element), and the names that matched no live tensor, or not its size, listed; a
     statistics dump refused with the reason; state_from refused on the NPU target."""
-    from precision_tool.torch.state import StateError, npu_state, parse_state_from, set_state
+    from precision_tool.torch.state import (StateError, missing_state, npu_state,
+                                            parse_state_from, set_state)
     assert parse_state_from("/a:b/npu/debug_0:12") == ("/a:b/npu/debug_0", (12,))
     assert parse_state_from("d:9,5,9") == ("d", (5, 9))
     for bad in ("npu/debug_0", "npu/debug_0:x", ":3", "d:5,", "d:5,,6", "d:-1"):
@@ -350,6 +365,11 @@ def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_value
     with pytest.raises(StateError, match="cannot be read: .*is missing"):
         npu_state(npu.path, 3)
     assert len(npu_state(npu.path, 4)) == len(t[t.op_type == "Variable"])
+    # found without reading a value: what a rerun of several steps leaves out
+    assert re.search(r"step 3 cannot be read: tensor file .* is missing", missing_state(npu.path, 3))
+    assert missing_state(npu.path, 4) == ""
+    assert "statistics only" in missing_state(Workspace(str(tmp_path)).run("npu").path, 3)
+    assert "cannot be read" in missing_state(str(tmp_path / "npu" / "debug_9"), 3)
     with pytest.raises(TorchFrontEndError, match="state_from is a setting of the golden"):
         PrecisionDebugger(str(tmp_path), target="npu", state_from="x:1")
 

@@ -36,6 +36,7 @@ from .replays.op_replay import ReplayOpError, replay_op
 from .comparing.result import Coverage, coverage, write_failure, write_result
 from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
 from .replays.script_rerun import golden_from_npu_state, why_no_state_replay
+from ..torch.state import missing_state
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
 from .diagnosis.drift import loss_gap, state_drift
 from .diagnosis.ranks import divergence_origin, look_across_ranks, sibling_ranks
@@ -427,11 +428,16 @@ def own_from_npu_state(ws, npu_run, golden_run, steps, criteria, verify=True,
         return {k: (None, None, "not asked for (--no-verify)") for k in steps}
     if npu_run.info.get("front_end") != "pytorch" or npu_run.info.get("source"):
         return {k: (None, None, "no replay bundle, and no script to rerun") for k in steps}
-    made, why = golden_from_npu_state(ws, npu_run, golden_run, steps, on_progress)
-    if made is None:
-        return {k: (None, None, why) for k in steps}
-    return {k: (_still_failing(judge_step(ws, npu_run, made, k, criteria)), made.label, "")
-            for k in steps}
+    # a step whose state cannot be read is left out of the rerun, not every step with it
+    out = {k: (None, None, why) for k in steps
+           for why in [missing_state(npu_run.path, k)] if why}
+    steps = [k for k in steps if k not in out]
+    made, why = golden_from_npu_state(ws, npu_run, golden_run, steps, on_progress) \
+        if steps else (None, "")
+    for k in steps:
+        out[k] = (_still_failing(judge_step(ws, npu_run, made, k, criteria)), made.label, "") \
+            if made is not None else (None, None, why)
+    return out
 
 
 def _still_failing(own: StepCompare) -> list:
