@@ -366,10 +366,12 @@ def test_the_npu_state_is_read_by_name_and_set_by_size_and_refused_without_value
         npu_state(npu.path, 3)
     assert len(npu_state(npu.path, 4)) == len(t[t.op_type == "Variable"])
     # found without reading a value: what a rerun of several steps leaves out
-    assert re.search(r"step 3 cannot be read: tensor file .* is missing", missing_state(npu.path, 3))
-    assert missing_state(npu.path, 4) == ""
-    assert "statistics only" in missing_state(Workspace(str(tmp_path)).run("npu").path, 3)
-    assert "cannot be read" in missing_state(str(tmp_path / "npu" / "debug_9"), 3)
+    assert re.search(r"step 3 cannot be read: tensor file .* is missing",
+                     missing_state(ws, npu, 3))
+    assert missing_state(ws, npu, 4) == ""
+    stats = Workspace(str(tmp_path))
+    assert "statistics only" in missing_state(stats, stats.run("npu"), 3)
+    assert "cannot be read" in missing_state(ws, npu, 99)
     with pytest.raises(TorchFrontEndError, match="state_from is a setting of the golden"):
         PrecisionDebugger(str(tmp_path), target="npu", state_from="x:1")
 

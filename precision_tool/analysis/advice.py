@@ -568,25 +568,20 @@ def _drift_advice(d: dict, step: int, criteria: Optional[dict], front_end: str =
                 f"{len(d['own'])} output(s) or update(s), the first "
                 f"{d['own'][0]}: that much is the step's own; the rest is rounding that "
                 f"compounds over the steps.")
-    if d["kind"] == "state" and gap["steps"] and gap["first_off"] is None:
-        # proven the state's, and the losses hold: it changes no output (AutoCheck.drift_matters)
-        return (f"The runs drift apart through the state: {replayed}, step {step} computes "
-                f"as the golden does, every output and update within the criteria, so no op "
-                f"or setting of this step is to blame{shows_at}. The variables furthest from "
-                f"the golden's when it starts (relative distance): {furthest}.{losses} The "
-                f"drift changes no loss beyond the criteria: no finding; if the losses part "
-                f"later, ac says so.")
     if d["kind"] == "state":
-        return (f"The runs drift apart through the state: {replayed}, step {step} computes "
-                f"as the golden does, every output "
-                f"and update within the criteria, so no op or setting of this step is to "
-                f"blame{shows_at}. The variables "
-                f"furthest from the golden's when it starts (relative distance): {furthest}."
-                f"{losses} Rounding the criteria pass at every step compounds through the "
-                f"training (a high learning rate or an unstable model amplifies it; two fp32 "
-                f"runs that sum in another order part too): dump a golden run in float64 "
-                f"({fp64}) and compare the two goldens to see whether the training itself is "
-                f"that sensitive.")
+        proven = (f"The runs drift apart through the state: {replayed}, step {step} computes "
+                  f"as the golden does, every output and update within the criteria, so no op "
+                  f"or setting of this step is to blame{shows_at}. The variables furthest "
+                  f"from the golden's when it starts (relative distance): {furthest}.{losses}")
+        if gap["steps"] and gap["first_off"] is None:
+            # the losses hold too: it changes no output (AutoCheck.drift_matters)
+            return proven + (" The drift changes no loss beyond the criteria: no finding; if "
+                             "the losses part later, ac says so.")
+        return proven + (f" Rounding the criteria pass at every step compounds through the "
+                         f"training (a high learning rate or an unstable model amplifies it; "
+                         f"two fp32 runs that sum in another order part too): dump a golden "
+                         f"run in float64 ({fp64}) and compare the two goldens to see whether "
+                         f"the training itself is that sensitive.")
     first = gap["first_off"]
     compared = set(d.get("compared", ()))
     if {max(first - 1, 0), first} <= compared:

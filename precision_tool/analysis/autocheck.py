@@ -430,7 +430,7 @@ def own_from_npu_state(ws, npu_run, golden_run, steps, criteria, verify=True,
         return {k: (None, None, "no replay bundle, and no script to rerun") for k in steps}
     # a step whose state cannot be read is left out of the rerun, not every step with it
     out = {k: (None, None, why) for k in steps
-           for why in [missing_state(npu_run.path, k)] if why}
+           for why in [missing_state(ws, npu_run, k)] if why}
     steps = [k for k in steps if k not in out]
     made, why = golden_from_npu_state(ws, npu_run, golden_run, steps, on_progress) \
         if steps else (None, "")

@@ -41,13 +41,10 @@ def parse_state_from(spec: str) -> Tuple[str, Tuple[int, ...]]:
     return path, tuple(sorted({int(n) for n in numbers}))
 
 
-def _state_rows(run_dir: str, step: int):
-    """(the workspace, the NPU run, the rows of the step's Variables) of the NPU run in
-    run_dir; StateError where the step's index cannot be read or holds statistics only."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+def _state_rows(ws: Workspace, run, step: int):
+    """The rows of the step's Variables in the NPU run's index; StateError where the index
+    cannot be read or holds statistics only."""
     try:
-        ws = Workspace(root)
-        run = ws.resolve_run(run_dir, "npu")
         table = ws.index(run, step)
     except (PrecisionToolError, OSError) as e:
         raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
@@ -55,13 +52,19 @@ def _state_rows(run_dir: str, step: int):
     if len(rows) and not rows.file.astype(str).str.len().all():
         raise StateError(f"step {step} of {run.label} holds statistics only: its state has "
                          f"no values to start the golden from (dump it in tensor mode)")
-    return ws, run, rows
+    return rows
 
 
 def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
     """The variables (name -> value) that the NPU run in run_dir read in `step`, as its
     dump holds them when the step read them first: the state the step started from."""
-    ws, run, rows = _state_rows(run_dir, step)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    try:
+        ws = Workspace(root)
+        run = ws.resolve_run(run_dir, "npu")
+    except (PrecisionToolError, OSError) as e:
+        raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
+    rows = _state_rows(ws, run, step)
     try:
         return {str(r.op_name): in_row_shape(ws.load(run, step, str(r.file)), r.shape)
                 for r in rows.itertuples()}
@@ -69,13 +72,13 @@ def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
         raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
 
 
-def missing_state(run_dir: str, step: int) -> str:
-    """Why npu_state(run_dir, step) would fail, found without reading a value: its index
-    unreadable, statistics only, or a Variable's file not there ("" when every file is):
-    a rerun that starts several steps from the NPU's state leaves such a step out rather
-    than failing for all of them."""
+def missing_state(ws: Workspace, run, step: int) -> str:
+    """Why npu_state(run.path, step) would fail, found without reading a value: the step's
+    index unreadable, statistics only, or a Variable's file not there ("" when every file
+    is): a rerun that starts several steps from the NPU's state leaves such a step out
+    rather than failing for all of them."""
     try:
-        ws, run, rows = _state_rows(run_dir, step)
+        rows = _state_rows(ws, run, step)
     except StateError as e:
         return str(e)
     where = ws.step_path(run, step)

@@ -45,14 +45,14 @@ def rerun_script(ws: Workspace, npu: Run, step: int, **changes) -> tuple:
                 ENV["keep_fp32"]: ",".join(keep) or None, ENV["replay_of"]: npu.label}
     # (passes None: a run from before fused kernels, every pass on)
     switch = switch_for(set(passes)) if passes is not None else None
-    return _run_script(ws, npu, "npu", step, settings, switch)
+    return _run_script(ws, npu, "npu", [step], settings, switch)
 
 
 def _run_script(ws: Workspace, npu: Run, target: str, steps, settings: dict,
                 switch=None) -> tuple:
     """The script `npu` was made by, run again by the runner in a child process with
-    `settings` (and `switch` as its fusion_switch.cfg), `steps` (one, or a list) dumped into
-    a run of `target`: (the run, or None; why not; every run directory it wrote)."""
+    `settings` (and `switch` as its fusion_switch.cfg), `steps` dumped into a run of
+    `target`: (the run, or None; why not; every run directory it wrote)."""
     info = npu.info
     cwd = info.get("cwd") if os.path.isdir(str(info.get("cwd"))) else None
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as err:
@@ -73,8 +73,7 @@ def _run_script(ws: Workspace, npu: Run, target: str, steps, settings: dict,
             return None, why, runs
     ws = ws.reopened()
     run = ws.run(target, os.path.basename(os.path.normpath(runs[-1])))
-    missing = [k for k in ([steps] if isinstance(steps, int) else steps)
-               if k not in run.complete_steps]
+    missing = [k for k in steps if k not in run.complete_steps]
     if missing:
         return None, _stopped_early(ws, npu, run, missing[0]), runs
     return run, "", runs
