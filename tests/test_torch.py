@@ -3,6 +3,7 @@ the script without the tool) and simulated NPU (the policy's dtypes at the kerne
 torch-run on an unchanged script; every run read by the analysis."""
 import gc
 import json
+import math
 import os
 import re
 import shutil
@@ -779,6 +780,77 @@ def test_a_calls_backward_record_is_the_gradients_of_its_inputs(tmp_path):
     assert np.array_equal(ws.load(run, 0, given.file), received[0].numpy())
 
 
+def _lstm_in_float64(rnn, x, grid):
+    """nn.LSTM's forward written out in float64, time step by time step, with what the
+    Cube reads (the input, the weights, the biases and the hidden state of each matmul)
+    put on `grid`'s values first."""
+    out = x.double()
+    for layer in range(rnn.num_layers):
+        w_ih, w_hh, b_ih, b_hh = (getattr(rnn, f"{n}_l{layer}").detach().double()
+                                  for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        h = torch.zeros(x.shape[1], rnn.hidden_size, dtype=torch.float64)
+        c, steps = torch.zeros_like(h), []
+        for t in out:
+            gates = grid(t) @ grid(w_ih).T + grid(b_ih) + grid(h) @ grid(w_hh).T + grid(b_hh)
+            i, f, g, o = gates.chunk(4, 1)
+            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+            h = o.sigmoid() * c.tanh()
+            steps.append(h)
+        out = torch.stack(steps)
+    return out
+
+
+def test_a_recurrent_layer_is_simulated_cell_by_cell_and_its_backward_recorded(tmp_path):
+    """nn.LSTM on the simulated NPU: torch's CPU runs a whole layer as one oneDNN kernel
+    (mkldnn_rnn_layer) the policy cannot see into, which ran in the script's dtype and was
+    only listed as not simulated. The NPU now runs the cell's matmuls and gates as kernels
+    of their own: under allow_fp32_to_fp16 the output is float64's LSTM with every matmul
+    read from fp16's grid (to float32's rounding), which float32's own LSTM is 100x
+    further from. The layer makes thousands of autograd nodes (40 steps, 2 layers): its
+    backward is still one record, every weight's gradient in it as autograd gave it."""
+    torch.manual_seed(0)
+    rnn = nn.LSTM(6, 8, num_layers=2)
+    x = torch.randn(40, 3, 6)
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="0",
+                          precision_mode="allow_fp32_to_fp16")
+    d.start(rnn)
+    y, _ = rnn(x)
+    y.sum().backward()
+    d.step()
+    d.stop()
+    on_fp16 = _lstm_in_float64(rnn, x, lambda t: t.half().double())
+    with torch.no_grad():
+        as_fp32 = rnn(x)[0].double()
+    assert (y.double() - on_fp16).abs().max() < 2e-7
+    assert (as_fp32 - on_fp16).abs().max() > 2e-5
+    ws = Workspace(str(tmp_path))
+    run = ws.run("npu")
+    assert "aten.mkldnn_rnn_layer" not in (run.info.get("not_simulated") or [])
+    t = ws.index(run, 0)
+    rows = t[(t.op_name == "Torch.lstm.0.backward") & (t.io == "output")]
+    got = [ws.load(run, 0, f) for f in rows.sort_values("index").file]
+    want = [p.grad.numpy() for p in rnn._flat_weights]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_an_in_place_write_keeps_its_tensors_dtype_on_the_npu(tmp_path):
+    """A float32 tensor given a bf16 value in place (`total.add_(x_bf16)`, the unfused
+    LSTM's cell state under autocast) computes in float32 on the NPU, as torch does: it
+    was computed in bf16 on a copy, and the write lost (the LSTM's output was all zero).
+    A bf16 tensor's in-place activation still writes it."""
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="0")
+    d.start()
+    total = torch.ones(4)
+    total.add_(torch.full((4,), 1 / 3, dtype=torch.bfloat16))
+    gate = torch.zeros(3, dtype=torch.bfloat16)
+    gate.sigmoid_()
+    d.step()
+    d.stop()
+    assert torch.equal(total, torch.ones(4) + torch.tensor(1 / 3, dtype=torch.bfloat16).float())
+    assert torch.equal(gate, torch.full((3,), 0.5, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("mode", ["tensor", "statistics"])
 def test_a_view_of_a_kept_tensor_is_kept_once_until_a_write(tmp_path, mode):
     """A view, reshape or flatten of a contiguous tensor is its memory in the same order:
@@ -904,6 +976,34 @@ def test_what_the_policy_does_not_classify_is_listed(tmp_path):
     assert "aten.cumprod" in info["not_simulated"]
 
 
+def test_what_is_not_simulated_is_said_by_torch_run_and_ac(tmp_path):
+    """torch-run and ac -c each print the kernels the NPU's run computed as on the CPU
+    (the --json results hold them too); an op on booleans alone (`~mask`) computes exactly
+    and is not among them."""
+    script = tmp_path / "cum.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn
+        torch.manual_seed(0)
+        fc = nn.Linear(16, 4)
+        opt = torch.optim.SGD(fc.parameters(), lr=0.1)
+        for step in range(2):
+            x = torch.randn(8, 16)
+            keep = ~(x > 2)
+            loss = fc(torch.cumprod(x.abs() + 1, -1) / 1e3 * keep).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+    """))
+    done = _torch_run(tmp_path / "ws", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    line = "not simulated on the NPU (computed as on the CPU, in the script's dtype): "
+    listed = [x for x in done.stdout.splitlines() if x.startswith(line)]
+    assert len(listed) == 1 and "aten.cumprod" in listed[0], done.stdout
+    assert "bitwise_not" not in done.stdout
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "ac", "-c"])
+    assert [x for x in out.output.splitlines() if x.startswith(line)] == listed, out.output
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-c"])
+    assert "aten.cumprod" in json.loads(out.stdout)["not_simulated"]
+
+
 def test_bad_settings_are_refused_in_one_line(tmp_path):
     with pytest.raises(TorchFrontEndError, match="target must be one of"):
         PrecisionDebugger(str(tmp_path), target="gpu")
@@ -1024,6 +1124,49 @@ def test_attention_with_dropout_in_a_low_precision_script_is_one_kernel_in_its_d
         assert low == torch.float16 or not flushed.any()
 
 
+def test_attention_with_dropout_and_its_pass_off_computes_in_the_scripts_dtype(tmp_path):
+    """FlashAttentionFusionPass off, a bf16 script's attention with dropout: on the device
+    the ops the kernel fuses, each on bf16 tensors. torch's CPU computes them upcast to
+    float32, which the policy (allow_mix_precision: fp16 is its own low dtype) used to place
+    in fp16, flushing the key gradient's small elements; now they are bf16 kernels. The
+    reference is the same decomposition written here on bf16 tensors (torch's bf16 kernels:
+    float32 inside, one rounding): the forward within a bf16 step of it, the gradients
+    within 2% in norm, no element flushed to zero that float64 keeps, and the output and
+    gradients off fp16's grid (what fp16 kernels would have rounded them to)."""
+    g = torch.Generator().manual_seed(2)
+    base = [torch.randn(4, 2, 16, 8, generator=g) for _ in range(3)]
+    scale = 1 / math.sqrt(8)
+
+    def attention(debugger=None):
+        q, k, v = (t.bfloat16().requires_grad_(True) for t in base)
+        torch.manual_seed(7)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        (out.float() * 1e-4).sum().backward()
+        if debugger is not None:
+            debugger.step()
+        return [out.detach(), q.grad, k.grad, v.grad]
+    torch.manual_seed(7)            # the mask torch's math path draws: the same shape
+    keep = torch.empty(4, 2, 16, 16).bernoulli_(0.9)
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in base)
+    w = torch.softmax((q * math.sqrt(scale)) @ (k * math.sqrt(scale)).transpose(-2, -1), -1)
+    ref = (w * keep.bfloat16() / 0.9) @ v
+    (ref.float() * 1e-4).sum().backward()
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="0", fusion_switch=_FLASH_OFF)
+    d.start()
+    got = attention(d)
+    d.stop()
+    assert (got[0].float() - ref.float()).abs().max() <= 2 ** -7 * ref.float().abs().max()
+    wide = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ((torch.softmax(wide[0] * scale @ wide[1].transpose(-2, -1), -1) * keep / 0.9)
+     @ wide[2] * 1e-4).sum().backward()
+    for t, r, x in zip(got[1:], (q.grad, k.grad, v.grad), wide):
+        assert t.dtype == torch.bfloat16
+        assert (t.float() - r.float()).norm() <= 0.02 * r.float().norm()
+        assert not ((t == 0) & (x.grad != 0)).any()
+    on_fp16 = [torch.equal(t.float(), t.half().float()) for t in got]
+    assert not all(on_fp16)
+
+
 @pytest.mark.parametrize("case", ["causal", "float mask", "grouped heads"])
 def test_attention_with_its_pass_off_is_the_ops_it_fuses_forward_and_backward(case):
     """FlashAttentionFusionPass off: the attention runs as torch's math attention, kernel by
@@ -1043,7 +1186,7 @@ def test_attention_with_its_pass_off_is_the_ops_it_fuses_forward_and_backward(ca
         out = F.scaled_dot_product_attention(q, k, v, **kw)
         (out * w).sum().backward()
         return out
-    wide = [t.double().requires_grad_(True) for t in (q, k, v)]
+    wide = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     ref = F.scaled_dot_product_attention(*wide, **dict(kw, attn_mask=None if mask is None
                                                         else mask.double()))
     (ref * w.double()).sum().backward()
@@ -1466,6 +1609,64 @@ def test_gradscalers_decisions_are_the_step_history(tmp_path, overflow):
     result = json.loads(out.stdout)
     assert result["coverage"]["tensors"] == result["coverage"]["compared"]
     assert "torch.amp.GradScaler(init_scale=2**15) or less" in " ".join(result["advice"])
+
+
+MASKED_LOG = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+m = nn.Linear(8, 8)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+distance = torch.arange(8.0)
+for step in range(3):
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        # a log-spaced bucket per distance, as T5's relative positions: log(0), masked
+        bucket = torch.where(distance > 0, torch.log(distance), torch.zeros(8))
+        h = m(x)
+        if h.dtype != m.weight.dtype:       # T5's own cast: where autocast made h fp16
+            h = h.to(m.weight.dtype)
+        loss = F.mse_loss(h * (1 + bucket), torch.ones(4, 8)) * 0.01
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("overflow", ["saturation", "inf_nan"])
+def test_an_inf_the_script_makes_skips_steps_only_where_the_scaler_reads_the_flag(tmp_path,
+                                                                                  overflow):
+    """A script that takes log(0) and masks it (T5's relative position buckets) under
+    autocast fp16 and GradScaler. The -inf is the golden's too; on the device it sets the
+    status word. In saturation mode torch_npu's scaler reads that flag: every update is
+    skipped, and ac -c says so, names the value as the script's, and advises inf_nan mode,
+    offering no fix (kept in fp32 the log still makes it). In inf_nan mode the scaler
+    checks the gradients, as torch's does, and skips nothing: the run is sound. Both
+    compares are complete: the flag the NPU's check raises keeps the check's name, and
+    the cast the script makes on the NPU only (`h.to(m.weight.dtype)`, h being fp16 there)
+    stands for what it casts, forward and backward."""
+    script = tmp_path / "t5_like.py"
+    script.write_text(MASKED_LOG)
+    done = _torch_run(tmp_path / "ws", "--overflow-mode", overflow, "--dump-step", "all",
+                      "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    assert result["coverage"]["tensors"] == result["coverage"]["compared"], result["coverage"]
+    assert result["first_overflow"]["op_name"] == "Torch.log.0.forward"
+    advice = " ".join(result["advice"])
+    if overflow == "inf_nan":
+        assert out.exit_code == 0, out.output
+        assert result["loss_scale"]["skipped_steps"] == []
+        return
+    assert out.exit_code == 1, out.output
+    assert result["loss_scale"]["skipped_steps"] == [0, 1, 2]
+    assert "The script makes that value itself" in advice
+    assert "skipped the update of 3 of 3 observed step(s)" in advice
+    assert "torch-run --overflow-mode inf_nan" in advice
+    assert "fix -s" not in advice and "Keep Torch.log in fp32" not in advice
+    assert "decide nothing" not in advice and "not the NPU" not in advice
 
 
 def test_the_scalers_unscale_reads_the_status_word_only_while_started_on_the_npu(tmp_path):

@@ -255,7 +255,11 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    if g and not data_first and not g.get("reaches") and \
+    # (the overflow's advice says what a value the script makes decides in saturation mode)
+    made = first is not None and not quiet_overflow and bool(_script_made(r, first))
+    if made:
+        pass
+    elif g and not data_first and not g.get("reaches") and \
             (g.get("matched") or (g.get("held") and g.get("quiet", not r.has_findings))):
         # infinities only, held by the NPU too (as inf, or saturated to 65504 where nothing
         # reading them differs): made on purpose (a mask's -inf); no cause to look for
@@ -274,7 +278,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     # (a script's scaler starting too high: fix changes no scaler of a script, and says so)
     if lines and r.repairable and not data_first and r.has_findings and not received_here and \
             (first is not None or o is not None or r.underflow is not None) and \
-            not _script_calibration(r):
+            not _script_calibration(r) and not (made and o is None):
         how = ("it reruns the script with such calls kept in fp32 and writes what works, "
                "which torch-run --fix config/fix.json applies") \
             if r.front_end == "pytorch" else \
@@ -385,6 +389,9 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
     if peak is not None:
         text += f"; its inputs reach {peak:.6g}"
     text += "."
+    made = _script_made(r, op)
+    if made:
+        return [text + made]
     scales = _scales(r.loss_scale)
     if peak is not None and peak > numerics.FP16_MAX and peak in scales:
         start = opts.tag("start it lower (" + _dynamic_scale(opts, "2**15") + " or less) and "
@@ -453,6 +460,30 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
         choices.append(opts.tag("scale what feeds it down"))
     return [text + " " + _capital(opts.either(*(choices[::-1] if beyond else choices))) + "."
             + later]
+
+
+def _script_made(r, op: dict) -> str:
+    """What to say of a first overflow whose inf/nan the golden's output holds too, where
+    the NPU's loss scale skipped updates the golden took: the script makes that value on
+    purpose (T5's log of a zero distance, masked after), no precision is lost, and in
+    saturation mode the device's status word flags it all the same, so a scaler that reads
+    the flag skips every step it is in. Empty where that is not the case."""
+    g = getattr(r, "golden_nonfinite", None)
+    history = r.loss_scale or {}
+    skipped = sorted(set(history.get("skipped_steps", ())) - set(r.golden_skipped))
+    if not (g and g.get("matched") and g["tensor"].startswith(op["op_name"] + ":") and
+            skipped and r.overflow_mode == "saturation"):
+        return ""
+    how = "torch-run --overflow-mode inf_nan" if r.front_end == "pytorch" else \
+        "overflow_mode='inf_nan' in the session's config"
+    return (f" The script makes that value itself: the golden's output holds it too "
+            f"({g['nonfinite']} element(s)), and nothing it decides differs. In saturation "
+            f"mode the device's status word flags it all the same, and the loss scaler, "
+            f"which reads that flag, skipped the update of {len(skipped)} of "
+            f"{history.get('steps', len(skipped))} observed step(s) that the golden took. "
+            f"Run in inf_nan mode ({how}: the scaler checks the gradients, which hold no "
+            f"inf), or keep {op['op_type']} from making it (e.g. its input kept off the "
+            f"value that makes it); not verified.")
 
 
 def _script_calibration(r) -> bool:

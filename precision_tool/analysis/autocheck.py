@@ -55,6 +55,7 @@ class AutoCheck:
     golden_run: Optional[str]
     step: int                                      # the step analysed
     precision_mode: str = ""
+    overflow_mode: str = ""                        # the NPU run's: saturation or inf_nan
     fusion: Optional[Dict[str, int]] = None        # pass -> fused nodes (None: no record)
     overflows: List[dict] = field(default_factory=list)    # in execution order
     first_overflow: Optional[dict] = None
@@ -101,6 +102,8 @@ class AutoCheck:
     # the step has a replay bundle and a golden run: `fix` can search a repair for it
     repairable: bool = False
     front_end: str = ""             # "pytorch" for a script's run (its ops are API calls)
+    # a script's kernels the NPU's run computed as torch does (run.json's not_simulated)
+    not_simulated: List[str] = field(default_factory=list)
     # the training watchpoints' first hit per condition (dump.watch.first_hits), if watched
     watchpoints: List[dict] = field(default_factory=list)
     # the runs part through the state while the step itself computes as the golden does
@@ -216,6 +219,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     if not compare:
         result.golden_dumped = any(r.complete_steps for r in ws.runs("cpu"))
     result.fusion = _fusion(ws, npu_run)
+    result.not_simulated = list(npu_run.info.get("not_simulated") or ())
+    result.overflow_mode = npu_run.config.overflow_mode
     history = loss_scale_history(ws, npu_run)
     if history.steps:
         result.loss_scale = dataclasses.asdict(history)

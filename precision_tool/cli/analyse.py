@@ -18,6 +18,7 @@ from ..dump.formats.ours import check_compiled_graph
 from ..dump.workspace import WorkspaceError
 from .app import (EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, App, CommandError, Finite, command, fmt,
                   panel, prose)
+from .torch_run import NOT_SIMULATED
 
 WORKERS = click.option("-w", "--workers", type=click.IntRange(1, 256), default=1,
                        show_default=True,
@@ -198,6 +199,8 @@ def _render_ac(app: App, r, limit):
     body = fusion if r.fusion else ("no fusion pass fired" if r.fusion is not None
                                     else "no fusion record (fusion_result.json) in this run")
     out.print(panel(body, title=f"Fusion  {r.npu_run}, step {r.step}", title_align="left"))
+    if r.not_simulated:
+        app.line(NOT_SIMULATED + ", ".join(r.not_simulated))
     if len(r.steps) > 1 or (r.steps and r.steps[0]["step"] != r.step):
         lines = [f"step {x['step']}: " + ", ".join(
             [f"{x['overflowing_tasks']} overflowing task(s)"] +

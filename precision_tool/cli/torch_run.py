@@ -24,11 +24,18 @@ from .runner import script_runs
 TARGETS = {"golden": ["golden"], "npu": ["npu"], "both": ["golden", "npu"]}
 
 
+# how torch-run and ac name the kernels the NPU's run computed as torch does, in the
+# script's dtype (an op the precision policy does not classify)
+NOT_SIMULATED = "not simulated on the NPU (computed as on the CPU, in the script's dtype): "
+
+
 @dataclass
 class TorchRuns:
-    """What torch-run wrote: the script, each target's run (label) in the order run."""
+    """What torch-run wrote: the script, each target's run (label) in the order run, and
+    the kernels the NPU's run did not simulate (run.json's not_simulated)."""
     script: List[str]
     runs: List[str]
+    not_simulated: List[str]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,9 +163,17 @@ def torch_run_cmd(app: App, target, precision_mode, overflow_mode, dump_step, du
             app.info(f"the golden skips the updates of step(s) {layout.format_steps(skipped)}, "
                      f"as the NPU's loss scale did" if skipped else
                      "the NPU's loss scale skipped no update: the golden runs as written")
-    result = TorchRuns(args, runs)
-    app.emit(result, lambda: app.line(f"dumped: {', '.join(runs)}; next: "
-                                      f"{app.command('ac -c')} compares them"))
+    app.refresh()
+    unsimulated = sorted({k for label in runs if label.startswith("npu/")
+                          for k in app.ws.run(*label.split("/", 1)).info.get("not_simulated")
+                          or ()})
+    result = TorchRuns(args, runs, unsimulated)
+
+    def show():
+        if unsimulated:
+            app.line(NOT_SIMULATED + ", ".join(unsimulated))
+        app.line(f"dumped: {', '.join(runs)}; next: {app.command('ac -c')} compares them")
+    app.emit(result, show)
     return EXIT_OK
 
 

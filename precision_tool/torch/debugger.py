@@ -42,7 +42,7 @@ from ..dump.writer import DumpWriteError, close_at_exit, make_writer, write_erro
 from ..errors import PrecisionToolError
 from ..runtime.config import SessionConfig
 from ..runtime.npu.fusion import enabled_passes, fusion_record, switch_for
-from .backward import call_graph, where_from
+from .backward import call_graph, next_node, where_from
 from .collectives import CollectiveWatch, rank_info
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
@@ -72,6 +72,10 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
 # the golden's sums depend on their count), slows the step more than the overlap saves
 # (measured in docs/design-notes.md, "A small step is written while the next one runs").
 IN_PLACE_BYTES = 64 << 20
+
+
+# the unrecorded calls that make a tensor of another dtype or device from one (`x.to(w.dtype)`)
+_CONVERSIONS = frozenset({"to", "type", "cpu"})
 
 
 # in-place fills: what the tensor held before (often uninitialised memory) is not an input
@@ -201,15 +205,21 @@ class _Recorder(TorchFunctionMode):
         if getattr(func, "__name__", None) == "backward":
             d.backward_from(args)
             return d.run(func, args, kwargs)
-        # (a fused kernel computing in float32 inside does so whether dumped or not)
-        inside = d.npu is not None and d.npu.fp32_inside(func, args)
+        # (a fused call computing in a dtype of its own does so whether dumped or not)
+        inside = d.npu.inside_dtype(func, args) if d.npu is not None else None
         api = _api_name(func) if d.recording or d.keep_fp32 or inside else None
-        kept = inside or (api is not None and d.npu is not None and d.kept(api))
+        # the dtype the call's kernels compute in, where it sets one: keep_fp32 first
+        kept = "float32" if api is not None and d.npu is not None and d.kept(api) else inside
         if api is None or not (d.recording or kept):
-            return d.run(func, args, kwargs)
+            out = d.run(func, args, kwargs)
+            if d.recording and getattr(func, "__name__", None) in _CONVERSIONS and \
+                    isinstance(out, torch.Tensor) and args and out is not args[0]:
+                d.converted(args[0], out)
+            return out
         ins = tensors_in(args, kwargs)
         grads = torch.is_grad_enabled()
         origins = [where_from(t) for t in ins] if grads else None
+        first = next_node() if grads else 0
         # the names of what it read (every tensor, initialiser's too): whose gradients its
         # backward hands on
         read = [d._name_of(t) for t in ins] if grads and d.recording else None
@@ -223,13 +233,13 @@ class _Recorder(TorchFunctionMode):
         held = npu.status if npu is not None else 0
         if npu is not None:
             npu.status = 0              # the call's own status word, then the step's again
-            npu.fp32 += kept
+            npu.inside += [kept] if kept else []
             npu.fired.clear()
         try:
             out = d.run(func, args, kwargs)
         finally:
-            if npu is not None:
-                npu.fp32 -= kept
+            if npu is not None and kept:
+                npu.inside.pop()
         status = npu.status if npu is not None else 0
         if npu is not None:
             npu.status = held | status
@@ -240,7 +250,7 @@ class _Recorder(TorchFunctionMode):
         if outs and d.recording:
             d._record(api, before, outs, status, sorted(npu.fired) if npu is not None else ())
         if grads and outs:
-            d.watch_backward(api, origins, read, outs, kept)
+            d.watch_backward(api, origins, first, read, outs, kept)
         return out
 
 
@@ -465,7 +475,7 @@ class PrecisionDebugger:
             self._scaler = ScalerWatch(
                 self._scaled, self._scaler_updated,
                 self._overflowed if self.npu is not None else
-                self._skipped_as_npu if self.skip_steps else None)
+                self._skipped_as_npu if self.skip_steps else None, self._raise_flag)
         if self.golden is not None and self._autocast_off is None:
             from .golden import AutocastOff
             self._autocast_off = AutocastOff(self.golden.lifted)
@@ -621,8 +631,22 @@ class PrecisionDebugger:
             self._loss = float(loss.detach())
 
     def _overflowed(self) -> bool:
-        """Whether a kernel of this step set the simulated device's status word."""
-        return bool(self.npu.status)
+        """Whether a kernel of this step set the simulated device's status word, in
+        saturation mode: there torch_npu's scaler reads the device's flag (a saturated
+        overflow leaves no inf in the gradients to find). In inf_nan mode it checks the
+        gradients' values, as torch's own does: an inf the script makes and masks (T5's
+        log of a zero distance) sets the flag, never the gradients."""
+        return self.npu.saturation and bool(self.npu.status)
+
+    def _raise_flag(self, found_inf: torch.Tensor) -> None:
+        """GradScaler's found_inf set, as the device's check sets it from its status word:
+        the value is the check's output, whose name it keeps (a write no call records
+        would end it, and what reads the flag would have no golden to compare with)."""
+        named = self._name_of(found_inf)
+        with torch._C.DisableTorchFunction():      # the tool's write: no API call
+            found_inf.fill_(1.0)
+        if named is not None:
+            self._name(found_inf, named)
 
     def _skipped_as_npu(self) -> bool:
         """Whether the golden skips this step's update, as the NPU run's loss scale did."""
@@ -761,6 +785,17 @@ class PrecisionDebugger:
         held = self._names.get(t)
         return held[0] if held is not None and held[1] == t._version else None
 
+    def converted(self, t: torch.Tensor, out: torch.Tensor) -> None:
+        """out is t in another dtype or on another device (`.to`, no API call of its own):
+        it stands for the call output t is. A cast a script makes on one target only (T5's
+        `hidden.to(wo.weight.dtype)`, taken where autocast made hidden fp16, not in the
+        golden) then leaves both runs' names alike, forward and backward (the gradient its
+        reader hands back is named by what that reader read), as a cast the compiler
+        inserts does; the values are the cast's own."""
+        named = self._name_of(t)
+        if named is not None:
+            self._name(out, named)
+
     def _name(self, t: torch.Tensor, name: str) -> None:
         self._names[t] = (name, t._version)
 
@@ -802,21 +837,23 @@ class PrecisionDebugger:
         self._append(spec, in_values, out_values, status)
         self._last = (name, site)
 
-    def watch_backward(self, api: str, origins, read, outs, kept: bool) -> None:
-        """The call's backward (backward.call_graph: every node it made): its kernels in fp32
-        when the call is kept in fp32, the status word they set, and, when the call was
-        recorded, its record (`<call>.backward`: the gradients its outputs receive as
-        inputs, those it hands to each of its inputs as outputs, in input order) written
-        when the last of its nodes has run."""
+    def watch_backward(self, api: str, origins, first: int, read, outs,
+                       kept: Optional[str]) -> None:
+        """The call's backward (backward.call_graph: every node it made from `first` on):
+        its kernels in the dtype the call computes in (kept: "float32" for a call kept in
+        fp32), the status word they set, and, when the call was recorded, its record
+        (`<call>.backward`: the gradients its outputs receive as inputs, those it hands to
+        each of its inputs as outputs, in input order) written when the last of its nodes
+        that hand a gradient on has run."""
         recorded = self._last is not None and self.recording
         name, site = self._last if recorded else (None, None)
         self._last = None
         if not (recorded or kept):
             return
-        graph = call_graph(origins, outs)
-        if graph is None or not graph.nodes:
+        graph = call_graph(origins, outs, first)
+        if not graph.nodes:
             return
-        npu, fp32 = self.npu, int(kept)
+        npu = self.npu
         back = name.replace(".forward", ".backward") if recorded else None
         state = {"held": [], "status": 0, "in": [], "out": {}, "left": set()}
         waiting = {id(n) for n, _, _ in graph.edges}
@@ -833,13 +870,14 @@ class PrecisionDebugger:
             if npu is not None:
                 state["held"].append(npu.status)
                 npu.status = 0
-                npu.fp32 += fp32
+                npu.inside += [kept] if kept else []
 
         def leave(grad_inputs, grad_outputs, node_id):
             if npu is not None:
                 status = npu.status
                 npu.status = state["held"].pop() | status
-                npu.fp32 -= fp32
+                if kept:
+                    npu.inside.pop()
                 state["status"] |= status
             if back is None or not self.recording:
                 return
@@ -867,7 +905,7 @@ class PrecisionDebugger:
                 self._record_backward(api, back, site, state, name, read)
                 state.update({"in": [], "out": {}, "left": set(waiting), "status": 0})
 
-        # on the NPU every node's kernels count (status word, fp32); on the golden only the
+        # on the NPU every node's kernels count (status word, dtype); on the golden only the
         # nodes the gradients enter and leave by
         hooked = graph.nodes if npu is not None else \
             [n for n in graph.nodes if id(n) in heads or id(n) in edges]

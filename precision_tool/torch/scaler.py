@@ -25,10 +25,12 @@ class ScalerWatch:
     scaled, on_update(scale used, next scale, finite) after each update. overflowed (the
     simulated NPU's): whether the step's status word is set; the scaler's unscale then
     finds an overflow whatever the gradients hold, as torch_npu's reads the device's flag
-    (in saturation mode an overflow leaves no inf in them to find)."""
+    (in saturation mode an overflow leaves no inf in them to find): raise_flag(found_inf)
+    sets it."""
 
     def __init__(self, on_scale: Callable, on_update: Callable,
-                 overflowed: Optional[Callable[[], bool]] = None):
+                 overflowed: Optional[Callable[[], bool]] = None,
+                 raise_flag: Optional[Callable] = None):
         cls = self.cls = torch.amp.GradScaler
         self.scale0, self.update0 = cls.scale, cls.update
         scale0, update0 = self.scale0, self.update0
@@ -38,9 +40,8 @@ class ScalerWatch:
         def unscale_grads(scaler, *args, **kwargs):
             found = unscale0(scaler, *args, **kwargs)
             if overflowed() and isinstance(found, dict):
-                with torch._C.DisableTorchFunction():      # the tool's write: no API call
-                    for flag in found.values():
-                        flag.fill_(1.0)
+                for flag in found.values():
+                    raise_flag(flag)
             return found
         if overflowed is not None and unscale0 is not None:
             cls._unscale_grads_ = unscale_grads

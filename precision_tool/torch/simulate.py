@@ -8,8 +8,9 @@ result rounded to the grid, saturated or inf/nan by the overflow mode, with the 
 set as the executor sets it (kernels.round_result, the executor's own rounding). Tensors
 stay float32 holding the device's values, as the graph executor holds them; `dtype_of`
 says which dtype a tensor has on the device. View and shape ops compute nothing and pass;
-an op the table below does not classify runs as the script asked and is listed once in
-`unclassified` (run.json's "not simulated").
+an op the table below does not classify runs as the script asked and, where it reads or
+makes a float tensor, is listed once in `unclassified` (run.json's "not_simulated", which
+torch-run and ac print).
 
 Kernels the device runs as one fused kernel of a fusion pass (`FUSED`: layer norm, RMS norm,
 softmax, GELU, a matmul with its bias, attention) use that kernel's numerics, the graph
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Dict, Optional, Set
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 import torch
@@ -177,31 +178,49 @@ class SimulatedNPU(TorchDispatchMode):
         # identity: what a call's outputs are (a sum, a contraction) for the compare
         self._kernels = ByIdentity()
         self.updating = False      # the optimizer's step: updates keep the declared dtype
-        # > 0 while a call kept in fp32 runs (its forward, or its backward's node): its
-        # kernels compute and keep float32, whatever the policy would place
-        self.fp32 = 0
+        # the dtypes of the calls running now that set what their kernels compute in (its
+        # forward, or its backward's node), innermost last: "float32" for a call kept in
+        # fp32 (its kernels compute and keep float32, whatever the policy would place), a
+        # low dtype for a fused call run unfused on tensors of that dtype (inside_dtype)
+        self.inside: List[str] = []
 
     def call(self, func, args, kwargs):
         """An API call as the device runs it: one that torch takes apart above the dispatcher
         and the device runs as one fused kernel (F.rms_norm) is that kernel while its pass
-        is on (fused_calls)."""
+        is on (fused_calls). A recurrent layer's (nn.LSTM, nn.GRU, nn.RNN) runs with oneDNN
+        off: with it, torch's CPU computes a whole layer, forward and backward, as one
+        kernel (mkldnn_rnn_layer) the policy cannot see into, which would run in the
+        script's dtype, not simulated; without it, each time step is the cell's matmuls and
+        gate activations, kernels the policy places like any other."""
         fused = FUSED_CALLS.get(func)
         if fused is not None and fused[0] in self.passes:
             return fused[1](*args, **kwargs)
+        if func in _RECURRENT_CALLS and torch._C._get_mkldnn_enabled():
+            torch._C._set_mkldnn_enabled(False)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                torch._C._set_mkldnn_enabled(True)
         return func(*args, **kwargs)
 
-    def fp32_inside(self, func, args) -> bool:
-        """Whether an API call is one fused kernel whose inside computes in float32 while
-        what goes in and out keeps the script's fp16 or bf16: F.scaled_dot_product_attention
-        on low-precision queries while its pass is on. Torch's CPU takes such a call with
-        dropout (or a mask its flash kernel refuses) through its math path, which casts the
-        queries up to float32 and the result back: the policy would then place those inner
-        float32 matmuls in the mode's own low dtype (fp16 in a bf16 script, whose range
-        flushed a BERT's key gradients to zero), where the device runs one
-        FlashAttentionScore on the bf16 tensors. The call then runs as a call kept in fp32
-        (its backward too); torch's casts put its inputs and outputs on their grid."""
-        return func in _ATTENTION_CALLS and "FlashAttentionFusionPass" in self.passes and \
-            bool(args) and isinstance(args[0], torch.Tensor) and args[0].dtype in _LOW
+    def inside_dtype(self, func, args) -> Optional[str]:
+        """The dtype an API call's kernels compute in where the call sets it, else None:
+        F.scaled_dot_product_attention on fp16 or bf16 queries. Torch's CPU takes such a
+        call with dropout (or a mask its flash kernel refuses) through its math path, which
+        casts the tensors up to float32 and the result back; the policy would then place
+        those inner float32 matmuls in the mode's own low dtype (fp16 in a bf16 script,
+        whose range flushed a BERT's key gradients to zero). On the device, with
+        FlashAttentionFusionPass on, it is one FlashAttentionScore on the script's tensors,
+        float32 inside: "float32", the call runs as one kept in fp32 (its backward too).
+        With the pass off it is the ops the kernel fuses, on the script's tensors: the
+        queries' dtype, what the inner float32 kernels are taken to be declared in. torch's
+        casts put the call's inputs and outputs on their grid."""
+        if func not in _ATTENTION_CALLS or not args or not isinstance(args[0], torch.Tensor) \
+                or args[0].dtype not in _LOW:
+            return None
+        if "FlashAttentionFusionPass" in self.passes:
+            return "float32"
+        return str(args[0].dtype).replace("torch.", "")
 
     def kernel_of(self, t: torch.Tensor) -> str:
         """The op type of the kernel that made t ("" where none the table classifies)."""
@@ -238,8 +257,11 @@ class SimulatedNPU(TorchDispatchMode):
                     # matmul): its pieces are the kernels
                     with self:
                         return func.decompose(*args, **kwargs)
-                self.unclassified.add(f"aten.{name}")
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                # (on integers or booleans alone an op computes exactly: nothing to simulate)
+                if any(t.is_floating_point() for t in tensors_in(args, kwargs, out)):
+                    self.unclassified.add(f"aten.{name}")
+                return out
             out = func(*args, **kwargs)
             # a view or copy holds its input's values: and its dtype on the device, where it
             # keeps the input's torch dtype
@@ -263,10 +285,23 @@ class SimulatedNPU(TorchDispatchMode):
             return func(*args, **kwargs)
         declared = _declared(floats)
         update = self.updating or name.endswith("_")
-        if self.fp32 and not update:
+        written = args[0] if name.endswith("_") and not name.endswith("__") and args else None
+        if isinstance(written, torch.Tensor) and written.is_floating_point():
+            # an in-place write keeps its tensor's dtype (a float32 sum that adds a bf16
+            # value computes in float32): computed in the other's low dtype it would be
+            # computed on a copy, and the write lost
+            declared = str(written.dtype).replace("torch.", "")
+        inside = self.inside[-1] if self.inside else None
+        if inside == "float32" and not update:
             compute = output = "float32"
         else:
             votes = [self.dtype_of(a) for a in floats]
+            if inside is not None and declared == "float32" and not update:
+                # a fused call's decomposition on the script's low-precision tensors, which
+                # torch computes upcast: its float32 is that dtype on the device (an
+                # in-place write, dropout's mask scaled, stays in its tensor's dtype)
+                declared = inside
+                votes = [inside if v == "float32" else v for v in votes]
             decided = self.policy.decide(op_type, declared, votes, op_type in CUBE, update)
             compute, output = decided["compute"], decided["output"]
         given, held = (args, kwargs), self.status
@@ -449,6 +484,8 @@ def _nonfinite_given(tree) -> bool:
 
 
 _ATTENTION_CALLS = frozenset({torch.nn.functional.scaled_dot_product_attention})
+# what nn.LSTM, nn.GRU and nn.RNN call for a whole stack of layers
+_RECURRENT_CALLS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
 
 
 def _declared(floats) -> str:

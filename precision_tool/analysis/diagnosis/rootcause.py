@@ -104,6 +104,11 @@ from ..comparing.verdicts import ERROR, NONFINITE, PASS, Criteria, evaluate
 # an fp32 golden is expected to differ by that much. (A verdict's thresholds: Criteria.)
 # ops whose output is a variable's value at the start of the step (a golden run dumps them)
 STATE_OPS = frozenset({"Variable"})
+# a script's loss scaler deciding (torch.amp.GradScaler's kernels): after an overflow the
+# NPU's decides to skip and lower the scale where the golden's does not; that decision is
+# the overflow's (the Loss scale panel shows it), never a divergence of its own
+SCALER_OPS = frozenset({"Torch._amp_update_scale_",
+                        "Torch._amp_foreach_non_finite_check_and_unscale_"})
 TOLERANCE = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-7}
 
 class OpRows:
@@ -552,6 +557,8 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
     gradual: Set[str] = set()      # golden tensors that hold gradual divergence
     harmless = _harmless_flushes(t) if t.has_golden and t.flushed_only.any() else set()
     for op_name, pos, order in t.ops:
+        if overflowed and t.op_type[pos[0]] in SCALER_OPS:
+            continue
         bad_out = [i for i in pos if t.bad[i] and t.is_out[i]]
         # (what its forward saved, diverging, is a diverging input of a call's backward)
         ins = t.inputs(op_name, pos)
