@@ -1031,6 +1031,34 @@ def _on_npu(fn, *xs, mode="force_fp32", fusion=None, overflow="saturation"):
     return out, npu
 
 
+def test_a_diffusion_unets_ops_are_simulated(tmp_path):
+    """GroupNorm, nearest and bilinear upsampling, `1 - t` and the MSE loss, forward and
+    backward, are classified (a UNet's run listed them all as not simulated). In fp16
+    (force_fp16) the group norm reads its input on fp16's grid and rounds its output once:
+    float64's group norm of the rounded input, within half an fp16 ulp plus float32's
+    error, where the float32 norm of the unrounded input is further off."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 8, 6, 6, generator=g) * 3 + 1).requires_grad_(True)
+    norm = nn.GroupNorm(4, 8)
+
+    def unet_bits(x):
+        h = F.interpolate(norm(x), scale_factor=2, mode="nearest")
+        h = F.interpolate(h, scale_factor=0.5, mode="bilinear")
+        loss = F.mse_loss(1 - h, torch.zeros_like(h))
+        loss.backward()
+        return norm(x)
+    out, npu = _on_npu(unet_bits, x, mode="force_fp16")
+    assert npu.unclassified == set()
+    want = F.group_norm(x.detach().half().double(), 4, norm.weight.double(),
+                        norm.bias.double())
+    ulp = torch.finfo(torch.float16).eps * want.abs().clamp_min(2 ** -14)
+    assert ((out.double() - want).abs() <= ulp / 2 + 1e-6).all()
+    assert torch.equal(out, out.half().float())
+    unrounded = F.group_norm(x.detach().double(), 4, norm.weight.double(), norm.bias.double())
+    assert not ((unrounded - want).abs() <= ulp / 2 + 1e-6).all()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_scaled_dot_product_attention_is_one_fused_kernel_in_fp16():
     """F.scaled_dot_product_attention is one fused Cube kernel on the device: fp16 inputs,
     float32 inside, its output rounded once (within half an fp16 ulp of float64 attention

@@ -67,6 +67,13 @@ OP_TYPES: Dict[str, str] = {
     "max_pool2d_with_indices": "MaxPool", "max_pool2d_with_indices_backward": "MaxPoolGrad",
     "avg_pool2d": "AvgPool", "avg_pool2d_backward": "AvgPoolGrad", "reciprocal": "Reciprocal",
     "_adaptive_avg_pool2d": "AvgPool", "_adaptive_avg_pool2d_backward": "AvgPoolGrad",
+    # GroupNorm: statistics per sample, as LayerNorm's (the norm family, gray-listed)
+    "native_group_norm": "LayerNorm", "native_group_norm_backward": "LayerNorm",
+    "rsub": "Sub", "mse_loss": "ReduceMean", "mse_loss_backward": "Sub",
+    # an upsampling's backward sums the gradients of the pixels each input made; a bilinear
+    # one weighs neighbours: the pooling ops' kinds (a nearest upsampling copies: PASSIVE)
+    "upsample_nearest2d_backward": "AvgPool", "upsample_bilinear2d": "AvgPool",
+    "upsample_bilinear2d_backward": "AvgPoolGrad",
     # F.scaled_dot_product_attention: one fused Cube kernel on the device (Ascend's
     # FlashAttentionScore), placed as the white list's BatchMatMul; inside it computes in
     # float32 (torch's CPU flash kernel: the scores, their softmax and the product in
@@ -98,6 +105,7 @@ PASSIVE = frozenset({
     "logical_not", "logical_and", "logical_or", "isnan", "isinf", "isfinite", "all", "any",
     "sign", "bitwise_and", "bitwise_or", "_foreach_add_", "diagonal", "tril", "triu",
     "constant_pad_nd", "new_empty_strided", "empty_strided", "repeat", "roll", "flip",
+    "upsample_nearest2d",
     "index_put_", "_unsafe_index", "split_with_sizes_copy", "select_backward",
     "slice_backward", "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
     "to",
