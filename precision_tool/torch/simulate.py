@@ -74,6 +74,12 @@ OP_TYPES: Dict[str, str] = {
     # one weighs neighbours: the pooling ops' kinds (a nearest upsampling copies: PASSIVE)
     "upsample_nearest2d_backward": "AvgPool", "upsample_bilinear2d": "AvgPool",
     "upsample_bilinear2d_backward": "AvgPoolGrad",
+    # clip_grad_norm_'s norms (black list: float32) and its scaling of every gradient
+    "linalg_vector_norm": "ReduceSum", "_foreach_norm": "ReduceSum", "_foreach_mul": "Mul",
+    "_foreach_mul_": "Mul", "sin": "Sin", "cos": "Cos", "remainder": "FloorMod",
+    # a mixture of experts' routing: rows summed into place (index_add_, index_put with
+    # accumulate, an indexing's backward), as scatter_add
+    "index_add": "GatherGrad", "index_put": "GatherGrad",
     # F.scaled_dot_product_attention: one fused Cube kernel on the device (Ascend's
     # FlashAttentionScore), placed as the white list's BatchMatMul; inside it computes in
     # float32 (torch's CPU flash kernel: the scores, their softmax and the product in
@@ -105,7 +111,7 @@ PASSIVE = frozenset({
     "logical_not", "logical_and", "logical_or", "isnan", "isinf", "isfinite", "all", "any",
     "sign", "bitwise_and", "bitwise_or", "_foreach_add_", "diagonal", "tril", "triu",
     "constant_pad_nd", "new_empty_strided", "empty_strided", "repeat", "roll", "flip",
-    "upsample_nearest2d",
+    "upsample_nearest2d", "unsafe_split", "scatter",
     "index_put_", "_unsafe_index", "split_with_sizes_copy", "select_backward",
     "slice_backward", "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_",
     "to",
