@@ -13,6 +13,7 @@ import textwrap
 import weakref
 
 import numpy as np
+import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch front-end is an extra "
@@ -1686,6 +1687,70 @@ for step in range(3):
     scaler.step(opt)
     scaler.update()
 """
+
+
+ROUTED = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+gate = nn.Linear(4, 3, bias=False)
+with torch.no_grad():
+    gate.weight.copy_(torch.tensor([[1.0, 5.0, 0, 0], [1.002, 0, 0, 0], [1.001, 4.0, 0, 0]]))
+experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+opt = torch.optim.SGD(list(experts.parameters()), lr=0.1)
+x = torch.zeros(6, 4)
+x[:3, 0] = 1          # near-tied between the three experts: float32 picks 1 and 2
+x[3:, 1] = 1          # clearly experts 0 and 2
+for step in range(2):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        top, idx = gate(x).softmax(-1).topk(2, -1)
+        out = torch.zeros(6, 4)
+        for k, expert in enumerate(experts):
+            rows = (idx == k).any(-1).nonzero().squeeze(1)
+            out = out.index_add(0, rows, expert(x[rows]).float())
+        loss = out.pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_routing_flipped_by_low_precision_is_named_where_the_runs_part(tmp_path):
+    """A mixture of experts whose gate, in bf16, ties three experts that float32 tells
+    apart: the top-k sends rows to another expert, and every tensor after it has another
+    shape. ac -c names the top-k's indices as where the runs part (the first integer
+    tensor that differs, before any shape does), in each step, and gives no clean verdict
+    without sending the user to dump the step again (no file is missing)."""
+    script = tmp_path / "route.py"
+    script.write_text(ROUTED)
+    done = _torch_run(tmp_path / "ws", "--dump-step", "all", "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "ac", "-c"])
+    assert out.exit_code == 2, out.output
+    result = json.loads(out.stdout)
+    parted = result["steps"][0]["parted"]
+    assert {k: parted[k] for k in ("tensor", "dtype", "max_diff")} == \
+        {"tensor": "Tensor.topk.0.forward:output:1", "dtype": "int64", "max_diff": 1.0}
+    assert parted["source"].startswith(f"{script}:14 ")     # the script's top-k line
+    advice = " ".join(result["advice"])
+    assert "the runs take different paths: Tensor.topk.0.forward:output:1 (int64, " \
+        f"{script}:14 " in advice
+    assert "dump the step again" not in advice
+
+
+def test_where_the_runs_part_is_the_first_discrete_tensor_before_a_shape_differs():
+    """first_parting's edges: no shape differs (None); an integer or boolean tensor that
+    differs after the first shape mismatch is not it (None); a float tensor is never it;
+    a boolean mask is."""
+    from precision_tool.analysis.comparing.result import first_parting
+    shape = "shape mismatch: npu [3] vs golden [4]"
+
+    def table(rows):
+        return pd.DataFrame(rows, columns=["TensorIndex", "NpuDataType", "MaxAbsoluteError",
+                                           "CompareFailReason"])
+    assert first_parting(table([("a:0", "int64", 1.0, "")])) is None
+    assert first_parting(table([("a:0", "float32", 2.0, ""), ("b:0", "int64", None, shape),
+                                ("c:0", "int64", 1.0, "")])) is None
+    assert first_parting(table([("a:0", "int32", 0.0, ""), ("m:0", "bool", 1.0, ""),
+                                ("b:0", "int64", None, shape)])) == \
+        {"tensor": "m:0", "dtype": "bool", "max_diff": 1.0}
 
 
 @pytest.mark.parametrize("overflow", ["saturation", "inf_nan"])

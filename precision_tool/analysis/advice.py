@@ -21,6 +21,9 @@ from .replays.remedy import NO_HELP, VERIFIED, Change, describe_all
 # steps after a skipped update, not judged (autocheck's key of unseen_steps for them): said
 # apart, not as steps to dump again
 AFTER_SKIPPED_UPDATE = "diverging after an update the loss scale skipped and the golden took"
+# steps whose runs took different paths (comparing.result.first_parting): shapes differ
+# after a decision low precision flipped
+PARTED = "the runs take different paths, listed under the steps looked at"
 
 
 def keep_in_fp32(op: dict, mode: str) -> str:
@@ -167,7 +170,11 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     opts = options if options is not None else Options(r)
     lines: List[str] = []
     gap = r.coverage
-    if gap is not None and not gap.complete:
+    parted = {x["step"]: x["parted"] for x in r.steps if x.get("parted")}
+    apart = sorted(set(r.unseen_steps.get(PARTED, ())) | ({r.step} & set(parted)))
+    if apart:
+        lines.append(_parted_text(apart, parted))
+    if gap is not None and not gap.complete and r.step not in parted:
         # calls one side made and the other did not: no file to restore
         different = gap.tensors and set(gap.missing) <= {
             "of calls the reference did not make",
@@ -180,7 +187,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
                       "rest." if different else
                       ": dump the step again (or restore the files) and run ac -c again; what "
                       "follows covers what was compared."))
-    unseen = {why: steps for why, steps in r.unseen_steps.items() if why != AFTER_SKIPPED_UPDATE}
+    unseen = {why: steps for why, steps in r.unseen_steps.items()
+              if why not in (AFTER_SKIPPED_UPDATE, PARTED)}
     if unseen:
         lines.append("Not every dumped step could be compared (" + "; ".join(
             f"{why}: {format_steps(steps)}" for why, steps in unseen.items()) +
@@ -460,6 +468,21 @@ def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Optio
         choices.append(opts.tag("scale what feeds it down"))
     return [text + " " + _capital(opts.either(*(choices[::-1] if beyond else choices))) + "."
             + later]
+
+
+def _parted_text(steps, parted: dict) -> str:
+    """Steps whose runs took different paths: where, and what that leaves unjudged."""
+    first = parted[steps[0]]
+    where = ", ".join(x for x in (f"module {first['module']}" if first.get("module") else "",
+                                  first.get("source", "")) if x)
+    return (f"In step(s) {format_steps(steps)} the runs take different paths: "
+            f"{first['tensor']} ({first['dtype']}{', ' + where if where else ''}), an index "
+            f"or a mask, differs from the golden's before any shape does" +
+            (f" (in step {steps[0]})" if len(steps) > 1 else "") +
+            ": a decision (a top-k, an argmax, a comparison) that the low precision of what "
+            "feeds it flipped. What follows it has other shapes and is not compared, so no "
+            "clean verdict is given for those steps; to see whether the rest matches, keep "
+            "what feeds that decision in fp32 (a router, a gate) and compare again.")
 
 
 def _script_made(r, op: dict) -> str:

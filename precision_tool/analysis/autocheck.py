@@ -26,14 +26,15 @@ from ..dump.workspace import Run, WorkspaceError
 from ..errors import PrecisionToolError
 from ..graph import split_tensor_name
 from ..ops import registry
-from .advice import AFTER_SKIPPED_UPDATE, Options, advise
+from .advice import AFTER_SKIPPED_UPDATE, PARTED, Options, advise
 from .comparing.compare import vector_compare
 from .replays.impact import rank_by_impact
 from .diagnosis.scale_history import LossScaleHistory, backoff, is_backward, loss_scale_history
 from .comparing.mapping import TensorMap, placed_types
 from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
-from .comparing.result import Coverage, coverage, write_failure, write_result
+from .comparing.result import (SHAPES_DIFFER, Coverage, coverage, first_parting, write_failure,
+                               write_result)
 from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
 from .replays.script_rerun import golden_from_npu_state, why_no_state_replay
 from ..torch.state import missing_state
@@ -253,6 +254,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             look.update(compared="statistics" if c.cause.rows.by_statistics else "tensors",
                         diverging_ops=c.findings, coverage=c.coverage.text(),
                         lost_updates=len(c.updates.lost), gradual_ops=len(c.cause.gradual))
+            if set(c.coverage.missing) == {SHAPES_DIFFER}:
+                look["parted"] = parted = first_parting(c.table)
+                if parted is not None:      # the call's module and line, where written
+                    site = ws.call_sites(npu_run, s).get(parted["tensor"].split(":")[0], {})
+                    parted.update(module=site.get("module", ""), source=site.get("source", ""))
             findings = c.any_findings
         contained = _backoff(history, s, report, compared.get(s))
         if contained:
@@ -301,6 +307,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     # an optimizer's state made a step later)
     partial = [x for x in compared if x != s and not compared[x].coverage.complete and
                x not in after_skip]
+    looks = {look["step"]: look for look in result.steps}
+    parted = [x for x in partial if looks[x].get("parted")]
+    if parted:
+        result.unseen_steps[PARTED] = parted
+    partial = [x for x in partial if x not in parted]
     if partial:
         result.unseen_steps[PARTLY_COMPARED] = partial
     # a graph run's step replays from its bundle; a script's run reruns its script

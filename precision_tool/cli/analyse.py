@@ -95,6 +95,8 @@ def _step_note(look: dict) -> str:
         return "  [after a skipped update: not judged]"
     if look.get("drift_replayed"):
         return "  [drift: from the NPU's state it matches, the losses hold: no finding]"
+    if look.get("parted"):
+        return f"  [the runs part at {look['parted']['tensor']}: not judged after it]"
     return ""
 
 

@@ -103,7 +103,7 @@ def _gap(reason: str) -> str:
     if reason.startswith(NOT_IN_INDEX):
         return "op missing from the step's index"
     if reason.startswith("shape mismatch"):
-        return "shapes differ"
+        return SHAPES_DIFFER
     return reason or "not compared"
 
 
@@ -129,6 +129,33 @@ def coverage(table) -> Coverage:
     return Coverage(tensors, tensors - len(errors), npu_only, dict(Counter(gaps)),
                     {gap: shown for gap, shown in examples.items() if shown},
                     {gap: len(names) for gap, names in distinct.items()})
+
+
+SHAPES_DIFFER = "shapes differ"
+_DISCRETE = re.compile(r"^(u?int\d*|bool)$")
+
+
+def first_parting(table) -> Optional[dict]:
+    """Where the two runs take different paths, for a compare whose tensors' shapes differ:
+    the first integer or boolean tensor (an index, a mask: a decision) of the same shape
+    whose values differ from the golden's, before the first tensor whose shape differs (a
+    mixture of experts' top-k choosing another expert: its rows then go elsewhere, in other
+    numbers). {tensor, dtype, max_diff}; None where shapes all agree or none such comes
+    first."""
+    if "CompareFailReason" not in table or "NpuDataType" not in table:
+        return None
+    reasons = column(table, "CompareFailReason", "")
+    shapes = [i for i, r in enumerate(reasons.tolist())
+              if isinstance(r, str) and _gap(r) == SHAPES_DIFFER]
+    if not shapes:
+        return None
+    dtypes = column(table, "NpuDataType", "").tolist()
+    diffs = column(table, "MaxAbsoluteError", np.nan)
+    names = column(table, "TensorIndex", "").tolist()
+    for i in range(shapes[0]):
+        if isinstance(dtypes[i], str) and _DISCRETE.match(dtypes[i]) and diffs[i] > 0:
+            return {"tensor": names[i], "dtype": dtypes[i], "max_diff": float(diffs[i])}
+    return None
 
 
 # -- provenance -------------------------------------------------------------------------------
