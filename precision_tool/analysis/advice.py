@@ -500,7 +500,7 @@ def _script_made(r, op: dict) -> str:
     how = "torch-run --overflow-mode inf_nan" if r.front_end == "pytorch" else \
         "overflow_mode='inf_nan' in the session's config"
     return (f" The script makes that value itself: the golden's output holds it too "
-            f"({g['nonfinite']} element(s)), and nothing it decides differs. In saturation "
+            f"({g['nonfinite']} element(s)), and what reads it matches. In saturation "
             f"mode the device's status word flags it all the same, and the loss scaler, "
             f"which reads that flag, skipped the update of {len(skipped)} of "
             f"{history.get('steps', len(skipped))} observed step(s) that the golden took. "
