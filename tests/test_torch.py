@@ -852,6 +852,26 @@ def test_an_in_place_write_keeps_its_tensors_dtype_on_the_npu(tmp_path):
     assert torch.equal(gate, torch.full((3,), 0.5, dtype=torch.bfloat16))
 
 
+def test_sgds_momentum_buffer_reads_the_gradient_by_its_name(tmp_path):
+    """SGD with momentum starts each buffer as `grad.detach().clone()`: the detached
+    gradient (no recorded call) stands for the backward output it is, so the clone reads
+    `Functional.linear.0.backward:k` on both targets, not an input from outside that a
+    gradual crossing upstream would make a divergence with no op to start it."""
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    d = PrecisionDebugger(str(tmp_path), target="golden", dump_step="all")
+    d.start(lin)
+    try:
+        F.cross_entropy(lin(torch.randn(3, 6)), torch.tensor([0, 1, 3])).backward()
+        opt.step()
+        records = {r.op.name: r for r in d._records}
+    finally:
+        d.stop()
+    assert [records[f"Tensor.clone.{k}.forward"].op.inputs[0] for k in (0, 1)] == \
+        ["Functional.linear.0.backward:0", "Functional.linear.0.backward:1"]
+
+
 @pytest.mark.parametrize("mode", ["tensor", "statistics"])
 def test_a_view_of_a_kept_tensor_is_kept_once_until_a_write(tmp_path, mode):
     """A view, reshape or flatten of a contiguous tensor is its memory in the same order:

@@ -74,8 +74,10 @@ _SKIP = frozenset({"__get__", "__set__", "size", "dim", "numel", "is_floating_po
 IN_PLACE_BYTES = 64 << 20
 
 
-# the unrecorded calls that make a tensor of another dtype or device from one (`x.to(w.dtype)`)
-_CONVERSIONS = frozenset({"to", "type", "cpu"})
+# the unrecorded calls whose output holds its input's values: in another dtype or on another
+# device (`x.to(w.dtype)`), or the same memory apart from autograd (SGD's first momentum
+# buffer is `grad.detach().clone()`)
+_CONVERSIONS = frozenset({"to", "type", "cpu", "detach"})
 
 
 # in-place fills: what the tensor held before (often uninitialised memory) is not an input
@@ -786,8 +788,11 @@ class PrecisionDebugger:
         return held[0] if held is not None and held[1] == t._version else None
 
     def converted(self, t: torch.Tensor, out: torch.Tensor) -> None:
-        """out is t in another dtype or on another device (`.to`, no API call of its own):
-        it stands for the call output t is. A cast a script makes on one target only (T5's
+        """out is t in another dtype or on another device (`.to`, no API call of its own), or
+        t detached: it stands for the call output t is. (Detached, SGD's momentum buffer's
+        first copy of a gradient read "an input from outside": a bias gradient crossing
+        the threshold gradually then read as a divergence with no op to start it, a
+        finding in a healthy ResNet-18 run.) A cast a script makes on one target only (T5's
         `hidden.to(wo.weight.dtype)`, taken where autocast made hidden fp16, not in the
         golden) then leaves both runs' names alike, forward and backward (the gradient its
         reader hands back is named by what that reader read), as a cast the compiler
