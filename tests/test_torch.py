@@ -1806,6 +1806,13 @@ def test_an_inf_the_script_makes_skips_steps_only_where_the_scaler_reads_the_fla
     assert "torch-run --overflow-mode inf_nan" in advice
     assert "fix -s" not in advice and "Keep Torch.log in fp32" not in advice
     assert "decide nothing" not in advice and "not the NPU" not in advice
+    # asked anyway, fix reruns nothing and says why
+    out = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "ws"), "--json", "fix"])
+    assert out.exit_code == 1, out.output
+    repair = json.loads(out.stdout)
+    assert repair["trials"] == [] and repair["fix"] is None
+    assert any("is a value the script makes itself" in n and "made no rerun" in n and
+               "--overflow-mode inf_nan" in n for n in repair["notes"]), repair["notes"]
 
 
 def test_the_scalers_unscale_reads_the_status_word_only_while_started_on_the_npu(tmp_path):

@@ -257,9 +257,9 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
                 f"NPU's own state it computes as the golden does ({by}): what fails is that "
                 f"drift, which no setting of the step fixes (ac -c says more)")
             return result
-    calibration = _calibration(ws, npu, c, step)
-    if calibration:
-        result.notes.append(calibration)
+    no_rerun = _calibration(ws, npu, c, step) or _script_made(ws, npu, golden, c)
+    if no_rerun:
+        result.notes.append(no_rerun)
         return result
     result.candidates = candidates(ws, npu, c, step)
     mode = info.get("precision_mode") or "allow_mix_precision"
@@ -339,6 +339,34 @@ def _calibration(ws: Workspace, npu: Run, c, step: int) -> str:
             f"came down to {scale:.10g} ({held}). Start it there (torch.amp.GradScaler("
             f"init_scale={scale:.10g})): fix changes no scaler of a script, and calls kept in "
             f"fp32 would only hide the overflow, so it made no rerun")
+
+
+def _script_made(ws: Workspace, npu: Run, golden: Run, c) -> str:
+    """Why no rerun is made where the step's first overflow is a value the script makes
+    itself (the golden's outputs of that call hold the same inf/nan: T5's log of a zero
+    distance) and, in saturation mode, the device's flag made the script's scaler skip
+    updates the golden took: no call kept in fp32 stops the script making it. "" where the
+    step is no such case."""
+    if not c.tasks or npu.config.overflow_mode != "saturation":
+        return ""
+    golden_skips = set(loss_scale_history(ws, golden).skipped_steps)
+    skipped = [s for s in loss_scale_history(ws, npu).skipped_steps if s not in golden_skips]
+    first = c.tasks[0].op_name
+    t = c.table
+    if not skipped or "GoldenInfCount" not in t:
+        return ""
+    rows = t[(t["NPUDump"] == first) & t["TensorIndex"].astype(str).str.contains(":output:")]
+    made = rows["NpuInfCount"].fillna(0) + rows["NpuNanCount"].fillna(0)
+    held = rows["GoldenInfCount"].fillna(0) + rows["GoldenNanCount"].fillna(0)
+    if rows.empty or not (made > 0).any() or not (made == held).all():
+        return ""
+    return (f"the first overflow, {first}, is a value the script makes itself (its golden "
+            f"outputs hold the same {int(made.sum())} inf/nan), and in saturation mode the "
+            f"device's status word flags it: the script's scaler skipped {len(skipped)} "
+            f"update(s) that the golden took. No call kept in fp32 stops the script making "
+            f"it, so it made no rerun: run in inf_nan mode (torch-run --overflow-mode "
+            f"inf_nan), where the scaler checks the gradients, or keep the call from making "
+            f"it")
 
 
 def _search(cands: List[str], trial: Callable, budget: int,
