@@ -22,10 +22,13 @@ from precision_tool.kernels import write as writer
 
 KILLS = int(os.environ.get("PRECISION_TOOL_KILLS", "20"))
 
-# both runs dump every step; "ready" once the sessions exist, then steps until killed
+# both runs dump every step; "ready" once the sessions exist, then steps until killed, or
+# until the test is gone (a test run killed mid-test must not leave it dumping until the
+# disk is full: it once wrote 55 GB)
 SCRIPT = textwrap.dedent("""
-    import sys, precision_tool as pt
+    import os, sys, precision_tool as pt
     from precision_tool import hooks
+    parent = os.getppid()
     m = pt.models.mlp(hidden=(32,))
     d = pt.data.digits()
     npu = pt.Session(m.graph, target="npu", config=hooks.session_dump_config(
@@ -33,6 +36,8 @@ SCRIPT = textwrap.dedent("""
     cpu = hooks.sess_dump(pt.Session(m.graph), action="dump", dump_step="all")
     print("ready", flush=True)
     for k in range(100000):
+        if os.getppid() != parent:
+            break
         for sess in (npu, cpu):
             sess.run([m.loss, m.train_op], {m.x: d.x_train[:64], m.y: d.y_train[:64]})
 """)

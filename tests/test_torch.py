@@ -1080,13 +1080,32 @@ def test_a_diffusion_unets_ops_are_simulated(tmp_path):
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+def test_a_norms_weight_and_bias_gradients_are_sums(tmp_path):
+    """A batch norm's backward kernel makes three outputs: the input's gradient, and the
+    weight's and bias's, sums over the batch that cancellation can make small (the
+    compare's sum kinds, by kernel: a MobileNetV3 BN bias gradient zero up to rounding in
+    both runs, 958x the golden's tiny norm in fp16, was the root cause of a healthy run)."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4)
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="0")
+    d.start(bn)
+    bn(torch.randn(8, 4, requires_grad=True)).pow(2).sum().backward()
+    d.step()
+    d.stop()
+    ws = Workspace(str(tmp_path))
+    sites = ws.call_sites(ws.run("npu"), 0)
+    assert sites["Functional.batch_norm.0.backward"]["kernels"] == \
+        "BatchNormGrad,ReduceSum,ReduceSum"
+
+
 def test_common_training_kernels_are_classified():
     """clip_grad_norm_'s norms and scaling, a mixture of experts' routing (index_add_,
-    `x[rows] = v`, scatter, the indexing's backward), sin and remainder: each was listed
+    `x[rows] = v`, scatter, the indexing's backward), sin, remainder, MobileNetV3's hard
+    swish and hard sigmoid: each was listed
     as not simulated in real scripts' runs. Classified, and in force_fp32 exactly what
     torch computes without the simulator."""
     def script(x, w):
-        h = torch.sin(x @ w) + torch.remainder(x, 0.7)
+        h = torch.sin(x @ w) + torch.remainder(x, 0.7) + F.hardswish(x) * F.hardsigmoid(x)
         rows = torch.tensor([0, 2, 2, 5])
         out = torch.zeros_like(h)
         out.index_add_(0, rows, h[rows] * 2)

@@ -77,6 +77,8 @@ OP_TYPES: Dict[str, str] = {
     # clip_grad_norm_'s norms (black list: float32) and its scaling of every gradient
     "linalg_vector_norm": "ReduceSum", "_foreach_norm": "ReduceSum", "_foreach_mul": "Mul",
     "_foreach_mul_": "Mul", "sin": "Sin", "cos": "Cos", "remainder": "FloorMod",
+    "hardswish": "HardSwish", "hardswish_backward": "HardSwishGrad",
+    "hardsigmoid": "HardSigmoid", "hardsigmoid_backward": "HardSigmoidGrad",
     # a mixture of experts' routing: rows summed into place (index_add_, index_put with
     # accumulate, an indexing's backward), as scatter_add
     "index_add": "GatherGrad", "index_put": "GatherGrad",
@@ -95,6 +97,11 @@ FP32_OUTPUTS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu":
                                   "rms_norm": (1,)}
 FP32_ARGS: Dict[str, tuple] = {"_scaled_dot_product_flash_attention_for_cpu_backward": (5,),
                                "rms_norm_backward": (3,)}
+# a norm's backward: its weight and bias gradients (positions) are sums over the batch, which
+# cancellation can make small (the compare's sum kinds, by the kernel that made an output)
+SUM_OUTPUTS: Dict[str, tuple] = {"native_batch_norm_backward": (1, 2),
+                                 "native_layer_norm_backward": (1, 2),
+                                 "native_group_norm_backward": (1, 2)}
 CUBE = frozenset({"MatMul", "BatchMatMul", "Conv2D", "Conv2DBackpropInput"})
 # ops that compute nothing: views, copies, shape and creation ops keep their inputs' values
 PASSIVE = frozenset({
@@ -337,9 +344,10 @@ class SimulatedNPU(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self._kernels[out] = op_type
         elif isinstance(out, (tuple, list)):
-            for t in out:
+            sums = SUM_OUTPUTS.get(name, ())
+            for k, t in enumerate(out):
                 if isinstance(t, torch.Tensor):
-                    self._kernels[t] = op_type
+                    self._kernels[t] = "ReduceSum" if k in sums else op_type
         return out
 
     def _fused(self, op_type: str, compute: str, args):
