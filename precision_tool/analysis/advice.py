@@ -233,13 +233,16 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
     quiet_overflow = first is not None and r.overflow_without_effect
+    # a first overflow that is a value the script makes itself (_script_made): its advice
+    # says what it decides, in place of the range advice and of the infinities' line below
+    made = _script_made(r, first) if first is not None and not quiet_overflow else ""
     if quiet_overflow:
         lines.append(f"{len(r.overflows)} kernel(s) overflowed, the first {first['op_name']} "
                      f"({first['op_type']}, {', '.join(first['status_bits'])}), without effect: "
                      f"their outputs and everything after them match the golden, so precision "
                      f"looks sound (no finding); if a later step diverges, look there first.")
     elif first is not None:
-        lines.extend(_overflow_advice(r, first, o, mode, opts))
+        lines.extend(_overflow_advice(r, first, o, mode, opts, made))
     if r.underflow is not None:
         where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
         lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode, opts))
@@ -263,11 +266,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_origin_advice(r, o, mode, opts))
     if r.impact and r.impact.get("harmless_first"):
         lines.append(r.impact["harmless_first"])
-    # (the overflow's advice says what a value the script makes decides in saturation mode)
-    made = first is not None and not quiet_overflow and bool(_script_made(r, first))
-    if made:
-        pass
-    elif g and not data_first and not g.get("reaches") and \
+    if g and not made and not data_first and not g.get("reaches") and \
             (g.get("matched") or (g.get("held") and g.get("quiet", not r.has_findings))):
         # infinities only, held by the NPU too (as inf, or saturated to 65504 where nothing
         # reading them differs): made on purpose (a mask's -inf); no cause to look for
@@ -276,7 +275,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         infinities = [f"The golden holds ±inf in {g['tensors']} tensor(s), the first "
                       f"{g['golden_tensor'] or g['tensor']}, {held}: infinities the script "
                       f"makes (a mask's -inf) decide nothing."]
-    elif g and not data_first:
+    elif g and not made and not data_first:
         lines.append(_golden_nonfinite_advice(g))
     if r.watchpoints:
         h = r.watchpoints[0]
@@ -390,15 +389,15 @@ def _golden_nonfinite_advice(g: dict) -> str:
             f"tensor (vc's CSV has each golden tensor's nan/inf counts).")
 
 
-def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Options) -> List[str]:
+def _overflow_advice(r, op: dict, origin: Optional[dict], mode: str, opts: Options,
+                     made: str = "") -> List[str]:
     text = f"The first overflow is {op['op_name']} ({op['op_type']}, {', '.join(op['status_bits'])})"
     inputs = [t for t in op.get("tensors", []) if t["io"] == "input" and t["max"] == t["max"]]
     peak = max((max(abs(t["max"]), abs(t["min"])) for t in inputs), default=None)
     if peak is not None:
         text += f"; its inputs reach {peak:.6g}"
     text += "."
-    made = _script_made(r, op)
-    if made:
+    if made:                    # (_script_made's, for this op)
         return [text + made]
     scales = _scales(r.loss_scale)
     if peak is not None and peak > numerics.FP16_MAX and peak in scales:

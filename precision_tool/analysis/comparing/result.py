@@ -80,6 +80,10 @@ class Coverage:
 EXAMPLES = 3      # ops named per reason in a coverage's text
 
 
+SHAPES_DIFFER = "shapes differ"
+_DISCRETE = re.compile(r"^(u?int\d*|bool)$")
+
+
 def _gap(reason: str) -> str:
     """Why a row was not compared, without its paths (they differ row by row)."""
     if reason.startswith(UNREADABLE):
@@ -129,10 +133,6 @@ def coverage(table) -> Coverage:
     return Coverage(tensors, tensors - len(errors), npu_only, dict(Counter(gaps)),
                     {gap: shown for gap, shown in examples.items() if shown},
                     {gap: len(names) for gap, names in distinct.items()})
-
-
-SHAPES_DIFFER = "shapes differ"
-_DISCRETE = re.compile(r"^(u?int\d*|bool)$")
 
 
 def first_parting(table) -> Optional[dict]:
