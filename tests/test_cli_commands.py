@@ -466,3 +466,26 @@ def test_a_command_line_dict_is_no_result():
         app.emit({"made": "up"}, lambda: None)
     with pytest.raises(TypeError, match="to_dict"):
         app.emit([{"made": "up"}], lambda: None)
+
+
+def test_an_op_panel_sums_up_a_call_on_many_tensors():
+    """A call on 142 gradients (the scaler's unscale) listed every cosine and every reason
+    in its panel, thousands of characters wide: the panel shows the first eight, then how
+    many more and the lowest with its position, at full precision."""
+    from rich.console import Console
+    from precision_tool.analysis.comparing.summary import OpSummary
+    from precision_tool.cli.analyse import _render_op
+    from precision_tool.cli.app import App
+    cosines = [0.99999 - k * 1e-6 for k in range(142)]
+    cosines[71] = 0.97974747
+    s = OpSummary("Torch.unscale.0.forward", "Torch.unscale", 0, ["g"], "",
+                  input_cosines=cosines, output_cosines=cosines[:3],
+                  output_reasons=[f"cosine 0.{k}" for k in range(10)], role="propagator")
+    console = Console(width=200, record=True)
+    _render_op(App(".", console=console), s)
+    shown = console.export_text()
+    assert "... 134 more, the lowest input 71: 0.97974747" in shown, shown
+    assert "0.999983 " in shown and "0.999982" not in shown       # the ninth on is summed up
+    assert "output cosines: 0.99999 0.999989 0.999988 " in shown            # three: all shown
+    assert "cosine 0.7 | ... 2 more" in shown and "cosine 0.8" not in shown
+    assert max(len(line) for line in shown.splitlines()) <= 200

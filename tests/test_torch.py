@@ -835,6 +835,35 @@ def test_a_recurrent_layer_is_simulated_cell_by_cell_and_its_backward_recorded(t
     assert all(np.array_equal(g, w) for g, w in zip(got, want))
 
 
+def test_a_bf16_lstms_gradients_are_read_by_name_where_each_time_step_adds_to_them(tmp_path):
+    """An LSTM cast to bf16 (no autocast) on the NPU: unfused, every time step's matmul reads
+    the bias leaves, so one call reaches each leaf by many edges, and its .grad had no name
+    (the first edge named it, the next unnamed it): the update read an input from outside,
+    with no golden, and the compare was incomplete. One call's edges count once: SGD reads
+    every weight's gradient as the call's backward output, with the value autograd summed
+    in bf16 (the .grad the update reads), not the record's."""
+    torch.manual_seed(0)
+    rnn = nn.LSTM(6, 8, num_layers=2).bfloat16()
+    opt = torch.optim.SGD(rnn.parameters(), lr=0.1)
+    x = torch.randn(12, 3, 6, dtype=torch.bfloat16)
+    d = PrecisionDebugger(str(tmp_path), target="npu", dump_step="all")
+    d.start(rnn)
+    try:
+        rnn(x)[0].float().sum().backward()
+        grads = [p.grad.clone() for p in rnn.parameters()]
+        opt.step()
+        records = [r for r in d._records if r.op.type == "Tensor.add_"]
+        read = [r.op.inputs[1] for r in records]
+        values = [r.inputs[1] for r in records]
+    finally:
+        d.stop()
+    assert sorted(read) == [f"Torch.lstm.0.backward:{k}" for k in range(8)], read
+    by_name = dict(zip(read, values))
+    for k, g in enumerate(grads):
+        assert np.array_equal(np.asarray(by_name[f"Torch.lstm.0.backward:{k}"], dtype=np.float32),
+                              g.float().numpy()), k
+
+
 def test_an_in_place_write_keeps_its_tensors_dtype_on_the_npu(tmp_path):
     """A float32 tensor given a bf16 value in place (`total.add_(x_bf16)`, the unfused
     LSTM's cell state under autocast) computes in float32 on the NPU, as torch does: it
@@ -2330,8 +2359,10 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
     the loss scale backing off as designed, which ac -c said was a finding ("lower the loss
     scale"). Now it says so and finds nothing in the step. The steps after it start from a
     state the golden's differs from by the skipped update (it took it): what diverges there
-    is said, with no clean verdict (exit 2), not blamed on an op, and the losses parting
-    after it are not reported as drift. With --golden-skips-as-npu the golden skips that
+    are judged against the golden started from the NPU's state (a rerun of the script, as
+    for drift): sound; with --no-verify they are said, with no clean verdict (exit 2), not
+    blamed on an op, and the losses parting after it are not reported as drift. With
+    --golden-skips-as-npu the golden skips that
     update too (run.json says so, the script's own run never did), the steps after it
     start from one state and are judged: sound, exit 0."""
     script = tmp_path / "spike.py"
@@ -2362,9 +2393,22 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
         assert "Where the divergence starts (after the skipped step's overflow: no finding)" \
             in shown and "Root cause" not in shown and "[the loss scale backing off" in shown
     else:
+        # judged against the golden started from the NPU's state (one rerun of the script)
+        assert out.exit_code == 0 and result["verdict"] == "sound", advice
+        assert result["after_skip_replayed"]["steps"] == [3, 4, 5] and not result["unseen_steps"]
+        assert "Steps 3-5 come after the update(s) of step(s) 2, which the loss scale " \
+            "skipped and the golden took. Judged against the golden started from the NPU's " \
+            "own state" in advice, advice
+        shown = CliRunner().invoke(cli, ["--data-dir", str(root), "ac", "-c"]).output
+        assert "[after a skipped update: from the NPU's state it matches: no finding]" in shown
+        # without the replay they are not judged: no clean verdict
+        out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c",
+                                       "--no-verify"])
+        result = json.loads(out.stdout)
+        advice = " ".join(result["advice"])
         assert out.exit_code == 2 and result["verdict"] == "incomplete", advice
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
-        assert "Steps 3-5 diverge after the update of step 2, which the loss scale " \
+        assert "Steps 3-5 diverge after the update(s) of step(s) 2, which the loss scale " \
             "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
 
 
@@ -2395,6 +2439,35 @@ def test_a_loss_scale_settling_from_its_start_is_no_finding_unless_it_costs(tmp_
         assert "the loss scale starts too high: step(s) 0-3 overflowed" in advice and \
             "Start the script's scaler there and no step is lost " \
             "(torch.amp.GradScaler(init_scale=65536)" in advice, advice
+
+
+def test_steps_after_a_settling_loss_scale_are_judged_from_the_npus_state(tmp_path):
+    """GradScaler at 2**17 with the golden as written: the NPU's step 0 overflows and is
+    skipped (the scale settling), the golden's is taken. Every later step starts from
+    state the golden's differs from by that update, and the NPU's Adam makes its moments
+    and step count at step 1, its first update, where the golden's has had them since
+    step 0 (their calls had no golden: the compare of step 1 was incomplete). ac -c judges
+    those steps against the golden rerun from the NPU's state, which drops the optimizer
+    state the NPU's step did not start with and takes the NPU's loss scale (2**16, the
+    golden's still 2**17): they compute as it does, and the run is sound."""
+    script = tmp_path / "calib.py"
+    script.write_text(SPIKE)
+    root = tmp_path / "ws"
+    done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
+                      "--", str(script), "4", str(2.0 ** 17), "1")
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    advice = " ".join(result["advice"])
+    assert out.exit_code == 0 and result["verdict"] == "sound", advice
+    assert result["loss_scale"]["skipped_steps"] == [0]
+    assert result["backoff"]["kind"] == "calibration"
+    assert result["after_skip_replayed"]["steps"] == [1, 2, 3]
+    assert "Steps 1-3 come after the update(s) of step(s) 0" in advice
+    replay = Workspace(str(root)).resolve_run(result["after_skip_replayed"]["replayed_by"], None)
+    state = replay.info["state_from"]
+    assert state["state_dropped"] == {"1": 6}                   # 3 layers' weights and biases
+    assert state["loss_scale"] == {str(k): 2.0 ** 16 for k in (1, 2, 3)}
 
 
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):

@@ -226,6 +226,8 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if backoff:
         lines.append(_backoff_text(backoff, first))
         first = o = None            # what they would say follows from the back-off
+    if getattr(r, "after_skip_replayed", None):
+        lines.append(_after_skip_replayed_text(r.after_skip_replayed, r.loss_scale))
     if AFTER_SKIPPED_UPDATE in r.unseen_steps:
         lines.append(_after_skip_text(r.unseen_steps[AFTER_SKIPPED_UPDATE], r.loss_scale,
                                       r.front_end))
@@ -742,11 +744,22 @@ def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) 
          f"no update is skipped, dump again and compare")
     which = f"Step {steps[0]} diverges" if len(steps) == 1 else \
         f"Steps {format_steps(steps)} diverge"
-    return (f"{which} after the update of step{'s' if len(skipped) > 1 else ''} "
-            f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
-            f"their state differs from the golden's by that update, so what diverges there "
-            f"cannot be told from it, and no clean verdict is given for them. To judge them, "
-            f"{how}.")
+    return (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the loss "
+            f"scale skipped and the golden took: their state differs from the golden's by "
+            f"that, so what diverges there cannot be told from it, and no clean verdict is "
+            f"given for them. To judge them, {how}.")
+
+
+def _after_skip_replayed_text(judged: dict, history: Optional[dict]) -> str:
+    steps = judged["steps"]
+    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
+    which = f"Step {steps[0]} comes" if len(steps) == 1 else \
+        f"Steps {format_steps(steps)} come"
+    return (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the loss "
+            f"scale skipped and the golden took. Judged against the golden started from the "
+            f"NPU's own state ({judged['replayed_by']}, a rerun of the script), "
+            f"{'it computes' if len(steps) == 1 else 'they compute'} as the golden does: no "
+            f"finding.")
 
 
 def _backoff_text(b: dict, first: Optional[dict]) -> str:

@@ -35,7 +35,8 @@ from .diagnosis.overflow import overflow_report
 from .replays.op_replay import ReplayOpError, replay_op
 from .comparing.result import (SHAPES_DIFFER, Coverage, coverage, first_parting, write_failure,
                                write_result)
-from .diagnosis.rootcause import OpRows, RootCause, root_cause, written_variables
+from .diagnosis.rootcause import (OpRows, RootCause, call_name, root_cause,
+                                  written_variables)
 from .replays.script_rerun import golden_from_npu_state, why_no_state_replay
 from ..torch.state import missing_state
 from .replays.step_replay import StepReplay, check_remedies, quiet_replay
@@ -68,6 +69,10 @@ class AutoCheck:
     backoff: Optional[dict] = None
     # the steps whose update the golden skipped too (a golden made to follow the NPU's)
     golden_skipped: List[int] = field(default_factory=list)
+    # steps after an update the NPU skipped and the golden took, judged against the golden
+    # started from the NPU's state (a rerun of the script) and found to match: the steps and
+    # the replay's run label
+    after_skip_replayed: Optional[dict] = None
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
     # steps of either run that a compare of every step could not look at: interrupted
@@ -240,7 +245,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     # of the steps)
     losses_hold = compare and verify and \
         loss_gap(ws, npu_run, golden_run, criteria.rel_error).first_off is None
-    replayable = losses_hold and not why_no_state_replay(npu_run)
+    state_replays = compare and verify and not why_no_state_replay(npu_run)
+    replayable = losses_hold and state_replays
     drifted: List[int] = []                 # steps replayed after the loop, in order
     from_state: Dict[int, tuple] = {}      # step -> own_from_npu_state's answer, made once
     stop = None                             # the first step with a finding that stands
@@ -268,7 +274,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             # after an update the scale skipped and the golden took: what only diverges
             # here cannot be told from that difference of state
             contained = look["after_skipped_update"] = True
-            after_skip.append(s)
+            if state_replays:           # from the NPU's state, after the loop, as drift is
+                drifted.append(s)
+            else:
+                after_skip.append(s)
         elif findings and losses_hold and starts_drifted(compared[s], npu_run, s):
             if replayable:              # judged after the loop, with the others
                 contained = look["drift_replayed"] = True
@@ -283,11 +292,18 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     if drifted:
         from_state.update(own_from_npu_state(ws, npu_run, golden_run, drifted, criteria, True,
                                              on_progress))
+        # a step after a skipped update that could not be replayed is not judged at all
+        looks = {look["step"]: look for look in result.steps}
+        unjudged = [x for x in drifted if from_state[x][0] is None and
+                    looks[x].get("after_skipped_update")]
+        after_skip += unjudged
+        drifted = [x for x in drifted if x not in unjudged]
         fails = next((x for x in drifted if from_state[x][0] != []), None)
         if fails is not None:       # where ac stops: what it looked at after is left out
             stop, drifted = fails, [x for x in drifted if x < fails]
             result.steps = [look for look in result.steps if look["step"] <= stop]
-            result.steps[-1].pop("drift_replayed")
+            result.steps[-1].pop("drift_replayed", None)
+            result.steps[-1].pop("after_skipped_update", None)
             for kept in (reports, compared, backoffs, from_state):
                 for x in [x for x in kept if x > stop]:
                     del kept[x]
@@ -298,15 +314,25 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     report = reports[s]
     result.step = s
     result.backoff = backoffs.get(s)
-    result.gradual = _gradual({x: c.cause for x, c in compared.items()})
     if after_skip and s not in after_skip:
         result.unseen_steps[AFTER_SKIPPED_UPDATE] = after_skip
+    judged = [x for x in drifted if x != s and
+              any(look["step"] == x and look.get("after_skipped_update") for look in result.steps)]
+    # (what crosses gradually against a golden whose state differs by a skipped update is
+    # no evidence: such steps are judged from the NPU's state, or not at all)
+    result.gradual = _gradual({x: c.cause for x, c in compared.items()
+                               if x not in judged and x not in after_skip})
+    if judged:
+        result.after_skip_replayed = {"steps": judged, "replayed_by": from_state[judged[0]][1]}
+        for look in result.steps:
+            if look["step"] in judged:
+                look["replayed"] = True
     # a step looked at on the way whose compare left tensors out: no clean verdict over it
     # (the step reported says so through its own coverage)
     # (a step after a skipped update is not judged already: the calls it makes may differ,
     # an optimizer's state made a step later)
     partial = [x for x in compared if x != s and not compared[x].coverage.complete and
-               x not in after_skip]
+               x not in after_skip and x not in judged]
     looks = {look["step"]: look for look in result.steps}
     parted = [x for x in partial if looks[x].get("parted")]
     if parted:
@@ -385,7 +411,7 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
     c = compared[step]
     only_diverging = c.findings > 0 and not c.tasks and c.underflow is None and \
         not c.updates.lost and result.carried is None
-    if starts_drifted(c, npu_run, step):
+    if from_state is not None or starts_drifted(c, npu_run, step):
         # the step starts from state that noise or gradual rounding moved beyond the
         # criteria, and no bundle replays it from there (a script's step, another tool's
         # dump): a script's golden reruns to that step and starts it from the NPU's state
@@ -458,9 +484,10 @@ def own_from_npu_state(ws, npu_run, golden_run, steps, criteria, verify=True,
 
 def _still_failing(own: StepCompare) -> list:
     """What of a step judged against its replay from the NPU's state still fails (the first
-    five, by name; [] when nothing)."""
+    five, by name; [] when nothing, and everything was compared)."""
     if not (own.findings or own.updates.lost):
-        return []
+        # what the compare against the replay left out is not known to match
+        return [] if own.coverage.complete else [f"not compared: {own.coverage.text()}"]
     cause = own.cause
     failing = [d.op_name for d in cause.origins + cause.propagators + cause.carried] + \
         [u.variable for u in own.updates.lost]
@@ -524,7 +551,8 @@ def _golden_nonfinite(table: pd.DataFrame, origin: Optional[str],
             "held": _held(rows),
             # and no row holding them diverges (a reader's input is such a row)
             "quiet": not any(t.bad[i] for i in flagged.tolist()),
-            "at_origin": origin is not None and _unmatched_nonfinite(rows[rows.NPUDump == origin]),
+            "at_origin": origin is not None and
+            _unmatched_nonfinite(rows[rows.NPUDump == call_name(origin)]),
             # the first that nothing in the step reads (the loss, an output, an update): a
             # mask's -inf that reaches it is no mask (None: none does, or no input rows say)
             "reaches": _sink(t, rows)}
@@ -614,7 +642,7 @@ class StepCompare(NamedTuple):
         if not self.tasks or self.has_findings or not self.coverage.complete:
             return False
         t = self.cause.rows
-        compared = {t.op_name[i] for i, out in enumerate(t.is_out)
+        compared = {call_name(t.op_name[i]) for i, out in enumerate(t.is_out)
                     if out and t.verdict[i] != ERROR}
         return all(task.op_name in compared for task in self.tasks)
 
@@ -711,10 +739,10 @@ def _compare_step(ws, c: StepCompare, npu_run, golden_run, step, criteria, limit
     origin = cause.first_origin
     if origin is not None:
         result.origin = dict(dataclasses.asdict(origin), **_facts(
-            origin.op_name, origin.op_type, tmap, _input_peak(table, origin.op_name)))
+            origin.op_name, origin.op_type, tmap, _input_peak(table, call_name(origin.op_name))))
         _call_pass(ws, npu_run, step, result.origin)
         # a front-end's call site (module path, the script's line), where it wrote one
-        site = ws.call_sites(npu_run, step).get(origin.op_name, {})
+        site = ws.call_sites(npu_run, step).get(call_name(origin.op_name), {})
         imported = bool(npu_run.info.get("source"))        # another tool's dump
         result.origin.update(module=site.get("module", ""), call_site=site.get("source", ""),
                              api_call=npu_run.info.get("front_end") == "pytorch",
@@ -850,7 +878,7 @@ def _underflow(table: pd.DataFrame, cause: RootCause) -> Optional[dict]:
     # zeroes (a ReLU whose input crossed zero with the state's drift): no underflow of its own
     carried = {t.op_name[i] for i in np.flatnonzero(bad & ~out & ~flushed).tolist()}
     hits = [i for i in np.flatnonzero(candidates).tolist()
-            if t.golden_op[i] not in noise and t.tensor[i].split(":")[0] not in noise
+            if t.golden_op[i] not in noise and t.op_name[i] not in noise
             and t.op_name[i] not in carried]
     if not hits:
         return None

@@ -92,7 +92,8 @@ def _step_note(look: dict) -> str:
         kind = "settling" if look["backoff"].get("kind") == "calibration" else "backing off"
         return f"  [the loss scale {kind}: no finding]"
     if look.get("after_skipped_update"):
-        return "  [after a skipped update: not judged]"
+        return "  [after a skipped update: from the NPU's state it matches: no finding]" \
+            if look.get("replayed") else "  [after a skipped update: not judged]"
     if look.get("drift_replayed"):
         return "  [drift: from the NPU's state it matches, the losses hold: no finding]"
     if look.get("parted"):
@@ -356,6 +357,10 @@ def _cosine_note(cosine: float, note: str) -> str:
     return f" ({note})" if cosine != cosine else ""
 
 
+# values an op's panel lists per side before it sums up the rest
+_SHOWN = 8
+
+
 def _render_op(app: App, s):
     """One op of a summary (comparing.summary.OpSummary) as a panel."""
     role = s.role or s.category
@@ -372,11 +377,18 @@ def _render_op(app: App, s):
         for side in ("input", "output"):
             cosines = getattr(s, f"{side}_cosines")
             notes = getattr(s, f"{side}_notes") or [""] * len(cosines)
-            lines.append(f"{side} cosines:{' ' if side == 'input' else ''} " + (" ".join(
-                fmt(c) + _cosine_note(c, note) for c, note in zip(cosines, notes)) or "-"))
+            shown = [fmt(c) + _cosine_note(c, note) for c, note in zip(cosines, notes)]
+            if len(shown) > _SHOWN:      # (a call on 142 gradients: the lowest is named)
+                low = min(range(len(cosines)),
+                          key=lambda k: cosines[k] if cosines[k] == cosines[k] else 2.0)
+                shown = shown[:_SHOWN] + [f"... {len(shown) - _SHOWN} more, the lowest "
+                                          f"{side} {low}: {shown[low]}"]
+            lines.append(f"{side} cosines:{' ' if side == 'input' else ''} " +
+                         (" ".join(shown) or "-"))
     reasons = [r for r in s.output_reasons if r]
     if reasons:
-        lines.append("diverges: " + " | ".join(reasons))
+        more = f" | ... {len(reasons) - _SHOWN} more" if len(reasons) > _SHOWN else ""
+        lines.append("diverges: " + " | ".join(reasons[:_SHOWN]) + more)
     # the role first: a narrow terminal cuts a title's end, and the role is what it says
     app.console.print(panel(escape("\n".join(lines)), title=escape(f"[{role}] {s.op_name} ({s.op_type})"),
                             title_align="left"))

@@ -46,7 +46,8 @@ from .backward import call_graph, next_node, where_from
 from .collectives import CollectiveWatch, rank_info
 from .scaler import ScalerWatch
 from .simulate import ByIdentity, tensors_in
-from .state import StateError, StateReplayed, npu_state, parse_state_from, set_state
+from .state import (StateError, StateReplayed, npu_loss_scale, npu_state, parse_state_from,
+                    set_state)
 
 TARGETS = ("npu", "golden")
 GOLDEN_DTYPES = ("float32", "float64")
@@ -326,6 +327,24 @@ class _Modules:
                     if name and isinstance(t, torch.Tensor) and self.variables.get(t) is None:
                         self.variables[t] = f"{name}.{key}"
 
+    def drop_state_not_in(self, values) -> int:
+        """The optimizer state a step from the NPU's state did not start with, dropped: a
+        parameter the NPU's step read (it is in `values`) with none of its state there had
+        none on the NPU (its loss scale skipped every update so far, and Adam makes its
+        moments and step at its first), so the golden's step makes it afresh too, with the
+        same calls. How many parameters' state was dropped."""
+        dropped = 0
+        for ref in self._optimizers:
+            optimizer = ref()
+            for group in optimizer.param_groups if optimizer is not None else ():
+                for p in group["params"]:
+                    name, state = self.variables.get(p), optimizer.state.get(p)
+                    if name and state and name in values and \
+                            not any(f"{name}.{key}" in values for key in state):
+                        del optimizer.state[p]
+                        dropped += 1
+        return dropped
+
     def name_state_of_optimizers(self) -> None:
         """The state of every optimizer seen stepping named again: what its last step made
         (a momentum buffer made at the first) before the next step reads it."""
@@ -568,6 +587,14 @@ class PrecisionDebugger:
             self._modules.name_state_of_optimizers()
         variables = self._modules.variables.items() if self._modules is not None else ()
         loaded, missing = set_state(variables, values)
+        if self._modules is not None:
+            dropped = self._modules.drop_state_not_in(values)
+            if dropped:
+                self._state_set.setdefault("state_dropped", {})[str(step)] = dropped
+        scale = npu_loss_scale(path, step)
+        if scale is not None and self._scaler is not None:
+            self._scaler.scale_to = scale
+            self._state_set.setdefault("loss_scale", {})[str(step)] = scale
         self._state_set["variables"][str(step)] = loaded
         if missing:
             self._state_set["not_set"][str(step)] = missing
@@ -994,12 +1021,21 @@ class PrecisionDebugger:
 
     def _leaf_grad(self, leaf, name: str, value) -> None:
         """A leaf's gradient is the backward output `name` (its value kept: value) when it
-        is the only one that reaches it this step and its .grad was empty (zeroed): the
-        update that reads .grad then reads that output, and that value (autograd took the
-        tensor or copied it). Named when autograd has accumulated it (a hook per leaf)."""
+        is the only one that reaches it this step (one call's edges count once) and its
+        .grad was empty (zeroed): the update that reads .grad then reads that output, and
+        that value (autograd took the tensor or copied it). Named when autograd has
+        accumulated it (a hook per leaf)."""
         fresh = leaf.grad is None
         made = self._leaf_made.get(leaf)
-        self._leaf_made[leaf] = (name, value) if fresh and made is None else ""
+        if fresh and made is None:
+            self._leaf_made[leaf] = (name, value)
+        elif made and made[0] == name:
+            # the same call's output again (an unfused LSTM's every time step reads the
+            # bias): autograd summed its edges into .grad in the leaf's dtype, and that sum,
+            # not the record's, is the value the update reads
+            self._leaf_made[leaf] = (name, None)
+        else:
+            self._leaf_made[leaf] = ""
         if id(leaf) in self._leaf_hooked:
             return
 
@@ -1007,7 +1043,8 @@ class PrecisionDebugger:
             made = self._leaf_made.get(param)
             if made and param.grad is not None:
                 self._name(param.grad, made[0])
-                self._copies[param.grad] = (_key(param.grad), made[1])
+                if made[1] is not None:
+                    self._copies[param.grad] = (_key(param.grad), made[1])
         self._leaf_hooked[id(leaf)] = leaf.register_post_accumulate_grad_hook(accumulated)
 
     def _kernels(self, outs) -> dict:

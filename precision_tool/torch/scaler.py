@@ -20,6 +20,15 @@ def _found_inf(scaler) -> Optional[bool]:
         return None
 
 
+def _set_scale(scaler, value: float, device) -> None:
+    """The scaler's scale set to `value` (its private tensor, made first where the scaler
+    has not scaled yet), outside the debugger's function mode: no call of the step."""
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        if getattr(scaler, "_scale", None) is None:
+            scaler._lazy_init_scale_growth_tracker(device)
+        scaler._scale.fill_(value)
+
+
 class ScalerWatch:
     """Wraps GradScaler.scale and .update: on_scale(loss tensor) before a scalar loss is
     scaled, on_update(scale used, next scale, finite) after each update. overflowed (the
@@ -31,6 +40,8 @@ class ScalerWatch:
     def __init__(self, on_scale: Callable, on_update: Callable,
                  overflowed: Optional[Callable[[], bool]] = None,
                  raise_flag: Optional[Callable] = None):
+        # a scale to set before the next scale() (a step started from the NPU's state)
+        self.scale_to: Optional[float] = None
         cls = self.cls = torch.amp.GradScaler
         self.scale0, self.update0 = cls.scale, cls.update
         scale0, update0 = self.scale0, self.update0
@@ -49,6 +60,9 @@ class ScalerWatch:
         def scale(scaler, outputs):
             if scaler.is_enabled() and isinstance(outputs, torch.Tensor) and \
                     outputs.numel() == 1:
+                if self.scale_to is not None:
+                    _set_scale(scaler, self.scale_to, outputs.device)
+                    self.scale_to = None
                 on_scale(outputs)
             return scale0(scaler, outputs)
 

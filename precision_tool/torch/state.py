@@ -4,8 +4,9 @@ A graph run's step replays from its bundle; a script's step is the script's loop
 which nothing here can call on its own. So the golden reruns the script, and where a step
 to judge begins (after the step before it ended) every variable the NPU run's dump of
 that step read, parameters, buffers and optimizer state by their names, is set to the
-NPU's value. The step then runs on the golden from the NPU's own state, with the same
-batch (the same seed), and is dumped. Several steps are judged in one rerun: each starts
+NPU's value, and a GradScaler's scale to the one the NPU's step used (after an update the
+NPU's scaler skipped, the golden's scale is still the higher one). The step then runs on
+the golden from the NPU's own state, with the same batch (the same seed), and is dumped. Several steps are judged in one rerun: each starts
 from the NPU's state again, whatever the steps before it left. After the last one the
 script ends (StateReplayed, which the runner takes as a clean exit): the steps after it
 would start from state the script never had. Needs the NPU's values: a tensor dump of the
@@ -70,6 +71,20 @@ def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
                 for r in rows.itertuples()}
     except (PrecisionToolError, OSError, ValueError) as e:
         raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
+
+
+def npu_loss_scale(run_dir: str, step: int):
+    """The loss scale the NPU run's step used (its step history's), None where it has none
+    (no loss scaler, or a history that cannot be read): a step after an update the NPU's
+    scaler skipped and the golden's took starts from a scale the golden's never lowered."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
+    try:
+        ws = Workspace(root)
+        history = ws.step_history(ws.resolve_run(run_dir, "npu"))
+        scale = history.loss_scale[history.step == step]
+    except (PrecisionToolError, OSError, AttributeError, ValueError):
+        return None
+    return float(scale.iloc[0]) if len(scale) and scale.iloc[0] == scale.iloc[0] else None
 
 
 def missing_state(ws: Workspace, run, step: int) -> str:

@@ -135,12 +135,15 @@ class OpRows:
         self.golden_op = col("GroundTruth", "")
         # input rows holding a variable's value at the start of the step
         self.state = (texts(table, "GoldenOpType") == "Variable") & ~np.array(self.is_out, dtype=bool)
-        self.op_name = col("NPUDump", "")
+        # a list kernel's lanes are ops of their own (see _lanes); rows its lanes share
+        self.op_name, self.shared = _lanes(col("NPUDump", ""), self.tensor, self.op_type)
         # rows that fail on one piece of evidence alone (root cause's and underflow's tests);
         # these stay numpy arrays: read for a few rows each, and no list of 100,000 items
         # more for the garbage collector to walk
         self.cosine_only = self.judged.only("cosine")
         self.flushed_only = self.judged.only("flushed")
+        # a tensor of few elements off by its relative error alone (its cosine passes)
+        self.small_only = self.judged.only("relative error")
         # rows that fail on how far they are from the golden (cosine, norms, the share of
         # zeros: a ReLU whose input crossed zero), not on elements saturated at the fp16
         # maximum or non-finite (Gradual's evidence)
@@ -167,7 +170,7 @@ class OpRows:
         self.elements = numbers(table, "Elements").tolist()
         self.red = numbers(table, "RelativeEuclideanDistance").tolist()
         self._index = column(table, "Index", 0)
-        self.ops = _diverging_ops(column(table, "NPUDump", ""), self._index,
+        self.ops = _diverging_ops(np.asarray(self.op_name, dtype=object), self._index,
                                   bad & np.array(self.is_out, dtype=bool))
         self.order_of = {name: order for name, _, order in self.ops}
         # rows whose golden holds nan/inf: their metrics leave those elements out, so a pass
@@ -194,8 +197,9 @@ class OpRows:
 
     def inputs(self, op_name: str, pos: list) -> list:
         """The rows an op reads: its input rows and, for a call's backward, what its
-        forward saved."""
-        return [i for i in pos if not self.is_out[i]] + self.saved(op_name)
+        forward saved; for a list kernel's lane, the rows its lanes share."""
+        return [i for i in pos if not self.is_out[i]] + self.saved(op_name) + \
+            self.shared.get(op_name, [])
 
     def furthest(self, rows: list) -> Optional[int]:
         """The row furthest from the golden (relative Euclidean distance; rows without one
@@ -263,6 +267,63 @@ class OpRows:
         if todo:
             self._reasons.update(zip(todo, self.judged.reasons(todo).tolist()))
         return [self._reasons[i] for i in rows]
+
+
+# a call on lists of tensors (`torch._foreach_mul_`, the scaler's unscale, a fused
+# optimizer): element k of every list it takes makes element k of the list it puts out
+_LIST_KERNELS = ("Torch._foreach_", "Torch._amp_foreach_", "Torch._fused_")
+# the inputs past its lists, where their count is fixed (for others, what a whole number of
+# lists leaves over: with as many lanes as such inputs, the count is not to be guessed)
+_SHARED_INPUTS = {"Torch._amp_foreach_non_finite_check_and_unscale_": 2}   # found_inf, inv_scale
+
+
+def _lanes(names: list, tensors: list, types: list) -> tuple:
+    """(names, shared): each row's op as root cause walks it, and the rows each lane also
+    reads. A list kernel's lanes are independent ops, named `<op>[k]` after their element:
+    with n outputs (one per lane), its input j of a list belongs to lane j mod n, and the
+    inputs past its lists (the scaler's found_inf and inv_scale) are read by every lane. As one op, the
+    scaler's unscale read a real divergence in one gradient and noise in others, so the
+    noise's effect on the updates counted for the real one, which every update absorbed.
+    Other ops' names are kept."""
+    kernels: dict = {}
+    for i, kind in enumerate(types):
+        if kind.startswith(_LIST_KERNELS):
+            kernels.setdefault(names[i], []).append(i)
+    shared: dict = {}
+    if not kernels:
+        return names, shared
+    names = list(names)
+    for name, rows in kernels.items():
+        fixed = _SHARED_INPUTS.get(types[rows[0]])
+        split = [tensors[i].rpartition(":")[::2] for i in rows]     # ("...:input", "3")
+        outs = [int(k) for (side, k) in split if side.endswith("output") and k.isdigit()]
+        lanes = len(outs)
+        n_in = sum(1 for (side, _) in split if side.endswith("input"))
+        if lanes < 2 or sorted(outs) != list(range(lanes)) or n_in < lanes:
+            continue
+        listed = n_in - fixed if fixed is not None else n_in // lanes * lanes
+        if listed % lanes:
+            continue
+        common = []
+        for i, (side, k) in zip(rows, split):
+            j = int(k) if k.isdigit() else -1
+            if side.endswith("input") and not 0 <= j < listed:
+                common.append(i)
+            else:
+                names[i] = f"{name}[{j % lanes}]"
+        for k in range(lanes):
+            shared[f"{name}[{k}]"] = common
+    return names, shared
+
+
+def call_name(op_name: str) -> str:
+    """The op a root cause's name stands for in the table and the dump: a list kernel's
+    lane `<op>[k]` is its call `<op>`; other names are their own."""
+    if isinstance(op_name, str) and op_name.endswith("]"):
+        head, bracket, k = op_name[:-1].rpartition("[")
+        if bracket and k.isdigit():
+            return head
+    return op_name
 
 
 def _diverging_ops(names: np.ndarray, order: np.ndarray, bad_out: np.ndarray) -> list:
@@ -581,7 +642,11 @@ def _root_cause(t: "OpRows", noise: Set[str], overflowed: Set[str] = frozenset()
         # and, a normalised step computed in fp32 (the golden's own kernel) from inputs that
         # differ at all, into full steps where the golden's gradient, below eps, took a
         # partial one (a bias that starts at zero then differs in norm too)
-        amplified = d.is_origin and _updates_inputs(d.op_type) and bool(bad_out) and (
+        # (a step input of few elements whose cosine passes, off by its relative error alone,
+        # counts as matching here: the first Adam step of a bias of 4 zeros takes a full step
+        # the other way for an element the incoming rounding moved across zero)
+        amplified = _updates_inputs(d.op_type) and bool(bad_out) and \
+            all(t.small_only[i] and _reads_as_step(t, i) for i in bad_in) and (
             all(t.cosine_only[i] for i in bad_out) or _normalised_step(d.op_type) and
             all(str(t.dtype[i]) in _WIDE for i in bad_out) and
             any(_differs(t, i) for i in ins))
@@ -682,7 +747,7 @@ def _without_effect(t: "OpRows", found: dict, overflowed: Set[str] = frozenset()
     for name in sorted(divs, key=lambda n: divs[n].order):
         pos = rows[name]
         ins = [t.golden_tensor[i] for i in t.inputs(name, pos) if t.bad[i]]
-        if name in overflowed or any(g in made for g in ins):
+        if name in overflowed or call_name(name) in overflowed or any(g in made for g in ins):
             stepped.add(name)
             made.update(t.golden_tensor[i] for i in pos if t.is_out[i] and t.bad[i])
     effect: dict = {}

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Set
 
+import pandas as pd
+
 from ...dump import hooks
 from ...dump import Workspace
 from ...dump.bundle import load_bundle, replay
@@ -93,7 +95,10 @@ def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> F
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
     # by chance: it is no failure of either; nor is what has no effect
     noise = c.cause.benign_ops
-    bad = table.Verdict.isin(DIVERGING) & ~table.NPUDump.isin(noise)   # judged under criteria
+    # (by the ops root cause walked: a list kernel's lanes are ops of their own)
+    ops = c.cause.rows.op_name if c.cause.rows is not None and \
+        len(c.cause.rows.op_name) == len(table) else table.NPUDump.tolist()
+    bad = table.Verdict.isin(DIVERGING) & ~pd.Series(ops, index=table.index).isin(noise)
     return Failures(set(table[bad].GoldenTensor), [] if c.quiet_overflows else every, every)
 
 

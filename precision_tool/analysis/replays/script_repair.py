@@ -29,6 +29,7 @@ from ...errors import WorkspaceError
 from ...runtime.npu.fusion import PASSES
 from ...fileio import jsonable, write_text_atomic
 from ..autocheck import judge_step, own_from_npu_state, starts_drifted
+from ..diagnosis.rootcause import call_name
 from ..diagnosis.scale_history import calibration, loss_scale_history
 from ..diagnosis.steps import check_steps
 from .fusion_bisect import failing
@@ -128,7 +129,7 @@ def candidates(ws: Workspace, npu: Run, c, step: int) -> List[str]:
     them: a softmax over the scores), then every other API the step computed in fp16 or
     bf16, in execution order, and last the first origin's module (every call in it). A
     module named by its class is a whole model (the outermost called): force_fp32 says that."""
-    firsts = [t.op_name for t in c.tasks] + [o.op_name for o in c.cause.origins]
+    firsts = [t.op_name for t in c.tasks] + [call_name(o.op_name) for o in c.cause.origins]
     table = ws.index_table(npu, step)
     ops, io, tensors, dtypes = (table[k].tolist() for k in ("op_name", "io", "tensor", "dtype"))
     made = {f"{op}:" for op in firsts[:2]}
@@ -148,7 +149,7 @@ def candidates(ws: Workspace, npu: Run, c, step: int) -> List[str]:
              ".grad_sum." not in op]
     first = c.cause.first_origin
     if first is not None:
-        module = ws.call_sites(npu, step).get(first.op_name, {}).get("module", "")
+        module = ws.call_sites(npu, step).get(call_name(first.op_name), {}).get("module", "")
         if module and not module[:1].isupper():
             names.append(module)
     return list(dict.fromkeys(n for n in names if n and n != "Variable"))
