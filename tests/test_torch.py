@@ -2470,6 +2470,51 @@ def test_steps_after_a_settling_loss_scale_are_judged_from_the_npus_state(tmp_pa
     assert state["loss_scale"] == {str(k): 2.0 ** 16 for k in (1, 2, 3)}
 
 
+FLIPPED_AT_2 = textwrap.dedent("""
+    import os, torch, torch.nn as nn, torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 17)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+    npu = os.environ.get("PRECISION_TOOL_TORCH_TARGET") == "npu"
+    for step in range(4):
+        # what a kernel computing wrongly on the device does, at step 2 only
+        logits = model(x) * (-1.0 if npu and step == 2 else 1.0)
+        loss = F.cross_entropy(logits, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+""")
+
+
+def test_a_step_after_a_skip_that_diverges_from_the_npus_state_too_is_its_own(tmp_path):
+    """The loss scale settles at step 0 (skipped on the NPU, taken by the golden), and at
+    step 2 the NPU's run computes its logits wrongly. Against the golden as written every
+    tensor of step 2 differs by the skipped update; ac -c judges step 1 against the golden
+    started from the NPU's state (it matches) and compares step 2 with that replay, where
+    the NPU's own fault is the origin (its call and line), exit 1."""
+    script = tmp_path / "flipped.py"
+    script.write_text(FLIPPED_AT_2)
+    root = tmp_path / "ws"
+    done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
+                      "--", str(script))
+    assert done.returncode == 0, done.stderr
+    out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+    result = json.loads(out.stdout)
+    advice = " ".join(result["advice"])
+    assert out.exit_code == 1 and result["step"] == 2, advice
+    replayed = result["after_skip_replayed"]
+    assert replayed["steps"] == [1] and replayed["diverges"] == 2
+    assert result["golden_run"] == replayed["replayed_by"] != "cpu/debug_0"
+    assert result["origin"]["op_name"] == "Tensor.mul.0.forward"
+    assert result["origin"]["call_site"].endswith("flipped.py:12 in <module>")
+    assert "Step 2 diverges from that replay too" in advice
+    assert "so the state differs" not in advice
+
+
 def test_a_nanogpt_rmsnorm_whose_squares_flush_in_fp16_is_named_and_fixed(tmp_path):
     """A planted cause: an RMSNorm over activations of 1e-4, under force_fp16: the squares
     flush to zero and 1/sqrt(0 + eps) overflows (eps 1e-8 is zero in fp16 too). ac -c names

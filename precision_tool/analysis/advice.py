@@ -248,7 +248,9 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
     if r.underflow is not None:
         where = o if o is not None and o["op_name"] in r.underflow.get("ops", []) else None
         lines.append(_underflow_advice(r.underflow, r.loss_scale, where, mode, opts))
-    skipped = _skipped_before(r.loss_scale, r.step, getattr(r, "golden_skipped", ()))
+    replayed = getattr(r, "after_skip_replayed", None) or {}
+    skipped = _skipped_before(r.loss_scale, r.step, getattr(r, "golden_skipped", ()),
+                              replayed.get("diverges") == r.step)
     if skipped:
         lines.append(skipped + " " + _capital(opts.tag(
             f"start the loss scale at {_scale_at(r.loss_scale, r.step):.10g}, where the manager "
@@ -721,9 +723,11 @@ def _origin_advice(r, o: dict, mode: str, opts: Options) -> str:
                                                    ", and compare again.")
 
 
-def _skipped_before(history: Optional[dict], step: int, golden_skipped=()) -> str:
+def _skipped_before(history: Optional[dict], step: int, golden_skipped=(),
+                    replayed: bool = False) -> str:
     """The steps before `step` whose update a dynamic loss scale skipped and the golden took
-    (the state differs from there on), as a sentence; "" when none (or the golden skipped
+    (the state differs from there on, unless the step is compared with the golden started
+    from the NPU's state: replayed), as a sentence; "" when none (or the golden skipped
     them too)."""
     if not history or history["first_scale"] != history["first_scale"]:
         return ""
@@ -732,8 +736,9 @@ def _skipped_before(history: Optional[dict], step: int, golden_skipped=()) -> st
         return ""
     return (f"{len(skipped)} of the {step} steps before step {step} overflowed and skipped "
             f"their update ({format_steps(skipped)}) while the dynamic loss scale came down "
-            f"from {history['first_scale']:.10g} to {_scale_at(history, step):.10g}: the golden "
-            f"took those updates, so the state differs from it from step {skipped[0]} on.")
+            f"from {history['first_scale']:.10g} to {_scale_at(history, step):.10g}" +
+            ("." if replayed else f": the golden took those updates, so the state differs "
+                                  f"from it from step {skipped[0]} on."))
 
 
 def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) -> str:
@@ -751,15 +756,28 @@ def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) 
 
 
 def _after_skip_replayed_text(judged: dict, history: Optional[dict]) -> str:
-    steps = judged["steps"]
-    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
-    which = f"Step {steps[0]} comes" if len(steps) == 1 else \
-        f"Steps {format_steps(steps)} come"
-    return (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the loss "
-            f"scale skipped and the golden took. Judged against the golden started from the "
-            f"NPU's own state ({judged['replayed_by']}, a rerun of the script), "
-            f"{'it computes' if len(steps) == 1 else 'they compute'} as the golden does: no "
-            f"finding.")
+    """Steps after a skipped update, judged against the golden from the NPU's state: those
+    that match, and the one reported that diverges there too."""
+    steps, diverges = judged["steps"], judged.get("diverges")
+    first = steps[0] if steps else diverges
+    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < first]
+    where = (f"the golden started from the NPU's own state ({judged['replayed_by']}, a rerun "
+             f"of the script)")
+    text = ""
+    if steps:
+        which = f"Step {steps[0]} comes" if len(steps) == 1 else \
+            f"Steps {format_steps(steps)} come"
+        text = (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the "
+                f"loss scale skipped and the golden took. Judged against {where}, "
+                f"{'it computes' if len(steps) == 1 else 'they compute'} as the golden does: "
+                f"no finding.")
+    if diverges is not None:
+        text += (f" Step {diverges} diverges from that replay too: it is compared with it here, "
+                 f"and what follows is its own." if steps else
+                 f"Step {diverges} comes after the update(s) of step(s) "
+                 f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
+                 f"it is compared with {where}, and what follows is its own.")
+    return text
 
 
 def _backoff_text(b: dict, first: Optional[dict]) -> str:

@@ -70,8 +70,9 @@ class AutoCheck:
     # the steps whose update the golden skipped too (a golden made to follow the NPU's)
     golden_skipped: List[int] = field(default_factory=list)
     # steps after an update the NPU skipped and the golden took, judged against the golden
-    # started from the NPU's state (a rerun of the script) and found to match: the steps and
-    # the replay's run label
+    # started from the NPU's state (a rerun of the script): those found to match ("steps"),
+    # the replay's run label, and the step that diverges there too ("diverges", the step
+    # reported, compared with that replay), if one does
     after_skip_replayed: Optional[dict] = None
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
@@ -248,6 +249,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     state_replays = compare and verify and not why_no_state_replay(npu_run)
     replayable = losses_hold and state_replays
     drifted: List[int] = []                 # steps replayed after the loop, in order
+    against_replay = None      # a step after a skip that diverges from the NPU's state too
     from_state: Dict[int, tuple] = {}      # step -> own_from_npu_state's answer, made once
     stop = None                             # the first step with a finding that stands
     for s in steps:
@@ -299,6 +301,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         after_skip += unjudged
         drifted = [x for x in drifted if x not in unjudged]
         fails = next((x for x in drifted if from_state[x][0] != []), None)
+        if fails is not None and looks[fails].get("after_skipped_update"):
+            # judged against the replay, not the golden that took the skipped updates
+            against_replay = fails
         if fails is not None:       # where ac stops: what it looked at after is left out
             stop, drifted = fails, [x for x in drifted if x < fails]
             result.steps = [look for look in result.steps if look["step"] <= stop]
@@ -318,12 +323,23 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.unseen_steps[AFTER_SKIPPED_UPDATE] = after_skip
     judged = [x for x in drifted if x != s and
               any(look["step"] == x and look.get("after_skipped_update") for look in result.steps)]
+    if against_replay is not None:
+        # what it is judged against: the golden from the NPU's state, where what still
+        # diverges is the step's own (against the golden as written, the skipped update's
+        # difference is in everything)
+        golden_run = ws.reopened().resolve_run(from_state[s][1], "cpu")   # (a new run)
+        compared[s] = judge_step(ws, npu_run, golden_run, s, criteria, report.tasks, None,
+                                 workers, scheduler)
+        result.golden_run = golden_run.label
+        result.steps[-1]["against_replay"] = golden_run.label
     # (what crosses gradually against a golden whose state differs by a skipped update is
     # no evidence: such steps are judged from the NPU's state, or not at all)
     result.gradual = _gradual({x: c.cause for x, c in compared.items()
                                if x not in judged and x not in after_skip})
-    if judged:
-        result.after_skip_replayed = {"steps": judged, "replayed_by": from_state[judged[0]][1]}
+    if judged or against_replay is not None:
+        by = from_state[judged[0] if judged else s][1]
+        result.after_skip_replayed = {"steps": judged, "replayed_by": by,
+                                      "diverges": against_replay}
         for look in result.steps:
             if look["step"] in judged:
                 look["replayed"] = True
@@ -381,8 +397,9 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
             result.ranks_divergence = _ranks_divergence(ws, siblings, npu_run, golden_run, s,
                                                         criteria, compared[s], workers,
                                                         scheduler)
-        _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay,
-               verify, on_progress, from_state.get(s))
+        if against_replay is None:
+            _drift(ws, npu_run, golden_run, s, criteria, compared, result, replay,
+                   verify, on_progress, from_state.get(s))
         if write_csv:
             try:
                 result.result_file = write_result(ws, compared[s].table)
