@@ -2496,12 +2496,7 @@ def test_a_step_after_a_skip_that_diverges_from_the_npus_state_too_is_its_own(tm
     tensor of step 2 differs by the skipped update; ac -c judges step 1 against the golden
     started from the NPU's state (it matches) and compares step 2 with that replay, where
     the NPU's own fault is the origin (its call and line), exit 1."""
-    script = tmp_path / "flipped.py"
-    script.write_text(FLIPPED_AT_2)
-    root = tmp_path / "ws"
-    done = _torch_run(root, "--precision-mode", "allow_mix_precision", "--dump-step", "all",
-                      "--", str(script))
-    assert done.returncode == 0, done.stderr
+    _, root = _dumped_script(tmp_path, FLIPPED_AT_2, "flipped.py")
     out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
     result = json.loads(out.stdout)
     advice = " ".join(result["advice"])
