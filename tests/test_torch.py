@@ -2410,6 +2410,15 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
         assert "Steps 3-5 diverge after the update(s) of step(s) 2, which the loss scale " \
             "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
+        # a script that cannot be rerun: not judged either, and why
+        shutil.rmtree(Workspace(str(root)).resolve_run(
+            json.loads(CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+                       .stdout)["after_skip_replayed"]["replayed_by"], None).path)
+        script.rename(tmp_path / "moved.py")
+        out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+        advice = " ".join(json.loads(out.stdout)["advice"])
+        assert out.exit_code == 2 and "(not judged from the NPU's state: " in advice and \
+            "spike.py" in advice, advice
 
 
 @pytest.mark.parametrize("scale,settles", [(2.0 ** 17, True), (2.0 ** 20, False)])

@@ -230,7 +230,7 @@ def advise(r, options: Optional[Options] = None) -> List[str]:
         lines.append(_after_skip_replayed_text(r.after_skip_replayed, r.loss_scale))
     if AFTER_SKIPPED_UPDATE in r.unseen_steps:
         lines.append(_after_skip_text(r.unseen_steps[AFTER_SKIPPED_UPDATE], r.loss_scale,
-                                      r.front_end))
+                                      r.front_end, getattr(r, "after_skip_not_replayed", "")))
     if data_first:
         lines.append(_golden_nonfinite_advice(g) + f" The divergence that starts at "
                      f"{o['op_name']} follows from it.")
@@ -741,7 +741,8 @@ def _skipped_before(history: Optional[dict], step: int, golden_skipped=(),
                                   f"from it from step {skipped[0]} on."))
 
 
-def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) -> str:
+def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str,
+                     not_replayed: str = "") -> str:
     skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
     how = ("rerun with torch-run --golden-skips-as-npu (the golden then skips those updates "
            "too) and compare again") if front_end == "pytorch" else \
@@ -752,7 +753,9 @@ def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str) 
     return (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the loss "
             f"scale skipped and the golden took: their state differs from the golden's by "
             f"that, so what diverges there cannot be told from it, and no clean verdict is "
-            f"given for them. To judge them, {how}.")
+            f"given for them" + (f" (not judged from the NPU's state: "
+                                 f"{not_replayed})" if not_replayed else "") +
+            f". To judge them, {how}.")
 
 
 def _after_skip_replayed_text(judged: dict, history: Optional[dict]) -> str:

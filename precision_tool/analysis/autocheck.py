@@ -74,6 +74,7 @@ class AutoCheck:
     # the replay's run label, and the step that diverges there too ("diverges", the step
     # reported, compared with that replay), if one does
     after_skip_replayed: Optional[dict] = None
+    after_skip_not_replayed: str = ""     # why such steps could not be rerun so, if they were not
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
     steps: List[dict] = field(default_factory=list)        # what was looked at, step by step
     # steps of either run that a compare of every step could not look at: interrupted
@@ -299,6 +300,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         unjudged = [x for x in drifted if from_state[x][0] is None and
                     looks[x].get("after_skipped_update")]
         after_skip += unjudged
+        if unjudged:
+            result.after_skip_not_replayed = from_state[unjudged[0]][2]
         drifted = [x for x in drifted if x not in unjudged]
         fails = next((x for x in drifted if from_state[x][0] != []), None)
         if fails is not None and looks[fails].get("after_skipped_update"):
