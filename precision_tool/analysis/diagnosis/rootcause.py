@@ -281,10 +281,10 @@ def _lanes(names: list, tensors: list, types: list) -> tuple:
     """(names, shared): each row's op as root cause walks it, and the rows each lane also
     reads. A list kernel's lanes are independent ops, named `<op>[k]` after their element:
     with n outputs (one per lane), its input j of a list belongs to lane j mod n, and the
-    inputs past its lists (the scaler's found_inf and inv_scale) are read by every lane. As one op, the
-    scaler's unscale read a real divergence in one gradient and noise in others, so the
-    noise's effect on the updates counted for the real one, which every update absorbed.
-    Other ops' names are kept."""
+    inputs past its lists (the scaler's found_inf and inv_scale) are read by every lane.
+    As one op, the scaler's unscale read a real divergence in one gradient and noise in
+    others, so the noise's effect on the updates counted for the real one, which every
+    update absorbed. Other ops' names are kept."""
     kernels: dict = {}
     for i, kind in enumerate(types):
         if kind.startswith(_LIST_KERNELS):
@@ -309,7 +309,7 @@ def _lanes(names: list, tensors: list, types: list) -> tuple:
             j = int(k) if k.isdigit() else -1
             if side.endswith("input") and not 0 <= j < listed:
                 common.append(i)
-            else:
+            elif j >= 0:
                 names[i] = f"{name}[{j % lanes}]"
         for k in range(lanes):
             shared[f"{name}[{k}]"] = common
