@@ -2400,7 +2400,13 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
             "skipped and the golden took. Judged against the golden started from the NPU's " \
             "own state" in advice, advice
         shown = CliRunner().invoke(cli, ["--data-dir", str(root), "ac", "-c"]).output
-        assert "[after a skipped update: from the NPU's state it matches: no finding]" in shown
+        replay = result["after_skip_replayed"]["replayed_by"]
+        assert f"[after a skipped update: against {replay}, from the NPU's state: no finding]" \
+            in shown
+        # the steps box counts them against that replay, as they were judged
+        looks = {look["step"]: look for look in result["steps"]}
+        assert all(looks[x]["against"] == replay and looks[x]["diverging_ops"] == 0
+                   for x in (3, 4, 5)), looks
         # without the replay they are not judged: no clean verdict
         out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c",
                                        "--no-verify"])

@@ -331,10 +331,8 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         # diverges is the step's own (against the golden as written, the skipped update's
         # difference is in everything)
         golden_run = ws.reopened().resolve_run(from_state[s][1], "cpu")   # (a new run)
-        compared[s] = judge_step(ws, npu_run, golden_run, s, criteria, report.tasks, None,
-                                 workers, scheduler)
+        compared[s] = from_state[s][3]
         result.golden_run = golden_run.label
-        result.steps[-1]["against_replay"] = golden_run.label
     # (what crosses gradually against a golden whose state differs by a skipped update is
     # no evidence: such steps are judged from the NPU's state, or not at all)
     result.gradual = _gradual({x: c.cause for x, c in compared.items()
@@ -344,8 +342,13 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         result.after_skip_replayed = {"steps": judged, "replayed_by": by,
                                       "diverges": against_replay}
         for look in result.steps:
-            if look["step"] in judged:
-                look["replayed"] = True
+            x = look["step"]
+            if x in judged or x == against_replay:
+                # what the steps box says of it: against the replay, as it was judged
+                c = from_state[x][3]
+                look.update(against=by, replayed=x in judged, diverging_ops=c.findings,
+                            coverage=c.coverage.text(), lost_updates=len(c.updates.lost),
+                            gradual_ops=len(c.cause.gradual))
     # a step looked at on the way whose compare left tensors out: no clean verdict over it
     # (the step reported says so through its own coverage)
     # (a step after a skipped update is not judged already: the calls it makes may differ,
@@ -438,8 +441,8 @@ def _drift(ws, npu_run, golden_run, step, criteria, compared: Dict[int, StepComp
         # (torch.state); what fails against that is the step's own. Without it, no op is
         # blamed, and the drift is said as not replayed.
         shows = result.origin["op_name"] if result.origin else None
-        own, by, why = from_state or own_from_npu_state(ws, npu_run, golden_run, [step],
-                                                         criteria, verify, on_progress)[step]
+        own, by, why = (from_state or own_from_npu_state(ws, npu_run, golden_run, [step],
+                                                          criteria, verify, on_progress)[step])[:3]
         if not own:
             result.origin = result.origin_replay = result.impact = None
         result.drift = {"kind": "state", "shows_first": shows, "loss": gap.to_dict(),
@@ -485,20 +488,25 @@ def own_from_npu_state(ws, npu_run, golden_run, steps, criteria, verify=True,
                        on_progress=None) -> Dict[int, tuple]:
     """Each step of `steps` -> (what of it still fails against the golden started from the
     NPU's state: [] when nothing, None when not replayed; the replay's run label; why not
-    replayed). One replay run holds them all."""
+    replayed; the step judged against the replay, a StepCompare, or None). One replay run
+    holds them all."""
     if not verify:
-        return {k: (None, None, "not asked for (--no-verify)") for k in steps}
+        return {k: (None, None, "not asked for (--no-verify)", None) for k in steps}
     if npu_run.info.get("front_end") != "pytorch" or npu_run.info.get("source"):
-        return {k: (None, None, "no replay bundle, and no script to rerun") for k in steps}
+        return {k: (None, None, "no replay bundle, and no script to rerun", None)
+                for k in steps}
     # a step whose state cannot be read is left out of the rerun, not every step with it
-    out = {k: (None, None, why) for k in steps
+    out = {k: (None, None, why, None) for k in steps
            for why in [missing_state(ws, npu_run, k)] if why}
     steps = [k for k in steps if k not in out]
     made, why = golden_from_npu_state(ws, npu_run, golden_run, steps, on_progress) \
         if steps else (None, "")
     for k in steps:
-        out[k] = (_still_failing(judge_step(ws, npu_run, made, k, criteria)), made.label, "") \
-            if made is not None else (None, None, why)
+        if made is None:
+            out[k] = (None, None, why, None)
+        else:
+            judged = judge_step(ws, npu_run, made, k, criteria)
+            out[k] = (_still_failing(judged), made.label, "", judged)
     return out
 
 

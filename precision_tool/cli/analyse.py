@@ -91,12 +91,11 @@ def _step_note(look: dict) -> str:
     if look.get("backoff"):
         kind = "settling" if look["backoff"].get("kind") == "calibration" else "backing off"
         return f"  [the loss scale {kind}: no finding]"
+    if look.get("against"):     # (its counts are against that replay)
+        return f"  [after a skipped update: against {look['against']}, from the NPU's " \
+            f"state" + (": no finding]" if look.get("replayed") else "]")
     if look.get("after_skipped_update"):
-        return "  [after a skipped update: from the NPU's state it matches: no finding]" \
-            if look.get("replayed") else "  [after a skipped update: not judged]"
-    if look.get("against_replay"):
-        return f"  [after a skipped update: compared with {look['against_replay']}, from the " \
-            f"NPU's state]"
+        return "  [after a skipped update: not judged]"
     if look.get("drift_replayed"):
         return "  [drift: from the NPU's state it matches, the losses hold: no finding]"
     if look.get("parted"):

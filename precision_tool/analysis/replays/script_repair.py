@@ -250,8 +250,8 @@ def repair_script(ws: Workspace, npu: Run, golden: Run, step: Optional[int], cri
     result.before = failing(ws, npu, golden, step, criteria).names()
     progress(f"step {step}: {len(result.before)} tensor(s) or overflow(s) fail")
     if starts_drifted(c, npu, step):
-        own, by, _ = own_from_npu_state(ws, npu, golden, [step], criteria,
-                                        on_progress=progress)[step]
+        own, by = own_from_npu_state(ws, npu, golden, [step], criteria,
+                                     on_progress=progress)[step][:2]
         if own == []:       # the step computes as the golden does from the NPU's state
             result.notes.append(
                 f"step {step} starts from state that drifted off the golden's, and from the "
