@@ -743,18 +743,16 @@ def _skipped_before(history: Optional[dict], step: int, golden_skipped=(),
 
 def _after_skip_text(steps: List[int], history: Optional[dict], front_end: str,
                      not_replayed: str = "") -> str:
-    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < steps[0]]
     how = ("rerun with torch-run --golden-skips-as-npu (the golden then skips those updates "
            "too) and compare again") if front_end == "pytorch" else \
         (f"start the loss scale lower ({_scale_at(history, steps[0]):.10g} or below) so that "
          f"no update is skipped, dump again and compare")
     which = f"Step {steps[0]} diverges" if len(steps) == 1 else \
         f"Steps {format_steps(steps)} diverge"
-    return (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the loss "
-            f"scale skipped and the golden took: their state differs from the golden's by "
-            f"that, so what diverges there cannot be told from it, and no clean verdict is "
-            f"given for them" + (f" (not judged from the NPU's state: "
-                                 f"{not_replayed})" if not_replayed else "") +
+    return (f"{which} {_after_skipped(history, steps[0])}: their state differs from the "
+            f"golden's by that, so what diverges there cannot be told from it, and no clean "
+            f"verdict is given for them" +
+            (f" (not judged from the NPU's state: {not_replayed})" if not_replayed else "") +
             f". To judge them, {how}.")
 
 
@@ -762,25 +760,29 @@ def _after_skip_replayed_text(judged: dict, history: Optional[dict]) -> str:
     """Steps after a skipped update, judged against the golden from the NPU's state: those
     that match, and the one reported that diverges there too."""
     steps, diverges = judged["steps"], judged.get("diverges")
-    first = steps[0] if steps else diverges
-    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < first]
+    after = _after_skipped(history, steps[0] if steps else diverges)
     where = (f"the golden started from the NPU's own state ({judged['replayed_by']}, a rerun "
              f"of the script)")
     text = ""
     if steps:
         which = f"Step {steps[0]} comes" if len(steps) == 1 else \
             f"Steps {format_steps(steps)} come"
-        text = (f"{which} after the update(s) of step(s) {format_steps(skipped)}, which the "
-                f"loss scale skipped and the golden took. Judged against {where}, "
+        text = (f"{which} {after}. Judged against {where}, "
                 f"{'it computes' if len(steps) == 1 else 'they compute'} as the golden does: "
                 f"no finding.")
     if diverges is not None:
         text += (f" Step {diverges} diverges from that replay too: it is compared with it here, "
                  f"and what follows is its own." if steps else
-                 f"Step {diverges} comes after the update(s) of step(s) "
-                 f"{format_steps(skipped)}, which the loss scale skipped and the golden took: "
-                 f"it is compared with {where}, and what follows is its own.")
+                 f"Step {diverges} comes {after}: it is compared with {where}, and what "
+                 f"follows is its own.")
     return text
+
+
+def _after_skipped(history: Optional[dict], step: int) -> str:
+    """"after the update(s) of step(s) ..." that the loss scale skipped before `step`."""
+    skipped = [s for s in (history or {}).get("skipped_steps", []) if s < step]
+    return (f"after the update(s) of step(s) {format_steps(skipped)}, which the loss scale "
+            f"skipped and the golden took")
 
 
 def _backoff_text(b: dict, first: Optional[dict]) -> str:

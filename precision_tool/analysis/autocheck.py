@@ -292,11 +292,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         if findings and not contained:
             stop = s
             break
+    looks = {look["step"]: look for look in result.steps}
     if drifted:
         from_state.update(own_from_npu_state(ws, npu_run, golden_run, drifted, criteria, True,
                                              on_progress))
         # a step after a skipped update that could not be replayed is not judged at all
-        looks = {look["step"]: look for look in result.steps}
         unjudged = [x for x in drifted if from_state[x][0] is None and
                     looks[x].get("after_skipped_update")]
         after_skip += unjudged
@@ -324,8 +324,7 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     result.backoff = backoffs.get(s)
     if after_skip and s not in after_skip:
         result.unseen_steps[AFTER_SKIPPED_UPDATE] = after_skip
-    judged = [x for x in drifted if x != s and
-              any(look["step"] == x and look.get("after_skipped_update") for look in result.steps)]
+    judged = [x for x in drifted if x != s and looks[x].get("after_skipped_update")]
     if against_replay is not None:
         # what it is judged against: the golden from the NPU's state, where what still
         # diverges is the step's own (against the golden as written, the skipped update's
@@ -341,12 +340,10 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
         by = from_state[judged[0] if judged else s][1]
         result.after_skip_replayed = {"steps": judged, "replayed_by": by,
                                       "diverges": against_replay}
-        for look in result.steps:
-            x = look["step"]
-            if x in judged or x == against_replay:
-                # what the steps box says of it: against the replay, as it was judged
-                c = from_state[x][3]
-                look.update(against=by, replayed=x in judged, diverging_ops=c.findings,
+        for x in [*judged, *([against_replay] if against_replay is not None else [])]:
+            # what the steps box says of it: against the replay, as it was judged
+            c = from_state[x][3]
+            looks[x].update(against=by, replayed=x in judged, diverging_ops=c.findings,
                             coverage=c.coverage.text(), lost_updates=len(c.updates.lost),
                             gradual_ops=len(c.cause.gradual))
     # a step looked at on the way whose compare left tensors out: no clean verdict over it
@@ -355,7 +352,6 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
     # an optimizer's state made a step later)
     partial = [x for x in compared if x != s and not compared[x].coverage.complete and
                x not in after_skip and x not in judged]
-    looks = {look["step"]: look for look in result.steps}
     parted = [x for x in partial if looks[x].get("parted")]
     if parted:
         result.unseen_steps[PARTED] = parted

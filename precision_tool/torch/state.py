@@ -56,15 +56,20 @@ def _state_rows(ws: Workspace, run, step: int):
     return rows
 
 
-def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
-    """The variables (name -> value) that the NPU run in run_dir read in `step`, as its
-    dump holds them when the step read them first: the state the step started from."""
+def _npu_run(run_dir: str, step: int):
+    """(workspace, run) of the NPU run in run_dir; StateError where it cannot be opened."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
     try:
         ws = Workspace(root)
-        run = ws.resolve_run(run_dir, "npu")
+        return ws, ws.resolve_run(run_dir, "npu")
     except (PrecisionToolError, OSError) as e:
         raise StateError(f"the NPU state of step {step} cannot be read: {e}") from None
+
+
+def npu_state(run_dir: str, step: int) -> Dict[str, np.ndarray]:
+    """The variables (name -> value) that the NPU run in run_dir read in `step`, as its
+    dump holds them when the step read them first: the state the step started from."""
+    ws, run = _npu_run(run_dir, step)
     rows = _state_rows(ws, run, step)
     try:
         return {str(r.op_name): in_row_shape(ws.load(run, step, str(r.file)), r.shape)
@@ -77,10 +82,9 @@ def npu_loss_scale(run_dir: str, step: int):
     """The loss scale the NPU run's step used (its step history's), None where it has none
     (no loss scaler, or a history that cannot be read): a step after an update the NPU's
     scaler skipped and the golden's took starts from a scale the golden's never lowered."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))
     try:
-        ws = Workspace(root)
-        history = ws.step_history(ws.resolve_run(run_dir, "npu"))
+        ws, run = _npu_run(run_dir, step)
+        history = ws.step_history(run)
         scale = history.loss_scale[history.step == step]
     except (PrecisionToolError, OSError, AttributeError, ValueError):
         return None

@@ -95,10 +95,9 @@ def failing(ws: Workspace, run: Run, golden: Run, step: int, criteria=None) -> F
     # cancellation noise (and what only carries it) diverges with or without fusion alike,
     # by chance: it is no failure of either; nor is what has no effect
     noise = c.cause.benign_ops
-    # (by the ops root cause walked: a list kernel's lanes are ops of their own)
-    ops = c.cause.rows.op_name if c.cause.rows is not None and \
-        len(c.cause.rows.op_name) == len(table) else table.NPUDump.tolist()
-    bad = table.Verdict.isin(DIVERGING) & ~pd.Series(ops, index=table.index).isin(noise)
+    # (by the ops root cause walked, its rows the table's: a list kernel's lanes are ops)
+    ops = pd.Series(c.cause.rows.op_name, index=table.index)
+    bad = table.Verdict.isin(DIVERGING) & ~ops.isin(noise)
     return Failures(set(table[bad].GoldenTensor), [] if c.quiet_overflows else every, every)
 
 
