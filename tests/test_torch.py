@@ -2416,6 +2416,18 @@ def test_a_loss_scale_backing_off_once_is_no_finding(tmp_path, steps, mirrored):
         assert list(result["unseen_steps"].values()) == [[3, 4, 5]]
         assert "Steps 3-5 diverge after the update(s) of step(s) 2, which the loss scale " \
             "skipped and the golden took" in advice and "--golden-skips-as-npu" in advice
+        # a file of step 4 deleted: step 4 fails the replay only by what it could not see
+        ws = Workspace(str(root))
+        npu = ws.run("npu")
+        t = ws.index(npu, 4)
+        gone = t[(t.op_name == "Functional.layer_norm.0.backward") & (t.io == "output")]
+        os.remove(os.path.join(ws.step_path(npu, 4), gone.file.iloc[0]))
+        out = CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])
+        result = json.loads(out.stdout)
+        advice = " ".join(result["advice"])
+        assert out.exit_code == 2 and result["after_skip_replayed"]["unseen_only"], advice
+        assert "Step 4 could not be compared in full with that replay" in advice and \
+            "file missing" in advice, advice
         # a script that cannot be rerun: not judged either, and why
         shutil.rmtree(Workspace(str(root)).resolve_run(
             json.loads(CliRunner().invoke(cli, ["--data-dir", str(root), "--json", "ac", "-c"])

@@ -771,10 +771,12 @@ def _after_skip_replayed_text(judged: dict, history: Optional[dict]) -> str:
                 f"{'it computes' if len(steps) == 1 else 'they compute'} as the golden does: "
                 f"no finding.")
     if diverges is not None:
-        text += (f" Step {diverges} diverges from that replay too: it is compared with it here, "
-                 f"and what follows is its own." if steps else
-                 f"Step {diverges} comes {after}: it is compared with {where}, and what "
-                 f"follows is its own.")
+        text += (f" Step {diverges} " if steps else f"Step {diverges} comes {after}: it ")
+        text += ("could not be compared in full with " + ("that replay" if steps else where) +
+                 ", and what is missing is said here; what was compared matches it."
+                 if judged.get("unseen_only") else
+                 ("diverges from that replay too: it is compared with it here"
+                  if steps else f"is compared with {where}") + ", and what follows is its own.")
     return text
 
 

@@ -72,7 +72,8 @@ class AutoCheck:
     # steps after an update the NPU skipped and the golden took, judged against the golden
     # started from the NPU's state (a rerun of the script): those found to match ("steps"),
     # the replay's run label, and the step that diverges there too ("diverges", the step
-    # reported, compared with that replay), if one does
+    # reported, compared with that replay; "unseen_only": it failed only by tensors that
+    # compare could not see), if one does
     after_skip_replayed: Optional[dict] = None
     after_skip_not_replayed: str = ""     # why such steps could not be rerun so, if they were not
     loss_scale: Optional[dict] = None              # the run's history (loss_scale_history)
@@ -338,8 +339,11 @@ def auto_check(ws: Workspace, npu_run: Optional[Run] = None, golden_run: Optiona
                                if x not in judged and x not in after_skip})
     if judged or against_replay is not None:
         by = from_state[judged[0] if judged else s][1]
-        result.after_skip_replayed = {"steps": judged, "replayed_by": by,
-                                      "diverges": against_replay}
+        own = from_state[against_replay][3] if against_replay is not None else None
+        result.after_skip_replayed = {
+            "steps": judged, "replayed_by": by, "diverges": against_replay,
+            # it failed the replay only by what that compare could not see
+            "unseen_only": own is not None and not (own.findings or own.updates.lost)}
         for x in [*judged, *([against_replay] if against_replay is not None else [])]:
             # what the steps box says of it: against the replay, as it was judged
             c = from_state[x][3]
